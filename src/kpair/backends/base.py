@@ -1,0 +1,101 @@
+"""The interface every backend implements: a ``Device`` that replays dispatches.
+
+Lifetime: ``open_device(name)`` → ``Device``; ``device.map(ranges)`` places the captured
+address ranges once (at their captured addresses when the platform allows, else uniformly
+relocated); ``device.load(image, kernel_name)`` gives a ``Kernel``; then any number of
+``stage``/``restore``/``launch``/``timed_launch``/``read`` calls; ``device.close()`` releases
+everything. Addresses passed to ``write``/``read``/``stage`` are *replay* addresses (captured
+address + ``Mapping.delta``). A device is used by one thread of one process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..snapshot import Launch, Param
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Where the captured ranges went: ``mode`` is "captured" (delta 0) or "relocated"."""
+
+    mode: str
+    delta: int
+    detail: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "delta": self.delta, "delta_hex": _signed_hex(self.delta),
+                **self.detail}
+
+
+def _signed_hex(v: int) -> str:
+    return f"-{hex(-v)}" if v < 0 else hex(v)
+
+
+class Kernel(ABC):
+    """A loaded kernel: its name and, when the driver can tell, its parameter layout."""
+
+    name: str
+
+    def param_layout(self) -> list[tuple[int, int]] | None:
+        """(offset, size) per parameter as the driver sees it, or None if it cannot tell."""
+        return None
+
+
+class Device(ABC):
+    backend: str = ""
+
+    @abstractmethod
+    def arch(self) -> str:
+        """The architecture string snapshots are matched against (``x86_64``, ``sm_90``)."""
+
+    @abstractmethod
+    def environment(self) -> dict:
+        """Device, driver and host facts recorded into snapshots and results."""
+
+    @abstractmethod
+    def load(self, image: bytes, kernel_name: str, *, fmt: str) -> Kernel:
+        """Load a code object and find ``kernel_name`` in it (SymbolNotFound if absent)."""
+
+    @abstractmethod
+    def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
+        """Make every captured [start, end) range accessible; ``relocate`` forces a delta."""
+
+    @abstractmethod
+    def write(self, address: int, data: bytes) -> None: ...
+
+    @abstractmethod
+    def read(self, address: int, size: int) -> bytes: ...
+
+    @abstractmethod
+    def stage(self, address: int, data: bytes) -> None:
+        """Keep ``data`` as the pristine content of ``address``; ``restore`` writes it back."""
+
+    @abstractmethod
+    def restore(self) -> None:
+        """Write every staged pristine content back to its address, and wait for it."""
+
+    @abstractmethod
+    def flush_cache(self) -> None:
+        """Evict the last-level cache (write a buffer of its size), and wait for it."""
+
+    @abstractmethod
+    def launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
+               params: Sequence[Param]) -> None:
+        """Run the kernel once and wait for it; faults raise DriverError (or kill the process)."""
+
+    @abstractmethod
+    def timed_launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
+                     params: Sequence[Param]) -> float:
+        """Run the kernel once and return the seconds the kernel alone took."""
+
+    def close(self) -> None:  # noqa: B027 - optional for backends with nothing to release
+        """Release every mapping, module and buffer."""
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

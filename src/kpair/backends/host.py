@@ -1,0 +1,216 @@
+"""The ``host`` backend: kernels are C functions in ELF shared objects, run on the CPU.
+
+It exists so the whole pipeline (record, pair, replay, judge, time, release) runs on any
+machine, CI included. A host "kernel" is called once per launch with its arguments decoded
+from the kernarg blob by the snapshot's parameter kinds (the C ABI needs to know integer
+from floating point); grid and block are recorded but mean nothing here.
+
+Regions are placed with ``mmap(MAP_FIXED_NOREPLACE)`` at their captured pages when those are
+free in this process; otherwise one mapping covers the whole captured span and every region
+moves by the same page-multiple delta.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import AbiMismatch, ArchitectureMismatch, PlacementError, SymbolNotFound
+from ..placement import granular_spans
+from ..snapshot import Launch, Param
+from .base import Device, Kernel, Mapping
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PROT_RW = 0x1 | 0x2
+_MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_FIXED_NOREPLACE = 0x02, 0x20, 0x100000
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+#: ELF e_machine values of the architectures we name.
+ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 243: "riscv64", 3: "i386"}
+
+_CTYPES = {
+    "pointer": (ctypes.c_void_p, "<Q"), "i8": (ctypes.c_int8, "<b"), "u8": (ctypes.c_uint8, "<B"),
+    "i16": (ctypes.c_int16, "<h"), "u16": (ctypes.c_uint16, "<H"),
+    "i32": (ctypes.c_int32, "<i"), "u32": (ctypes.c_uint32, "<I"),
+    "i64": (ctypes.c_int64, "<q"), "u64": (ctypes.c_uint64, "<Q"),
+    "f32": (ctypes.c_float, "<f"), "f64": (ctypes.c_double, "<d"),
+}
+
+
+def host_arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def elf_arch(image: bytes) -> str:
+    """The architecture an ELF shared object was built for; ArchitectureMismatch if not ELF."""
+    if len(image) < 20 or image[:4] != b"\x7fELF":
+        raise ArchitectureMismatch("host code object is not an ELF file (no \\x7fELF magic)")
+    endian = "<" if image[5] == 1 else ">"
+    (machine,) = struct.unpack_from(endian + "H", image, 18)
+    return ELF_MACHINES.get(machine, f"elf-machine-{machine}")
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _llc_bytes() -> int:
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        best = max(best, int(text.rstrip("KM")) * scale)
+    return best or (32 << 20)
+
+
+class HostKernel(Kernel):
+    def __init__(self, name: str, fn: ctypes._CFuncPtr, path: Path):
+        self.name, self.fn, self.path = name, fn, path
+
+
+class HostDevice(Device):
+    backend = "host"
+
+    def __init__(self, *, flush_bytes: int | None = None):
+        self._libc = _libc()
+        self._maps: list[tuple[int, int]] = []
+        self._staged: list[tuple[int, bytes]] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="kpair-host-")
+        self._libs: list[ctypes.CDLL] = []
+        # Twice the last-level cache, so one pass evicts what the kernel left behind.
+        self._flush = np.zeros(min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None
+                               else flush_bytes, dtype=np.uint8)
+
+    def arch(self) -> str:
+        return host_arch()
+
+    def environment(self) -> dict:
+        cpu = ""
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        return {"backend": "host", "arch": self.arch(), "device": cpu or platform.processor(),
+                "cpus": os.cpu_count(), "platform": platform.platform(),
+                "python": sys.version.split()[0], "llc_bytes": _llc_bytes()}
+
+    def load(self, image: bytes, kernel_name: str, *, fmt: str = "elf-so") -> HostKernel:
+        if fmt != "elf-so":
+            raise ArchitectureMismatch(f"the host backend runs ELF shared objects, not {fmt}")
+        arch = elf_arch(image)
+        if arch != self.arch():
+            raise ArchitectureMismatch(f"code object is built for {arch}, this host is "
+                                       f"{self.arch()}")
+        path = Path(self._tmp.name) / f"k{len(self._libs)}.so"
+        path.write_bytes(image)
+        try:
+            lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        except OSError as e:
+            raise ArchitectureMismatch(f"cannot load code object: {e}") from None
+        self._libs.append(lib)
+        try:
+            fn = getattr(lib, kernel_name)
+        except AttributeError:
+            raise SymbolNotFound(f"kernel {kernel_name!r} is not exported by the code "
+                                 "object") from None
+        fn.restype = None
+        return HostKernel(kernel_name, fn, path)
+
+    def _mmap(self, address: int | None, size: int) -> int | None:
+        flags = _MAP_PRIVATE | _MAP_ANONYMOUS | (_MAP_FIXED_NOREPLACE if address else 0)
+        got = self._libc.mmap(address or None, size, _PROT_RW, flags, -1, 0)
+        if got in (None, _MAP_FAILED):
+            return None
+        if address is not None and got != address:  # old kernels treat the flag as a hint
+            self._libc.munmap(got, size)
+            return None
+        self._maps.append((got, size))
+        return got
+
+    def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
+        spans = granular_spans(ranges, PAGE)
+        if not relocate:
+            placed = [self._mmap(lo, hi - lo) for lo, hi in spans]
+            if all(p is not None for p in placed):
+                return Mapping("captured", 0, {"spans": len(spans)})
+            self._unmap()
+        lo, hi = spans[0][0], spans[-1][1]
+        base = self._mmap(None, hi - lo)
+        if base is None:
+            raise PlacementError(f"cannot map {hi - lo} bytes for the relocated span "
+                                 f"(errno {ctypes.get_errno()})")
+        reason = "forced" if relocate else "captured pages are in use in this process"
+        return Mapping("relocated", base - lo, {"spans": 1, "reason": reason})
+
+    def write(self, address: int, data: bytes) -> None:
+        ctypes.memmove(address, data, len(data))
+
+    def read(self, address: int, size: int) -> bytes:
+        return ctypes.string_at(address, size)
+
+    def stage(self, address: int, data: bytes) -> None:
+        self._staged.append((address, bytes(data)))
+
+    def restore(self) -> None:
+        for address, data in self._staged:
+            ctypes.memmove(address, data, len(data))
+
+    def flush_cache(self) -> None:
+        self._flush += 1
+
+    def _args(self, kernarg: bytes, params: Sequence[Param]) -> list:
+        args = []
+        for i, p in enumerate(params):
+            if p.kind not in _CTYPES:
+                raise AbiMismatch(f"parameter {i} has kind {p.kind!r}: the host backend calls "
+                                  "C functions and needs a scalar or pointer kind")
+            ctype, fmt = _CTYPES[p.kind]
+            args.append(ctype(struct.unpack_from(fmt, kernarg, p.offset)[0]))
+        return args
+
+    def launch(self, kernel: HostKernel, launch: Launch, kernarg: bytes,
+               params: Sequence[Param]) -> None:
+        kernel.fn(*self._args(kernarg, params))
+
+    def timed_launch(self, kernel: HostKernel, launch: Launch, kernarg: bytes,
+                     params: Sequence[Param]) -> float:
+        args = self._args(kernarg, params)
+        fn = kernel.fn
+        t0 = time.perf_counter_ns()
+        fn(*args)
+        return (time.perf_counter_ns() - t0) * 1e-9
+
+    def _unmap(self) -> None:
+        for address, size in self._maps:
+            self._libc.munmap(address, size)
+        self._maps.clear()
+
+    def close(self) -> None:
+        self._unmap()
+        self._staged.clear()
+        self._tmp.cleanup()
+
+
+def open_device(**options: object) -> HostDevice:
+    return HostDevice(**options)  # type: ignore[arg-type]

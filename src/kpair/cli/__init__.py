@@ -1,0 +1,59 @@
+"""The ``kpair`` command line. Each subcommand is a small class with ``add_arguments``/``run``.
+
+``main(argv)`` is callable from tests and returns the exit status (documented in README):
+0 pass / success, 1 correctness failure, 2 usage, 3 bad input file, 4 backend, architecture,
+symbol or ABI problem, 5 runtime failure (driver error, crash, timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import __version__
+from ..errors import KpairError
+from .base import Command
+from .core import Inspect, Pair, Run
+
+COMMANDS: list[type[Command]] = [Pair, Run, Inspect]
+
+
+def _register_optional() -> None:
+    # Commands living in modules of later pipeline stages register here when present.
+    import importlib
+
+    for module, names in (("kpair.cli.release", ("Verify", "ReleaseCmd", "Report", "Demo")),):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        COMMANDS.extend(getattr(mod, n) for n in names if hasattr(mod, n))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kpair", description="Pair harnesses for GPU kernels: capture a real dispatch, "
+        "replay a baseline and an optimized kernel on it, judge and time them.")
+    parser.add_argument("--version", action="version", version=f"kpair {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cls in COMMANDS:
+        p = sub.add_parser(cls.name, help=cls.help, description=cls.__doc__)
+        cls.add_arguments(p)
+        p.set_defaults(_command=cls)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if len(COMMANDS) == 3:
+        _register_optional()
+    args = build_parser().parse_args(argv)
+    try:
+        return args._command().run(args)
+    except KpairError as e:
+        print(f"kpair {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("kpair: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,91 @@
+"""``kpair pair``, ``kpair run`` and ``kpair inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import FormatError, UsageError
+from .base import Command
+
+
+class Pair(Command):
+    """Create a pair harness from a snapshot, a baseline (ref) and an optimized (opt) binary."""
+
+    name = "pair"
+    help = "create a pair harness"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("snapshot", type=Path, help="snapshot directory")
+        p.add_argument("--opt", type=Path, required=True, help="optimized code object")
+        p.add_argument("--ref", type=Path,
+                       help="baseline code object (default: the captured one)")
+        p.add_argument("--ref-kernel", help="kernel name in ref (default: the captured name)")
+        p.add_argument("--opt-kernel", help="kernel name in opt (default: ref's)")
+        p.add_argument("--policy", type=Path,
+                       help="validation_policy.json (default: byte-exact)")
+        p.add_argument("--opt-launch", help='JSON launch override for opt, e.g. '
+                       '\'{"grid": [64, 1, 1], "block": [256, 1, 1]}\'')
+        p.add_argument("-o", "--out", type=Path, required=True, help="harness directory")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..harness import create_harness
+
+        launch = None
+        if args.opt_launch:
+            try:
+                launch = json.loads(args.opt_launch)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"--opt-launch is not valid JSON: {e}") from None
+        h = create_harness(args.snapshot, args.out, ref=args.ref, opt=args.opt,
+                           ref_kernel=args.ref_kernel, opt_kernel=args.opt_kernel,
+                           policy=args.policy, opt_launch=launch)
+        print(f"harness written to {h.root} ({h.policy.mode}; ref {h.ref.kernel}, "
+              f"opt {h.opt.kernel})")
+        print(f"run it: kpair run {h.root}   or   cd {h.root} && python run_harness.py")
+        return 0
+
+
+class Run(Command):
+    """Run a pair harness in an isolated worker and write its result.json."""
+
+    name = "run"
+    help = "run a pair harness, write result.json"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        from ..run import add_run_arguments
+
+        p.add_argument("harness", type=Path)
+        p.add_argument("-o", "--out", type=Path, help="result path (default: HARNESS/result.json)")
+        add_run_arguments(p)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..run import options_from_args, report_and_exit_code, run_harness
+
+        if not (args.harness / "harness.json").is_file():
+            raise FormatError("no harness.json here: not a kpair harness", path=args.harness)
+        result = run_harness(args.harness, options_from_args(args), out=args.out)
+        return report_and_exit_code(result, args.json, args.out or args.harness / "result.json")
+
+
+class Inspect(Command):
+    """Summarise a snapshot or a harness for people (or as JSON with --json)."""
+
+    name = "inspect"
+    help = "describe a snapshot or a harness"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("path", type=Path, help="snapshot or harness directory")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--no-verify", action="store_true", help="skip blob and hash checks")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..inspect import describe
+
+        info, text = describe(args.path, verify=not args.no_verify)
+        print(json.dumps(info, indent=1) if args.json else text)
+        return 0

@@ -1,0 +1,447 @@
+"""ABBA timing of a ref/opt kernel pair: schedule, statistics, stopping rule, raw samples.
+
+The abstractions (nvbench's names where they fit):
+
+- A *block* is two timed launches: forward (F) puts ref in slot 1 and opt in slot 2, reverse (R)
+  swaps them. Its ratio is r = t(slot 1) / t(slot 2).
+- A *round* is ``round_blocks`` blocks, half F and half R, in an order drawn from one seeded
+  generator. The stopping rule is consulted only between rounds, so every analysed prefix is
+  balanced.
+- :class:`Samples` hold the raw per-block timings of one run. ``save_samples`` writes them beside
+  ``result.json``. :func:`analyze` turns them into an :class:`AbbaResult`; it is pure, so the
+  reported numbers can be recomputed from the samples file alone.
+- :class:`StoppingRule` decides from a :class:`MeasureState` snapshot whether to stop. The clock
+  is injected into :func:`measure`, so tests drive the time cap with fake clocks.
+
+Why ABBA: with fwd = geomean(r over F) and rev = geomean(r over R), a slot effect s (slot 1
+always s times slower) gives fwd = s*S and rev = s/S, so sqrt(fwd/rev) = S = t_ref/t_opt exactly
+and sqrt(fwd*rev) = s is reported as ``slot_bias``. Random F/R order stops slow drift (clocks,
+temperature) from lining up with either direction. Only ratios are reported: absolute times drift
+by tens of percent with power state and address placement.
+
+Lifetimes: ``Samples`` and ``AbbaResult`` are immutable and outlive the run; a ``MeasureState``
+exists for one rule check.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+import zipfile
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from kpair.errors import FormatError, KpairError, UsageError
+
+MODES = ("A/B", "A/A")
+STOP_REASONS = ("ci", "max_blocks", "time_cap")
+SAMPLES_VERSION = 1
+# The bootstrap draws from (seed, this) so that it never replays the schedule's random stream.
+_BOOT_STREAM = 0xB007
+_SAMPLE_ARRAYS = ("block", "direction", "t_slot1_s", "t_slot2_s")
+
+
+def geomean(values: Sequence[float] | np.ndarray) -> float:
+    """Geometric mean as exp(mean(log x)): no overflow from a long product."""
+    try:
+        x = np.asarray(values, dtype=np.float64).ravel()
+    except (TypeError, ValueError) as exc:
+        raise KpairError(f"geomean needs numbers: {exc}") from None
+    if x.size == 0:
+        raise KpairError("geomean of no values")
+    bad = ~np.isfinite(x) | (x <= 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise KpairError(f"geomean needs finite positive values; value [{i}] is {x[i]!r}")
+    return float(np.exp(np.mean(np.log(x))))
+
+
+# --------------------------------------------------------------------------- raw samples
+
+
+def _checked_samples(block, direction, t1, t2, mode, seed, stopped_by, path):
+    """Normalise and validate the fields of a Samples record; FormatError names the bad one."""
+
+    def fail(msg: str, fld: str) -> FormatError:
+        return FormatError(msg, path=path, field=fld)
+
+    arrays = {}
+    for name, raw, kind in (("block", block, "i"), ("t_slot1_s", t1, "f"), ("t_slot2_s", t2, "f")):
+        a = np.asarray(raw)
+        if a.ndim != 1 or a.dtype.kind not in ("iu" if kind == "i" else "iuf"):
+            raise fail(f"expected a 1-d {'integer' if kind == 'i' else 'float'} array, "
+                       f"got dtype {a.dtype} shape {a.shape}", name)
+        arrays[name] = a.astype(np.int64 if kind == "i" else np.float64)
+    d = np.asarray(direction)
+    if d.dtype.kind == "S":
+        d = d.astype("U1") if d.dtype.itemsize == 1 else d.astype(str)
+    if d.ndim != 1 or d.dtype.kind != "U":
+        raise fail(f"expected a 1-d array of 'F'/'R', got dtype {d.dtype} shape {d.shape}",
+                   "direction")
+    n = d.shape[0]
+    for name, a in arrays.items():
+        if a.shape[0] != n:
+            raise fail(f"has {a.shape[0]} entries but direction has {n}", name)
+    wrong = ~np.isin(d, ["F", "R"])
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise fail(f"must be 'F' or 'R', got {d[i]!r}", f"direction[{i}]")
+    d = d.astype("U1")
+    wrong = arrays["block"] != np.arange(n)
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise fail(f"block indices must be 0..{n - 1} in order, got {arrays['block'][i]}",
+                   f"block[{i}]")
+    for name in ("t_slot1_s", "t_slot2_s"):
+        a = arrays[name]
+        wrong = ~np.isfinite(a) | (a <= 0)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise fail(f"timings must be finite positive seconds, got {a[i]!r}", f"{name}[{i}]")
+    if mode not in MODES:
+        raise fail(f"must be one of {MODES}, got {mode!r}", "mode")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise fail(f"must be an integer in [0, 2**63), got {seed!r}", "seed")
+    if stopped_by not in ("", *STOP_REASONS):
+        raise fail(f"must be '' or one of {STOP_REASONS}, got {stopped_by!r}", "stopped_by")
+    for a in (*arrays.values(), d):
+        a.flags.writeable = False
+    return arrays["block"], d, arrays["t_slot1_s"], arrays["t_slot2_s"], mode, int(seed), stopped_by
+
+
+@dataclass(frozen=True, eq=False)
+class Samples:
+    """Raw timings of one ABBA run, one entry per block, in execution order.
+
+    ``direction[i]`` is "F" (ref in slot 1) or "R" (opt in slot 1); times are float64 seconds.
+    ``seed`` seeded the schedule (and, by default, the bootstrap); ``stopped_by`` is "" while
+    the run is still going. Arrays are made read-only.
+    """
+
+    block: np.ndarray
+    direction: np.ndarray
+    t_slot1_s: np.ndarray
+    t_slot2_s: np.ndarray
+    mode: str = "A/B"
+    seed: int = 0
+    stopped_by: str = ""
+
+    def __post_init__(self):
+        fields = _checked_samples(self.block, self.direction, self.t_slot1_s, self.t_slot2_s,
+                                  self.mode, self.seed, self.stopped_by, None)
+        for name, value in zip(
+            ("block", "direction", "t_slot1_s", "t_slot2_s", "mode", "seed", "stopped_by"),
+            fields, strict=True,
+        ):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_blocks(cls, directions, t_slot1_s, t_slot2_s, **meta) -> Samples:
+        directions = list(directions)
+        return cls(np.arange(len(directions)), np.array(directions, dtype="U1"),
+                   np.asarray(t_slot1_s, np.float64), np.asarray(t_slot2_s, np.float64), **meta)
+
+    def __len__(self) -> int:
+        return int(self.block.shape[0])
+
+    @property
+    def forward(self) -> np.ndarray:
+        return self.direction == "F"
+
+    @property
+    def t_ref_s(self) -> np.ndarray:
+        return np.where(self.forward, self.t_slot1_s, self.t_slot2_s)
+
+    @property
+    def t_opt_s(self) -> np.ndarray:
+        return np.where(self.forward, self.t_slot2_s, self.t_slot1_s)
+
+
+def save_samples(samples: Samples, path: str | Path) -> Path:
+    """Write ``samples`` as a compressed .npz (layout in docs/format.md); returns the path."""
+    path = Path(path)
+    with open(path, "wb") as fh:  # a file handle stops numpy from appending ".npz" itself
+        np.savez_compressed(
+            fh,
+            kpair_samples_version=np.int64(SAMPLES_VERSION),
+            mode=np.bytes_(samples.mode.encode()),
+            seed=np.int64(samples.seed),
+            stopped_by=np.bytes_(samples.stopped_by.encode()),
+            block=samples.block,
+            direction=samples.direction.astype("S1"),
+            t_slot1_s=samples.t_slot1_s,
+            t_slot2_s=samples.t_slot2_s,
+        )
+    return path
+
+
+def _scalar(npz, name: str, kind: str, path):
+    if name not in npz.files:
+        raise FormatError("missing", path=path, field=name)
+    a = npz[name]
+    if a.shape != () or a.dtype.kind not in kind:
+        raise FormatError(f"expected a scalar of kind {kind!r}, got dtype {a.dtype} shape "
+                          f"{a.shape}", path=path, field=name)
+    v = a.item()
+    if isinstance(v, bytes):
+        try:
+            v = v.decode("ascii")
+        except UnicodeDecodeError:
+            raise FormatError("is not ASCII", path=path, field=name) from None
+    return v
+
+
+def load_samples(path: str | Path) -> Samples:
+    """Read and validate a samples file written by :func:`save_samples`."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            version = _scalar(npz, "kpair_samples_version", "iu", path)
+            if version != SAMPLES_VERSION:
+                raise FormatError(f"unsupported version {version} (this kpair reads "
+                                  f"{SAMPLES_VERSION})", path=path, field="kpair_samples_version")
+            meta = {k: _scalar(npz, k, kd, path)
+                    for k, kd in (("mode", "SU"), ("seed", "iu"), ("stopped_by", "SU"))}
+            arrays = []
+            for name in _SAMPLE_ARRAYS:
+                if name not in npz.files:
+                    raise FormatError("missing array", path=path, field=name)
+                arrays.append(npz[name])
+    except FormatError:
+        raise
+    except OSError as exc:
+        raise FormatError(f"cannot read samples file: {exc}", path=path) from None
+    except (ValueError, EOFError, KeyError, RuntimeError, NotImplementedError,
+            zipfile.BadZipFile, zlib.error) as exc:
+        # RuntimeError / NotImplementedError: zipfile's answer to flipped header flag bits.
+        raise FormatError(f"not a readable .npz samples file (truncated or corrupted?): {exc}",
+                          path=path) from None
+    fields = _checked_samples(*arrays, meta["mode"], meta["seed"], meta["stopped_by"], path)
+    return Samples(*fields)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class AbbaResult:
+    """The ``speed`` verdict of one run. ``speedup`` = t_ref/t_opt (>1: opt faster)."""
+
+    mode: str
+    speedup: float
+    ci95: tuple[float, float]
+    slot_bias: float
+    slot_bias_ci95: tuple[float, float]
+    fwd: float
+    rev: float
+    blocks: int
+    forward_blocks: int
+    reverse_blocks: int
+    stopped_by: str
+    rel_ci_halfwidth: float
+    seed: int
+    ref_median_s: float
+    opt_median_s: float
+    n_boot: int = 2000
+
+    def to_json(self, samples_file: str | None = None) -> dict:
+        """Plain JSON types; absolute times only under ``debug_only``, in microseconds."""
+        out = {
+            "mode": self.mode,
+            "speedup": self.speedup,
+            "ci95": list(self.ci95),
+            "slot_bias": self.slot_bias,
+            "slot_bias_ci95": list(self.slot_bias_ci95),
+            "fwd": self.fwd,
+            "rev": self.rev,
+            "blocks": self.blocks,
+            "forward_blocks": self.forward_blocks,
+            "reverse_blocks": self.reverse_blocks,
+            "stopped_by": self.stopped_by,
+            "rel_ci_halfwidth": self.rel_ci_halfwidth,
+            "seed": self.seed,
+            "n_boot": self.n_boot,
+            "debug_only": {
+                "ref_median_us": self.ref_median_s * 1e6,
+                "opt_median_us": self.opt_median_s * 1e6,
+                "note": "absolute times drift with power and placement; compare ratios",
+            },
+        }
+        if samples_file is not None:
+            out["samples_file"] = samples_file
+        return out
+
+
+def _boot_means(rng: np.random.Generator, x: np.ndarray, n_boot: int) -> np.ndarray:
+    return x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+
+
+def analyze(samples: Samples, *, n_boot: int = 2000, seed: int | None = None) -> AbbaResult:
+    """ABBA statistics of ``samples`` (pure; ``seed`` defaults to ``samples.seed``).
+
+    fwd and rev are geometric means of the block ratios per direction; speedup = sqrt(fwd/rev),
+    slot_bias = sqrt(fwd*rev). The 95% CIs are bootstrap percentile intervals that resample F
+    and R blocks separately, with replacement, so each resample keeps the design's balance.
+    """
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 100:
+        raise UsageError(f"n_boot must be an integer >= 100, got {n_boot!r}")
+    seed = samples.seed if seed is None else seed
+    log_r = np.log(samples.t_slot1_s / samples.t_slot2_s)
+    fwd_mask = samples.forward
+    lf, lr = log_r[fwd_mask], log_r[~fwd_mask]
+    if lf.size < 2 or lr.size < 2:
+        raise KpairError(f"ABBA needs at least 2 forward and 2 reverse blocks; got {lf.size} F "
+                         f"and {lr.size} R")
+    mf, mr = float(lf.mean()), float(lr.mean())
+    rng = np.random.default_rng([seed, _BOOT_STREAM])
+    bf, br = _boot_means(rng, lf, n_boot), _boot_means(rng, lr, n_boot)
+    s_lo, s_hi = (float(v) for v in np.exp(np.percentile((bf - br) / 2, [2.5, 97.5])))
+    b_lo, b_hi = (float(v) for v in np.exp(np.percentile((bf + br) / 2, [2.5, 97.5])))
+    speedup = math.exp((mf - mr) / 2)
+    return AbbaResult(
+        mode=samples.mode,
+        speedup=speedup,
+        ci95=(s_lo, s_hi),
+        slot_bias=math.exp((mf + mr) / 2),
+        slot_bias_ci95=(b_lo, b_hi),
+        fwd=math.exp(mf),
+        rev=math.exp(mr),
+        blocks=len(samples),
+        forward_blocks=int(lf.size),
+        reverse_blocks=int(lr.size),
+        stopped_by=samples.stopped_by,
+        rel_ci_halfwidth=(s_hi - s_lo) / 2 / speedup,
+        seed=int(seed),
+        ref_median_s=float(np.median(samples.t_ref_s)),
+        opt_median_s=float(np.median(samples.t_opt_s)),
+        n_boot=n_boot,
+    )
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+@dataclass(frozen=True)
+class MeasureState:
+    """What the stopping rule sees after a round. ``result`` is None until it can be analysed."""
+
+    blocks: int
+    elapsed_s: float
+    result: AbbaResult | None
+
+
+@dataclass(frozen=True)
+class StoppingRule:
+    """Stop on a tight enough CI (after ``min_blocks``), on ``max_blocks`` or on the time cap.
+
+    The time cap is checked from the first analysable round on, even before ``min_blocks``: a
+    cap that a slow kernel can overrun many times over is not a cap. A stopped run says why,
+    and its CI says how much it knows.
+    """
+
+    min_blocks: int = 32
+    max_blocks: int = 2000
+    rel_ci_halfwidth: float = 0.005
+    time_cap_s: float = 30.0
+
+    def __post_init__(self):
+        if not 4 <= self.min_blocks <= self.max_blocks:
+            raise UsageError(f"need 4 <= min_blocks <= max_blocks, got {self.min_blocks} and "
+                             f"{self.max_blocks}")
+        if not self.rel_ci_halfwidth > 0 or not self.time_cap_s > 0:
+            raise UsageError("rel_ci_halfwidth and time_cap_s must be positive")
+
+    def is_finished(self, state: MeasureState) -> str | None:
+        r = state.result
+        if r is None:
+            return None
+        if state.blocks >= self.min_blocks and r.rel_ci_halfwidth <= self.rel_ci_halfwidth:
+            return "ci"
+        if state.blocks >= self.max_blocks:
+            return "max_blocks"
+        if state.elapsed_s >= self.time_cap_s:
+            return "time_cap"
+        return None
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def round_schedule(rng: np.random.Generator, round_blocks: int) -> list[str]:
+    """One round: ``round_blocks`` directions, half "F" and half "R", in random order."""
+    half = round_blocks // 2
+    return [str(d) for d in rng.permutation(np.array(["F"] * half + ["R"] * half))]
+
+
+def _timed(time_one: Callable[[str], float], which: str, where: str) -> float:
+    t = time_one(which)
+    try:
+        v = float(t)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise KpairError(f"time_one returned {t!r} for {which} at {where}; "
+                         "timings must be finite positive seconds")
+    return v
+
+
+def measure(
+    time_one: Callable[[str], float],
+    *,
+    rule: StoppingRule | None = None,
+    round_blocks: int = 8,
+    warmup: int = 2,
+    seed: int | None = None,
+    aa: bool = False,
+    n_boot: int = 2000,
+    clock: Callable[[], float] = time.monotonic,
+    progress: Callable[[int, AbbaResult | None], None] | None = None,
+) -> tuple[AbbaResult, Samples]:
+    """Time ref against opt (or ref against itself with ``aa``) in randomized ABBA rounds.
+
+    ``time_one(which)`` launches "ref" or "opt" once and returns its time in seconds; restoring
+    state and flushing caches is the caller's business, outside the timed region. ``warmup``
+    untimed calls of each kernel come first. ``progress(blocks, result_or_None)`` is called
+    after every round. Returns the final result and the raw samples it was computed from.
+    """
+    rule = StoppingRule() if rule is None else rule
+    if isinstance(round_blocks, bool) or not isinstance(round_blocks, int) \
+            or round_blocks < 2 or round_blocks % 2:
+        raise UsageError(f"round_blocks must be an even integer >= 2, got {round_blocks!r}")
+    if warmup < 0:
+        raise UsageError(f"warmup must be >= 0, got {warmup}")
+    if seed is None:
+        seed = secrets.randbits(32)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise UsageError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    seed = int(seed)
+    mode = "A/A" if aa else "A/B"
+    other = "ref" if aa else "opt"
+    rng = np.random.default_rng(seed)
+    start = clock()
+    for i in range(warmup):
+        _timed(time_one, "ref", f"warm-up {i}")
+        _timed(time_one, other, f"warm-up {i}")
+    dirs: list[str] = []
+    t1: list[float] = []
+    t2: list[float] = []
+    while True:
+        for d in round_schedule(rng, round_blocks):
+            first, second = ("ref", other) if d == "F" else (other, "ref")
+            n = len(dirs)
+            t1.append(_timed(time_one, first, f"block {n} (slot 1)"))
+            t2.append(_timed(time_one, second, f"block {n} (slot 2)"))
+            dirs.append(d)
+        samples = Samples.from_blocks(dirs, t1, t2, mode=mode, seed=seed)
+        result = analyze(samples, n_boot=n_boot) if len(dirs) >= 4 else None
+        reason = rule.is_finished(MeasureState(len(dirs), clock() - start, result))
+        if progress is not None:
+            progress(len(dirs), result)
+        if reason is not None:
+            # analyze() of the final samples gives exactly this: the bootstrap ignores stopped_by.
+            return replace(result, stopped_by=reason), replace(samples, stopped_by=reason)

@@ -1,0 +1,124 @@
+"""Record a real call of a C function into a snapshot (the ``host`` backend's capture).
+
+``record_call(lib, "saxpy", [n, a, x, y], out)`` copies every numpy array argument into one
+freshly mapped arena (so the captured regions form one compact span, with gaps between them
+for guard bands), calls the function there, stores the arena's pre- and post-state per
+array as regions and the scalars in the kernarg, and copies the results back into the
+caller's arrays — the call really happens. Used by tests and by ``kpair demo``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import struct
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .backends.host import HostDevice
+from .errors import UsageError
+from .snapshot import (
+    CodeObject,
+    Kernarg,
+    Launch,
+    Manifest,
+    Param,
+    Region,
+    Snapshot,
+    SnapshotWriter,
+)
+
+#: numpy dtype → kernarg kind for scalar arguments.
+_SCALAR_KINDS = {
+    np.dtype(np.int8): "i8", np.dtype(np.uint8): "u8", np.dtype(np.int16): "i16",
+    np.dtype(np.uint16): "u16", np.dtype(np.int32): "i32", np.dtype(np.uint32): "u32",
+    np.dtype(np.int64): "i64", np.dtype(np.uint64): "u64", np.dtype(np.float32): "f32",
+    np.dtype(np.float64): "f64",
+}
+_PACK = {"i8": "<b", "u8": "<B", "i16": "<h", "u16": "<H", "i32": "<i", "u32": "<I",
+         "i64": "<q", "u64": "<Q", "f32": "<f", "f64": "<d", "pointer": "<Q"}
+
+#: Arena layout: arrays start on this alignment, separated by at least GAP bytes.
+ALIGN = 256
+GAP = 256
+
+
+def _scalar(value: object, index: int) -> tuple[str, object]:
+    if isinstance(value, np.generic):
+        kind = _SCALAR_KINDS.get(value.dtype)
+        if kind is None:
+            raise UsageError(f"argument {index}: unsupported scalar dtype {value.dtype}")
+        return kind, value.item()
+    if isinstance(value, bool):
+        raise UsageError(f"argument {index}: pass booleans as np.int32 or np.uint8")
+    if isinstance(value, int):
+        return "i64", value
+    if isinstance(value, float):
+        return "f64", value
+    raise UsageError(f"argument {index}: expected a numpy array or a scalar, "
+                     f"got {type(value).__name__}")
+
+
+def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
+                out: str | os.PathLike, *, names: Sequence[str] | None = None,
+                provenance: dict | None = None) -> Snapshot:
+    """Call ``symbol`` from the shared object ``library`` on ``args`` and snapshot the call."""
+    image = Path(library).read_bytes()
+    if names is not None and len(names) != len(args):
+        raise UsageError(f"{len(names)} names for {len(args)} arguments")
+    arrays = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+    for i, a in arrays:
+        if not a.flags.c_contiguous or a.nbytes == 0:
+            raise UsageError(f"argument {i}: arrays must be C-contiguous and non-empty")
+
+    offsets, cursor = {}, GAP
+    for i, a in arrays:
+        offsets[i] = cursor
+        cursor = -(-(cursor + a.nbytes + GAP) // ALIGN) * ALIGN
+    writer = SnapshotWriter(out)
+    with HostDevice(flush_bytes=1) as dev:
+        # Relocating the range [0, cursor) maps a fresh arena anywhere: delta is its base.
+        base = dev.map([(0, cursor)], relocate=True).delta
+        kernel = dev.load(image, symbol)
+
+        params, kernarg, offset = [], bytearray(), 0
+        for i, a in enumerate(args):
+            name = names[i] if names else f"arg{i}"
+            if isinstance(a, np.ndarray):
+                kind, value = "pointer", base + offsets[i]
+                dev.write(value, a.tobytes())
+            else:
+                kind, value = _scalar(a, i)
+            size = struct.calcsize(_PACK[kind])
+            offset = -(-offset // size) * size
+            kernarg += bytes(offset - len(kernarg)) + struct.pack(_PACK[kind], value)
+            params.append(Param(offset, size, kind, name))
+            offset += size
+        kernarg = bytes(kernarg)
+
+        launch = Launch()
+        dev.launch(kernel, launch, kernarg, params)
+        regions = []
+        for i, a in arrays:
+            address = base + offsets[i]
+            post = dev.read(address, a.nbytes)
+            regions.append(Region(params[i].name, address, a.nbytes,
+                                  writer.put(a.tobytes()), writer.put(post), str(a.dtype)))
+            np.copyto(a, np.frombuffer(post, dtype=a.dtype).reshape(a.shape))
+        env = dev.environment()
+
+    manifest = Manifest(
+        backend="host", arch=env["arch"],
+        code=CodeObject(writer.put(image), "elf-so", symbol),
+        launch=launch, kernarg=Kernarg(writer.put(kernarg), tuple(params)),
+        regions=tuple(regions), environment=env,
+        provenance={"recorded_by": f"kpair {__version__} record_call",
+                    "library": str(library), "command": list(sys.argv),
+                    "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                        timespec="seconds"),
+                    **(provenance or {})})
+    return writer.finish(manifest)

@@ -1,0 +1,92 @@
+"""Replay: place a snapshot's regions on a device and launch kernels on them.
+
+``Replay(device, snapshot)`` maps every region (at its captured address, or uniformly
+relocated), stages each region's pre-state as the pristine copy, and patches pointers when
+relocated. Then ``run(kernel)`` restores pre-state, launches once and reads every region back;
+``time_one(kernel)`` restores and flushes *outside* the timed region and returns the kernel's
+own duration. ref and opt always run on the same placed regions: addresses matter to timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .backends import Device, Kernel, Mapping
+from .errors import AbiMismatch, ArchitectureMismatch
+from .placement import patch_pointers, span_of
+from .snapshot import Launch, Snapshot
+
+
+@dataclass(frozen=True)
+class ReplayInfo:
+    mapping: Mapping
+    patched_kernarg_words: int
+    patched_region_words: int
+
+    def to_json(self) -> dict:
+        return {**self.mapping.to_json(), "patched_kernarg_words": self.patched_kernarg_words,
+                "patched_region_words": self.patched_region_words}
+
+
+class Replay:
+    def __init__(self, device: Device, snapshot: Snapshot, *, relocate: bool = False,
+                 cache: str = "cold"):
+        m = snapshot.manifest
+        if m.backend != device.backend:
+            raise ArchitectureMismatch(f"snapshot was captured for backend {m.backend!r}, "
+                                       f"this device is {device.backend!r}")
+        if m.arch != device.arch():
+            raise ArchitectureMismatch(f"snapshot was captured on {m.arch}, this device is "
+                                       f"{device.arch()}")
+        if cache not in ("cold", "warm"):
+            raise ValueError(f"cache must be 'cold' or 'warm', not {cache!r}")
+        self.device, self.snapshot, self.cache = device, snapshot, cache
+        self.regions = m.regions
+        self.params = m.kernarg.params
+        ranges = [(r.address, r.end) for r in m.regions]
+        mapping = device.map(ranges, relocate=relocate)
+        delta = mapping.delta
+        self.lo, self.hi = span_of(ranges) if ranges else (0, 0)
+
+        self.kernarg, kernarg_words = patch_pointers(snapshot.kernarg(), 0, self.lo, self.hi,
+                                                     delta)
+        self.addresses = [r.address + delta for r in m.regions]
+        self.pre: dict[str, bytes] = {}
+        self.expected: dict[str, bytes] = {}
+        region_words = 0
+        for i, r in enumerate(m.regions):
+            pre, n = patch_pointers(snapshot.pre(i), r.address, self.lo, self.hi, delta)
+            post, _ = patch_pointers(snapshot.post(i), r.address, self.lo, self.hi, delta)
+            region_words += n
+            self.pre[r.name], self.expected[r.name] = pre, post
+            device.stage(self.addresses[i], pre)
+        self.info = ReplayInfo(mapping, kernarg_words, region_words)
+
+    def check_abi(self, kernel: Kernel, role: str) -> None:
+        """Refuse a kernel whose driver-reported parameter layout differs from the snapshot's."""
+        layout = kernel.param_layout()
+        if layout is None:
+            return
+        want = [(p.offset, p.size) for p in self.params]
+        if layout != want:
+            raise AbiMismatch(f"{role} kernel {kernel.name!r} takes parameters {layout} "
+                              f"(offset, size), the snapshot's kernarg has {want}")
+
+    def read_all(self) -> dict[str, bytes]:
+        return {r.name: self.device.read(a, r.size)
+                for r, a in zip(self.regions, self.addresses, strict=True)}
+
+    def run(self, kernel: Kernel, launch: Launch | None = None) -> dict[str, bytes]:
+        """Restore pre-state, launch once, and return every region's bytes afterwards."""
+        self.device.restore()
+        self.device.launch(kernel, launch or self.snapshot.manifest.launch, self.kernarg,
+                           self.params)
+        return self.read_all()
+
+    def time_one(self, kernel: Kernel, launch: Launch | None = None) -> float:
+        """Seconds of one launch on freshly restored state (cold cache unless warm)."""
+        self.device.restore()
+        if self.cache == "cold":
+            self.device.flush_cache()
+        return self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
+                                        self.kernarg, self.params)

@@ -1,0 +1,22 @@
+"""Snapshot format v1: one captured dispatch as a manifest plus verified, compressed blobs."""
+
+from .model import (
+    CODE_FORMATS,
+    PARAM_KINDS,
+    SCHEMA_VERSION,
+    BlobRef,
+    CodeObject,
+    Kernarg,
+    Launch,
+    LaunchAttribute,
+    Manifest,
+    Param,
+    Region,
+)
+from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
+
+__all__ = [
+    "CODE_FORMATS", "PARAM_KINDS", "SCHEMA_VERSION", "BlobRef", "CodeObject", "Kernarg",
+    "Launch", "LaunchAttribute", "Manifest", "Param", "Region", "Snapshot", "SnapshotWriter",
+    "sha256", "write_json_atomic",
+]

@@ -1,0 +1,301 @@
+"""ABBA meter on synthetic timings: planted speedups, slot bias, drift, stopping, samples files."""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+
+import numpy as np
+import pytest
+
+from kpair.errors import FormatError, KpairError, UsageError
+from kpair.measure import (
+    AbbaResult,
+    MeasureState,
+    Samples,
+    StoppingRule,
+    analyze,
+    geomean,
+    load_samples,
+    measure,
+    round_schedule,
+    save_samples,
+)
+
+
+class FakeGpu:
+    """Synthetic ``time_one``: ref takes ``t_ref``, opt ``t_ref / speedup``.
+
+    Calls alternate slot 1, slot 2 (warm-up comes in pairs too); a slot-1 launch is
+    ``slot_bias`` times slower; ``drift`` is the relative slow-down reached after ``drift_calls``
+    launches; noise is log-normal. ``clock`` is a fake clock advanced by ``tick_s`` per launch.
+    """
+
+    def __init__(self, speedup=1.0, slot_bias=1.0, sigma=0.01, drift=0.0, drift_calls=1,
+                 t_ref=100e-6, tick_s=0.0, seed=1):
+        self.speedup, self.slot_bias, self.sigma = speedup, slot_bias, sigma
+        self.drift, self.drift_calls, self.t_ref, self.tick_s = drift, drift_calls, t_ref, tick_s
+        self.rng = np.random.default_rng(seed)
+        self.calls: list[str] = []
+        self.now = 0.0
+
+    def __call__(self, which: str) -> float:
+        k = len(self.calls)
+        self.calls.append(which)
+        self.now += self.tick_s
+        t = self.t_ref if which == "ref" else self.t_ref / self.speedup
+        if k % 2 == 0:
+            t *= self.slot_bias
+        t *= 1 + self.drift * min(k / self.drift_calls, 1.0)
+        return t * math.exp(self.rng.normal(0.0, self.sigma))
+
+    def clock(self) -> float:
+        return self.now
+
+
+FIXED = StoppingRule(min_blocks=200, max_blocks=200, rel_ci_halfwidth=1e-9, time_cap_s=1e9)
+
+
+def test_geomean():
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean(np.full(10_000, 1e300)) == pytest.approx(1e300)  # no overflowing product
+    for bad in ([], [1.0, 0.0], [1.0, -2.0], [float("nan")], [float("inf")], ["x"]):
+        with pytest.raises(KpairError):
+            geomean(bad)
+
+
+def test_planted_speedup_recovered():
+    gpu = FakeGpu(speedup=1.37, sigma=0.01)
+    res, samples = measure(gpu, rule=FIXED, seed=3)
+    assert res.mode == "A/B"
+    assert res.speedup == pytest.approx(1.37, rel=0.01)
+    assert res.ci95[0] <= 1.37 <= res.ci95[1]
+    assert res.slot_bias_ci95[0] <= 1.0 <= res.slot_bias_ci95[1]
+    assert res.blocks == len(samples) == 200
+    assert res.forward_blocks == res.reverse_blocks == 100
+    assert res.ref_median_s == pytest.approx(100e-6, rel=0.01)
+    assert res.opt_median_s == pytest.approx(100e-6 / 1.37, rel=0.01)
+    assert res.stopped_by == "max_blocks" and res.seed == 3
+
+
+def test_slot_bias_cancels_where_naive_ratio_does_not():
+    gpu = FakeGpu(speedup=1.25, slot_bias=1.02, sigma=0.01)
+    res, samples = measure(gpu, rule=FIXED, seed=4)
+    assert res.speedup == pytest.approx(1.25, rel=0.01)
+    assert res.slot_bias == pytest.approx(1.02, rel=0.01)
+    assert res.slot_bias_ci95[0] > 1.0
+    # The naive estimate, ref/opt over forward blocks only, carries the slot effect in full.
+    fwd = samples.forward
+    naive = geomean(samples.t_slot1_s[fwd] / samples.t_slot2_s[fwd])
+    assert naive == pytest.approx(1.25 * 1.02, rel=0.005)
+    assert abs(naive / 1.25 - 1) > 0.015
+
+
+def test_linear_drift_cancels():
+    # +5% over the whole run (200 blocks = 400 timed launches after 4 warm-up launches).
+    gpu = FakeGpu(speedup=1.1, sigma=0.005, drift=0.05, drift_calls=404)
+    res, samples = measure(gpu, rule=FIXED, seed=5)
+    assert samples.t_ref_s[-20:].mean() / samples.t_ref_s[:20].mean() > 1.04  # drift is real
+    assert res.speedup == pytest.approx(1.1, rel=0.01)
+    assert res.ci95[0] <= 1.1 <= res.ci95[1]
+
+
+def test_aa_control():
+    gpu = FakeGpu(speedup=1.37, sigma=0.01)  # speedup must not matter: opt is never called
+    res, samples = measure(gpu, rule=FIXED, seed=6, aa=True)
+    assert set(gpu.calls) == {"ref"}
+    assert res.mode == "A/A" and samples.mode == "A/A"
+    assert res.ci95[0] <= 1.0 <= res.ci95[1]
+    assert abs(res.speedup - 1) < 0.005
+    assert res.to_json()["mode"] == "A/A"
+
+
+def test_warmup_calls_are_untimed_pairs():
+    gpu = FakeGpu()
+    rule = StoppingRule(min_blocks=8, max_blocks=8)
+    _, samples = measure(gpu, rule=rule, round_blocks=8, warmup=3, seed=1)
+    assert gpu.calls[:6] == ["ref", "opt"] * 3
+    assert len(gpu.calls) == 6 + 2 * 8
+    for i, d in enumerate(samples.direction):  # slot order follows the direction
+        assert gpu.calls[6 + 2 * i: 8 + 2 * i] == (["ref", "opt"] if d == "F" else ["opt", "ref"])
+
+
+def test_stops_by_ci_soon_after_min_blocks():
+    gpu = FakeGpu(speedup=1.3, sigma=1e-4)
+    res, _ = measure(gpu, rule=StoppingRule(min_blocks=32), seed=7)
+    assert res.stopped_by == "ci" and res.blocks == 32
+    assert res.rel_ci_halfwidth <= 0.005
+    assert res.rel_ci_halfwidth == pytest.approx((res.ci95[1] - res.ci95[0]) / 2 / res.speedup)
+
+
+def test_stops_by_max_blocks():
+    gpu = FakeGpu(speedup=1.3, sigma=0.3)
+    res, _ = measure(gpu, rule=StoppingRule(min_blocks=16, max_blocks=48), seed=8)
+    assert res.stopped_by == "max_blocks" and res.blocks == 48
+
+
+def test_stops_by_time_cap_with_fake_clock():
+    gpu = FakeGpu(sigma=0.3, tick_s=1.0)
+    seen = []
+    res, _ = measure(gpu, rule=StoppingRule(time_cap_s=5.0), clock=gpu.clock, seed=9,
+                     progress=lambda n, r: seen.append((n, r)))
+    # The cap is checked after the first whole round: 4 warm-up + 16 timed launches = 20 s.
+    assert res.stopped_by == "time_cap" and res.blocks == 8
+    assert [n for n, _ in seen] == [8] and seen[0][1].stopped_by == ""
+
+
+def test_time_cap_waits_for_an_analysable_prefix():
+    gpu = FakeGpu(sigma=0.3, tick_s=1.0)
+    res, _ = measure(gpu, rule=StoppingRule(time_cap_s=1.0), round_blocks=2, warmup=0,
+                     clock=gpu.clock, seed=9)
+    assert res.stopped_by == "time_cap" and res.forward_blocks == res.reverse_blocks == 2
+
+
+def test_rule_on_states():
+    rule = StoppingRule(min_blocks=32, max_blocks=64, rel_ci_halfwidth=0.01, time_cap_s=10.0)
+    res = analyze(Samples.from_blocks("FRFR", [1.0, 1.0, 1.0, 1.01], [1.0] * 4))
+    wide = AbbaResult(**{**res.__dict__, "rel_ci_halfwidth": 0.5})
+    tight = AbbaResult(**{**res.__dict__, "rel_ci_halfwidth": 0.001})
+    assert rule.is_finished(MeasureState(100, 1e6, None)) is None
+    assert rule.is_finished(MeasureState(16, 0.0, tight)) is None  # tight, but < min_blocks
+    assert rule.is_finished(MeasureState(32, 0.0, tight)) == "ci"
+    assert rule.is_finished(MeasureState(32, 0.0, wide)) is None
+    assert rule.is_finished(MeasureState(64, 11.0, tight)) == "ci"
+    assert rule.is_finished(MeasureState(64, 11.0, wide)) == "max_blocks"
+    assert rule.is_finished(MeasureState(8, 10.0, wide)) == "time_cap"
+    for bad in ({"min_blocks": 2}, {"min_blocks": 50, "max_blocks": 40},
+                {"rel_ci_halfwidth": 0}, {"time_cap_s": -1}):
+        with pytest.raises(UsageError):
+            StoppingRule(**bad)
+
+
+def test_progress_reports_every_round():
+    seen = []
+    measure(FakeGpu(sigma=0.3), rule=StoppingRule(min_blocks=8, max_blocks=24), round_blocks=4,
+            seed=1,
+            progress=lambda n, r: seen.append((n, r)))
+    assert [n for n, _ in seen] == [4, 8, 12, 16, 20, 24]
+    assert all(isinstance(r, AbbaResult) and r.blocks == n for n, r in seen)
+
+
+def test_schedule_balanced_random_reproducible():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        rnd = round_schedule(rng, 8)
+        assert sorted(rnd) == ["F"] * 4 + ["R"] * 4
+    _, a = measure(FakeGpu(), rule=StoppingRule(min_blocks=64, max_blocks=64), seed=11)
+    _, b = measure(FakeGpu(), rule=StoppingRule(min_blocks=64, max_blocks=64), seed=11)
+    _, c = measure(FakeGpu(), rule=StoppingRule(min_blocks=64, max_blocks=64), seed=12)
+    assert np.array_equal(a.direction, b.direction)
+    assert not np.array_equal(a.direction, c.direction)
+    for k in range(0, 64, 8):  # every round is balanced
+        assert (a.direction[k:k + 8] == "F").sum() == 4
+    assert round_schedule(np.random.default_rng(1), 8) == round_schedule(
+        np.random.default_rng(1), 8)
+
+
+def test_seed_drawn_and_recorded_when_not_given():
+    res, samples = measure(FakeGpu(), rule=StoppingRule(min_blocks=8, max_blocks=8))
+    assert isinstance(res.seed, int) and res.seed == samples.seed
+    assert analyze(samples) == res
+
+
+def test_bad_arguments():
+    with pytest.raises(UsageError):
+        measure(FakeGpu(), round_blocks=7)
+    with pytest.raises(UsageError):
+        measure(FakeGpu(), seed=-1)
+    s = Samples.from_blocks("FRFR", [1.0] * 4, [1.0] * 4)
+    with pytest.raises(UsageError):
+        analyze(s, n_boot=10)
+    with pytest.raises(KpairError, match="2 forward"):
+        analyze(Samples.from_blocks("FFFR", [1.0] * 4, [1.0] * 4))
+
+
+@pytest.mark.parametrize("value", [0.0, -1e-6, float("nan"), float("inf"), None, "fast"])
+def test_bad_timing_values(value):
+    def time_one(which):
+        time_one.n += 1
+        return value if time_one.n == 5 else 1e-4
+
+    time_one.n = 0
+    with pytest.raises(KpairError, match=r"time_one returned .* block 1 \(slot 1\)"):
+        measure(time_one, warmup=1, seed=0)
+
+
+def test_json_shape():
+    res, _ = measure(FakeGpu(speedup=1.2), rule=StoppingRule(min_blocks=16, max_blocks=16),
+                     seed=2)
+    j = res.to_json(samples_file="speed_samples.npz")
+    assert json.loads(json.dumps(j, allow_nan=False)) == j
+    assert j["ci95"] == list(res.ci95) and j["samples_file"] == "speed_samples.npz"
+    assert j["debug_only"]["ref_median_us"] == pytest.approx(100.0, rel=0.05)
+    assert "ref_median_s" not in j and "note" in j["debug_only"]
+    assert {"speedup", "slot_bias", "slot_bias_ci95", "fwd", "rev", "blocks", "forward_blocks",
+            "reverse_blocks", "stopped_by", "rel_ci_halfwidth", "seed", "n_boot"} <= set(j)
+
+
+def test_samples_round_trip_reproduces_result(tmp_path):
+    rule = StoppingRule(min_blocks=40, max_blocks=40, rel_ci_halfwidth=1e-9)
+    res, samples = measure(FakeGpu(speedup=1.2, slot_bias=1.01), seed=13, rule=rule)
+    p = save_samples(samples, tmp_path / "speed_samples.npz")
+    assert p.exists() and not (tmp_path / "speed_samples.npz.npz").exists()
+    back = load_samples(p)
+    for name in ("block", "direction", "t_slot1_s", "t_slot2_s"):
+        assert np.array_equal(getattr(back, name), getattr(samples, name))
+    assert (back.mode, back.seed, back.stopped_by) == ("A/B", 13, "max_blocks")
+    assert analyze(back) == res
+    assert analyze(back, seed=99).speedup == res.speedup  # the point estimate needs no seed
+
+
+def _rewrite(src, dst, **changes):
+    with np.load(src) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays.update(changes)
+    for k in [k for k, v in arrays.items() if v is None]:
+        del arrays[k]
+    with open(dst, "wb") as fh:
+        np.savez(fh, **arrays)
+    return dst
+
+
+@pytest.fixture
+def samples_file(tmp_path):
+    _, samples = measure(FakeGpu(), seed=1, rule=StoppingRule(min_blocks=8, max_blocks=8))
+    return save_samples(samples, tmp_path / "s.npz")
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"t_slot1_s": None}, "t_slot1_s"),
+    ({"t_slot2_s": np.full(8, -1.0)}, "t_slot2_s[0]"),
+    ({"t_slot1_s": np.full(7, 1e-4)}, "t_slot1_s"),
+    ({"direction": np.array([b"F", b"X"] * 4)}, "direction[1]"),
+    ({"block": np.arange(1, 9)}, "block[0]"),
+    ({"block": np.arange(8.0)}, "block"),
+    ({"mode": np.bytes_(b"B/A")}, "mode"),
+    ({"stopped_by": np.bytes_(b"bored")}, "stopped_by"),
+    ({"seed": np.float64(1.5)}, "seed"),
+    ({"kpair_samples_version": np.int64(2)}, "kpair_samples_version"),
+])
+def test_bad_samples_fields_are_named(samples_file, tmp_path, change, field):
+    bad = _rewrite(samples_file, tmp_path / "bad.npz", **change)
+    with pytest.raises(FormatError) as info:
+        load_samples(bad)
+    assert info.value.field == field and info.value.path == bad
+
+
+def test_truncated_or_corrupted_samples_file(samples_file, tmp_path):
+    data = samples_file.read_bytes()
+    with zipfile.ZipFile(samples_file) as zf:  # a byte inside the compressed timings
+        info = zf.getinfo("t_slot1_s.npy")
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size // 2
+    cases = {"trunc.npz": data[: len(data) // 2], "empty.npz": b"",
+             "garbage.npz": b"not a zip file at all" * 10,
+             "flipped.npz": data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]}
+    for name, blob in cases.items():
+        (tmp_path / name).write_bytes(blob)
+        with pytest.raises(FormatError, match="truncated or corrupted"):
+            load_samples(tmp_path / name)
+    with pytest.raises(FormatError, match="cannot read"):
+        load_samples(tmp_path / "missing.npz")
