@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
 from .errors import HarnessError, UsageError
 from .policy import Policy, load_policy, save_policy
-from .snapshot import Launch, Snapshot, sha256, write_json_atomic
+from .snapshot import Launch, Snapshot, detect_format, sha256, write_json_atomic
 
 SCHEMA = "kpair.harness"
 SCHEMA_VERSION = 1
@@ -33,23 +32,6 @@ MANIFEST = "MANIFEST.sha256"
 EXTENSIONS = {"elf-so": ".so", "cubin": ".cubin", "fatbin": ".fatbin", "ptx": ".ptx",
               "hsaco": ".co"}
 OUTPUTS = ("result.json", "samples.npz")
-
-_EM_CUDA, _EM_AMDGPU = 190, 224
-_FATBIN_MAGIC = 0xBA55ED50
-
-
-def detect_format(image: bytes) -> str:
-    """The code object format of ``image``, from its magic bytes."""
-    if image[:4] == b"\x7fELF" and len(image) >= 20:
-        endian = "<" if image[5] == 1 else ">"
-        (machine,) = struct.unpack_from(endian + "H", image, 18)
-        return {_EM_CUDA: "cubin", _EM_AMDGPU: "hsaco"}.get(machine, "elf-so")
-    if len(image) >= 4 and struct.unpack_from("<I", image)[0] == _FATBIN_MAGIC:
-        return "fatbin"
-    if b".version" in image[:4096] and b".target" in image[:4096]:
-        return "ptx"
-    raise UsageError("unrecognised code object (not ELF, fatbin or PTX)")
-
 
 @dataclass(frozen=True)
 class Side:

@@ -1,10 +1,12 @@
-"""Record a real call of a C function into a snapshot (the ``host`` backend's capture).
+"""Record a real call of a kernel on numpy inputs into a snapshot, without a capture tool.
 
 ``record_call(lib, "saxpy", [n, a, x, y], out)`` copies every numpy array argument into one
-freshly mapped arena (so the captured regions form one compact span, with gaps between them
-for guard bands), calls the function there, stores the arena's pre- and post-state per
-array as regions and the scalars in the kernarg, and copies the results back into the
-caller's arrays — the call really happens. Used by tests and by ``kpair demo``.
+freshly mapped arena on the device (so the captured regions form one compact span, with gaps
+between them for guard bands), launches the kernel there, stores the arena's pre- and
+post-state per array as regions and the scalars in the kernarg, and copies the results back
+into the caller's arrays — the call really happens. Any backend works: a C function in a
+shared object on ``host``, an nvcc-built cubin on ``cuda``. Used by tests, examples and
+``kpair demo``; real programs are captured with ``kpair capture`` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .backends.host import HostDevice
+from .backends import open_device
 from .errors import UsageError
 from .snapshot import (
     CodeObject,
@@ -30,6 +32,7 @@ from .snapshot import (
     Region,
     Snapshot,
     SnapshotWriter,
+    detect_format,
 )
 
 #: numpy dtype → kernarg kind for scalar arguments.
@@ -65,9 +68,12 @@ def _scalar(value: object, index: int) -> tuple[str, object]:
 
 def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
                 out: str | os.PathLike, *, names: Sequence[str] | None = None,
-                provenance: dict | None = None) -> Snapshot:
-    """Call ``symbol`` from the shared object ``library`` on ``args`` and snapshot the call."""
+                backend: str = "host", launch: Launch | None = None,
+                provenance: dict | None = None, device_options: dict | None = None) -> Snapshot:
+    """Launch ``symbol`` from the code object ``library`` on ``args`` and snapshot the call."""
     image = Path(library).read_bytes()
+    fmt = detect_format(image)
+    launch = launch or Launch()
     if names is not None and len(names) != len(args):
         raise UsageError(f"{len(names)} names for {len(args)} arguments")
     arrays = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
@@ -80,10 +86,10 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
         offsets[i] = cursor
         cursor = -(-(cursor + a.nbytes + GAP) // ALIGN) * ALIGN
     writer = SnapshotWriter(out)
-    with HostDevice(flush_bytes=1) as dev:
+    with open_device(backend, **(device_options or {})) as dev:
         # Relocating the range [0, cursor) maps a fresh arena anywhere: delta is its base.
         base = dev.map([(0, cursor)], relocate=True).delta
-        kernel = dev.load(image, symbol)
+        kernel = dev.load(image, symbol, fmt=fmt)
 
         params, kernarg, offset = [], bytearray(), 0
         for i, a in enumerate(args):
@@ -100,7 +106,6 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
             offset += size
         kernarg = bytes(kernarg)
 
-        launch = Launch()
         dev.launch(kernel, launch, kernarg, params)
         regions = []
         for i, a in arrays:
@@ -109,11 +114,11 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
             regions.append(Region(params[i].name, address, a.nbytes,
                                   writer.put(a.tobytes()), writer.put(post), str(a.dtype)))
             np.copyto(a, np.frombuffer(post, dtype=a.dtype).reshape(a.shape))
-        env = dev.environment()
+        env, dev_arch = dev.environment(), dev.arch()
 
     manifest = Manifest(
-        backend="host", arch=env["arch"],
-        code=CodeObject(writer.put(image), "elf-so", symbol),
+        backend=backend, arch=dev_arch,
+        code=CodeObject(writer.put(image), fmt, symbol),
         launch=launch, kernarg=Kernarg(writer.put(kernarg), tuple(params)),
         regions=tuple(regions), environment=env,
         provenance={"recorded_by": f"kpair {__version__} record_call",

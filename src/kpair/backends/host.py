@@ -96,8 +96,9 @@ class HostDevice(Device):
         self._tmp = tempfile.TemporaryDirectory(prefix="kpair-host-")
         self._libs: list[ctypes.CDLL] = []
         # Twice the last-level cache, so one pass evicts what the kernel left behind.
-        self._flush = np.zeros(min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None
-                               else flush_bytes, dtype=np.uint8)
+        self._flush_bytes = min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None \
+            else flush_bytes
+        self._flush: np.ndarray | None = None  # allocated on first use
 
     def arch(self) -> str:
         return host_arch()
@@ -177,6 +178,8 @@ class HostDevice(Device):
             ctypes.memmove(address, data, len(data))
 
     def flush_cache(self) -> None:
+        if self._flush is None:
+            self._flush = np.zeros(self._flush_bytes, dtype=np.uint8)
         self._flush += 1
 
     def _args(self, kernarg: bytes, params: Sequence[Param]) -> list:

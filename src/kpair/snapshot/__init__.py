@@ -12,11 +12,12 @@ from .model import (
     Manifest,
     Param,
     Region,
+    detect_format,
 )
 from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
 
 __all__ = [
     "CODE_FORMATS", "PARAM_KINDS", "SCHEMA_VERSION", "BlobRef", "CodeObject", "Kernarg",
     "Launch", "LaunchAttribute", "Manifest", "Param", "Region", "Snapshot", "SnapshotWriter",
-    "sha256", "write_json_atomic",
+    "sha256", "write_json_atomic", "detect_format",
 ]

@@ -10,6 +10,7 @@ names the offending field (``regions[2].address``) in every error it raises.
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,6 +293,24 @@ class CodeObject:
 
 
 CODE_FORMATS = ("elf-so", "cubin", "fatbin", "ptx", "hsaco")
+
+_EM_CUDA, _EM_AMDGPU = 190, 224
+_FATBIN_MAGIC = 0xBA55ED50
+
+
+def detect_format(image: bytes) -> str:
+    """The code object format of ``image``, from its magic bytes."""
+    if image[:4] == b"\x7fELF" and len(image) >= 20:
+        endian = "<" if image[5] == 1 else ">"
+        (machine,) = struct.unpack_from(endian + "H", image, 18)
+        return {_EM_CUDA: "cubin", _EM_AMDGPU: "hsaco"}.get(machine, "elf-so")
+    if len(image) >= 4 and struct.unpack_from("<I", image)[0] == _FATBIN_MAGIC:
+        return "fatbin"
+    if b".version" in image[:4096] and b".target" in image[:4096]:
+        return "ptx"
+    raise SnapshotFormatError("unrecognised code object (not ELF, fatbin or PTX)")
+
+
 
 
 @dataclass(frozen=True)
