@@ -15,21 +15,8 @@ from ..errors import KpairError
 from .base import Command
 from .core import Inspect, Pair, Run
 
+#: Every subcommand, in the order of the pipeline; a new command adds itself here.
 COMMANDS: list[type[Command]] = [Pair, Run, Inspect]
-
-
-def _register_optional() -> None:
-    # Commands living in modules of later pipeline stages register here when present.
-    import importlib
-
-    for module, names in (("kpair.cli.release", ("Verify", "ReleaseCmd", "Report", "Demo")),):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        COMMANDS.extend(getattr(mod, n) for n in names if hasattr(mod, n))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if len(COMMANDS) == 3:
-        _register_optional()
     args = build_parser().parse_args(argv)
     try:
         return args._command().run(args)
