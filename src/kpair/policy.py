@@ -453,12 +453,18 @@ def check_region(name: str, expected: bytes, actual: bytes, tolerances: tuple = 
     differ = np.flatnonzero((e8 != a8) & ~covered)
     mismatch = None
     if differ.size:
-        first = []
-        for off in differ[:_FIRST_MISMATCHES].tolist():
+        first, seen = [], set()
+        for off in differ[:_FIRST_MISMATCHES * 8].tolist():  # 8 bytes: the widest dtype
             entry = {"offset": off, "expected": f"{e8[off]:02x}", "actual": f"{a8[off]:02x}"}
             if dtype_hint in DTYPES:
                 entry.update(_element(e8, a8, off, dtype_hint))
+                # One entry per differing element: its other bytes add nothing.
+                if entry.get("element_offset") in seen:
+                    continue
+                seen.add(entry.get("element_offset"))
             first.append(entry)
+            if len(first) == _FIRST_MISMATCHES:
+                break
         mismatch = {"reason": "bytes", "differing_bytes": int(differ.size), "first": first}
     passed = mismatch is None and all(c.passed for c in checks)
     return RegionVerdict(name, passed, criterion, tuple(checks), mismatch)
