@@ -1,0 +1,37 @@
+"""Shared fixtures: C kernels built with the system compiler, and a recorded host snapshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpair.record import record_call
+from kpair.toolchain import compile_shared
+
+CSRC = Path(__file__).parent / "csrc"
+
+
+@pytest.fixture(scope="session")
+def matmul_libs(tmp_path_factory) -> dict[str, Path]:
+    """kp_matmul built three ways: naive (ref), loop-reordered (fast, bit-identical), buggy."""
+    d = tmp_path_factory.mktemp("matmul")
+    return {name: compile_shared(CSRC / "matmul.c", d / f"{name}.so",
+                                 defines={"KP_VARIANT": v})
+            for name, v in (("naive", 0), ("fast", 1), ("offbyone", 2))}
+
+
+def record_matmul(lib: Path, out: Path, n: int = 128, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.full((n, n), np.nan, np.float32)
+    record_call(lib, "kp_matmul", [a, b, c, np.int32(n)], out, names=["a", "b", "c", "n"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def matmul_snapshot(matmul_libs, tmp_path_factory) -> Path:
+    """A snapshot of one real naive kp_matmul call (n=128)."""
+    return record_matmul(matmul_libs["naive"], tmp_path_factory.mktemp("snap") / "matmul")

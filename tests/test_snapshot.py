@@ -1,0 +1,171 @@
+"""Snapshot format v1: round trip, and every way a reader must refuse a bad snapshot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kpair.errors import SnapshotFormatError, UsageError
+from kpair.snapshot import (
+    CodeObject,
+    Kernarg,
+    Launch,
+    LaunchAttribute,
+    Manifest,
+    Param,
+    Region,
+    Snapshot,
+    SnapshotWriter,
+    detect_format,
+)
+
+
+def make_snapshot(root: Path) -> Snapshot:
+    w = SnapshotWriter(root)
+    pre, post = bytes(range(256)) * 16, bytes(4096)
+    manifest = Manifest(
+        backend="cuda", arch="sm_90",
+        code=CodeObject(w.put(b"\x7fELF fake cubin"), "cubin", "_Z3addPfS_"),
+        launch=Launch((64, 1, 1), (256, 1, 1), 49152,
+                      (LaunchAttribute(4, "cluster_dimension", bytes([2, 0, 0, 0] + [0] * 60)),)),
+        kernarg=Kernarg(w.put(bytes(20)), (Param(0, 8, "pointer", "x"),
+                                           Param(8, 8, "pointer", "y"), Param(16, 4, "i32", "n"))),
+        regions=(Region("x", 0x7F0000000000, 4096, w.put(pre), w.put(pre), "float32"),
+                 Region("y", 0x7F0000200000, 4096, w.put(pre), w.put(post), "float32")),
+        environment={"device": "test"}, provenance={"command": ["python", "prog.py"]})
+    return w.finish(manifest)
+
+
+def test_round_trip_and_dedupe(tmp_path):
+    snap = make_snapshot(tmp_path / "s")
+    again = Snapshot.open(tmp_path / "s")
+    assert again.manifest == snap.manifest
+    assert again.manifest.launch.attributes[0].value[0] == 2
+    assert again.manifest.region("x").address == 0x7F0000000000
+    assert again.post(1) == bytes(4096)
+    # x's pre, x's post and y's pre are the same bytes, stored once: 4 distinct blobs
+    # (code object, kernarg, that pre-state, y's post-state) for 7 references.
+    assert len(list((tmp_path / "s" / "blobs").iterdir())) == 4
+    assert again.verify() == 15 + 20 + 4 * 4096
+
+
+def test_writer_refuses_to_overwrite(tmp_path):
+    make_snapshot(tmp_path / "s")
+    with pytest.raises(UsageError, match="already holds a snapshot"):
+        SnapshotWriter(tmp_path / "s")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not empty"):
+        SnapshotWriter(tmp_path / "other")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+@pytest.fixture
+def snap_dir(tmp_path) -> Path:
+    make_snapshot(tmp_path / "s")
+    return tmp_path / "s"
+
+
+def edit_manifest(root: Path, fn) -> None:
+    path = root / "snapshot.json"
+    obj = json.loads(path.read_text())
+    fn(obj)
+    path.write_text(json.dumps(obj))
+
+
+def blob_of(root: Path, field: str) -> Path:
+    obj = json.loads((root / "snapshot.json").read_text())
+    ref = obj["regions"][1][field]
+    return root / ref["path"]
+
+
+def test_hash_mismatch_names_the_field(snap_dir):
+    import zstandard
+
+    blob = blob_of(snap_dir, "post")
+    blob.write_bytes(zstandard.ZstdCompressor().compress(b"\x01" * 4096))
+    snap = Snapshot.open(snap_dir)
+    with pytest.raises(SnapshotFormatError, match=r"regions\[1\]\.post.*sha256"):
+        snap.post(1)
+
+
+def test_truncated_blob(snap_dir):
+    blob = blob_of(snap_dir, "post")
+    blob.write_bytes(blob.read_bytes()[:-5])
+    with pytest.raises(SnapshotFormatError, match=r"regions\[1\]\.post.*(corrupt|truncated)"):
+        Snapshot.open(snap_dir).verify()
+
+
+def test_wrong_size_blob(snap_dir):
+    edit_manifest(snap_dir, lambda o: o["kernarg"]["blob"].update(size=24))
+    with pytest.raises(SnapshotFormatError, match=r"kernarg\.blob.*holds 20 bytes"):
+        Snapshot.open(snap_dir).kernarg()
+
+
+def test_missing_blob(snap_dir):
+    blob_of(snap_dir, "post").unlink()
+    with pytest.raises(SnapshotFormatError, match=r"regions\[1\]\.post.*missing"):
+        Snapshot.open(snap_dir).verify()
+
+
+@pytest.mark.parametrize("bad", ["../../etc/passwd", "/etc/passwd", "blobs/../../x.zst"])
+def test_path_escape(snap_dir, bad):
+    edit_manifest(snap_dir, lambda o: o["regions"][0]["pre"].update(path=bad))
+    with pytest.raises(SnapshotFormatError, match=r"regions\[0\]\.pre\.path"):
+        Snapshot.open(snap_dir)
+
+
+def test_symlink_escape(snap_dir, tmp_path):
+    outside = tmp_path / "outside.zst"
+    shutil.copy(blob_of(snap_dir, "post"), outside)
+    link = snap_dir / "blobs" / "link.zst"
+    link.symlink_to(outside)
+    edit_manifest(snap_dir, lambda o: o["regions"][1]["post"].update(path="blobs/link.zst"))
+    with pytest.raises(SnapshotFormatError, match="leaves the snapshot directory"):
+        Snapshot.open(snap_dir).post(1)
+
+
+def test_unknown_version(snap_dir):
+    edit_manifest(snap_dir, lambda o: o.update(schema_version=2))
+    with pytest.raises(SnapshotFormatError, match="schema_version.*not supported"):
+        Snapshot.open(snap_dir)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda o: o.update(surprise=1), "surprise"),
+    (lambda o: o["regions"][0].update(address="12345"), r"regions\[0\]\.address"),
+    (lambda o: o["regions"][1].update(address="0x7f0000000800"), "regions.*overlap"),
+    (lambda o: o["regions"][1].update(name="x"), r"regions\[1\]\.name"),
+    (lambda o: o["launch"].update(grid=[0, 1, 1]), r"launch\.grid"),
+    (lambda o: o["kernarg"]["params"][2].update(kind="i64"), r"params\[2\]\.size"),
+    (lambda o: o["kernarg"]["params"][1].update(offset=4), r"params\[1\]\.offset"),
+    (lambda o: o["code_object"].update(format="exe"), r"code_object\.format"),
+    (lambda o: o["regions"][0]["pre"].update(sha256="XYZ"), r"regions\[0\]\.pre\.sha256"),
+    (lambda o: o["regions"][0].update(size=True), r"regions\[0\]\.size.*boolean"),
+    (lambda o: o.pop("launch"), "launch.*missing"),
+])
+def test_malformed_manifest_names_the_field(snap_dir, edit, field):
+    edit_manifest(snap_dir, edit)
+    with pytest.raises(SnapshotFormatError, match=field):
+        Snapshot.open(snap_dir)
+
+
+def test_not_json_and_not_a_snapshot(tmp_path, snap_dir):
+    (snap_dir / "snapshot.json").write_text("{ not json")
+    with pytest.raises(SnapshotFormatError, match="not valid JSON"):
+        Snapshot.open(snap_dir)
+    with pytest.raises(SnapshotFormatError, match="not a kpair snapshot"):
+        Snapshot.open(tmp_path)
+
+
+def test_detect_format():
+    assert detect_format(b"\x7fELF\x02\x01" + bytes(12) + b"\xbe\x00" + bytes(40)) == "cubin"
+    assert detect_format(b"\x7fELF\x02\x01" + bytes(12) + b"\x3e\x00" + bytes(40)) == "elf-so"
+    assert detect_format(b"\x7fELF\x02\x01" + bytes(12) + b"\xe0\x00" + bytes(40)) == "hsaco"
+    assert detect_format(b"\x50\xed\x55\xba" + bytes(16)) == "fatbin"
+    assert detect_format(b"//\n.version 8.0\n.target sm_90\n") == "ptx"
+    with pytest.raises(SnapshotFormatError):
+        detect_format(b"MZ\x90\x00")
