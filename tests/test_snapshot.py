@@ -146,6 +146,7 @@ def test_unknown_version(snap_dir):
     (lambda o: o["regions"][0]["pre"].update(sha256="XYZ"), r"regions\[0\]\.pre\.sha256"),
     (lambda o: o["regions"][0].update(size=True), r"regions\[0\]\.size.*boolean"),
     (lambda o: o.pop("launch"), "launch.*missing"),
+    (lambda o: o["regions"][0].update(dtype="f32"), r"regions\[0\]\.dtype"),
 ])
 def test_malformed_manifest_names_the_field(snap_dir, edit, field):
     edit_manifest(snap_dir, edit)

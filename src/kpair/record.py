@@ -24,6 +24,7 @@ from . import __version__
 from .backends import open_device
 from .errors import UsageError
 from .snapshot import (
+    DTYPE_HINTS,
     CodeObject,
     Kernarg,
     Launch,
@@ -112,7 +113,8 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
             address = base + offsets[i]
             post = dev.read(address, a.nbytes)
             regions.append(Region(params[i].name, address, a.nbytes,
-                                  writer.put(a.tobytes()), writer.put(post), str(a.dtype)))
+                                  writer.put(a.tobytes()), writer.put(post),
+                                  str(a.dtype) if str(a.dtype) in DTYPE_HINTS else None))
             np.copyto(a, np.frombuffer(post, dtype=a.dtype).reshape(a.shape))
         env, dev_arch = dev.environment(), dev.arch()
 

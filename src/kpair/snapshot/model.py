@@ -28,6 +28,10 @@ PARAM_KINDS = (
 SCALAR_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "f32": 4,
                 "i64": 8, "u64": 8, "f64": 8, "pointer": 8}
 
+#: Element types a region may declare (``Region.dtype``); reports decode values with them.
+DTYPE_HINTS = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+               "uint8", "uint16", "uint32", "uint64", "bool")
+
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
@@ -242,7 +246,10 @@ class Region:
         for key, ref in (("pre", pre), ("post", post)):
             if ref.size != size:
                 raise r.fail(f"{key}.size", f"blob holds {ref.size} bytes, region is {size}")
-        return cls(name, r.address("address"), size, pre, post, r.get("dtype", str, None))
+        dtype = r.get("dtype", str, None)
+        if dtype is not None and dtype not in DTYPE_HINTS:
+            raise r.fail("dtype", f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_HINTS)})")
+        return cls(name, r.address("address"), size, pre, post, dtype)
 
 
 @dataclass(frozen=True)
