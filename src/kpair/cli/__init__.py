@@ -13,10 +13,14 @@ import sys
 from .. import __version__
 from ..errors import KpairError
 from .base import Command
+from .capture import Capture
 from .core import Inspect, Pair, Run
+from .policy import PolicyCmd
+from .release import Demo, ReleaseCmd, Report, Verify
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
-COMMANDS: list[type[Command]] = [Pair, Run, Inspect]
+COMMANDS: list[type[Command]] = [Capture, Pair, Run, Inspect, PolicyCmd, ReleaseCmd,
+                                 Verify, Report, Demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

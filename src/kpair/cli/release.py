@@ -1,0 +1,197 @@
+"""``kpair verify``, ``kpair release add``, ``kpair report`` and ``kpair demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+from .base import Command
+
+
+class ProgressLine:
+    """Batch progress on stderr: a redrawn bar on a terminal, one line per operator otherwise
+    (logs and CI keep every line)."""
+
+    def __init__(self, stream=None, width: int = 24):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.width = width
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int, key: str, row: dict | None) -> None:
+        if row is None:
+            if self.tty:
+                filled = self.width * done // max(total, 1)
+                bar = "#" * filled + "." * (self.width - filled)
+                self.stream.write(f"\r[{bar}] {done}/{total} {key} ...\x1b[K")
+                self.stream.flush()
+            self.started = time.monotonic()
+            return
+        took = time.monotonic() - self.started
+        line = f"[{done}/{total}] {key}: {describe_row(row)} ({took:.1f} s)"
+        self.stream.write(("\r\x1b[K" if self.tty else "") + line + "\n")
+        self.stream.flush()
+
+
+def describe_row(row: dict) -> str:
+    h = row.get("harness")
+    if row["status"] == "pass" and h:
+        lo, hi = h["ci95"]
+        return (f"PASS {row['correctness']['label']}, {h['speedup']:.3f}x "
+                f"[{lo:.3f}, {hi:.3f}], slot_bias {h['slot_bias']:.4f}")
+    return f"{row['status'].upper()}: {row['reason']}"
+
+
+def describe_summary(index: dict) -> list[str]:
+    s, c = index["summary"], index["summary"]["counts"]
+    g, d = s["harness_geomean_speedup"], s["director_geomean_speedup"]
+    rng = s.get("slot_bias_range")
+    lines = [f"{c['pass']} pass ({c['byte_exact']} byte-exact, {c['tolerance']} tolerance), "
+             f"{c['excluded']} excluded",
+             f"Harness geomean {g:.4f}x over {s['harness_geomean_over']} (recommended)"
+             if g else "Harness geomean: no passing operator",
+             f"Director geomean {d:.4f}x over {s['director_geomean_over']} (reference only)"
+             if d else "Director geomean: no director_validation.json in provenance"]
+    if rng:
+        lines.append(f"slot_bias {rng[0]:.4f} .. {rng[1]:.4f}")
+    lines += [f"excluded: level{e['level']}/{e['name']} ({e['status']}, {e['where']}): "
+              f"{e['reason']}" for e in s["excluded"]]
+    return lines
+
+
+def _verify_exit(rows: list[dict]) -> int:
+    statuses = {r["status"] for r in rows}
+    return 5 if "error" in statuses else 1 if "fail" in statuses else 0
+
+
+class Verify(Command):
+    """Re-run every harness of a release, each in its own process, and rewrite index.json.
+
+    Exit status: 0 every operator passes, 1 some fail correctness, 5 some could not be run.
+    """
+
+    name = "verify"
+    help = "run every harness of a release and write index.json"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        from ..run import add_run_arguments
+
+        p.add_argument("root", type=Path, help="release directory")
+        add_run_arguments(p)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..release import INDEX, verify_release
+        from ..run import options_from_args
+
+        index = verify_release(args.root, options_from_args(args), progress=ProgressLine())
+        if args.json:
+            print(json.dumps(index, indent=1))
+        else:
+            print("\n".join(describe_summary(index)))
+            print(f"index: {args.root / INDEX}")
+            print(f"report: kpair report {args.root}")
+        return _verify_exit(index["operators"])
+
+
+class ReleaseCmd(Command):
+    """Grow a release: ``kpair release add ROOT HARNESS --level N --name OP``.
+
+    add verifies the harness first (in its own process) and publishes it only on a
+    correctness pass; a failing pair is refused and recorded as excluded. Exit status:
+    0 added, 1 refused (incorrect), 2 usage (e.g. it exists and --replace is missing),
+    5 refused (the run itself failed).
+    """
+
+    name = "release"
+    help = "add a harness to a release (verified first)"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        from ..run import add_run_arguments
+
+        sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+        add = sub.add_parser("add", help="verify a harness and add it to a release",
+                             description=cls.__doc__)
+        add.add_argument("root", type=Path, help="release directory (created if absent)")
+        add.add_argument("harness", type=Path, help="pair harness directory")
+        add.add_argument("--level", type=int, required=True, help="1, 2, ...")
+        add.add_argument("--name", required=True, help="operator name, e.g. 37_FrobeniusNorm_")
+        add.add_argument("--replace", action="store_true",
+                         help="replace an operator already in the release")
+        add.add_argument("--provenance", type=Path,
+                         help="directory of optimizer records (director_validation.json, ...)")
+        add_run_arguments(add)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..release import INDEX, add_operator
+        from ..run import options_from_args
+
+        if args.action != "add":  # argparse already refuses others; kept for new actions
+            raise UsageError(f"unknown action {args.action!r}")
+        key = f"level{args.level}/{args.name}"
+        print(f"verifying {args.harness} as {key} ...", file=sys.stderr)
+        out = add_operator(args.root, args.harness, level=args.level, name=args.name,
+                           replace=args.replace, provenance=args.provenance,
+                           options=options_from_args(args))
+        if args.json:
+            print(json.dumps(out.row, indent=1))
+        elif out.added:
+            print(f"added {key}: {describe_row(out.row)}")
+        else:
+            print(f"refused {key} (recorded as excluded): {describe_row(out.row)}")
+        if not args.json:
+            print(f"index: {args.root / INDEX}")
+        return out.exit_code
+
+
+class Report(Command):
+    """Write report.html (self-contained; needs the report extra) and report.md for a release."""
+
+    name = "report"
+    help = "write an HTML and markdown report of a release"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("root", type=Path, help="release directory (with index.json)")
+        p.add_argument("-o", "--out", type=Path, help="output directory (default: ROOT)")
+        p.add_argument("--markdown-only", action="store_true",
+                       help="skip the HTML page (no matplotlib needed)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..report import write_report
+
+        written = write_report(args.root, args.out, html_page=not args.markdown_only)
+        for kind, path in written.items():
+            print(f"{kind}: {path}")
+        return 0
+
+
+class Demo(Command):
+    """Build, verify and report a small release from C kernels shipped with kpair.
+
+    Records real calls of naive C kernels, pairs each with an optimized build (one of them
+    deliberately wrong, to show an exclusion), adds them to a release, and writes the report.
+    """
+
+    name = "demo"
+    help = "build a small demo release end to end (CPU only, under a minute)"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--out", type=Path, default=Path("kpair-demo"),
+                       help="release directory to create; must be absent or empty "
+                            "(default: ./kpair-demo)")
+        p.add_argument("--backend", choices=("host", "cuda"), default="host")
+        p.add_argument("--time-cap", type=float, default=None,
+                       help="seconds of ABBA measurement per operator (default: demo's own)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..demo import run_demo
+
+        result = run_demo(args.out, backend=args.backend, time_cap_s=args.time_cap)
+        return 0 if result.as_expected else 1

@@ -1,0 +1,329 @@
+"""Release reports: one self-contained HTML page and a markdown summary, from ``index.json``.
+
+``render_markdown(index)`` is pure text. ``render_html(index)`` draws two charts with
+matplotlib (the ``report`` extra, imported only here and only when called): Harness speedup
+per operator as bars with their 95% CI whiskers and the geomean line (Director speedups as
+hollow markers, reference only), and slot_bias per operator with its CI against the
+[0.99, 1.01] band. Charts are inlined as SVG, so the page needs no other file and no network.
+Only passing operators are drawn: the others have no measured speed, and appear in the
+exclusions table with their reason.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import os
+from pathlib import Path
+
+from . import __version__
+from .errors import BackendUnavailable, UsageError
+from .release import SLOT_BIAS_BAND, load_index
+
+HTML_NAME, MD_NAME = "report.html", "report.md"
+_BAR, _GEO, _DIRECTOR, _BAND, _OUT = "#3b6ea5", "#c0392b", "#333333", "#d8ecd5", "#e67e22"
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise BackendUnavailable("the HTML report needs matplotlib: pip install "
+                                 "'kpair[report]'") from None
+    matplotlib.use("Agg", force=True)  # no display: render to files only
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _x(v: float | None, digits: int = 3) -> str:
+    return "—" if v is None else f"{v:.{digits}f}x"
+
+
+def _f(v: float | None, digits: int = 4) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _label(row: dict) -> str:
+    return f"L{row['level']} {row['name']}"
+
+
+def _passing(index: dict) -> list[dict]:
+    return [r for r in index["operators"] if r["status"] == "pass" and r.get("harness")]
+
+
+def _measured(row: dict) -> str:
+    c = row["correctness"]
+    parts = []
+    for t in c.get("tolerances", []):
+        v = t.get("measured")
+        if not isinstance(v, (int, float)):
+            continue
+        if t["metric"] == "cosine":  # 0.99999999999989 would print as 1: show the gap
+            parts.append(f"cosine 1 - {1 - v:.2g}" if v < 1 else "cosine 1 (exact)")
+        else:
+            parts.append(f"{t['metric']} {v:.3g}")
+    return ", ".join(parts)
+
+
+def _summary_lines(index: dict) -> list[tuple[str, str]]:
+    s, c = index["summary"], index["summary"]["counts"]
+    rng = s.get("slot_bias_range")
+    return [
+        ("Harness geomean speedup (recommended)",
+         f"{_x(s['harness_geomean_speedup'], 4)} over {s['harness_geomean_over']} passing "
+         "operators"),
+        ("Director geomean speedup (reference only)",
+         f"{_x(s['director_geomean_speedup'], 4)} over {s['director_geomean_over']} operators"
+         " — the optimizer's own baseline and workload; not comparable with Harness"),
+        ("slot_bias range", (f"{rng[0]:.4f} – {rng[1]:.4f} (band {SLOT_BIAS_BAND[0]} – "
+                             f"{SLOT_BIAS_BAND[1]})") if rng else "—"),
+        ("Operators", f"{c['pass']} pass ({c['byte_exact']} byte-exact, {c['tolerance']} "
+                      f"tolerance), {c['excluded']} excluded ({c['fail']} fail, {c['error']} "
+                      f"error published, {c['refused']} refused by release add)"),
+    ]
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _md_cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(index: dict) -> str:
+    lines = ["# kpair release report", "",
+             f"Index updated {index.get('updated')} (kpair {index.get('kpair_version')}).", ""]
+    lines += [f"- **{k}**: {v}" for k, v in _summary_lines(index)]
+    lines += ["", "## Operators", "",
+              "| level | operator | backend/arch | correctness | Harness speedup [95% CI] "
+              "| slot_bias | Director (ref. only) | status |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in index["operators"]:
+        h = r.get("harness") or {}
+        ci = h.get("ci95")
+        speed = f"{_x(h.get('speedup'))} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "—"
+        corr = r["correctness"]["label"] + (f" ({_measured(r)})" if _measured(r) else "")
+        d = (r.get("director") or {}).get("speedup")
+        lines.append("| " + " | ".join(_md_cell(v) for v in (
+            r["level"], r["name"], f"{r['backend']}/{r['arch']}", corr, speed,
+            _f(h.get("slot_bias")), _x(d), r["status"])) + " |")
+    excluded = index["summary"]["excluded"]
+    lines += ["", "## Excluded (kept out of both geometric means)", ""]
+    if excluded:
+        lines += ["| level | operator | status | where | reason |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(_md_cell(v) for v in (
+            e["level"], e["name"], e["status"], e["where"], e["reason"])) + " |"
+            for e in excluded]
+    else:
+        lines.append("None.")
+    lines += ["", "Speedup = t_ref / t_opt from ABBA-interleaved replays of the captured "
+              "dispatch; only ratios are reported. Director numbers come from each operator's "
+              "provenance (`director_validation.json`) and are for reference only.", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- charts
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    # Inline SVG needs no XML prolog or DOCTYPE; keep from the <svg element on.
+    return text[text.index("<svg"):]
+
+
+def _height(n: int) -> float:
+    return 1.3 + 0.38 * max(n, 1)
+
+
+def speedup_chart(index: dict) -> str:
+    plt = _matplotlib()
+    rows = _passing(index)[::-1]  # first operator at the top
+    fig, ax = plt.subplots(figsize=(8.5, _height(len(rows))), dpi=100)
+    try:
+        ys = range(len(rows))
+        sp = [r["harness"]["speedup"] for r in rows]
+        err = [[s - r["harness"]["ci95"][0] for s, r in zip(sp, rows, strict=True)],
+               [r["harness"]["ci95"][1] - s for s, r in zip(sp, rows, strict=True)]]
+        ax.barh(ys, sp, color=_BAR, height=0.6, xerr=err, ecolor="black", capsize=3,
+                label="Harness speedup, 95% CI")
+        d = [(y, r["director"]["speedup"]) for y, r in zip(ys, rows, strict=True)
+             if (r.get("director") or {}).get("speedup")]
+        if d:
+            ax.scatter([v for _, v in d], [y for y, _ in d], marker="D", facecolors="white",
+                       edgecolors=_DIRECTOR, zorder=3, label="Director (reference only)")
+        g = index["summary"]["harness_geomean_speedup"]
+        if g:
+            ax.axvline(g, color=_GEO, linestyle="--", linewidth=1.5,
+                       label=f"Harness geomean {g:.3f}x")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(list(ys), [_label(r) for r in rows])
+        ax.set_xlabel("speedup t_ref / t_opt (>1: opt faster)")
+        ax.set_title("Harness speedup per operator")
+        ax.set_xlim(left=0)
+        ax.grid(axis="x", alpha=0.3)
+        _legend_below(ax)
+        return _svg(fig)
+    finally:
+        plt.close(fig)
+
+
+def _legend_below(ax) -> None:
+    # Below the axes, so it never hides a bar or a point however many operators there are.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.5 / ax.figure.get_figheight()),
+              ncol=3, fontsize=8, frameon=False)
+
+
+def slot_bias_chart(index: dict) -> str:
+    plt = _matplotlib()
+    rows = _passing(index)[::-1]
+    fig, ax = plt.subplots(figsize=(8.5, _height(len(rows))), dpi=100)
+    try:
+        lo, hi = SLOT_BIAS_BAND
+        ax.axvspan(lo, hi, color=_BAND, label=f"[{lo}, {hi}]")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ys = list(range(len(rows)))
+        b = [r["harness"]["slot_bias"] for r in rows]
+        ci = [r["harness"].get("slot_bias_ci95") or [v, v] for v, r in zip(b, rows, strict=True)]
+        ax.errorbar(b, ys, xerr=[[v - c[0] for v, c in zip(b, ci, strict=True)],
+                                 [c[1] - v for v, c in zip(b, ci, strict=True)]],
+                    fmt="o", color=_BAR, ecolor="black", capsize=3, label="slot_bias, 95% CI")
+        outside = [(v, y) for v, y in zip(b, ys, strict=True) if not lo <= v <= hi]
+        if outside:
+            ax.scatter(*zip(*outside, strict=True), color=_OUT, zorder=3, label="outside band")
+        span = max([abs(v - 1) for c in ci for v in c] + [hi - 1]) * 1.15
+        ax.set_xlim(1 - span, 1 + span)
+        ax.set_yticks(ys, [_label(r) for r in rows])
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.set_xlabel("slot_bias = sqrt(fwd · rev)  (≈1: slot position does not matter)")
+        ax.set_title("slot_bias per operator")
+        ax.grid(axis="x", alpha=0.3)
+        _legend_below(ax)
+        return _svg(fig)
+    finally:
+        plt.close(fig)
+
+
+# --------------------------------------------------------------------------- html
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:24px;
+color:#222;max-width:1100px}
+h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.15em;margin-top:28px}
+.meta{color:#666;font-size:.9em}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:10px 14px;min-width:180px}
+.card .v{font-size:1.4em;font-weight:600}.card .k{color:#555;font-size:.85em}
+.card.ref .v{color:#777}
+table{border-collapse:collapse;font-size:.88em;margin-top:8px}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.pass{color:#1e7b34;font-weight:600}.fail,.error{color:#b03a2e;font-weight:600}
+.chart svg{max-width:100%;height:auto}
+.note{color:#555;font-size:.85em}
+"""
+
+
+def _cell(v: object, cls: str = "") -> str:
+    c = f' class="{cls}"' if cls else ""
+    return f"<td{c}>{html.escape(str(v))}</td>"
+
+
+def _operators_table(index: dict) -> str:
+    head = ("<tr><th>level</th><th>operator</th><th>backend/arch</th><th>correctness</th>"
+            "<th>measured</th><th>Harness speedup</th><th>95% CI</th><th>slot_bias</th>"
+            "<th>Director (ref. only)</th><th>status</th></tr>")
+    body = []
+    for r in index["operators"]:
+        h = r.get("harness") or {}
+        ci = h.get("ci95")
+        body.append("<tr>" + "".join((
+            _cell(r["level"]), _cell(r["name"]), _cell(f"{r['backend']}/{r['arch']}"),
+            _cell(r["correctness"]["label"]), _cell(_measured(r) or "—"),
+            _cell(_x(h.get("speedup")), "num"),
+            _cell(f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "—", "num"),
+            _cell(_f(h.get("slot_bias")), "num"),
+            _cell(_x((r.get("director") or {}).get("speedup")), "num"),
+            _cell(r["status"], r["status"]))) + "</tr>")
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _excluded_table(index: dict) -> str:
+    excluded = index["summary"]["excluded"]
+    if not excluded:
+        return "<p>None: every operator passed.</p>"
+    head = "<tr><th>level</th><th>operator</th><th>status</th><th>where</th><th>reason</th></tr>"
+    body = "".join("<tr>" + _cell(e["level"]) + _cell(e["name"]) + _cell(e["status"],
+                   e["status"]) + _cell(e["where"]) + _cell(e["reason"]) + "</tr>"
+                   for e in excluded)
+    return f"<table>{head}{body}</table>"
+
+
+def render_html(index: dict) -> str:
+    s = index["summary"]
+    cards = [("Harness geomean (recommended)", _x(s["harness_geomean_speedup"], 4),
+              f"over {s['harness_geomean_over']} passing operators", ""),
+             ("Director geomean (reference only)", _x(s["director_geomean_speedup"], 4),
+              f"over {s['director_geomean_over']} operators", "ref"),
+             ("slot_bias range", "–".join(f"{v:.4f}" for v in s["slot_bias_range"])
+              if s.get("slot_bias_range") else "—",
+              f"band {SLOT_BIAS_BAND[0]}–{SLOT_BIAS_BAND[1]}", ""),
+             ("Operators", f"{s['counts']['pass']} pass / {s['counts']['excluded']} excluded",
+              f"{s['counts']['byte_exact']} byte-exact, {s['counts']['tolerance']} tolerance",
+              "")]
+    cards_html = "".join(
+        f'<div class="card {cls}"><div class="k">{html.escape(k)}</div>'
+        f'<div class="v">{html.escape(v)}</div><div class="k">{html.escape(sub)}</div></div>'
+        for k, v, sub, cls in cards)
+    charts = ""
+    if _passing(index):
+        charts = (f'<h2>Speedup</h2><div class="chart">{speedup_chart(index)}</div>'
+                  f'<p class="note">Bars: Harness speedup t_ref/t_opt on the captured dispatch '
+                  f'(ABBA), whiskers its bootstrap 95% CI; dashed line: the geometric mean '
+                  f'over passing operators. Hollow diamonds: Director speedup from provenance, '
+                  f'reference only. Excluded operators are not drawn.</p>'
+                  f'<h2>Slot bias</h2><div class="chart">{slot_bias_chart(index)}</div>')
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>kpair release report</title><style>{_CSS}</style></head>
+<body>
+<h1>kpair release report</h1>
+<div class="meta">index updated {html.escape(str(index.get('updated')))} · kpair
+{html.escape(str(index.get('kpair_version')))} · report by kpair {__version__}</div>
+<div class="cards">{cards_html}</div>
+<p class="note">Harness: ABBA-interleaved replays of the captured dispatch; only ratios are
+reported. Director: {html.escape(s['director_note'])}.</p>
+{charts}
+<h2>Operators and correctness modes</h2>{_operators_table(index)}
+<h2>Excluded operators (kept out of both geometric means)</h2>{_excluded_table(index)}
+</body></html>
+"""
+
+
+def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, *,
+                 html_page: bool = True) -> dict[str, Path]:
+    """Write report.md (always) and report.html (needs matplotlib) for the release at ``root``.
+
+    Returns the written paths by kind ("markdown", "html"). The markdown is written first, so
+    a machine without matplotlib still gets it before the error that names the install.
+    """
+    root = Path(root)
+    index = load_index(root)
+    if index is None:
+        raise UsageError(f"no index.json in {root}: run `kpair verify {root}` first")
+    out = Path(out) if out is not None else root
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"markdown": out / MD_NAME}
+    _write_text(written["markdown"], render_markdown(index))
+    if html_page:
+        written["html"] = out / HTML_NAME
+        _write_text(written["html"], render_html(index))
+    return written
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,66 @@
+"""``kpair demo`` end to end through the CLI, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kpair import release
+from kpair.cli import main as kpair
+from kpair.demo import OPERATORS
+
+
+def test_demo_builds_verifies_and_reports_a_release(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert kpair(["demo", "--out", str(out), "--time-cap", "0.4"]) == 0
+    printed = capsys.readouterr().out
+    assert f"index:  {out / 'index.json'}" in printed
+    assert "DELIBERATELY WRONG" in printed and "excluded as intended" in printed
+
+    idx = release.load_index(out)
+    rows = {r["name"]: r for r in idx["operators"]}
+    assert len(rows) >= 4 and {r["level"] for r in rows.values()} == {1, 2}
+    assert all(r["status"] == "pass" for r in rows.values())
+    modes = {r["correctness"]["mode"] for r in rows.values()}
+    criteria = {t["criterion"] for r in rows.values()
+                for t in r["correctness"].get("tolerances", [])}
+    assert "byte-exact" in modes and {"cosine", "scalar_rtol"} <= criteria
+    frob = rows["37_FrobeniusNorm_"]["correctness"]["tolerances"][0]
+    assert frob["threshold"] == {"rtol": 1e-6} and frob["measured"] <= 1e-6
+    # Honest optimizations: every published opt measured faster, with its CI above 1.
+    for r in rows.values():
+        assert r["harness"]["ci95"][0] > 1.0, (r["name"], r["harness"])
+        assert r["director"]["reference_only"] is True and r["director"]["speedup"] > 0
+    # The deliberately wrong operator is refused and kept out of both geomeans.
+    (refused,) = idx["refused"]
+    assert refused["name"] == "21_Sigmoid" and refused["status"] == "fail"
+    s = idx["summary"]
+    assert s["harness_geomean_over"] == s["director_geomean_over"] == len(rows)
+    assert s["counts"]["excluded"] == 1
+    assert (out / "report.md").is_file()
+    pytest.importorskip("matplotlib")
+    assert "<svg" in (out / "report.html").read_text()
+    # Provenance as the seed laid it out, beside each harness.
+    prov = out / "level2" / "76_Gemm_Add_ReLU" / "provenance"
+    assert json.loads((prov / "director_validation.json").read_text())["reference_only"]
+    assert len((prov / "attempts.jsonl").read_text().splitlines()) == 2
+
+
+def test_demo_operators_cover_the_brief():
+    levels = {op.level for op in OPERATORS}
+    assert levels == {1, 2}
+    assert sum(op.expect == "pass" for op in OPERATORS) >= 4
+
+
+def test_demo_refuses_a_non_empty_out(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep me")
+    assert kpair(["demo", "--out", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+def test_demo_cuda_is_not_available_yet(tmp_path, capsys):
+    assert kpair(["demo", "--out", str(tmp_path / "d"), "--backend", "cuda"]) == 4
+    assert "not available yet" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

@@ -1,0 +1,270 @@
+"""Releases: index math, incremental add (refusals, --replace, atomicity), isolated verify."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import CSRC, fake_row
+from kpair import release
+from kpair.cli import main as kpair
+from kpair.errors import FormatError, UsageError
+from kpair.harness import create_harness
+from kpair.run import RunOptions
+from kpair.toolchain import compile_shared
+
+#: Enough blocks for a verdict, short enough for a test.
+QUICK = RunOptions(time_cap_s=0.3, min_blocks=8, timeout_s=60)
+QUICK_ARGS = ["--time-cap", "0.3", "--min-blocks", "8", "--timeout", "60"]
+
+
+# --------------------------------------------------------------------------- index math
+
+
+def test_summary_geomean_is_exp_mean_log_over_passing_only():
+    rows = [fake_row(1, "1_a", 2.0, slot_bias=0.995, director=3.0),
+            fake_row(1, "2_b", 8.0, slot_bias=1.004, director=12.0, mode="tolerance"),
+            fake_row(2, "3_c", 0.5, slot_bias=1.02),
+            fake_row(1, "4_bad", status="fail", director=100.0),
+            fake_row(2, "5_crash", status="error", director=100.0)]
+    refused = [fake_row(1, "6_wrong", status="fail")]
+    s = release.summarize(rows, refused)
+    assert s["harness_geomean_speedup"] == pytest.approx(
+        math.exp((math.log(2) + math.log(8) + math.log(0.5)) / 3))  # = 2**(1/3)
+    assert s["harness_geomean_over"] == 3
+    # Director numbers of failing operators stay out too, even when they look great.
+    assert s["director_geomean_speedup"] == pytest.approx(6.0) and s["director_geomean_over"] == 2
+    assert s["slot_bias_range"] == [0.995, 1.02]
+    assert s["slot_bias_outside_band"] == ["level2/3_c"]
+    c = s["counts"]
+    assert (c["published"], c["pass"], c["fail"], c["error"], c["refused"], c["excluded"]) == \
+        (5, 3, 1, 1, 1, 3)
+    assert (c["byte_exact"], c["tolerance"]) == (2, 1)
+    assert c["by_level"] == {"level1": 2, "level2": 1}
+    assert {(e["name"], e["where"]) for e in s["excluded"]} == {
+        ("4_bad", "published, fails verification"), ("5_crash", "published, fails verification"),
+        ("6_wrong", "refused by release add")}
+
+
+def test_summary_of_nothing_passing_has_no_geomean():
+    s = release.summarize([fake_row(1, "a", status="fail")], [])
+    assert s["harness_geomean_speedup"] is None and s["director_geomean_speedup"] is None
+    assert s["slot_bias_range"] is None
+
+
+def test_index_sorts_by_level_then_problem_number(tmp_path):
+    idx = release.build_index([fake_row(2, "1_x", 1.1), fake_row(1, "10_y", 1.2),
+                               fake_row(1, "2_z", 1.3)], [])
+    assert [(r["level"], r["name"]) for r in idx["operators"]] == [
+        (1, "2_z"), (1, "10_y"), (2, "1_x")]
+    release.write_index(tmp_path, idx)
+    assert release.load_index(tmp_path)["summary"] == idx["summary"]
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda i: i.update(schema="other"), "schema"),
+    (lambda i: i.update(schema_version=2), "schema_version"),
+    (lambda i: i.update(operators={}), "operators"),
+    (lambda i: i["operators"][0].update(status="maybe"), "operators[0].status"),
+    (lambda i: i["operators"][0].update(name="../escape"), "operators[0]"),
+])
+def test_load_index_names_the_bad_field(tmp_path, mutate, field):
+    idx = release.build_index([fake_row(1, "a", 1.5)], [])
+    mutate(idx)
+    (tmp_path / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(FormatError) as e:
+        release.load_index(tmp_path)
+    assert e.value.field == field
+
+
+def test_operator_names_must_be_safe_directories():
+    for bad in ("", ".hidden", "-x", "a/b", "..", "a b"):
+        with pytest.raises(UsageError):
+            release.check_key(1, bad)
+    with pytest.raises(UsageError):
+        release.check_key(0, "ok")
+    assert release.check_key(2, "37_FrobeniusNorm_") == (2, "37_FrobeniusNorm_")
+
+
+def test_malformed_director_file_is_a_row_problem_not_a_crash(tmp_path):
+    (tmp_path / "director_validation.json").write_text('{"speedup": "fast"}')
+    d = release.read_director(tmp_path, "x/director_validation.json")
+    assert d["speedup"] is None and "speedup" in d["error"] and d["reference_only"] is True
+    (tmp_path / "director_validation.json").write_text('{"speedup": 1.51}')
+    assert release.read_director(tmp_path, "x")["speedup"] == 1.51
+    assert release.read_director(None, "x") is None
+
+
+# --------------------------------------------------------------------------- harnesses
+
+
+@pytest.fixture(scope="module")
+def harnesses(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, Path]:
+    """Pairs on one recorded kp_matmul call: honest, wrong, crashing and hanging opts."""
+    d = tmp_path_factory.mktemp("pairs")
+    faults = {name: compile_shared(CSRC / "faulty.c", d / f"{name}.so", defines={"KP_FAULT": v})
+              for name, v in (("crash", 1), ("hang", 2))}
+    opts = {"fast": matmul_libs["fast"], "offbyone": matmul_libs["offbyone"], **faults}
+    return {name: create_harness(matmul_snapshot, d / name, opt=lib).root
+            for name, lib in opts.items()}
+
+
+def _provenance(tmp_path: Path, speedup: float) -> Path:
+    p = tmp_path / f"prov-{speedup}"
+    p.mkdir()
+    (p / "director_validation.json").write_text(json.dumps({"speedup": speedup}))
+    (p / "attempts.jsonl").write_text('{"attempt": 0}\n')
+    return p
+
+
+def test_add_publishes_a_passing_pair_with_provenance(harnesses, tmp_path):
+    root = tmp_path / "rel"
+    code = kpair(["release", "add", str(root), str(harnesses["fast"]), "--level", "1",
+                  "--name", "1_Square_matrix_multiplication_",
+                  "--provenance", str(_provenance(tmp_path, 1.7)), *QUICK_ARGS])
+    assert code == 0
+    op = root / "level1" / "1_Square_matrix_multiplication_"
+    assert (op / "harness" / "harness.json").is_file()
+    assert (op / "harness" / "result.json").is_file()
+    assert (op / "provenance" / "attempts.jsonl").is_file()
+    idx = release.load_index(root)
+    (row,) = idx["operators"]
+    assert row["status"] == "pass" and row["correctness"]["mode"] == "byte-exact"
+    assert row["director"]["speedup"] == 1.7 and row["director"]["reference_only"] is True
+    assert row["paths"]["harness"] == "level1/1_Square_matrix_multiplication_/harness"
+    assert idx["summary"]["harness_geomean_speedup"] == pytest.approx(row["harness"]["speedup"])
+    result = json.loads((op / "harness" / "result.json").read_text())
+    assert result["harness"] == str((op / "harness").resolve())
+    assert not [p for p in root.iterdir() if p.name.startswith(".add-")]  # staging cleaned
+
+
+def test_add_refuses_a_failing_pair_and_records_the_exclusion(harnesses, tmp_path, capsys):
+    root = tmp_path / "rel"
+    code = kpair(["release", "add", str(root), str(harnesses["offbyone"]), "--level", "1",
+                  "--name", "1_wrong", "--provenance", str(_provenance(tmp_path, 9.9)),
+                  *QUICK_ARGS])
+    assert code == 1
+    assert "refused level1/1_wrong" in capsys.readouterr().out
+    assert not (root / "level1" / "1_wrong").exists()
+    kept = root / "excluded" / "level1" / "1_wrong"
+    assert json.loads((kept / "result.json").read_text())["status"] == "fail"
+    assert (kept / "provenance" / "director_validation.json").is_file()
+    idx = release.load_index(root)
+    assert idx["operators"] == []
+    (row,) = idx["refused"]
+    assert row["status"] == "fail" and row["reason"].startswith("FAIL") and row["harness"] is None
+    assert idx["summary"]["excluded"][0]["where"] == "refused by release add"
+    assert idx["summary"]["harness_geomean_speedup"] is None
+    assert idx["summary"]["director_geomean_speedup"] is None  # its 9.9x stays out
+
+
+def test_add_never_replaces_without_replace(harnesses, tmp_path, capsys):
+    root = tmp_path / "rel"
+    args = ["release", "add", str(root), str(harnesses["fast"]), "--level", "1", "--name",
+            "1_mm", *QUICK_ARGS]
+    assert kpair(args) == 0
+    before = (root / "index.json").read_text()
+    capsys.readouterr()
+    assert kpair(args) == 2
+    assert "--replace" in capsys.readouterr().err
+    assert (root / "index.json").read_text() == before
+    assert kpair([*args, "--replace"]) == 0
+    assert len(release.load_index(root)["operators"]) == 1
+
+
+def test_refused_replacement_keeps_the_published_operator(harnesses, tmp_path):
+    root = tmp_path / "rel"
+    release.add_operator(root, harnesses["fast"], level=1, name="1_mm", options=QUICK)
+    out = release.add_operator(root, harnesses["offbyone"], level=1, name="1_mm", replace=True,
+                               options=QUICK)
+    assert not out.added and out.exit_code == 1
+    idx = release.load_index(root)
+    assert [r["status"] for r in idx["operators"]] == ["pass"]
+    assert [r["status"] for r in idx["refused"]] == ["fail"]
+    assert (root / "level1" / "1_mm" / "harness" / "opt.so").read_bytes() == \
+        (harnesses["fast"] / "opt.so").read_bytes()
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_interrupted_add_leaves_the_old_index_and_tree(harnesses, tmp_path, monkeypatch,
+                                                       replace):
+    root = tmp_path / "rel"
+    release.add_operator(root, harnesses["fast"], level=1, name="1_mm", options=QUICK)
+    before = (root / "index.json").read_bytes()
+    tree_before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                         if "result" not in p.name and "samples" not in p.name)
+    real_replace = os.replace
+
+    def dies_on_index(src, dst, *a, **k):  # the moment the new index would land
+        if Path(dst).name == "index.json":
+            raise KeyboardInterrupt("simulated interruption")
+        return real_replace(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "replace", dies_on_index)
+    name = "1_mm" if replace else "2_other"
+    with pytest.raises(KeyboardInterrupt):
+        release.add_operator(root, harnesses["fast"], level=1, name=name, replace=replace,
+                             options=QUICK)
+    monkeypatch.undo()
+    assert (root / "index.json").read_bytes() == before
+    idx = release.load_index(root)  # still valid
+    assert [r["name"] for r in idx["operators"]] == ["1_mm"]
+    assert not (root / "level1" / "2_other").exists()
+    assert (root / "level1" / "1_mm" / "harness" / "harness.json").is_file()
+    tree_after = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                        if "result" not in p.name and "samples" not in p.name
+                        and ".index.json.tmp" not in p.name)
+    assert tree_after == tree_before
+
+
+def test_second_writer_is_refused_while_one_holds_the_lock(tmp_path):
+    with release.locked(tmp_path), pytest.raises(UsageError, match="another kpair command"), \
+            release.locked(tmp_path):
+        pass
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def test_verify_isolates_crashes_and_hangs_and_goes_on(harnesses, tmp_path, capsys):
+    root = tmp_path / "rel"
+    for level, name, which in ((1, "1_crash", "crash"), (1, "2_hang", "hang"),
+                               (2, "3_good", "fast")):
+        shutil.copytree(harnesses[which], root / f"level{level}" / name / "harness")
+    (root / "level2" / "3_good" / "provenance").mkdir()
+    (root / "level2" / "3_good" / "provenance" / "director_validation.json").write_text(
+        '{"speedup": 2.5}')
+    code = kpair(["verify", str(root), "--time-cap", "0.3", "--min-blocks", "8",
+                  "--timeout", "4"])
+    assert code == 5
+    err = capsys.readouterr().err
+    assert "[3/3] level2/3_good: PASS" in err
+    rows = {r["name"]: r for r in release.load_index(root)["operators"]}
+    assert rows["1_crash"]["status"] == "error"
+    assert "SIGSEGV" in rows["1_crash"]["reason"] and "stage opt" in rows["1_crash"]["reason"]
+    assert rows["2_hang"]["status"] == "error" and "Timeout" in rows["2_hang"]["reason"]
+    assert rows["3_good"]["status"] == "pass"
+    for name in rows:
+        level = rows[name]["level"]
+        assert (root / f"level{level}" / name / "harness" / "result.json").is_file()
+    s = release.load_index(root)["summary"]
+    assert s["harness_geomean_over"] == 1 and s["director_geomean_speedup"] == 2.5
+    assert {e["name"] for e in s["excluded"]} == {"1_crash", "2_hang"}
+
+
+def test_verify_keeps_refused_rows_and_needs_operators(harnesses, tmp_path):
+    root = tmp_path / "rel"
+    release.add_operator(root, harnesses["offbyone"], level=1, name="9_wrong", options=QUICK)
+    shutil.copytree(harnesses["fast"], root / "level1" / "1_mm" / "harness")
+    idx = release.verify_release(root, QUICK)
+    assert [r["name"] for r in idx["operators"]] == ["1_mm"]
+    assert [r["name"] for r in idx["refused"]] == ["9_wrong"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError, match="no operators"):
+        release.verify_release(empty, QUICK)
