@@ -1,0 +1,98 @@
+"""Capture real CUDA kernel dispatches of a running program into snapshots (through CUPTI).
+
+Two ways in:
+
+- ``kpair capture -o DIR [--kernel REGEX] [--nth N] [--max K] -- python prog.py ARGS...``
+  runs an unmodified program with capture installed before it starts (``kpair.capture.run``);
+- inside a program: ``kpair.capture.install()`` before CUDA initialises, then
+  ``with kpair.capture.capture("out", kernel=r"softmax", max=2) as session: ...``.
+
+Main abstractions: ``Tracer`` (the process's one CUPTI subscriber: module images, launch
+callbacks), ``CaptureSession`` (filter, snapshots, ``capture.json``), ``ModuleRegistry``
+(which code object holds a kernel) and the region planner (kernarg pointers narrowed to
+allocator blocks). Importing this package loads no driver library; ``install`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+
+from .filters import Filter
+from .session import DEFAULT_MAX_REGION_BYTES, SUMMARY, CaptureSession
+
+_tracer = None
+
+
+def install(*, cupti_path: str | None = None):
+    """Start this process's capture tracer (once); returns it.
+
+    Code objects are only seen as they load, so call this before the first CUDA call. It asks
+    for eager module loading (``CUDA_MODULE_LOADING=EAGER``) unless the variable is already
+    set: eager loading reports every module at load time. Lazy loading is much cheaper, but
+    an earlier probe saw it never report the modules of cudart's kernels (PyTorch's own);
+    a CUDA 13 driver did report one (docs/evidence/cuda-capture.md), not yet a whole model.
+    """
+    global _tracer
+    if _tracer is None:
+        from .tracer import Tracer
+
+        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            warnings.warn("kpair.capture.install() after CUDA was initialised: code objects "
+                          "loaded before now are unknown, so their kernels cannot be captured",
+                          stacklevel=2)
+        tracer = Tracer(cupti_path)
+        tracer.start()
+        _tracer = tracer
+    return _tracer
+
+
+def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int = 1,
+                  max: int | None = None, distinct: bool = False,
+                  max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
+                  command: list[str] | None = None) -> CaptureSession:
+    """Open a session writing into ``out`` and attach it to the tracer (``install`` first)."""
+    from .tracer import software_environment, torch_blocks
+    from .triton_meta import triton_metadata
+
+    tracer = install()
+    session = CaptureSession(out, Filter(kernel, nth, max, distinct), driver=tracer.driver,
+                             registry=tracer.registry, blocks=torch_blocks,
+                             max_region_bytes=max_region_bytes, command=command,
+                             environment=software_environment, metadata=triton_metadata)
+    tracer.attach(session)
+    return session
+
+
+def finish_session(session: CaptureSession, exit_status: int | None = None) -> dict:
+    """Detach ``session``, write its final ``capture.json`` and return that summary."""
+    if _tracer is not None:
+        _tracer.detach(session)
+        session.notes.extend(_tracer.errors)
+    return session.close(exit_status)
+
+
+@contextlib.contextmanager
+def capture(out: str | os.PathLike, *, kernel: str | None = None, nth: int = 1,
+            max: int | None = None, distinct: bool = False,
+            max_region_bytes: int = DEFAULT_MAX_REGION_BYTES) -> Iterator[CaptureSession]:
+    """Capture the matching dispatches launched inside the ``with`` block into ``out``.
+
+    ``kernel`` is a regular expression searched in the mangled and demangled names; capture
+    starts at the ``nth`` match and takes at most ``max`` dispatches (None: all of them).
+    """
+    session = start_session(out, kernel=kernel, nth=nth, max=max, distinct=distinct,
+                            max_region_bytes=max_region_bytes)
+    try:
+        yield session
+    finally:
+        finish_session(session)
+
+
+__all__ = ["SUMMARY", "CaptureSession", "Filter", "capture", "finish_session", "install",
+           "start_session"]

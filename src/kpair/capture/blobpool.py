@@ -1,0 +1,74 @@
+"""Content-addressed blobs shared by every snapshot of one capture directory.
+
+Dispatches of one program share a lot: the same code object, the same weights, an input that
+one kernel left unchanged for the next. Each blob is compressed and written once, into
+``<capture>/blobs/``, and hard-linked into every snapshot that holds it, so each snapshot
+directory stays complete on its own (the format's paths never leave it) while the disk holds
+one copy. Where hard links are refused, the blob is copied.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..snapshot import BlobRef, SnapshotWriter, sha256
+from ..snapshot.store import BLOBS, _zstd
+
+
+class BlobPool:
+    """The shared store. Counters: raw bytes offered, compressed bytes written, raw bytes
+    that were already present (deduplicated)."""
+
+    def __init__(self, root: str | os.PathLike, *, level: int = 1):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.level = level
+        self._cctx = _zstd().ZstdCompressor(level=level)
+        self.raw_bytes = self.stored_bytes = self.deduped_bytes = 0
+
+    def add(self, data: bytes) -> tuple[str, Path, int]:
+        """Store ``data`` unless present; (sha256, pooled path, compressed bytes written)."""
+        digest = sha256(data)
+        path = self.root / f"{digest}.zst"
+        self.raw_bytes += len(data)
+        if path.exists():
+            self.deduped_bytes += len(data)
+            return digest, path, 0
+        packed = self._cctx.compress(data)
+        tmp = path.with_name(f".{digest}.tmp{os.getpid()}")
+        tmp.write_bytes(packed)
+        os.replace(tmp, path)
+        self.stored_bytes += len(packed)
+        return digest, path, len(packed)
+
+    def writer(self, snapshot_dir: str | os.PathLike) -> PooledWriter:
+        return PooledWriter(snapshot_dir, self)
+
+
+class PooledWriter(SnapshotWriter):
+    """A SnapshotWriter whose blobs come from (and go to) a BlobPool."""
+
+    def __init__(self, root: str | os.PathLike, pool: BlobPool):
+        super().__init__(root, level=pool.level)
+        self.pool = pool
+        self.new_bytes = 0      # compressed bytes this snapshot added to the pool
+        self.deduped_bytes = 0  # raw bytes this snapshot found already in the pool
+
+    def put(self, data: bytes | bytearray | memoryview) -> BlobRef:
+        data = bytes(data)
+        before = self.pool.deduped_bytes
+        digest, pooled, written = self.pool.add(data)
+        self.new_bytes += written
+        self.deduped_bytes += self.pool.deduped_bytes - before
+        self.bytes_raw += len(data)
+        self.bytes_stored += written
+        rel = f"{BLOBS}/{digest}.zst"
+        target = self.root / rel
+        if not target.exists():
+            try:
+                os.link(pooled, target)
+            except OSError:
+                shutil.copyfile(pooled, target)
+        return BlobRef(rel, len(data), digest)
