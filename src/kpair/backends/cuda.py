@@ -1,0 +1,480 @@
+"""The ``cuda`` backend: replay captured dispatches on NVIDIA GPUs through cuda-bindings.
+
+Lifetime: ``open_device(device=0)`` imports ``cuda.bindings.driver`` (BackendUnavailable with
+the install hint if it is missing), retains the device's primary context and creates the
+replay stream, a second stream that only opens the timing gate, and two timing events.
+``map`` reserves one virtual-address span for every captured range and backs the granular
+spans inside it with physical memory; ``load`` keeps each module until ``close``; ``stage``
+keeps a pristine copy of each region in device memory, which ``restore`` copies back
+device-to-device. ``close`` releases everything and never raises: after a sticky error
+(an illegal address poisons the context) every call fails fast, and the error worth
+reporting is the one that already propagates.
+
+Timing: ``timed_launch`` first enqueues ``cuStreamWaitValue32`` on a device flag, then the
+start event, the kernel and the end event, and only then opens the gate from the second
+stream. The GPU thus reaches the start event with the kernel already queued behind it, so
+the events time the kernel, not Python's launch latency. If the driver refuses stream
+memory operations, timing runs ungated and ``environment()`` says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+
+from ..errors import (
+    ArchitectureMismatch,
+    BackendUnavailable,
+    DriverError,
+    PlacementError,
+    SymbolNotFound,
+    UsageError,
+)
+from ..snapshot import Launch, Param
+from ._cuda_driver import (
+    ATTRIBUTE_BYTES,
+    GIB,
+    Driver,
+    ParamArray,
+    SpanPlan,
+    attribute_bytes,
+    c_string,
+    cubin_arch,
+    load_driver,
+    nvml_facts,
+    plan_span,
+    ptx_target,
+    replayed_attributes,
+)
+from .base import Device, Kernel, Mapping
+
+#: Above this much dynamic shared memory a kernel must opt in (MAX_DYNAMIC_SHARED_SIZE_BYTES).
+DEFAULT_DYNAMIC_SMEM = 48 << 10
+#: Load failures that mean "this image is not for this device / driver".
+_ARCH_ERRORS = {"CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE",
+                "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+                "CUDA_ERROR_JIT_COMPILER_NOT_FOUND", "CUDA_ERROR_INVALID_SOURCE"}
+_PREPARED_PER_KERNEL = 8
+
+
+class CudaKernel(Kernel):
+    """A CUfunction, its module, its driver-reported layout and its prepared launches."""
+
+    def __init__(self, name: str, function, module, layout: list[tuple[int, int]] | None,
+                 image_arch: str | None):
+        self.name, self.function, self.module = name, function, module
+        self.image_arch = image_arch
+        self._layout = layout
+        self.dynamic_smem_limit = DEFAULT_DYNAMIC_SMEM
+        self.prepared: dict[tuple, tuple] = {}
+
+    def param_layout(self) -> list[tuple[int, int]] | None:
+        return self._layout
+
+
+class CudaDevice(Device):
+    backend = "cuda"
+
+    def __init__(self, driver_module, *, device: int = 0, flush_bytes: int | None = None,
+                 gate: bool = True):
+        d = self._d = driver_module
+        self.drv = Driver(d)
+        self.ordinal = int(device)
+        self._ctx = None
+        self._streams: list = []
+        self._events: list = []
+        self._allocs: list[int] = []          # cuMemAlloc pointers (pristine copies, buffers)
+        self._mapped: list[tuple[int, int]] = []
+        self._handles: list = []
+        self._reservations: list[tuple[int, int]] = []
+        self._modules: list = []
+        self._staged: list[tuple[int, int, int]] = []   # (address, pristine copy, bytes)
+        self._span, self._delta = (0, 0), 0
+        self._flush_ptr, self._flush_value = 0, 0
+        self._gate_value = 0
+        try:
+            self._open(flush_bytes, gate)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ setup and facts
+
+    def _open(self, flush_bytes: int | None, gate: bool) -> None:
+        d, drv = self._d, self.drv
+        try:
+            err = d.cuInit(0)[0]
+        except RuntimeError as e:  # cuda-bindings cannot dlopen libcuda.so.1
+            raise BackendUnavailable(f"no NVIDIA driver: {e}") from None
+        if err != drv.success:
+            name, text = drv.error_name(err)
+            raise BackendUnavailable(f"cuInit failed: {name} ({text}); is an NVIDIA GPU "
+                                     "visible to this process?")
+        count = drv("cuDeviceGetCount")
+        if not 0 <= self.ordinal < count:
+            raise UsageError(f"CUDA device {self.ordinal} does not exist ({count} visible)")
+        self.dev = drv("cuDeviceGet", self.ordinal)
+        self._ctx = drv("cuDevicePrimaryCtxRetain", self.dev)
+        drv("cuCtxSetCurrent", self._ctx)
+        a = d.CUdevice_attribute
+        self.cc = (self._attr(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                   self._attr(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.l2_bytes = self._attr(a.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        self.sm_count = self._attr(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        self.flush_bytes = int(flush_bytes) if flush_bytes else 2 * self.l2_bytes
+        flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING.value
+        self.stream = self._new(self._streams, "cuStreamCreate", flags)
+        self._gate_stream = self._new(self._streams, "cuStreamCreate", flags)
+        default = d.CUevent_flags.CU_EVENT_DEFAULT.value
+        self._start = self._new(self._events, "cuEventCreate", default)
+        self._end = self._new(self._events, "cuEventCreate", default)
+
+        loc = d.CUmemLocation()
+        loc.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        loc.id = self.ordinal
+        self._prop = d.CUmemAllocationProp()
+        self._prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        self._prop.location = loc
+        self._access = d.CUmemAccessDesc()
+        self._access.location = loc
+        self._access.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self.granularity = int(drv(
+            "cuMemGetAllocationGranularity", self._prop,
+            d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+
+        self._flag = self._alloc(4)
+        drv("cuMemsetD32", self._flag, 0, 1)
+        self.gated = gate and self._try_gate()
+
+    def _attr(self, attribute) -> int:
+        return int(self.drv("cuDeviceGetAttribute", attribute, self.dev))
+
+    def _new(self, owner: list, call: str, flags: int):
+        handle = self.drv(call, flags)
+        owner.append(handle)
+        return handle
+
+    def _alloc(self, size: int) -> int:
+        ptr = int(self.drv("cuMemAlloc", size))
+        self._allocs.append(ptr)
+        return ptr
+
+    def _try_gate(self) -> bool:
+        geq = self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
+        try:  # already satisfied (flag 0 >= 0): returns at once where supported
+            self.drv("cuStreamWaitValue32", self.stream, self._flag, 0, geq)
+            self.drv("cuStreamSynchronize", self.stream)
+        except DriverError:
+            return False
+        return True
+
+    def arch(self) -> str:
+        return f"sm_{self.cc[0]}{self.cc[1]}"
+
+    def environment(self) -> dict:
+        drv = self.drv
+        name = c_string(drv("cuDeviceGetName", 256, self.dev))
+        version = int(drv("cuDriverGetVersion"))
+        bus_id = c_string(drv("cuDeviceGetPCIBusId", 32, self.dev))
+        try:
+            from cuda.bindings import __version__ as bindings_version
+        except ImportError:
+            bindings_version = None
+        env = {
+            "backend": "cuda", "arch": self.arch(),
+            "device": name,
+            "device_ordinal": self.ordinal, "pci_bus_id": bus_id,
+            "compute_capability": f"{self.cc[0]}.{self.cc[1]}", "sm_count": self.sm_count,
+            "l2_bytes": self.l2_bytes, "memory_bytes": int(drv("cuDeviceTotalMem", self.dev)),
+            "driver_cuda_version": f"{version // 1000}.{version % 1000 // 10}",
+            "cuda_bindings": bindings_version, "vmm_granularity": self.granularity,
+            "flush_bytes": self.flush_bytes,
+            "timing": {"clock": "CUDA events around the kernel on the replay stream",
+                       "gate": "cuStreamWaitValue32" if self.gated else None},
+            "module_loading": os.environ.get("CUDA_MODULE_LOADING", "default"),
+        }
+        env.update(nvml_facts(bus_id, self.ordinal))
+        return env
+
+    def clocks(self) -> dict | None:
+        """SM and memory clocks now (MHz) through NVML, or None where NVML is unavailable."""
+        facts = nvml_facts(None, self.ordinal)
+        return facts.get("clocks_mhz")
+
+    # ------------------------------------------------------------------ code objects
+
+    def load(self, image: bytes, kernel_name: str, *, fmt: str = "cubin") -> CudaKernel:
+        if fmt not in ("cubin", "fatbin", "ptx"):
+            raise ArchitectureMismatch(f"the cuda backend loads cubin, fatbin or PTX images, "
+                                       f"not {fmt}")
+        built = cubin_arch(image) if fmt == "cubin" else ptx_target(image) \
+            if fmt == "ptx" else None
+        data = image + b"\0" if fmt == "ptx" and not image.endswith(b"\0") else image
+        try:
+            module = self.drv("cuModuleLoadData", data)
+        except DriverError as e:
+            if e.code in _ARCH_ERRORS:
+                what = f"{fmt} image built for {built}" if built else f"{fmt} image"
+                raise ArchitectureMismatch(f"{what} cannot run on this {self.arch()} device: "
+                                           f"{e.code} ({e.explanation})") from None
+            raise
+        self._modules.append(module)
+        try:
+            function = self.drv("cuModuleGetFunction", module, kernel_name.encode())
+        except DriverError as e:
+            if e.code == "CUDA_ERROR_NOT_FOUND":
+                raise SymbolNotFound(f"kernel {kernel_name!r} is not in the {fmt} image "
+                                     "(names are exact: C++ kernels need their mangled "
+                                     "name)") from None
+            raise
+        return CudaKernel(kernel_name, function, module, self._param_layout(function), built)
+
+    def _param_layout(self, function) -> list[tuple[int, int]] | None:
+        get = getattr(self._d, "cuFuncGetParamInfo", None)
+        if get is None:  # bindings older than CUDA 12.4
+            return None
+        invalid = self._d.CUresult.CUDA_ERROR_INVALID_VALUE
+        layout = []
+        for i in range(4096):
+            err, offset, size = get(function, i)
+            if err == invalid:   # past the last parameter
+                return layout
+            if err != self.drv.success:
+                return None
+            layout.append((int(offset), int(size)))
+        return None
+
+    # ------------------------------------------------------------------ placement
+
+    def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
+        plan = plan_span(ranges, self.granularity)
+        if relocate:
+            got = self._reserve(plan, 0)
+            if got == plan.base:  # handed the captured address anyway: take another one
+                again = self._reserve(plan, 0)
+                self._release_reservation(got)
+                got = again
+            reason = "forced"
+        else:
+            try:
+                got = self._reserve(plan, plan.base)
+            except DriverError:
+                got = self._reserve(plan, 0)
+            reason = (f"the driver granted {hex(got)} for the requested {hex(plan.base)}"
+                      if got != plan.base else None)
+        delta = got - plan.base
+        try:
+            for lo, hi in plan.spans:
+                self._map_span(lo + delta, hi - lo)
+        except DriverError as e:
+            raise PlacementError(f"cannot back the captured ranges with "
+                                 f"{plan.mapped_bytes} bytes of device memory: {e}") from None
+        lo = min(r[0] for r in ranges)
+        self._span, self._delta = (lo, max(r[1] for r in ranges)), delta
+        detail = {"reserved": hex(got), "reserved_bytes": plan.size,
+                  "spans": len(plan.spans), "mapped_bytes": plan.mapped_bytes,
+                  "granularity": self.granularity}
+        if not delta:
+            return Mapping("captured", 0, detail)
+        return Mapping("relocated", delta, {**detail, "reason": reason})
+
+    def _reserve(self, plan: SpanPlan, address: int) -> int:
+        got = int(self.drv("cuMemAddressReserve", plan.size, GIB, address, 0))
+        self._reservations.append((got, plan.size))
+        if got % GIB:
+            raise PlacementError(f"cuMemAddressReserve returned {hex(got)}, not aligned to "
+                                 "the 1 GiB that was asked for")
+        return got
+
+    def _release_reservation(self, address: int) -> None:
+        for i, (base, size) in enumerate(self._reservations):
+            if base == address:
+                self.drv("cuMemAddressFree", base, size)
+                del self._reservations[i]
+                return
+
+    def _map_span(self, address: int, size: int) -> None:
+        handle = self.drv("cuMemCreate", size, self._prop, 0)
+        self._handles.append(handle)
+        self.drv("cuMemMap", address, size, 0, handle, 0)
+        self._mapped.append((address, size))
+        self.drv("cuMemSetAccess", address, size, [self._access], 1)
+        # Fresh physical memory holds whatever it held: zero it so guard bytes are defined.
+        self.drv("cuMemsetD8Async", address, 0, size, self.stream)
+        self.drv("cuStreamSynchronize", self.stream)
+
+    # ------------------------------------------------------------------ memory
+
+    def write(self, address: int, data: bytes) -> None:
+        self.drv("cuStreamSynchronize", self.stream)
+        if data:
+            self.drv("cuMemcpyHtoD", address, data, len(data))
+
+    def read(self, address: int, size: int) -> bytes:
+        self.drv("cuStreamSynchronize", self.stream)
+        out = bytearray(size)
+        if size:
+            self.drv("cuMemcpyDtoH", out, address, size)
+        return bytes(out)
+
+    def stage(self, address: int, data: bytes) -> None:
+        if not data:
+            return
+        pristine = self._alloc(len(data))
+        self.drv("cuMemcpyHtoD", pristine, data, len(data))
+        self._staged.append((address, pristine, len(data)))
+
+    def restore(self) -> None:
+        for address, pristine, size in self._staged:
+            self.drv("cuMemcpyDtoDAsync", address, pristine, size, self.stream)
+        self.drv("cuStreamSynchronize", self.stream, context=" after restoring pre-state")
+
+    def flush_cache(self) -> None:
+        if not self._flush_ptr:
+            self._flush_ptr = self._alloc(self.flush_bytes)
+        self._flush_value ^= 0x5A5A5A5A
+        self.drv("cuMemsetD32Async", self._flush_ptr, self._flush_value,
+                 self.flush_bytes // 4, self.stream)
+        self.drv("cuStreamSynchronize", self.stream)
+
+    # ------------------------------------------------------------------ launches
+
+    def _prepare(self, kernel: CudaKernel, launch: Launch, kernarg: bytes,
+                 params: Sequence[Param]) -> tuple:
+        key = (launch, kernarg, tuple(params), self._delta)
+        ready = kernel.prepared.get(key)
+        if ready is not None:
+            return ready
+        d = self._d
+        dyn = launch.dynamic_shared_bytes
+        if dyn > kernel.dynamic_smem_limit:
+            self.drv("cuFuncSetAttribute", kernel.function,
+                     d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                     dyn, context=f" (kernel {kernel.name}, {dyn} bytes of dynamic shared "
+                     "memory)")
+            kernel.dynamic_smem_limit = dyn
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = launch.grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = launch.block
+        config.sharedMemBytes = dyn
+        config.hStream = self.stream
+        attrs = []
+        for a in replayed_attributes(launch.attributes):
+            entry = d.CUlaunchAttribute()
+            raw = attribute_bytes(a, lo=self._span[0], hi=self._span[1], delta=self._delta)
+            ctypes.memmove(entry.getPtr(), raw, ATTRIBUTE_BYTES)
+            attrs.append(entry)
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
+        ready = (config, ParamArray(kernarg, params), attrs)
+        if len(kernel.prepared) >= _PREPARED_PER_KERNEL:
+            kernel.prepared.clear()
+        kernel.prepared[key] = ready
+        return ready
+
+    def _launch(self, kernel: CudaKernel, ready: tuple) -> None:
+        config, args, _ = ready
+        self.drv("cuLaunchKernelEx", config, kernel.function, args.address, args.extra,
+                 context=f" (kernel {kernel.name})")
+
+    def launch(self, kernel: CudaKernel, launch: Launch, kernarg: bytes,
+               params: Sequence[Param]) -> None:
+        self._launch(kernel, self._prepare(kernel, launch, kernarg, params))
+        self.drv("cuStreamSynchronize", self.stream,
+                 context=f" after launching {kernel.name}")
+
+    def timed_launch(self, kernel: CudaKernel, launch: Launch, kernarg: bytes,
+                     params: Sequence[Param]) -> float:
+        ready = self._prepare(kernel, launch, kernarg, params)
+        return self._timed(lambda: self._launch(kernel, ready), f" after launching {kernel.name}")
+
+    def _timed(self, enqueue, context: str) -> float:
+        """Seconds between events around ``enqueue()``'s work, behind the timing gate."""
+        drv = self.drv
+        if self.gated:
+            self._gate_value = (self._gate_value + 1) % 2**32 or 1
+            value = self._gate_value
+            drv("cuStreamWaitValue32", self.stream, self._flag, value,
+                self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value)
+        try:
+            drv("cuEventRecord", self._start, self.stream)
+            enqueue()
+            drv("cuEventRecord", self._end, self.stream)
+        finally:
+            opened = drv.quiet("cuStreamWriteValue32", self._gate_stream, self._flag,
+                               value, 0) if self.gated else drv.success
+        if opened != drv.success:
+            if isinstance(opened, Exception):
+                raise opened
+            raise drv.error("cuStreamWriteValue32 (opening the timing gate)", opened)
+        drv("cuEventSynchronize", self._end, context=context)
+        return float(drv("cuEventElapsedTime", self._start, self._end)) * 1e-3
+
+    # ------------------------------------------------------------------ trust-check support
+
+    def synchronize(self) -> None:
+        """Wait for all work in the context, on every stream (not only the replay stream)."""
+        self.drv("cuCtxSynchronize")
+
+    def fill(self, address: int, size: int, word: int) -> None:
+        if address % 4 or size % 4:
+            super().fill(address, size, word)
+            return
+        self.drv("cuMemsetD32Async", address, word & 0xFFFFFFFF, size // 4, self.stream)
+        self.drv("cuStreamSynchronize", self.stream)
+
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        return [(address, address + size) for address, size in self._mapped]
+
+    def measure_bandwidth(self, nbytes: int) -> float:
+        """Best of 8 event-timed, gated memsets of ``nbytes`` bytes (bytes written per s)."""
+        n = max(-(-int(nbytes) // 4) * 4, 4)
+        buffer = int(self.drv("cuMemAlloc", n))
+        try:
+            best = min(self._timed(lambda i=i: self.drv("cuMemsetD32Async", buffer, i, n // 4,
+                                                        self.stream), " after a memset")
+                       for i in range(8))
+        finally:
+            self.drv("cuMemFree", buffer)
+        return n / max(best, 1e-9)
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        """Release everything, best effort: errors here are dropped, never raised."""
+        q = self.drv.quiet
+        if self._ctx is None:
+            return
+        if self._gate_value:  # never leave the replay stream waiting on a closed gate
+            q("cuStreamWriteValue32", self._gate_stream, self._flag, 0xFFFFFFFF, 0)
+        for stream in self._streams:
+            q("cuStreamSynchronize", stream)
+        for ptr in self._allocs:
+            q("cuMemFree", ptr)
+        for address, size in self._mapped:
+            q("cuMemUnmap", address, size)
+        for handle in self._handles:
+            q("cuMemRelease", handle)
+        for base, size in self._reservations:
+            q("cuMemAddressFree", base, size)
+        for module in self._modules:
+            q("cuModuleUnload", module)
+        for event in self._events:
+            q("cuEventDestroy", event)
+        for stream in self._streams:
+            q("cuStreamDestroy", stream)
+        for owned in (self._allocs, self._mapped, self._handles, self._reservations,
+                      self._modules, self._events, self._streams, self._staged):
+            owned.clear()
+        q("cuDevicePrimaryCtxRelease", self.dev)
+        self._ctx = None
+
+
+def open_device(**options: object) -> CudaDevice:
+    """Open a CUDA device: options ``device`` (ordinal), ``flush_bytes``, ``gate``."""
+    unknown = set(options) - {"device", "flush_bytes", "gate"}
+    if unknown:
+        raise UsageError(f"unknown cuda backend option(s) {sorted(unknown)}; known: device, "
+                         "flush_bytes, gate")
+    return CudaDevice(load_driver(), **options)  # type: ignore[arg-type]

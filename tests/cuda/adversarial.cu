@@ -1,0 +1,118 @@
+// Opt kernels that cheat, with the GEMM test ABI of gemm.cu (C[M,N] = A[M,K] @ B[K,N],
+// row-major, 16x16 blocks over (N/16, M/16)), for tests/gpu/test_cuda_trust.py: the CUDA twin
+// of tests/csrc/adversarial.c. Each must be rejected by the harness with the right reason:
+//   cheat_nowrite   returns at once: C keeps whatever the buffer held
+//   cheat_const     writes 0 everywhere
+//   cheat_stale     first launch computes and caches each element in device memory; every
+//                   later launch returns the cached (stale) answer
+//   cheat_oob       correct, and writes one float past the end of C
+//   cheat_input     correct, and scribbles on A
+//   cheat_hardcode  copies the captured answer (only built with -DKP_ANSWER="header.h")
+//   cheat_nondet    correct, but flips the last bit of C[0] on every second launch
+//   cheat_lowprec   multiplies bf16-truncated inputs (round toward zero: one-sided error)
+//   cheat_scale     the exact result times 1.0001 (a systematic error cosine cannot see)
+// and one honest kernel that must pass under a tolerance policy:
+//   honest_splitk   sums k in two halves (differs from gemm_tiled in the last bits)
+#define T 16
+
+__device__ __forceinline__ float dot(const float* A, const float* B, int row, int col, int N,
+                                     int K) {
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) acc = fmaf(A[row * K + k], B[k * N + col], acc);
+  return acc;  // the k order and fmaf of gemm_tiled/gemm_naive: bit-identical to them
+}
+
+#define INDEX                                         \
+  int row = blockIdx.y * T + threadIdx.y;             \
+  int col = blockIdx.x * T + threadIdx.x;             \
+  (void)M;
+
+extern "C" __global__ void honest_splitk(const float* A, const float* B, float* C, int M,
+                                         int N, int K) {
+  INDEX
+  float lo = 0.f, hi = 0.f;
+  for (int k = 0; k < K / 2; ++k) lo = fmaf(A[row * K + k], B[k * N + col], lo);
+  for (int k = K / 2; k < K; ++k) hi = fmaf(A[row * K + k], B[k * N + col], hi);
+  C[row * N + col] = lo + hi;
+}
+
+extern "C" __global__ void cheat_nowrite(const float* A, const float* B, float* C, int M,
+                                         int N, int K) {}
+
+extern "C" __global__ void cheat_const(const float* A, const float* B, float* C, int M, int N,
+                                       int K) {
+  INDEX
+  C[row * N + col] = 0.f;
+}
+
+#define CACHE_ELEMENTS (1 << 20)
+__device__ float stale_cache[CACHE_ELEMENTS];
+__device__ unsigned char stale_valid[CACHE_ELEMENTS];
+
+extern "C" __global__ void cheat_stale(const float* A, const float* B, float* C, int M, int N,
+                                       int K) {
+  INDEX
+  int i = row * N + col;
+  if (i < CACHE_ELEMENTS && stale_valid[i]) {
+    C[i] = stale_cache[i];
+    return;
+  }
+  float acc = dot(A, B, row, col, N, K);
+  C[i] = acc;
+  if (i < CACHE_ELEMENTS) {
+    stale_cache[i] = acc;
+    stale_valid[i] = 1;
+  }
+}
+
+extern "C" __global__ void cheat_oob(const float* A, const float* B, float* C, int M, int N,
+                                     int K) {
+  INDEX
+  C[row * N + col] = dot(A, B, row, col, N, K);
+  if (row == 0 && col == 0) C[M * N] = 1.f;
+}
+
+extern "C" __global__ void cheat_input(const float* A, const float* B, float* C, int M, int N,
+                                       int K) {
+  INDEX
+  C[row * N + col] = dot(A, B, row, col, N, K);
+  if (row == M - 1 && col == N - 1) ((float*)A)[7] += 1.f;  // row 0 is long done by then
+}
+
+#ifdef KP_ANSWER
+#include KP_ANSWER  // __device__ const unsigned kp_answer[] = {...};
+extern "C" __global__ void cheat_hardcode(const float* A, const float* B, float* C, int M,
+                                          int N, int K) {
+  INDEX
+  C[row * N + col] = __uint_as_float(kp_answer[row * N + col]);
+}
+#endif
+
+__device__ unsigned nondet_launches;
+
+extern "C" __global__ void cheat_nondet(const float* A, const float* B, float* C, int M,
+                                        int N, int K) {
+  INDEX
+  float acc = dot(A, B, row, col, N, K);
+  if (row == 0 && col == 0 && atomicAdd(&nondet_launches, 1u) % 2 == 1)
+    acc = __uint_as_float(__float_as_uint(acc) ^ 1u);
+  C[row * N + col] = acc;
+}
+
+__device__ __forceinline__ float bf16(float x) {
+  return __uint_as_float(__float_as_uint(x) & 0xFFFF0000u);
+}
+
+extern "C" __global__ void cheat_lowprec(const float* A, const float* B, float* C, int M,
+                                         int N, int K) {
+  INDEX
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) acc = fmaf(bf16(A[row * K + k]), bf16(B[k * N + col]), acc);
+  C[row * N + col] = acc;
+}
+
+extern "C" __global__ void cheat_scale(const float* A, const float* B, float* C, int M, int N,
+                                       int K) {
+  INDEX
+  C[row * N + col] = dot(A, B, row, col, N, K) * 1.0001f;
+}

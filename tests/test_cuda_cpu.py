@@ -1,0 +1,410 @@
+"""The cuda backend without a GPU: code-object facts, placement arithmetic, launch layouts,
+and the device's decisions driven by a scripted stand-in for ``cuda.bindings.driver``.
+
+What needs the real driver (byte-exact replay, placement in a fresh process, timing) is in
+tests/gpu/. nvcc-built cubins are checked here when nvcc is on PATH.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import shutil
+import struct
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from kpair.backends import open_device
+from kpair.backends._cuda_driver import (
+    ATTRIBUTE_BYTES,
+    GIB,
+    ParamArray,
+    attribute_bytes,
+    cubin_arch,
+    plan_span,
+    ptx_target,
+    replayed_attributes,
+)
+from kpair.backends.cuda import CudaDevice
+from kpair.errors import (
+    ArchitectureMismatch,
+    BackendUnavailable,
+    DriverError,
+    SnapshotFormatError,
+    SymbolNotFound,
+    UsageError,
+)
+from kpair.placement import patch_pointers
+from kpair.snapshot import Launch, LaunchAttribute, Param, detect_format
+from kpair.toolchain import compile_cuda
+
+CUDA_SRC = Path(__file__).parent / "cuda"
+MIB = 1 << 20
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+
+# --------------------------------------------------------------------------- code objects
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", sorted(p.name for p in CUDA_SRC.glob("*.cu")))
+def test_test_kernels_build_as_sm90_cubins(tmp_path, source):
+    out = compile_cuda(CUDA_SRC / source, tmp_path / "k.cubin", arch="sm_90")
+    image = out.read_bytes()
+    assert detect_format(image) == "cubin"
+    assert cubin_arch(image) == "sm_90"
+
+
+@needs_nvcc
+def test_arch_and_formats_of_nvcc_outputs(tmp_path):
+    src = CUDA_SRC / "elementwise.cu"
+    assert cubin_arch(compile_cuda(src, tmp_path / "a.cubin", arch="sm_80").read_bytes()) \
+        == "sm_80"
+    ptx = compile_cuda(src, tmp_path / "a.ptx", arch="sm_90", kind="ptx").read_bytes()
+    assert detect_format(ptx) == "ptx" and ptx_target(ptx) == "sm_90"
+    fat = compile_cuda(src, tmp_path / "a.fatbin", arch="sm_90", kind="fatbin").read_bytes()
+    assert detect_format(fat) == "fatbin" and cubin_arch(fat) is None
+
+
+def test_cubin_arch_reads_both_elf_abi_versions():
+    def header(abi: int, flags: int) -> bytes:
+        h = bytearray(64)
+        h[:4], h[4], h[5], h[8] = b"\x7fELF", 2, 1, abi
+        struct.pack_into("<H", h, 18, 190)
+        struct.pack_into("<I", h, 48, flags)
+        return bytes(h)
+
+    assert cubin_arch(header(8, 0x06005A04)) == "sm_90"     # CUDA 12.8+ toolchains
+    assert cubin_arch(header(7, 0x005A055A)) == "sm_90"     # older toolchains
+    assert cubin_arch(header(7, 0x00500550)) == "sm_80"
+    assert cubin_arch(b"\x7fELF" + bytes(60)) is None       # not a CUDA ELF
+    assert cubin_arch(b"not an elf") is None
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_plan_span_reserves_from_the_gib_below_the_lowest_range():
+    lo = 0x7F00_4000_0000 + 0x123456
+    plan = plan_span([(lo + 5 * MIB, lo + 6 * MIB), (lo, lo + 100)], 2 * MIB)
+    assert plan.base == lo // GIB * GIB and plan.base % GIB == 0
+    assert plan.size % GIB == 0 and plan.base + plan.size >= plan.spans[-1][1]
+    assert plan.spans == ((lo // (2 * MIB) * 2 * MIB, lo // (2 * MIB) * 2 * MIB + 2 * MIB),
+                          ((lo + 5 * MIB) // (2 * MIB) * 2 * MIB,
+                           -(-(lo + 6 * MIB) // (2 * MIB)) * 2 * MIB))
+    assert plan.mapped_bytes == 4 * MIB
+
+
+def test_plan_span_crossing_a_gib_boundary_and_far_ranges():
+    base = 3 * GIB
+    plan = plan_span([(base - 4096, base + 4096), (base + 5 * GIB, base + 5 * GIB + 1)],
+                     2 * MIB)
+    assert plan.base == 2 * GIB and plan.size == 7 * GIB  # up to 8 GiB + 2 MiB
+    assert plan.spans[0] == (base - 2 * MIB, base + 2 * MIB)
+    with pytest.raises(ValueError):
+        plan_span([(0, 1)], 3 * MIB)
+    with pytest.raises(ValueError):
+        plan_span([], 2 * MIB)
+
+
+def test_relocation_by_a_gib_multiple_moves_pointers_and_keeps_alignment():
+    lo, hi = 0x7F00_4000_0100, 0x7F00_4000_9000
+    delta = 5 * GIB - plan_span([(lo, hi)], 2 * MIB).base % GIB - 2 * GIB
+    kernarg = struct.pack("<QQiiQ", lo, hi - 8, 7, 8, 0x1234)
+    patched, count = patch_pointers(kernarg, 0, lo, hi, delta)
+    a, b, i, j, other = struct.unpack("<QQiiQ", patched)
+    assert (a, b, i, j, other, count) == (lo + delta, hi - 8 + delta, 7, 8, 0x1234, 2)
+    assert delta % GIB == 0 and (lo + delta) % 256 == lo % 256
+
+
+# --------------------------------------------------------------------------- launch inputs
+
+
+def test_param_array_points_at_each_parameter_offset():
+    kernarg = struct.pack("<QQi4xd", 0xAAAA, 0xBBBB, -3, 2.5)
+    params = [Param(0, 8, "pointer"), Param(8, 8, "pointer"), Param(16, 4, "i32"),
+              Param(24, 8, "f64")]
+    pa = ParamArray(kernarg, params)
+    ptrs = (ctypes.c_void_p * 4).from_address(pa.address)
+    assert [ctypes.string_at(ptrs[k], p.size) for k, p in enumerate(params)] == \
+        [kernarg[p.offset:p.offset + p.size] for p in params]
+    assert pa.extra == 0
+
+
+def test_param_array_without_layout_passes_the_blob_through_extra():
+    pa = ParamArray(b"\x01" * 12, [])
+    assert pa.address == 0 and pa.extra
+    words = (ctypes.c_void_p * 5).from_address(pa.extra)
+    assert words[0] == 1 and words[2] == 2 and not words[4]
+    assert ctypes.string_at(words[1], 12) == b"\x01" * 12
+    assert ctypes.c_size_t.from_address(words[3]).value == 12
+    with pytest.raises(SnapshotFormatError):
+        ParamArray(b"\0" * 4, [Param(0, 8)])
+
+
+def test_launch_attribute_bytes_and_dropped_handles():
+    cluster = LaunchAttribute(4, "CLUSTER_DIMENSION", struct.pack("<3I", 2, 1, 1))
+    raw = attribute_bytes(cluster)
+    assert len(raw) == ATTRIBUTE_BYTES
+    assert struct.unpack_from("<I4x3I", raw) == (4, 2, 1, 1) and raw[20:] == bytes(52)
+    window = LaunchAttribute(1, "ACCESS_POLICY_WINDOW", struct.pack("<QQ", 0x5000, 64))
+    assert struct.unpack_from("<Q", attribute_bytes(window, lo=0x4000, hi=0x6000,
+                                                    delta=GIB), 8)[0] == 0x5000 + GIB
+    assert struct.unpack_from("<Q", attribute_bytes(window, lo=0, hi=0x100, delta=GIB),
+                              8)[0] == 0x5000
+    with pytest.raises(SnapshotFormatError):
+        attribute_bytes(LaunchAttribute(4, "X", bytes(65)))
+    kept = replayed_attributes([cluster, LaunchAttribute(7, "PROGRAMMATIC_EVENT", bytes(64)),
+                                LaunchAttribute(6, "PROGRAMMATIC_STREAM_SERIALIZATION",
+                                                b"\1")])
+    assert [a.id for a in kept] == [4, 6]
+
+
+# --------------------------------------------------------------------------- the device
+
+
+def test_missing_bindings_name_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    with pytest.raises(BackendUnavailable, match=r"pip install 'kpair\[cuda\]'"):
+        open_device("cuda")
+    with pytest.raises(UsageError, match="unknown cuda backend option"):
+        open_device("cuda", colour="red")
+
+
+class R(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+    CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_NOT_SUPPORTED = 801
+
+
+class _AnyEnum:
+    """Any enum member the device asks for, with a ``value``."""
+
+    def __getattr__(self, name):
+        return types.SimpleNamespace(name=name, value=0)
+
+
+class _Struct:
+    def __init__(self):
+        self._raw = ctypes.create_string_buffer(ATTRIBUTE_BYTES)
+
+    def getPtr(self):  # noqa: N802 - the bindings' name
+        return ctypes.addressof(self._raw)
+
+
+class FakeDriver:
+    """A scripted ``cuda.bindings.driver``: a GPU of cc 9.0, VMM, modules, failures on cue."""
+
+    CUresult = R
+    CUstream_flags = CUevent_flags = CUstreamWaitValue_flags = _AnyEnum()
+    CUmemAllocationGranularity_flags = CUfunction_attribute = _AnyEnum()
+    CUmemLocationType = CUmemAllocationType = CUmemAccess_flags = _AnyEnum()
+    CUdevice_attribute = enum.IntEnum("A", "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR "
+                                      "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR "
+                                      "CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE "
+                                      "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+    CUmemLocation = CUmemAllocationProp = CUmemAccessDesc = CUlaunchConfig = _Struct
+    CUlaunchAttribute = _Struct
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.taken: set[int] = set()
+        self.anywhere = 0x7F00_0000_0000
+        self.fail: dict[str, R] = {}      # call name → result it returns
+        self.sticky: R | None = None
+        self.layouts = {b"axpy": [(0, 8), (8, 8), (16, 4), (20, 4)]}
+
+    def __getattr__(self, name):
+        if not name.startswith("cu"):
+            raise AttributeError(name)
+
+        def call(*args):
+            self.calls.append((name, *args))
+            return (self._result(name),)
+        return call
+
+    def _result(self, name: str) -> R:
+        if self.sticky is not None and name not in ("cuGetErrorName", "cuGetErrorString"):
+            return self.sticky
+        return self.fail.get(name, R.CUDA_SUCCESS)
+
+    def _out(self, name, value, *args):
+        self.calls.append((name, *args))
+        return (self._result(name), value)
+
+    def cuGetErrorName(self, err):
+        return (R.CUDA_SUCCESS, R(err).name.encode())
+
+    def cuGetErrorString(self, err):
+        return (R.CUDA_SUCCESS, b"explained")
+
+    def cuDeviceGetCount(self):
+        return self._out("cuDeviceGetCount", 1)
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        values = {1: 9, 2: 0, 3: 50 * MIB, 4: 132}
+        return self._out("cuDeviceGetAttribute", values[int(attr)], attr)
+
+    def cuMemGetAllocationGranularity(self, prop, option):
+        return self._out("cuMemGetAllocationGranularity", 2 * MIB)
+
+    def cuMemAddressReserve(self, size, align, addr, flags):
+        if not addr or addr in self.taken:
+            addr = self.anywhere
+            self.anywhere += 64 * GIB
+        self.taken.add(addr)
+        return self._out("cuMemAddressReserve", addr, size, align)
+
+    def cuModuleLoadData(self, image):
+        if image.startswith(b"sm80"):
+            return (R.CUDA_ERROR_NO_BINARY_FOR_GPU, None)
+        return self._out("cuModuleLoadData", "module")
+
+    def cuModuleGetFunction(self, module, name):
+        if name not in self.layouts:
+            return (R.CUDA_ERROR_NOT_FOUND, None)
+        return self._out("cuModuleGetFunction", name)
+
+    def cuFuncGetParamInfo(self, f, i):
+        layout = self.layouts[f]
+        if layout is None:
+            return (R.CUDA_ERROR_NOT_SUPPORTED, None, None)
+        if i >= len(layout):
+            return (R.CUDA_ERROR_INVALID_VALUE, None, None)
+        return (R.CUDA_SUCCESS, *layout[i])
+
+    def cuMemAlloc(self, size):
+        return self._out("cuMemAlloc", 0x1000_0000 + len(self.calls) * 0x10000, size)
+
+    def cuEventElapsedTime(self, a, b):
+        return self._out("cuEventElapsedTime", 0.25)
+
+    def __getattribute__(self, name):
+        # the bindings' one-value getters, answered with an opaque handle
+        if name in ("cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuStreamCreate",
+                    "cuEventCreate", "cuMemCreate"):
+            return lambda *args: object.__getattribute__(self, "_out")(name, f"h-{name}",
+                                                                       *args)
+        return object.__getattribute__(self, name)
+
+
+@pytest.fixture()
+def fake():
+    drv = FakeDriver()
+    dev = CudaDevice(drv)
+    yield drv, dev
+    dev.close()
+
+
+def test_fake_device_facts_and_captured_placement(fake):
+    drv, dev = fake
+    assert dev.arch() == "sm_90" and dev.flush_bytes == 100 * MIB and dev.gated
+    lo = 0x7F12_4020_0000
+    m = dev.map([(lo, lo + 4096), (lo + 5 * MIB, lo + 5 * MIB + 8)])
+    assert m.mode == "captured" and m.delta == 0
+    assert m.detail["reserved"] == hex(lo // GIB * GIB) and m.detail["spans"] == 2
+    mapped = [c for c in drv.calls if c[0] == "cuMemMap"]
+    assert [(c[1], c[2]) for c in mapped] == [(lo, 2 * MIB), (lo + 4 * MIB, 2 * MIB)]
+
+
+def test_fake_device_relocates_by_gib_multiples(fake):
+    drv, dev = fake
+    lo = 0x7F12_4020_0000
+    drv.taken.add(lo // GIB * GIB)          # someone holds the captured address
+    m = dev.map([(lo, lo + 64)])
+    assert m.mode == "relocated" and m.delta % GIB == 0 and m.delta != 0
+    assert "granted" in m.detail["reason"]
+
+
+def test_fake_device_forced_relocation_never_keeps_the_captured_address(fake):
+    drv, dev = fake
+    drv.anywhere = 0            # "anywhere" would first hand back the captured base, 0
+    m = dev.map([(4096, 8192)], relocate=True)
+    assert m.mode == "relocated" and m.delta != 0 and m.detail["reason"] == "forced"
+    assert any(c[0] == "cuMemAddressFree" and c[1] == 0 for c in drv.calls)
+
+
+def test_fake_device_load_errors_and_layout(fake):
+    drv, dev = fake
+    k = dev.load(b"cubin", "axpy", fmt="cubin")
+    assert k.param_layout() == [(0, 8), (8, 8), (16, 4), (20, 4)]
+    drv.layouts[b"cutlass"] = None
+    assert dev.load(b"cubin", "cutlass", fmt="cubin").param_layout() is None
+    with pytest.raises(SymbolNotFound, match="'nope'"):
+        dev.load(b"cubin", "nope", fmt="cubin")
+    sm80 = bytearray(b"sm80" + bytes(60))
+    with pytest.raises(ArchitectureMismatch, match="sm_90.*NO_BINARY_FOR_GPU"):
+        dev.load(bytes(sm80), "axpy", fmt="cubin")
+    with pytest.raises(ArchitectureMismatch, match="hsaco"):
+        dev.load(b"x", "axpy", fmt="hsaco")
+
+
+def test_fake_device_launch_sets_big_dynamic_smem_once_and_fault_names_the_error(fake):
+    drv, dev = fake
+    k = dev.load(b"cubin", "axpy", fmt="cubin")
+    launch = Launch((4, 1, 1), (256, 1, 1), 96 << 10)
+    params = [Param(0, 8, "pointer"), Param(8, 8, "pointer"), Param(16, 4, "f32"),
+              Param(20, 4, "i32")]
+    for _ in range(2):
+        dev.launch(k, launch, bytes(24), params)
+    assert sum(c[0] == "cuFuncSetAttribute" for c in drv.calls) == 1
+    assert sum(c[0] == "cuLaunchKernelEx" for c in drv.calls) == 2
+    assert dev.timed_launch(k, launch, bytes(24), params) == pytest.approx(0.25e-3)
+
+    drv.fail["cuStreamSynchronize"] = R.CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(DriverError) as e:
+        dev.launch(k, launch, bytes(24), params)
+    assert e.value.code == "CUDA_ERROR_ILLEGAL_ADDRESS" and "axpy" in str(e.value)
+
+
+def test_fake_device_timing_gate_opens_even_when_the_launch_fails(fake):
+    drv, dev = fake
+    k = dev.load(b"cubin", "axpy", fmt="cubin")
+    drv.fail["cuLaunchKernelEx"] = R.CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(DriverError, match="cuLaunchKernelEx"):
+        dev.timed_launch(k, Launch(), bytes(24), [Param(0, 8)])
+    assert drv.calls[-1][0] == "cuStreamWriteValue32"
+
+
+def test_fake_device_close_after_a_sticky_error_neither_raises_nor_repeats(fake):
+    drv, dev = fake
+    dev.map([(0x7F00_0000_0000, 0x7F00_0000_1000)])
+    dev.stage(0x7F00_0000_0000, b"abc")
+    drv.sticky = R.CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(DriverError):
+        dev.restore()
+    dev.close()
+    n = len(drv.calls)
+    dev.close()
+    assert len(drv.calls) == n
+    assert any(c[0] == "cuDevicePrimaryCtxRelease" for c in drv.calls)
+
+
+def test_fake_device_trust_capabilities(fake):
+    drv, dev = fake
+    lo = 0x7F12_4000_0000
+    dev.map([(lo, lo + 4096)])
+    assert dev.mapped_ranges() == [(lo, lo + 2 * MIB)]
+    dev.fill(lo, 64, 0xDEADBEEF)
+    assert drv.calls[-2][:4] == ("cuMemsetD32Async", lo, 0xDEADBEEF, 16)
+    dev.fill(lo + 1, 6, 0xDEADBEEF)      # unaligned: through write()
+    assert drv.calls[-1][0] == "cuMemcpyHtoD" and drv.calls[-1][2] == bytes.fromhex(
+        "efbeaddeefbe")
+    dev.synchronize()
+    assert drv.calls[-1][0] == "cuCtxSynchronize"
+    assert dev.measure_bandwidth(1 << 20) == pytest.approx((1 << 20) / 0.25e-3)
+    assert drv.calls[-1][0] == "cuMemFree"
+
+
+def test_c_strings_from_the_bindings_end_at_the_first_nul():
+    from kpair.backends._cuda_driver import c_string
+    assert c_string(b"NVIDIA H200" + b"\0" * 50 + b" " * 100) == "NVIDIA H200"
+    assert c_string(b"0000:00:06.0\0" + b" " * 19) == "0000:00:06.0"
+    assert c_string("plain") == "plain"
