@@ -5,16 +5,31 @@ relocated), stages each region's pre-state as the pristine copy, and patches poi
 relocated. Then ``run(kernel)`` restores pre-state, launches once and reads every region back;
 ``time_one(kernel)`` restores and flushes *outside* the timed region and returns the kernel's
 own duration. ref and opt always run on the same placed regions: addresses matter to timing.
+
+With the trust checks on, ``armor`` (``kpair.audit.Armor``) is called around every launch of
+both: before it (after restore, before the cache flush) to write fresh guard canaries and
+poison, after it to check the canaries; and ``run`` then waits for the whole device
+(``Device.synchronize``) before it reads anything back.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from .backends import Device, Kernel, Mapping
 from .errors import AbiMismatch, ArchitectureMismatch
 from .placement import patch_pointers, span_of
 from .snapshot import Launch, Snapshot
+
+
+class LaunchHooks(Protocol):
+    """What ``Replay`` calls around a launch (implemented by ``kpair.audit.Armor``)."""
+
+    def before(self, role: str | None) -> None: ...
+
+    def after(self, role: str | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,13 @@ class Replay:
             self.pre[r.name], self.expected[r.name] = pre, post
             device.stage(self.addresses[i], pre)
         self.info = ReplayInfo(mapping, kernarg_words, region_words)
+        self.armor: LaunchHooks | None = None
+
+    def address_of(self, name: str) -> int:
+        for r, a in zip(self.regions, self.addresses, strict=True):
+            if r.name == name:
+                return a
+        raise KeyError(name)
 
     def check_abi(self, kernel: Kernel, role: str) -> None:
         """Refuse a kernel whose driver-reported parameter layout differs from the snapshot's."""
@@ -76,17 +98,59 @@ class Replay:
         return {r.name: self.device.read(a, r.size)
                 for r, a in zip(self.regions, self.addresses, strict=True)}
 
-    def run(self, kernel: Kernel, launch: Launch | None = None) -> dict[str, bytes]:
-        """Restore pre-state, launch once, and return every region's bytes afterwards."""
+    def run(self, kernel: Kernel, launch: Launch | None = None, *, role: str | None = None,
+            state: dict[str, bytes | int] | None = None) -> dict[str, bytes]:
+        """Restore pre-state, launch once, and return every region's bytes afterwards.
+
+        ``state`` replaces the pre-state of the regions it names for this launch only: bytes
+        (a mutated input) or an int (the region filled with that 32-bit word, on the device);
+        ``role`` ("ref"/"opt") tells the armor who runs."""
         self.device.restore()
+        for name, data in (state or {}).items():
+            if isinstance(data, int):
+                size = next(r.size for r in self.regions if r.name == name)
+                self.device.fill(self.address_of(name), size, data)
+            else:
+                self.device.write(self.address_of(name), data)
+        if self.armor is not None:
+            self.armor.before(role)
         self.device.launch(kernel, launch or self.snapshot.manifest.launch, self.kernarg,
                            self.params)
+        if self.armor is not None:
+            self.device.synchronize()
+            self.armor.after(role)
         return self.read_all()
 
-    def time_one(self, kernel: Kernel, launch: Launch | None = None) -> float:
-        """Seconds of one launch on freshly restored state (cold cache unless warm)."""
+    def _prepare_timed(self, role: str | None) -> None:
         self.device.restore()
+        if self.armor is not None:
+            self.armor.before(role)
         if self.cache == "cold":
             self.device.flush_cache()
-        return self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
-                                        self.kernarg, self.params)
+
+    def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
+                 role: str | None = None) -> float:
+        """Seconds of one launch on freshly restored state (cold cache unless warm)."""
+        self._prepare_timed(role)
+        t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
+                                     self.kernarg, self.params)
+        if self.armor is not None:
+            self.armor.after(role)
+        return t
+
+    def time_window(self, kernel: Kernel, launch: Launch | None = None, *,
+                    role: str | None = None) -> tuple[float, float]:
+        """(timer seconds, wall seconds) of one launch: the wall window opens just before the
+        launch and closes after the whole device has synchronized. No cache flush: what the
+        timer misses does not depend on it, and a flush is the costly part of a launch."""
+        self.device.restore()
+        if self.armor is not None:
+            self.armor.before(role)
+        w0 = time.perf_counter()
+        t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
+                                     self.kernarg, self.params)
+        self.device.synchronize()
+        window = time.perf_counter() - w0
+        if self.armor is not None:
+            self.armor.after(role)
+        return t, window

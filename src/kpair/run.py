@@ -7,10 +7,16 @@ faithful), replay opt and judge it under the policy, then time both with the ABB
 limit, so a kernel that faults, poisons its context or hangs becomes an ``error`` result
 naming the stage it died in, and the caller — a batch, a release — goes on.
 
-Statuses: ``pass`` (opt correct under the policy, speed measured), ``fail`` (opt incorrect;
-not timed), ``error`` (no verdict could be reached). Exit codes: 0 pass, 1 fail, else the
-error's ``exit_code`` (3 bad input files, 4 backend/architecture/symbol/ABI, 5 runtime).
-Only ``pass`` results carry ``"correct": true``.
+With the trust checks on (the default; ``RunOptions(checks=False)`` / ``--no-checks`` turns
+them off), ``kpair.audit.Audit`` repeats ref and opt, poisons write-only outputs, guards every
+region, runs mutated inputs and cross-checks the timer; each check lands in ``result["trust"]``
+and the first one that fails makes the status ``fail`` with its reason.
+
+Statuses: ``pass`` (opt correct under the policy and every trust check, speed measured),
+``fail`` (opt incorrect, or a trust check failed; ``speed`` null), ``error`` (no verdict could
+be reached). Exit codes: 0 pass, 1 fail, else the error's ``exit_code`` (3 bad input files,
+4 backend/architecture/symbol/ABI, 5 runtime). Only ``pass`` results carry
+``"correct": true``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import datetime
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -52,9 +59,20 @@ class RunOptions:
     time_cap_s: float | None = None
     seed: int | None = None
     timeout_s: float = 600.0
+    checks: bool = True
+    skip_checks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from .trust import CHECKS
+
+        object.__setattr__(self, "skip_checks", tuple(self.skip_checks))
+        unknown = [c for c in self.skip_checks if c not in CHECKS]
+        if unknown:
+            raise UsageError(f"unknown check {unknown[0]!r} (one of {', '.join(CHECKS)})")
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()
+                if v is not None}
 
     @classmethod
     def from_json(cls, obj: dict) -> RunOptions:
@@ -94,13 +112,13 @@ def execute(root: Path, options: RunOptions, *,
     """
     from .backends import open_device
     from .harness import Harness
-    from .measure import StoppingRule, measure, save_samples
     from .policy import check
     from .replay import Replay
 
+    result = result if result is not None else {}
+    stage = _StageClock(stage, result)
     stage("verify")
     h = Harness.open(root)
-    result = result if result is not None else {}
     result.update(_base_result(root))
     result["inputs_digest"] = h.inputs_digest()
     result["ref"] = {"kernel": h.ref.kernel, "binary": h.ref.binary}
@@ -117,53 +135,134 @@ def execute(root: Path, options: RunOptions, *,
         replay.check_abi(ref, "ref")
         replay.check_abi(opt, "opt")
         hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
+        ref_k, opt_k = (ref, h.launch(h.ref)), (opt, h.launch(h.opt))
+        audit = None
+        if options.checks:
+            from .audit import Audit
+
+            seed = options.seed if options.seed is not None else secrets.randbits(32)
+            audit = Audit(replay, h.policy, hints, seed=seed, skip=options.skip_checks,
+                          harness=str(root))
+            result["checks"] = {"enabled": True, "skipped": list(options.skip_checks),
+                                "seed": seed}
+        else:
+            result["checks"] = {"enabled": False}
 
         stage("ref")
-        fidelity = check(h.policy, replay.expected, replay.run(ref, h.launch(h.ref)),
-                         dtype_hints=hints)
+        ref_runs = audit.baseline(*ref_k) if audit else [replay.run(*ref_k)]
+        if audit and audit.found["baseline_determinism"].failed:
+            return _fail(result, audit, None, h.policy)
+        fidelity = check(h.policy, replay.expected, ref_runs[0], dtype_hints=hints)
         result["replay"]["fidelity"] = fidelity.to_json()
         if not fidelity.passed:
             raise KpairError("the baseline (ref) does not reproduce the captured post-state "
                              f"under the policy, so the replay proves nothing: "
                              f"{fidelity.summary()}")
+        if audit:
+            stage("trust:poison")
+            audit.discover(*ref_k)
         stage("opt")
-        verdict = check(h.policy, replay.expected, replay.run(opt, h.launch(h.opt)),
-                        dtype_hints=hints)
+        verdict = audit.run_opt(*opt_k) if audit else \
+            check(h.policy, replay.expected, replay.run(*opt_k), dtype_hints=hints)
         result["correctness"] = {**verdict.to_json(), "policy": h.policy.to_json(),
                                  "summary": verdict.summary()}
         result["correct"] = verdict.passed
-        if not verdict.passed:
-            result.update(status="fail", speed=None)
-            return result
+        if audit and verdict.passed and audit.failure() is None:
+            stage("trust:differential")
+            audit.differential(*ref_k, *opt_k)
+        if not verdict.passed or (audit and audit.failure()):
+            return _fail(result, audit, verdict, h.policy)
+        if audit:
+            stage("trust:timing")
+            audit.timing(*ref_k, *opt_k)
+            if audit.failure():  # before ABBA: work the timer misses may outlive the launch
+                return _fail(result, audit, verdict, h.policy)
 
         stage("measure")
-        cfg = {**h.info.get("measure", {}), **{
-            k: v for k, v in (("min_blocks", options.min_blocks),
-                              ("max_blocks", options.max_blocks),
-                              ("rel_ci_halfwidth", options.rel_ci),
-                              ("time_cap_s", options.time_cap_s)) if v is not None}}
-        rule = StoppingRule(**{k: cfg[k] for k in ("min_blocks", "max_blocks",
-                                                   "rel_ci_halfwidth", "time_cap_s")
-                               if k in cfg})
-        kernels = {"ref": (ref, h.launch(h.ref)), "opt": (opt, h.launch(h.opt))}
-
-        def time_one(which: str) -> float:
-            kernel, launch = kernels[which]
-            return replay.time_one(kernel, launch)
-
-        speed, samples = measure(time_one, rule=rule, seed=options.seed)
-        if samples_path is not None:
-            save_samples(samples, samples_path)
-        result["speed"] = speed.to_json(samples_path.name if samples_path else None)
-        result["speed"]["cache"] = options.cache
-        if options.aa:
-            stage("aa")
-            aa, _ = measure(time_one, rule=rule, seed=options.seed, aa=True)
-            result["speed"]["aa_control"] = aa.to_json()
+        speed = _measure(h, options, replay, audit, {"ref": ref_k, "opt": opt_k}, result,
+                         samples_path, stage)
+        if audit:
+            audit.speed(speed.opt_median_s, speed.ref_median_s)
+            if audit.failure():
+                return _fail(result, audit, verdict, h.policy)
+            _trust_report(result, audit)
         result["status"] = "pass"
         return result
     finally:
+        stage(None)
         device.close()
+
+
+class _StageClock:
+    """``stage`` that also adds each stage's wall seconds to ``result["stage_s"]``."""
+
+    def __init__(self, stage: Callable[[str], None], result: dict):
+        self.stage, self.times = stage, result.setdefault("stage_s", {})
+        self.name: str | None = None
+        self.t = time.monotonic()
+
+    def __call__(self, name: str | None) -> None:
+        now = time.monotonic()
+        if self.name is not None:
+            self.times[self.name] = round(self.times.get(self.name, 0.0) + now - self.t, 6)
+        self.name, self.t = name, now
+        if name is not None:
+            self.stage(name)
+
+
+def _measure(h, options: RunOptions, replay, audit, kernels: dict, result: dict,
+             samples_path: Path | None, stage: Callable[[str], None]):
+    from .measure import StoppingRule, measure, save_samples
+
+    cfg = {**h.info.get("measure", {}), **{
+        k: v for k, v in (("min_blocks", options.min_blocks),
+                          ("max_blocks", options.max_blocks),
+                          ("rel_ci_halfwidth", options.rel_ci),
+                          ("time_cap_s", options.time_cap_s)) if v is not None}}
+    rule = StoppingRule(**{k: cfg[k] for k in ("min_blocks", "max_blocks",
+                                               "rel_ci_halfwidth", "time_cap_s")
+                           if k in cfg})
+
+    def time_one(which: str) -> float:
+        kernel, launch = kernels[which]
+        if audit is not None:
+            return audit.time_one(kernel, launch, which)
+        return replay.time_one(kernel, launch)
+
+    speed, samples = measure(time_one, rule=rule, seed=options.seed)
+    if samples_path is not None:
+        save_samples(samples, samples_path)
+    result["speed"] = speed.to_json(samples_path.name if samples_path else None)
+    result["speed"]["cache"] = options.cache
+    if options.aa:
+        stage("aa")
+        aa, _ = measure(time_one, rule=rule, seed=options.seed, aa=True)
+        result["speed"]["aa_control"] = aa.to_json()
+    return speed
+
+
+def _trust_report(result: dict, audit) -> None:
+    findings = audit.findings()
+    result["trust"] = {name: f.to_json() for name, f in findings.items()}
+    warnings = [f"{name}: {f.reason}" for name, f in findings.items()
+                if f.passed is None and f.reason]
+    if warnings:
+        result["warnings"] = warnings
+
+
+def _fail(result: dict, audit, verdict, policy) -> dict:
+    """A ``fail`` result: the first failed trust check's reason, else the policy verdict's."""
+    failure = audit.failure() if audit else None
+    corr = result.get("correctness") or {"passed": False, "mode": policy.mode, "regions": [],
+                                         "policy": policy.to_json()}
+    if failure is not None:
+        corr.update(passed=False, failed_check=failure.name,
+                    summary=f"FAIL [{failure.name}]: {failure.reason}")
+    result["correctness"] = corr
+    if audit:
+        _trust_report(result, audit)
+    result.update(status="fail", correct=False, speed=None)
+    return result
 
 
 def run_harness(root: str | os.PathLike, options: RunOptions | None = None, *,
@@ -213,8 +312,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+#: The check whose extra launches run in a trust stage (named when one of them crashes).
+_STAGE_CHECK = {"trust:poison": "poisoned_outputs", "trust:differential": "differential",
+                "trust:timing": "timing_integrity"}
+
+
 def _describe_exit(code: int, stage: str | None) -> str:
     where = f" during stage {stage!r}" if stage else ""
+    if stage in _STAGE_CHECK:
+        where += (f" (extra launches of the {_STAGE_CHECK[stage]} check: rerun with "
+                  f"--skip-check {_STAGE_CHECK[stage]} to leave it out)")
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -245,9 +352,16 @@ def summarize(result: dict) -> str:
         return summary if summary.startswith("FAIL") else f"FAIL: {summary}"
     s = result["speed"]
     lo, hi = s["ci95"]
-    return (f"PASS: {mode}, {s['speedup']:.3f}x faster, slot bias {s['slot_bias']:.4f}, "
+    line = (f"PASS: {mode}, {s['speedup']:.3f}x faster, slot bias {s['slot_bias']:.4f}, "
             f"CI [{lo:.3f}, {hi:.3f}] ({s['blocks']} blocks, stopped by {s['stopped_by']}; "
             f"replay {result['replay']['mode']})")
+    trust = result.get("trust")
+    if trust:
+        ran = [t for t in trust.values() if t.get("passed") is True]
+        line += f"; {len(ran)} trust checks passed"
+    for w in result.get("warnings") or []:
+        line += f"; WARNING {w}"
+    return line
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -263,13 +377,21 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before a hung worker is killed (default 600)")
     p.add_argument("--json", action="store_true", help="print result.json instead of a line")
+    from .trust import CHECKS
+
+    p.add_argument("--no-checks", action="store_true",
+                   help="skip every trust check (guards, poison, repeats, mutations, timing "
+                   "cross-checks): faster, and trusts opt not to cheat")
+    p.add_argument("--skip-check", action="append", default=[], choices=CHECKS,
+                   metavar="CHECK", help=f"skip one trust check (repeatable): {', '.join(CHECKS)}")
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     return RunOptions(relocate=args.relocate, cache="warm" if args.warm else "cold",
                       aa=args.aa, min_blocks=args.min_blocks, max_blocks=args.max_blocks,
                       rel_ci=args.rel_ci, time_cap_s=args.time_cap, seed=args.seed,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, checks=not getattr(args, "no_checks", False),
+                      skip_checks=tuple(getattr(args, "skip_check", None) or ()))
 
 
 def report_and_exit_code(result: dict, as_json: bool, where: Path) -> int:

@@ -91,6 +91,37 @@ class Device(ABC):
                      params: Sequence[Param]) -> float:
         """Run the kernel once and return the seconds the kernel alone took."""
 
+    # Optional capabilities, used by the trust checks (kpair.audit). Each has a safe default;
+    # a backend overrides them when it can do better.
+
+    def synchronize(self) -> None:  # noqa: B027 - launch() already waited for its own work
+        """Wait for *all* work on the device, on every stream, not only the replay stream's.
+
+        The timing-integrity check brackets a timed launch with a wall clock that stops only
+        after this returns, so work a kernel started where the timer cannot see it shows up.
+        """
+
+    def fill(self, address: int, size: int, word: int) -> None:
+        """Fill ``size`` bytes at ``address`` with the little-endian 32-bit ``word`` repeated
+        (from ``address`` on). Poison and guard canaries are written with it, before every
+        launch; the default goes through ``write``."""
+        reps = -(-size // 4)
+        self.write(address, (word.to_bytes(4, "little") * reps)[:size])
+
+    def mapped_ranges(self) -> list[tuple[int, int]] | None:
+        """The [start, end) replay-address ranges ``map`` made accessible, or None if unknown.
+
+        Guard bands are written in the bytes of these ranges that no region covers. Unknown:
+        only gaps shorter than 4 KiB between two regions are used (they lie in pages the two
+        regions already map)."""
+        return None
+
+    def measure_bandwidth(self, nbytes: int) -> float | None:
+        """The fastest rate, in bytes/s, at which this device writes ``nbytes`` bytes, timed
+        the way ``timed_launch`` times a kernel (caches as warm as they get), or None if the
+        backend cannot tell. The impossible-speed check compares opt against it."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional for backends with nothing to release
         """Release every mapping, module and buffer."""
 

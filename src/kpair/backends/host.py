@@ -12,12 +12,15 @@ moves by the same page-multiple delta.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import math
 import os
 import platform
 import struct
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,7 +69,32 @@ def _libc() -> ctypes.CDLL:
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.memset.restype = ctypes.c_void_p
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
     return libc
+
+
+def _other_threads_cpu() -> dict[int, float] | None:
+    """CPU seconds of every other thread of this process, by thread id (Linux), or None.
+
+    Each thread's own CPU clock (clock id ``(~tid << 3) | 6``, as glibc builds it for
+    ``pthread_getcpuclockid``) is exact; ``process_time() - thread_time()`` is not (it
+    jumps by a scheduler tick now and then)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return None
+    me, out = threading.get_native_id(), {}
+    for tid in tids:
+        if tid != me:
+            with contextlib.suppress(OSError):  # the thread exited meanwhile
+                out[tid] = time.clock_gettime((~tid << 3) | 6)
+    return out
+
+
+#: synchronize() polls at this interval; a kernel's threads are done when they have gone,
+#: or stayed idle for _IDLE_POLLS polls (a persistent thread pool never goes away).
+_POLL_S, _IDLE_POLLS, _SYNC_LIMIT_S = 0.0005, 10, 120.0
 
 
 def _llc_bytes() -> int:
@@ -99,6 +127,7 @@ class HostDevice(Device):
         self._flush_bytes = min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None \
             else flush_bytes
         self._flush: np.ndarray | None = None  # allocated on first use
+        self._threads_before: int | None = None  # other threads when the last launch began
 
     def arch(self) -> str:
         return host_arch()
@@ -194,15 +223,56 @@ class HostDevice(Device):
 
     def launch(self, kernel: HostKernel, launch: Launch, kernarg: bytes,
                params: Sequence[Param]) -> None:
-        kernel.fn(*self._args(kernarg, params))
+        args = self._args(kernarg, params)
+        self._threads_before = len(_other_threads_cpu() or {})
+        kernel.fn(*args)
 
     def timed_launch(self, kernel: HostKernel, launch: Launch, kernarg: bytes,
                      params: Sequence[Param]) -> float:
         args = self._args(kernarg, params)
         fn = kernel.fn
+        self._threads_before = len(_other_threads_cpu() or {})
         t0 = time.perf_counter_ns()
         fn(*args)
         return (time.perf_counter_ns() - t0) * 1e-9
+
+    def synchronize(self) -> None:
+        """Wait until the threads the last launch started have exited or gone idle.
+
+        A host kernel that hands its work to a thread and returns looks instantly fast to
+        ``timed_launch``; this is the host's "every stream": no other thread may gain CPU time
+        over a poll, and the thread count must fall back to what it was before the launch (or
+        stay idle for a while: a persistent pool). Gives up after two minutes."""
+        last = _other_threads_cpu()
+        if last is None:
+            return
+        deadline, idle = time.monotonic() + _SYNC_LIMIT_S, 0
+        while time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            now = _other_threads_cpu() or {}
+            busy = any(t - last.get(tid, 0.0) > 0.1 * _POLL_S for tid, t in now.items())
+            last = now
+            if busy:
+                idle = 0
+                continue
+            idle += 1
+            if self._threads_before is None or len(now) <= self._threads_before \
+                    or idle >= _IDLE_POLLS:
+                return
+
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        return [(address, address + size) for address, size in self._maps]
+
+    def measure_bandwidth(self, nbytes: int) -> float:
+        """libc memset of ``nbytes`` through ctypes, timed like a kernel call: best of 32."""
+        n = max(int(nbytes), 64)
+        buf = np.empty(n, np.uint8)
+        address, memset, best = buf.ctypes.data, self._libc.memset, math.inf
+        for i in range(32):
+            t0 = time.perf_counter_ns()
+            memset(address, i & 0xFF, n)
+            best = min(best, time.perf_counter_ns() - t0)
+        return n / (max(best, 1) * 1e-9)
 
     def _unmap(self) -> None:
         for address, size in self._maps:

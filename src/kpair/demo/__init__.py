@@ -1,13 +1,14 @@
-"""``kpair demo``: a small release built end to end from C kernels shipped in this package.
+"""``kpair demo``: a small release built end to end from kernels shipped in this package.
 
 For each operator of ``OPERATORS`` the demo compiles a naive (ref) and an optimized (opt)
-build of one C source (``csrc/<op>.c``, selected by ``-DKP_OPT=0/1``), records a real call of
-ref on random inputs (``record_call``: the captured dispatch), times ref and opt itself with
-direct in-process calls (its *Director* number, written to ``provenance/
-director_validation.json`` and labelled reference only, like the seed's optimizer-side
-baseline), pairs them under the operator's validation policy, and hands the harness to
-``release add``, which verifies it in its own process and publishes it only on a pass.
-Then it writes the report. One operator's opt is wrong on purpose, to show an exclusion.
+build of one source (``csrc/<op>.c`` with the C compiler for the host backend, ``csrc/<op>.cu``
+with nvcc for cuda; selected by ``-DKP_OPT=0/1``), records a real call of ref on random inputs
+(``record_call``: the captured dispatch), times ref and opt itself with warm back-to-back
+launches (its *Director* number, written to ``provenance/director_validation.json`` and
+labelled reference only, like the seed's optimizer-side baseline), pairs them under the
+operator's validation policy, and hands the harness to ``release add``, which verifies it in
+its own process and publishes it only on a pass. Then it writes the report. One operator's
+opt is wrong on purpose, to show an exclusion.
 
 Everything intermediate (builds, snapshots, harness sources) lives in a temporary directory;
 ``--out`` receives only the release. Sizes and the measurement budget keep the whole run
@@ -16,7 +17,6 @@ under a minute on a 2-core machine.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import tempfile
@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, UsageError
 from ..policy import Policy, Tolerance
-from ..snapshot import sha256
+from ..snapshot import Launch, Snapshot, sha256
 
 #: Seconds of ABBA measurement per operator, and the blocks it must reach first if it can.
 TIME_CAP_S = 2.5
@@ -56,52 +56,87 @@ class DemoOperator:
     expect: str = "pass"
     note: str = ""
     defines: dict = field(default_factory=dict)
+    #: GPU launch geometry of ref (and opt's override), from the arguments; host: unused.
+    launch: Callable[[list], Launch] = lambda args: Launch()
+    opt_launch: Callable[[list], dict] = lambda args: {}
+    #: Problem sizes for GPU backends, which need more work per launch to time it well.
+    gpu_args: Callable[[np.random.Generator], tuple[list, list[str]]] | None = None
 
 
-def _matmul(rng):
-    n = 256
+def _matmul(rng, n=256):
     return [_f32(rng, n, n), _f32(rng, n, n), np.zeros((n, n), np.float32), np.int32(n)], \
         ["a", "b", "c", "n"]
 
 
-def _softmax(rng):
-    rows, cols = 256, 1024
+def _softmax(rng, rows=256, cols=1024):
     return [_f32(rng, rows, cols), np.zeros((rows, cols), np.float32), np.int32(rows),
             np.int32(cols)], ["x", "y", "rows", "cols"]
 
 
-def _frobenius(rng):
-    n = 1 << 21
+def _frobenius(rng, n=1 << 21):
     return [_f32(rng, n), np.zeros(1, np.float32), np.int64(n)], ["x", "out", "n"]
 
 
-def _gemm_add_relu(rng):
-    batch, k, n = 128, 256, 256
+def _gemm_add_relu(rng, batch=128, k=256, n=256):
     return [_f32(rng, batch, k), _f32(rng, k, n), _f32(rng, n), np.zeros((batch, n), np.float32),
             np.int32(batch), np.int32(k), np.int32(n)], ["x", "w", "bias", "y", "batch", "k", "n"]
 
 
-def _sigmoid(rng):
-    n = (1 << 16) + 5  # not a multiple of 8: the wrong opt's missing remainder loop shows
+def _sigmoid(rng, n=(1 << 16) + 5):
+    # n is not a multiple of 8: the wrong opt's missing remainder shows.
     return [_f32(rng, n), np.zeros(n, np.float32), np.int64(n)], ["x", "y", "n"]
 
 
+def _tiles(rows: int, cols: int) -> Launch:
+    return Launch((cols // 32, rows // 32, 1), (32, 32, 1))
+
+
 OPERATORS: tuple[DemoOperator, ...] = (
-    DemoOperator(1, "1_Square_matrix_multiplication_", "matmul.c", "kp_matmul", _matmul,
-                 note="loop reorder, same summation order: byte-exact"),
-    DemoOperator(1, "23_Softmax", "softmax.c", "kp_softmax", _softmax,
+    DemoOperator(1, "1_Square_matrix_multiplication_", "matmul", "kp_matmul", _matmul,
+                 note="shared-memory tiles / loop reorder, same summation order: byte-exact",
+                 launch=lambda a: _tiles(a[3].item(), a[3].item()),
+                 gpu_args=lambda rng: _matmul(rng, 2048)),
+    DemoOperator(1, "23_Softmax", "softmax", "kp_softmax", _softmax,
                  lambda a: (Tolerance("y", 0, a[1].nbytes, "float32", "cosine",
                                       min_cosine=0.9999),),
-                 note="one expf per element, reassociated sum: cosine >= 0.9999"),
-    DemoOperator(1, "37_FrobeniusNorm_", "frobenius.c", "kp_frobenius", _frobenius,
+                 note="reassociated sums: cosine >= 0.9999",
+                 launch=lambda a: Launch((-(-a[2].item() // 128), 1, 1), (128, 1, 1)),
+                 opt_launch=lambda a: {"grid": [a[2].item(), 1, 1], "block": [256, 1, 1]},
+                 gpu_args=lambda rng: _softmax(rng, 8192, 1024)),
+    DemoOperator(1, "37_FrobeniusNorm_", "frobenius", "kp_frobenius", _frobenius,
                  lambda a: (Tolerance("out", 0, 4, "float32", "scalar_rtol", rtol=1e-6),),
-                 note="blocked float32 lanes: scalar within rtol 1e-6"),
-    DemoOperator(1, "21_Sigmoid", "sigmoid.c", "kp_sigmoid", _sigmoid, expect="fail",
+                 note="blocked lanes, another summation order: scalar within rtol 1e-6",
+                 launch=lambda a: Launch((1, 1, 1), (256, 1, 1)),
+                 opt_launch=lambda a: {"block": [1024, 1, 1]},
+                 gpu_args=lambda rng: _frobenius(rng, 1 << 22)),
+    DemoOperator(1, "21_Sigmoid", "sigmoid", "kp_sigmoid", _sigmoid, expect="fail",
                  note="DELIBERATELY WRONG opt (drops the last n % 8 outputs): shows an "
-                      "exclusion"),
-    DemoOperator(2, "76_Gemm_Add_ReLU", "gemm_add_relu.c", "kp_gemm_add_relu", _gemm_add_relu,
-                 note="GEMM + bias + ReLU fused into one pass: byte-exact"),
+                      "exclusion",
+                 launch=lambda a: Launch((-(-a[2].item() // 256), 1, 1), (256, 1, 1)),
+                 gpu_args=lambda rng: _sigmoid(rng, (1 << 22) + 5)),
+    DemoOperator(2, "76_Gemm_Add_ReLU", "gemm_add_relu", "kp_gemm_add_relu", _gemm_add_relu,
+                 note="GEMM + bias + ReLU fused into one pass: byte-exact",
+                 launch=lambda a: _tiles(a[4].item(), a[6].item()),
+                 gpu_args=lambda rng: _gemm_add_relu(rng, 2048, 2048, 2048)),
 )
+
+def _toolchain(backend: str) -> tuple[str, Callable]:
+    """(source suffix, build(source, out_stem, defines) → code object) for ``backend``.
+
+    GPU kernels are built for the architecture of the device that will run them, so the
+    device is opened first: without a driver the demo stops before compiling anything."""
+    from ..backends import open_device
+    from ..toolchain import compile_cuda, compile_shared
+
+    if backend == "host":
+        return ".c", lambda src, out, defines: compile_shared(src, out.with_suffix(".so"),
+                                                              defines=defines)
+    if backend != "cuda":
+        raise UsageError(f"the demo runs on host or cuda, not {backend!r}")
+    with open_device(backend) as dev:
+        arch = dev.arch()
+    return ".cu", lambda src, out, defines: compile_cuda(src, out.with_suffix(".cubin"),
+                                                         arch=arch, defines=defines)
 
 
 @dataclass(frozen=True)
@@ -114,40 +149,32 @@ class DemoResult:
     as_expected: bool
 
 
-_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
-           np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+def director_validation(snapshot: Path, ref: Path, opt: Path, symbol: str, backend: str,
+                        launches: dict, *, calls: int = 15) -> dict:
+    """The demo's own quick ref/opt timing: warm cache, no state restore, best of ``calls``
+    back-to-back launches each, alternating, on the recorded dispatch. It is what an
+    optimizer would report about itself; reference only. (The demo's kernels are pure
+    functions of their inputs, so relaunching without a restore computes the same thing.)"""
+    from ..backends import open_device
+    from ..replay import Replay
 
-
-def _direct_call(library: Path, symbol: str, args: list) -> Callable[[], float]:
-    """A zero-argument timer of one direct call of ``symbol`` on ``args`` (seconds)."""
-    fn = getattr(ctypes.CDLL(str(library), mode=os.RTLD_LOCAL), symbol)
-    fn.restype = None
-    cargs = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray)
-             else _CTYPES[np.asarray(a).dtype](a.item()) for a in args]
-
-    def call() -> float:
-        t0 = time.perf_counter_ns()
-        fn(*cargs)
-        return (time.perf_counter_ns() - t0) * 1e-9
-
-    return call
-
-
-def director_validation(ref: Path, opt: Path, symbol: str, args: list, *,
-                        calls: int = 15) -> dict:
-    """The demo's own quick ref/opt timing: warm cache, best of ``calls`` direct calls each,
-    alternating. It is what an optimizer would report about itself; reference only."""
-    work = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    t_ref, t_opt = _direct_call(ref, symbol, work), _direct_call(opt, symbol, work)
-    best_ref = best_opt = float("inf")
-    for _ in range(calls):
-        best_ref, best_opt = min(best_ref, t_ref()), min(best_opt, t_opt())
+    snap = Snapshot.open(snapshot)
+    with open_device(backend) as dev:
+        replay = Replay(dev, snap, cache="warm")
+        dev.restore()
+        kernels = {role: dev.load(path.read_bytes(), symbol, fmt=snap.manifest.code.format)
+                   for role, path in (("ref", ref), ("opt", opt))}
+        best = {"ref": float("inf"), "opt": float("inf")}
+        for _ in range(calls):
+            for role in ("ref", "opt"):
+                t = dev.timed_launch(kernels[role], launches[role], replay.kernarg,
+                                     replay.params)
+                best[role] = min(best[role], t)
     return {"schema": "kpair.director_validation", "schema_version": 1,
-            "speedup": best_ref / best_opt, "reference_only": True,
-            "method": f"kpair demo: best of {calls} direct in-process calls of ref and opt each "
-                      "(ctypes), warm cache, on the demo's own arrays; not the captured "
-                      "dispatch, no state restore, no ABBA",
-            "ref_best_us": best_ref * 1e6, "opt_best_us": best_opt * 1e6}
+            "speedup": best["ref"] / best["opt"], "reference_only": True,
+            "method": f"kpair demo: best of {calls} back-to-back launches of ref and opt each, "
+                      "warm cache, no state restore, no ABBA",
+            "ref_best_us": best["ref"] * 1e6, "opt_best_us": best["opt"] * 1e6}
 
 
 def _check_out(out: Path) -> None:
@@ -165,20 +192,17 @@ def run_demo(out: str | os.PathLike = "kpair-demo", *, backend: str = "host",
     from ..release import INDEX, add_operator
     from ..report import write_report
     from ..run import RunOptions
-    from ..toolchain import compile_shared
 
-    if backend != "host":
-        raise BackendUnavailable(f"kpair demo --backend {backend} is not available yet: the "
-                                 "demo ships host C kernels only; run it with --backend host")
     out = Path(out)
     _check_out(out)
+    suffix, build = _toolchain(backend)
     cap = TIME_CAP_S if time_cap_s is None else time_cap_s
     started = time.monotonic()
     options = RunOptions(time_cap_s=cap, min_blocks=MIN_BLOCKS, timeout_s=60 + 4 * cap)
     rng = np.random.default_rng(20261202)
     rows = []
     log(f"kpair demo: building a release of {len(operators)} operators in {out} "
-        f"(host backend, {cap:g} s of ABBA timing each)")
+        f"({backend} backend, {cap:g} s of ABBA timing each)")
     with tempfile.TemporaryDirectory(prefix="kpair-demo-") as tmp:
         tmp = Path(tmp)
         for i, op in enumerate(operators, 1):
@@ -186,24 +210,30 @@ def run_demo(out: str | os.PathLike = "kpair-demo", *, backend: str = "host",
             log(f"[{i}/{len(operators)}] {key}: {op.note}")
             work = tmp / f"level{op.level}-{op.name}"
             builds = {}
-            with resources.as_file(resources.files(__package__) / "csrc" / op.source) as src:
+            source = resources.files(__package__) / "csrc" / (op.source + suffix)
+            with resources.as_file(source) as src:
                 for role, variant in (("ref", 0), ("opt", 1)):
-                    builds[role] = compile_shared(src, work / f"{role}.so",
-                                                  defines={**op.defines, "KP_OPT": variant})
-            args, names = op.make_args(rng)
+                    builds[role] = build(src, work / role, {**op.defines, "KP_OPT": variant})
+            make = op.gpu_args if backend != "host" and op.gpu_args else op.make_args
+            args, names = make(rng)
+            launch = op.launch(args) if backend != "host" else Launch()
+            opt_launch = op.opt_launch(args) if backend != "host" else {}
             record_call(builds["ref"], op.symbol, args, work / "capture", names=names,
-                        provenance={"demo_operator": key})
+                        backend=backend, launch=launch, provenance={"demo_operator": key})
             prov = work / "provenance"
             prov.mkdir()
-            director = director_validation(builds["ref"], builds["opt"], op.symbol, args)
+            director = director_validation(work / "capture", builds["ref"], builds["opt"],
+                                           op.symbol, backend,
+                                           {"ref": launch, "opt": launch.override(opt_launch)})
             (prov / "director_validation.json").write_text(json.dumps(director, indent=1))
             (prov / "attempts.jsonl").write_text("".join(
-                json.dumps({"attempt": n, "role": role, "source": op.source,
+                json.dumps({"attempt": n, "role": role, "source": op.source + suffix,
                             "defines": {**op.defines, "KP_OPT": n}, "sha256":
                             sha256(builds[role].read_bytes())}) + "\n"
                 for n, role in enumerate(("ref", "opt"))))
             harness = create_harness(work / "capture", work / "harness", ref=builds["ref"],
                                      opt=builds["opt"], policy=Policy(op.tolerances(args)),
+                                     opt_launch=opt_launch or None,
                                      measure={"time_cap_s": cap, "min_blocks": MIN_BLOCKS})
             added = add_operator(out, harness.root, level=op.level, name=op.name,
                                  provenance=prov, options=options)

@@ -1,0 +1,152 @@
+"""What the trust checks cost on a verify run, printed as JSON.
+
+For a few recorded dispatches it runs the same pair harness (isolated worker, as ``kpair run``
+and ``kpair verify`` do) with the checks on and with ``RunOptions(checks=False)``
+(``--no-checks``), at a fixed measurement budget (exactly ``--blocks`` ABBA blocks), and
+reports the medians over ``--repeat`` runs of: the worker's wall time, and its per-stage
+seconds (``result.json`` ``stage_s``). The checks' cost is the difference: their own stages
+(``trust:poison``, ``trust:differential``, ``trust:timing``), the repeats in ``ref`` and
+``opt``, and the untimed poison/canary writes around every ABBA launch in ``measure``.
+
+    python benchmarks/trust_overhead.py [--backend host|cuda] [--blocks 32] [--repeat 3]
+                                        [--out benchmarks/results/trust_overhead_host.json]
+
+host: kp_matmul (tests/csrc/matmul.c, naive ref vs loop-reordered opt, byte-exact, with
+mutations of both inputs declared) at n = 64, 128, 256. cuda: A/A pairs of the axpy and
+tiled GEMM test kernels (tests/cuda; needs a GPU, cuda-bindings and nvcc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kpair.backends import open_device
+from kpair.harness import create_harness
+from kpair.mutation import Mutation
+from kpair.policy import Policy
+from kpair.record import record_call
+from kpair.run import RunOptions, run_harness
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK_STAGES = ("trust:poison", "trust:differential", "trust:timing")
+
+
+def host_cases(tmp: Path) -> list[tuple[str, Path]]:
+    from kpair.toolchain import compile_shared
+
+    src = ROOT / "tests" / "csrc" / "matmul.c"
+    ref = compile_shared(src, tmp / "naive.so", defines={"KP_VARIANT": 0})
+    opt = compile_shared(src, tmp / "fast.so", defines={"KP_VARIANT": 1})
+    policy = Policy(mutations=(Mutation("a", "float32", "permute", 2),
+                               Mutation("b", "float32", "permute", 2)))
+    rng = np.random.default_rng(0)
+    out = []
+    for n in (64, 128, 256):
+        a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+        c = np.full((n, n), np.nan, np.float32)
+        snap = record_call(ref, "kp_matmul", [a, b, c, np.int32(n)], tmp / f"snap{n}",
+                           names=["a", "b", "c", "n"])
+        h = create_harness(snap.root, tmp / f"matmul{n}", opt=opt, policy=policy)
+        out.append((f"matmul_n{n}", h.root))
+    return out
+
+
+def cuda_cases(tmp: Path) -> list[tuple[str, Path]]:
+    from kpair.snapshot import Launch
+    from kpair.toolchain import compile_cubin
+
+    with open_device("cuda") as dev:
+        arch = dev.arch()
+    src = ROOT / "tests" / "cuda"
+    axpy = compile_cubin(src / "elementwise.cu", tmp / "elementwise.cubin", arch=arch)
+    gemm = compile_cubin(src / "gemm.cu", tmp / "gemm.cubin", arch=arch)
+    rng = np.random.default_rng(0)
+    out = []
+    n = 8 << 20
+    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    snap = record_call(axpy, "axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "axpy",
+                       backend="cuda", launch=Launch((n // 256, 1, 1), (256, 1, 1)),
+                       names=["x", "y", "a", "n"])
+    out.append(("axpy_8M", create_harness(snap.root, tmp / "h-axpy", opt=axpy).root))
+    m = 1024
+    a, b = rng.standard_normal((m, m), np.float32), rng.standard_normal((m, m), np.float32)
+    snap = record_call(gemm, "gemm_tiled", [a, b, np.zeros((m, m), np.float32)] +
+                       [np.int32(m)] * 3, tmp / "gemm", backend="cuda",
+                       launch=Launch((m // 16, m // 16, 1), (16, 16, 1)),
+                       names=["A", "B", "C", "M", "N", "K"])
+    policy = Policy(mutations=(Mutation("A", "float32", "permute", 2),))
+    out.append(("gemm_tiled_1024", create_harness(snap.root, tmp / "h-gemm", opt=gemm,
+                                                  policy=policy).root))
+    return out
+
+
+def measure_case(harness: Path, blocks: int, repeat: int, seed: int) -> dict:
+    out = {}
+    for label, checks in (("with_checks", True), ("without_checks", False)):
+        runs = []
+        for i in range(repeat):
+            r = run_harness(harness, RunOptions(min_blocks=blocks, max_blocks=blocks,
+                                                rel_ci=1e-9, time_cap_s=600.0, seed=seed + i,
+                                                checks=checks, timeout_s=600))
+            if r["status"] != "pass":
+                raise SystemExit(f"{harness}: {r['status']}: {r.get('correctness') or r}")
+            runs.append(r)
+        stages = sorted({k for r in runs for k in r["stage_s"]})
+        out[label] = {
+            "wall_s": statistics.median(r["wall_s"] for r in runs),
+            "stage_s": {k: round(statistics.median(r["stage_s"].get(k, 0.0) for r in runs), 6)
+                        for k in stages},
+            "opt_median_us": statistics.median(r["speed"]["debug_only"]["opt_median_us"]
+                                               for r in runs),
+        }
+        if checks:
+            out["trust_checks_passed"] = sorted(k for k, v in runs[0]["trust"].items()
+                                                if v["passed"] is True)
+    on, off = out["with_checks"], out["without_checks"]
+    extra = {k: round(on["stage_s"].get(k, 0.0) - off["stage_s"].get(k, 0.0), 6)
+             for k in on["stage_s"]}
+    out["overhead"] = {
+        "wall_s": round(on["wall_s"] - off["wall_s"], 3),
+        "wall_pct": round(100 * (on["wall_s"] / off["wall_s"] - 1), 1),
+        "check_stages_s": round(sum(on["stage_s"].get(k, 0.0) for k in CHECK_STAGES), 6),
+        "per_stage_s": extra,
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=("host", "cuda"), default="host")
+    p.add_argument("--blocks", type=int, default=32)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kpair-trust-bench-") as tmp:
+        tmp = Path(tmp)
+        cases = host_cases(tmp) if args.backend == "host" else cuda_cases(tmp)
+        with open_device(args.backend) as dev:
+            env = dev.environment()
+        result = {"benchmark": "trust_overhead", "backend": args.backend,
+                  "device": env.get("device"), "blocks": args.blocks, "repeat": args.repeat,
+                  "note": "medians over repeat runs of one isolated worker each; overhead = "
+                          "with checks - without (RunOptions(checks=False))",
+                  "cases": {name: measure_case(h, args.blocks, args.repeat, args.seed)
+                            for name, h in cases}}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""Audit: the trust checks of ``kpair.trust``, driven through a ``Replay``.
+
+``Armor`` is what the replay calls around every launch (``Replay.armor``): before it, fresh
+canary words in the guard bands beside every region and, for the roles that get it, fresh
+poison in the bytes ref writes whatever they held; after it, the canaries are read back.
+
+``Audit`` runs the phases of a checked run, in this order (``kpair.run.execute``):
+``baseline`` (ref repeated: determinism), ``discover`` (ref on two fills of each candidate
+region: which bytes are write-only; one poisoned control run), ``run_opt`` (opt repeated, each
+launch poisoned afresh), ``differential`` (ref and opt on mutated inputs), ``timing`` (timer
+against a synchronized wall-clock window), ``time_one`` (the ABBA launches: poison and guards
+on both kernels, opt's output checked now and then) and ``speed``.
+``findings()`` gives one ``trust.Finding`` per check. One Audit per run, bound to one Replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from . import trust
+from .backends import Device, Kernel
+from .errors import KpairError, UsageError
+from .placement import patch_pointers
+from .policy import DTYPES, FLOAT_DTYPES, Policy, Verdict, check, dtype_size
+from .replay import Replay
+from .snapshot import Launch
+from .trust import CHECKS, Finding, OptRun
+
+REF_RUNS = 3        # baseline determinism
+OPT_RUNS = 3        # opt repeated under fresh poison
+TIMING_LAUNCHES = 5  # windows per kernel
+CHECK_EVERY = 64    # during ABBA, opt's output is judged after launches 1, 2, 4, 8, ...
+#                     and every 64th (reading outputs back is not free on a GPU)
+_FILL_RUNS = 64     # more poison runs than this: read-modify-write the region instead
+
+
+class Armor:
+    """Canaries and poison, written around each launch with words drawn from ``rng``."""
+
+    def __init__(self, device: Device, bands: list[trust.Band], rng: np.random.Generator):
+        self.device, self.bands, self.rng = device, bands, rng
+        #: region -> (address, size, write-only runs); set by Audit.discover
+        self.plan: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
+        self.poison_roles: frozenset[str] = frozenset({"opt"})
+        self.poison_words: dict[str, int] = {}   # of the last launch
+        self.last: list[dict] = []                 # guard violations of the last launch
+        self.canary, self._n = 0, 0
+
+    def _poison_word(self) -> int:
+        # Alternate a quiet-NaN family (NaN as f32, and in the high half as f16/bf16) with
+        # arbitrary bits: an unwritten element fails a tolerance check either way.
+        self._n += 1
+        w = int(self.rng.integers(1, 2**32))
+        return 0x7FC00000 | (w & 0xFFFF) if self._n % 2 else w
+
+    def before(self, role: str | None) -> None:
+        self.canary = int(self.rng.integers(1, 2**32))
+        for b in self.bands:
+            self.device.fill(b.address, b.size, self.canary)
+        self.poison_words = {}
+        if role not in self.poison_roles:
+            return
+        for name, (address, size, runs) in self.plan.items():
+            word = self._poison_word()
+            if len(runs) <= _FILL_RUNS:
+                for s, e in runs:
+                    self.device.fill(address + s, e - s, word)
+            else:
+                cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
+                image = trust.poisoned_image(runs, word, size)
+                mask = np.zeros(size, bool)
+                for s, e in runs:
+                    mask[s:e] = True
+                cur[mask] = image[mask]
+                self.device.write(address, cur.tobytes())
+            self.poison_words[name] = word
+
+    def poisoned(self) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+        """region -> (word, runs) of the poison written before the last launch."""
+        return {n: (w, self.plan[n][2]) for n, w in self.poison_words.items()}
+
+    def after(self, role: str | None) -> None:
+        self.last = []
+        for b in self.bands:
+            v = trust.band_violation(b, self.device.read(b.address, b.size), self.canary)
+            if v is not None:
+                self.last.append(dict(v, role=role))
+
+
+class Audit:
+    def __init__(self, replay: Replay, policy: Policy, hints: dict[str, str], *, seed: int,
+                 skip: Iterable[str] = (), harness: str = "HARNESS"):
+        self.skip = set(skip)
+        unknown = self.skip - set(CHECKS)
+        if unknown:
+            raise UsageError(f"unknown check {sorted(unknown)[0]!r} (one of {', '.join(CHECKS)})")
+        self.replay, self.policy, self.hints, self.harness = replay, policy, hints, harness
+        self.rng = np.random.default_rng([seed, 1])
+        regions = [(r.name, a, r.size) for r, a in zip(replay.regions, replay.addresses,
+                                                       strict=True)]
+        bands = [] if "guard_bands" in self.skip else \
+            trust.guard_bands(regions, replay.device.mapped_ranges())
+        self.armor = Armor(replay.device, bands, np.random.default_rng([seed, 2]))
+        replay.armor = self.armor
+        self.found: dict[str, Finding] = {}
+        self.ref_posts: list[dict[str, bytes]] = []
+        self.opt_runs: list[OptRun] = []
+        self.diff_runs: list[OptRun] = []
+        self.diff_changed: list[bool] = []
+        self.diff_mutated: list[list[str]] = []
+        self.not_tested: dict[str, str] = {}
+        self.control = "no region to poison"
+        self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
+        self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
+        self._output_names: list[str] | None = None
+        self._cache: tuple[tuple, dict[str, Finding]] | None = None
+
+    # ---------------------------------------------------------------- phases
+
+    def _ref(self, kernel: Kernel, launch: Launch, what: str,
+             state: dict[str, bytes | int] | None = None) -> dict[str, bytes]:
+        post = self.replay.run(kernel, launch, role="ref", state=state)
+        if self.armor.last and state is None:
+            raise KpairError(f"the baseline (ref) writes outside the captured regions "
+                             f"({trust.describe_violation(self.armor.last[0])}, {what}): the "
+                             "snapshot misses memory ref touches, so the replay proves nothing")
+        return post
+
+    def baseline(self, ref: Kernel, launch: Launch) -> list[dict[str, bytes]]:
+        """ref, REF_RUNS times on the pre-state; the first run is the fidelity run."""
+        n = 1 if "baseline_determinism" in self.skip else REF_RUNS
+        self.ref_posts = [self._ref(ref, launch, f"ref run {i + 1}") for i in range(n)]
+        self.found["baseline_determinism"] = trust.skipped(
+            "baseline_determinism", "skipped by request") if n == 1 else \
+            trust.baseline_determinism(self.policy, self.ref_posts, hints=self.hints,
+                                       harness=self.harness)
+        return self.ref_posts
+
+    def _modified(self) -> dict[str, bool]:
+        pre = self.replay.pre
+        return {n: any(p[n] != pre[n] for p in self.ref_posts) for n in pre}
+
+    def discover(self, ref: Kernel, launch: Launch) -> None:
+        """Find the bytes ref writes whatever they held, and arm poison for them."""
+        r = self.replay
+        normal, modified = self.ref_posts[0], self._modified()
+        delta = r.info.mapping.delta
+        lo, hi = r.lo + delta, r.hi + delta
+        plan = {}
+        regions = [] if "poisoned_outputs" in self.skip else \
+            list(zip(r.regions, r.addresses, strict=True))
+        for region, address in regions:
+            name = region.name
+            if patch_pointers(r.pre[name], address, lo, hi, 1)[1] or \
+                    patch_pointers(normal[name], address, lo, hi, 1)[1]:
+                self.not_tested[name] = "holds pointers into the captured regions"
+                continue
+            if not modified[name] and self.hints.get(name) not in FLOAT_DTYPES:
+                self.not_tested[name] = (
+                    "ref leaves it unchanged and it is not known to hold floats: filling it "
+                    "could fault a kernel that reads it (as indices or sizes)")
+                continue
+            # Two fill words that differ in every byte, written on the device.
+            x = int(self.rng.integers(0, 2**32))
+            filled, mask, why = [], None, ""
+            for fill in (x, x ^ 0xA5A5A5A5):
+                filled.append(self._ref(ref, launch, "discovery", {name: fill}))
+                if self.armor.last:
+                    why = "ref writes out of bounds when it is filled"
+                    break
+                hint = self.hints.get(name)
+                mask, why = trust.write_only_mask(name, self.policy, normal, filled,
+                                                  dtype_size(hint) if hint in DTYPES else 4)
+                if mask is None:  # an input: one fill shows it, the second would add nothing
+                    break
+            if mask is None:
+                self.not_tested[name] = why
+            else:
+                plan[name] = (address, region.size, trust.mask_runs(mask))
+        if plan:
+            self.armor.plan, self.armor.poison_roles = plan, frozenset({"ref"})
+            post = self._ref(ref, launch, "poisoned control run")
+            self.armor.poison_roles = frozenset({"opt"})
+            v = check(self.policy, normal, post, dtype_hints=self.hints)
+            if v.passed:
+                self.control = "ref reproduces its post-state with every write-only byte poisoned"
+            else:
+                self.control = f"ref fails under poison ({v.summary()}): poison not applied"
+                self.armor.plan = {}
+        changed = trust.changed_regions(r.pre, normal)
+        self.found["noop"] = trust.noop(changed, list(self.armor.plan))
+
+    def run_opt(self, opt: Kernel, launch: Launch) -> Verdict:
+        """opt, OPT_RUNS times, each with fresh poison and canaries; the first failing verdict
+        (or the first)."""
+        r = self.replay
+        for i in range(OPT_RUNS):
+            post = r.run(opt, launch, role="opt")
+            v = check(self.policy, r.expected, post, dtype_hints=self.hints)
+            self.opt_runs.append(OptRun(f"opt run {i + 1}", r.pre, r.expected, post, v,
+                                        self.armor.poisoned(), tuple(self.armor.last)))
+        return next((x.verdict for x in self.opt_runs if not x.verdict.passed),
+                    self.opt_runs[0].verdict)
+
+    def differential(self, ref: Kernel, ref_launch: Launch, opt: Kernel, opt_launch: Launch
+                     ) -> None:
+        muts = self.policy.mutations
+        if not muts or "differential" in self.skip:
+            return
+        r, normal = self.replay, self.ref_posts[0]
+        for j in range(max(m.count for m in muts)):
+            state, what = {}, []
+            for m in muts:
+                if m.count > j:
+                    state[m.region] = m.apply(state.get(m.region, r.pre[m.region]), self.rng)
+                    what.append(m.describe())
+            label = f"differential run {j + 1}"
+            expected = r.run(ref, ref_launch, role="ref", state=state)
+            if self.armor.last:  # the mutated input is not one ref can take: not a verdict
+                self.not_tested[f"{label}"] = "ref writes out of bounds on this mutated input"
+                continue
+            post = r.run(opt, opt_launch, role="opt", state=state)
+            v = check(self.policy, expected, post, dtype_hints=self.hints)
+            self.diff_runs.append(OptRun(label, {**r.pre, **state}, expected, post, v,
+                                         self.armor.poisoned(),
+                                         tuple(self.armor.last)))
+            self.diff_changed.append(any(expected[k] != normal[k] for k in expected
+                                         if k not in state))
+            self.diff_mutated.append(what)
+
+    def timing(self, ref: Kernel, ref_launch: Launch, opt: Kernel, opt_launch: Launch) -> None:
+        """Timer against a synchronized wall-clock window, both kernels, interleaved."""
+        if "timing_integrity" in self.skip:
+            return
+        self.armor.poison_roles = frozenset({"ref", "opt"})
+        for i in range(TIMING_LAUNCHES):
+            for role, k, launch in (("ref", ref, ref_launch), ("opt", opt, opt_launch)):
+                self.windows[role].append(self.replay.time_window(k, launch, role=role))
+                self._timed_guards(role, f"timing-window launch {i + 1}")
+
+    def _timed_guards(self, role: str, label: str) -> None:
+        if role == "opt":
+            self.timed["violations"] += [dict(v, run=label) for v in self.armor.last]
+
+    def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
+        """One ABBA launch (poison and canaries on both kernels); opt's output regions are
+        judged after its launches 1, 2, 4, 8, ... and every CHECK_EVERY-th."""
+        self.armor.poison_roles = frozenset({"ref", "opt"})
+        t = self.replay.time_one(kernel, launch, role=role)
+        if role == "opt":
+            n = self.timed["launches"] = self.timed["launches"] + 1
+            self._timed_guards(role, f"timed launch {n}")
+            if (n & (n - 1) == 0 or n % CHECK_EVERY == 0) \
+                    and "timing_integrity" not in self.skip:
+                outputs = self._outputs()
+                r = self.replay
+                only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
+                v = check(only, {k: r.expected[k] for k in outputs},
+                          {k: r.device.read(r.address_of(k), len(r.expected[k]))
+                           for k in outputs}, dtype_hints=self.hints)
+                self.timed["checked"] += 1
+                if not v.passed:
+                    self.timed["failed"].append({"launch": n, "summary": v.summary()})
+        return t
+
+    def _outputs(self) -> list[str]:
+        """Regions some ref run changes, or that are poisoned."""
+        if self._output_names is None:
+            modified = self._modified()
+            self._output_names = [n for n in self.replay.pre
+                                  if modified[n] or n in self.armor.plan]
+        return self._output_names
+
+    def must_move(self) -> int:
+        """Bytes any correct kernel must write: those ref changes, and the poisoned ones."""
+        total = 0
+        for name, pre in self.replay.pre.items():
+            need = np.zeros(len(pre), bool)
+            for post in self.ref_posts:
+                need |= np.frombuffer(post[name], np.uint8) != np.frombuffer(pre, np.uint8)
+            for s, e in self.armor.plan.get(name, (0, 0, []))[2]:
+                need[s:e] = True
+            total += int(need.sum())
+        return total
+
+    def speed(self, t_opt: float, t_ref: float) -> None:
+        if "impossible_speed" in self.skip:
+            return
+        need = self.must_move()
+        bw = self.replay.device.measure_bandwidth(need) if need else None
+        self.found["impossible_speed"] = trust.impossible_speed(need, bw, t_opt, t_ref)
+
+    # ---------------------------------------------------------------- verdicts
+
+    def findings(self) -> dict[str, Finding]:
+        """One Finding per check, from everything observed so far (cached until more is)."""
+        key = (len(self.found), len(self.opt_runs), len(self.diff_runs),
+               len(self.windows["opt"]), self.timed["launches"], self.timed["checked"],
+               len(self.timed["failed"]), len(self.timed["violations"]))
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self._findings())
+        return dict(self._cache[1])
+
+    def _findings(self) -> dict[str, Finding]:
+        f = dict(self.found)
+        runs = self.opt_runs + self.diff_runs
+        plan = {n: runs_ for n, (_, _, runs_) in self.armor.plan.items()}
+        modified = self._modified()
+        inputs = [n for n in self.replay.pre if not modified[n] and n not in plan]
+        if runs:
+            f["guard_bands"] = trust.guard_findings(self.armor.bands, runs, len(runs) +
+                                                    self.timed["launches"] + len(
+                                                        self.windows["opt"]),
+                                                    self.timed["violations"])
+            f["input_integrity"] = trust.input_integrity(inputs, runs)
+            f["poisoned_outputs"] = trust.poisoned_outputs(plan, self.not_tested, runs,
+                                                           self.control)
+            f["opt_determinism"] = trust.opt_determinism(self.policy, self.opt_runs,
+                                                         self.hints)
+            f["bias"] = trust.bias([(r.label, [
+                trust.bias_stats(t, r.expected[t.region], r.post[t.region],
+                                 self.policy.max_bias)
+                for t in self.policy.tolerances if t.dtype in FLOAT_DTYPES]) for r in runs])
+        if self.opt_runs and (self.diff_runs or not self.policy.mutations):
+            f["differential"] = trust.differential(len(self.policy.mutations), self.diff_runs,
+                                                   self.diff_changed, self.diff_mutated)
+        if self.windows["opt"]:
+            tf = trust.timing_integrity(self.windows["ref"], self.windows["opt"])
+            info = dict(tf.finding, timed_outputs_checked=self.timed["checked"],
+                        timed_outputs_failed=self.timed["failed"])
+            if self.timed["failed"] and not tf.failed:
+                bad = self.timed["failed"][0]
+                tf = Finding(tf.name, True, False, info, (
+                    f"opt's output was wrong after timed launch {bad['launch']} "
+                    f"({bad['summary'].removeprefix('FAIL: ')}): it behaves differently when "
+                    "timed"))
+            f["timing_integrity"] = Finding(tf.name, tf.ran, tf.passed, info, tf.reason)
+        for name in CHECKS:
+            if name in self.skip:
+                f[name] = trust.skipped(name, "skipped by request (--skip-check)")
+            f.setdefault(name, trust.skipped(name, "not reached (an earlier verdict ended the "
+                                                   "run)"))
+        return f
+
+    def failure(self) -> Finding | None:
+        return trust.first_failure(self.findings())

@@ -1,0 +1,137 @@
+"""Mutations: how a policy asks for differential runs on changed inputs.
+
+A ``Mutation`` names one input region (or a byte range of it), the dtype of its elements and
+how to change them: ``permute`` (the same values in another order) or ``resample`` (values
+drawn with replacement from the region's own values: the observed distribution). Both keep
+every value one the kernel has already seen, so no NaN, no out-of-range index appears that
+the captured input did not hold. The differential check (``kpair.audit``) runs ref and opt
+on ``count`` such inputs and judges opt against ref under the policy's own criteria: a kernel
+that hard-codes the captured answer, or returns a cached one, fails there.
+
+Declared in ``validation_policy.json`` under ``mutations`` (contract in ``docs/format.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from .errors import PolicyError
+
+METHODS = ("permute", "resample")
+MAX_COUNT = 64
+_KEYS = {"region", "dtype", "method", "count", "range"}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check(m: Any, prefix: str = "", path: object = None) -> None:
+    from .policy import DTYPES, dtype_size
+
+    def fail(key: str, message: str) -> PolicyError:
+        return PolicyError(message, path=path, field=prefix + key)
+
+    if not isinstance(m.region, str) or not m.region:
+        raise fail("region", "expected a non-empty string naming a snapshot region")
+    if not isinstance(m.dtype, str) or m.dtype not in DTYPES:
+        raise fail("dtype", f"unknown dtype {m.dtype!r} (one of {', '.join(DTYPES)})")
+    if not isinstance(m.method, str) or m.method not in METHODS:
+        raise fail("method", f"unknown method {m.method!r} (one of {', '.join(METHODS)})")
+    if not _is_int(m.count) or not 1 <= m.count <= MAX_COUNT:
+        raise fail("count", f"expected an integer in [1, {MAX_COUNT}], got {m.count!r}")
+    if not _is_int(m.start) or m.start < 0 or not (m.end is None or _is_int(m.end)) \
+            or (m.end is not None and m.end <= m.start):
+        raise fail("range", f"expected [start, end) with 0 <= start < end, got "
+                            f"[{m.start!r}, {m.end!r}]")
+    size = dtype_size(m.dtype)
+    if m.end is not None and (m.end - m.start) % size:
+        raise fail("range", f"length {m.end - m.start} is not a multiple of the {m.dtype} "
+                            f"size ({size} bytes)")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """Change ``region[start:end)`` (``end`` None: the whole region from ``start``), read as
+    ``dtype``, by ``method``, in each of ``count`` differential runs."""
+
+    region: str
+    dtype: str
+    method: str
+    count: int = 2
+    start: int = 0
+    end: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    def span(self, region_size: int) -> tuple[int, int]:
+        """The byte range mutated in a region of ``region_size`` bytes (whole elements)."""
+        from .policy import dtype_size
+
+        size = dtype_size(self.dtype)
+        end = self.end if self.end is not None else \
+            self.start + (region_size - self.start) // size * size
+        return self.start, end
+
+    def apply(self, data: bytes, rng: np.random.Generator) -> bytes:
+        """``data`` (the region's bytes) with the declared range mutated."""
+        from .policy import DTYPES
+
+        start, end = self.span(len(data))
+        values = np.frombuffer(data, DTYPES[self.dtype], count=(end - start) // np.dtype(
+            DTYPES[self.dtype]).itemsize, offset=start)
+        if self.method == "permute":
+            changed = rng.permutation(values)
+        else:
+            changed = rng.choice(values, size=values.size, replace=True)
+        out = bytearray(data)
+        out[start:end] = changed.tobytes()
+        return bytes(out)
+
+    def describe(self) -> str:
+        rng = "" if self.start == 0 and self.end is None else f"[{self.start}:{self.end})"
+        return f"{self.method} {self.region}{rng} as {self.dtype}"
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"region": self.region, "dtype": self.dtype,
+                               "method": self.method, "count": self.count}
+        if self.start or self.end is not None:
+            out["range"] = [self.start, self.end]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, *, field: str = "", path: object = None) -> Mutation:
+        prefix = f"{field}." if field else ""
+        if not isinstance(obj, dict):
+            raise PolicyError("expected a JSON object", path=path, field=field or None)
+        extra = sorted(set(obj) - _KEYS)
+        if extra:
+            raise PolicyError("unknown field (schema v1 does not define it)", path=path,
+                              field=prefix + extra[0])
+        for key in ("region", "dtype", "method"):
+            if key not in obj:
+                raise PolicyError("missing", path=path, field=prefix + key)
+        rng = obj.get("range", [0, None])
+        if not isinstance(rng, list) or len(rng) != 2:
+            raise PolicyError(f"expected [start, end], got {rng!r}", path=path,
+                              field=prefix + "range")
+        kw = {"region": obj["region"], "dtype": obj["dtype"], "method": obj["method"],
+              "count": obj.get("count", 2), "start": rng[0], "end": rng[1]}
+        _check(SimpleNamespace(**kw), prefix, path)
+        return cls(**kw)
+
+    def validate_against(self, regions: dict[str, int], *, field: str, path: object = None
+                         ) -> None:
+        if self.region not in regions:
+            known = ", ".join(sorted(regions)) or "none"
+            raise PolicyError(f"region {self.region!r} is not in the snapshot (regions: "
+                              f"{known})", path=path, field=f"{field}.region")
+        start, end = self.span(regions[self.region])
+        if end > regions[self.region] or end <= start:
+            raise PolicyError(f"range [{start}, {end}) does not fit region {self.region!r} of "
+                              f"{regions[self.region]} bytes", path=path, field=f"{field}.range")

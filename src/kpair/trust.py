@@ -1,0 +1,536 @@
+"""Trust checks: what a verdict must survive (DESIGN.md, "Trust"), as pure functions.
+
+Each check turns what the runs observed (region bytes, timings) into a ``Finding``: whether it
+ran, whether it passed (None: nothing to pass or fail, e.g. a warning) and a JSON-able
+``finding`` saying what it saw; a failed check carries a one-line ``reason``. Nothing here
+touches a device: ``kpair.audit`` drives the replay (fills, poison, canaries, mutated inputs,
+extra launches) and hands the bytes and times to these functions. ``CHECKS`` lists every check
+in the order a failure is reported when several fail.
+
+Also here: the guard-band layout (``guard_bands``), the write-only mask of a region
+(``write_only_mask``) and the poison pattern.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .policy import (
+    Policy,
+    Tolerance,
+    Verdict,
+    _plain,
+    check,
+    check_region,
+    decode,
+)
+
+#: Every check, in the order its failure is reported first.
+CHECKS = ("baseline_determinism", "guard_bands", "input_integrity", "poisoned_outputs",
+          "opt_determinism", "differential", "bias", "timing_integrity", "impossible_speed",
+          "noop")
+#: Guard bytes per side of a region at most (they are read back after every launch); an
+#: unmapped byte is never touched.
+GUARD_CAP = 64 << 10
+#: Without mapped_ranges(), gaps shorter than this lie in pages both neighbours map.
+SAFE_GAP = 4096
+#: A one-sided error is "significant" from this sign-test z-score on.
+BIAS_Z = 5.0
+#: At least this many differing elements before a sign test means anything.
+BIAS_MIN_ELEMENTS = 20
+#: Impossible speed: opt implies more than this many times the device's measured rate.
+SPEED_SLACK = 2.0
+#: Machine epsilon of each float dtype (the default allowed bias; a floor for suggested rtol).
+EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23,
+       "float64": 2.0 ** -52}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's outcome: ``passed`` None means "reported, not judged" (or not run)."""
+
+    name: str
+    ran: bool
+    passed: bool | None
+    finding: dict = field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.passed is False
+
+    def to_json(self) -> dict:
+        out = {"ran": self.ran, "passed": self.passed, "finding": self.finding}
+        if self.reason:
+            out["reason"] = self.reason
+        return _plain(out)
+
+
+def skipped(name: str, why: str) -> Finding:
+    return Finding(name, False, None, {"skipped": why})
+
+
+def first_failure(findings: dict[str, Finding]) -> Finding | None:
+    for name in CHECKS:
+        f = findings.get(name)
+        if f is not None and f.failed:
+            return f
+    return None
+
+
+def _diff(a: bytes, b: bytes) -> tuple[int, int | None]:
+    """(differing bytes, first differing offset) of two equal-length byte strings."""
+    if a == b:  # a memcmp: the common case, and far cheaper than numpy on large regions
+        return 0, None
+    x, y = np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)
+    if x.size != y.size:
+        return max(x.size, y.size), min(x.size, y.size)
+    d = np.flatnonzero(x != y)
+    return int(d.size), (int(d[0]) if d.size else None)
+
+
+# ------------------------------------------------------------------ baseline and no-op
+
+
+def baseline_determinism(policy: Policy, runs: Sequence[dict[str, bytes]], *,
+                         hints: dict[str, str] | None = None, harness: str = "HARNESS"
+                         ) -> Finding:
+    """ref launched ``len(runs)`` times on identical inputs must agree with itself under the
+    policy; where it does not, no byte-exact (or tighter) verdict can apply."""
+    spread = {}
+    for name in runs[0]:
+        n = max(_diff(runs[0][name], r[name])[0] for r in runs[1:]) if len(runs) > 1 else 0
+        if n:
+            spread[name] = n
+    bad = [(i, v) for i, v in enumerate((check(policy, runs[0], r, dtype_hints=hints)
+                                          for r in runs[1:]), 2) if not v.passed]
+    info = {"runs": len(runs), "differing_bytes": spread, "within_policy": not bad}
+    if not bad:
+        return Finding("baseline_determinism", True, True, info)
+    i, v = bad[0]
+    region = next(r for r in v.regions if not r.passed)
+    return Finding("baseline_determinism", True, False, info, (
+        f"baseline nondeterministic: ref run {i} differs from run 1 on identical inputs "
+        f"(region {region.region}: {region.reason()}); a byte-exact verdict cannot apply. "
+        f"Write a tolerance policy from the observed spread with `kpair policy suggest "
+        f"{harness} -o policy.json` and pair again with --policy policy.json"))
+
+
+def changed_regions(pre: dict[str, bytes], post: dict[str, bytes]) -> dict[str, int]:
+    """Bytes that differ between pre- and post-state, per region (0: unchanged)."""
+    return {name: _diff(pre[name], post[name])[0] for name in pre}
+
+
+def noop(changed: dict[str, int], poisoned: Sequence[str]) -> Finding:
+    """Say so when ref changes nothing: then only poisoned outputs make the check mean
+    anything, and without them a kernel that does nothing at all passes."""
+    info = {"noop": not any(changed.values()), "changed_bytes": changed,
+            "unchanged_regions": [n for n, c in changed.items() if not c],
+            "poisoned_regions": list(poisoned)}
+    if not info["noop"]:
+        return Finding("noop", True, None, info)
+    if poisoned:
+        info["note"] = ("ref leaves every region as it found it (the outputs already held "
+                        "their answer), but poisoning " + ", ".join(poisoned) + " makes opt "
+                        "compute them: the correctness verdict stands")
+        return Finding("noop", True, None, info)
+    info["warning"] = ("the baseline leaves every region exactly as it found it, and no region "
+                       "could be poisoned: this dispatch proves nothing about opt's "
+                       "correctness (a kernel that does nothing passes)")
+    return Finding("noop", True, None, info, info["warning"])
+
+
+# ------------------------------------------------------------------ poison
+
+
+def write_only_mask(name: str, policy: Policy, normal: dict[str, bytes],
+                    filled: Sequence[dict[str, bytes]], granule: int = 4
+                    ) -> tuple[np.ndarray | None, str]:
+    """The bytes of region ``name`` that ref writes whatever they held before.
+
+    ``filled`` are ref's post-states with the region filled by patterns that differ in every
+    byte. An element of ``granule`` bytes (from the region's start) is write-only when it
+    comes out as in ``normal`` after every fill — whole elements, since a byte that ref
+    computes *from* the fill matches by chance once in 256; a declared tolerance range is,
+    when it passes its criterion after every fill. If a fill changes any *other* region, ref
+    reads this one: (None, why)."""
+    for post in filled:
+        others = {k: v for k, v in normal.items() if k != name}
+        v = check(Policy(tuple(t for t in policy.tolerances if t.region != name)), others,
+                  {k: post[k] for k in others})
+        if not v.passed:
+            bad = next(r.region for r in v.regions if not r.passed)
+            return None, f"ref reads it: its prior content changes region {bad}"
+    want = np.frombuffer(normal[name], np.uint8)
+    same = np.ones(want.size, bool)
+    for post in filled:
+        same &= np.frombuffer(post[name], np.uint8) == want
+    whole = want.size // granule * granule
+    mask = np.empty(want.size, bool)
+    mask[:whole] = np.repeat(same[:whole].reshape(-1, granule).all(axis=1), granule)
+    mask[whole:] = same[whole:].all()
+    for t in policy.for_region(name):
+        if all(check_region(name, normal[name], post[name], (t,)).checks[0].passed
+               for post in filled):
+            mask[t.start:t.end] = True
+    if not mask.any():
+        return None, "ref's output in it depends on what it held (read and written)"
+    return mask, ""
+
+
+def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) runs of True in a boolean mask."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [(int(s), int(e)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def pattern(word: int, size: int) -> np.ndarray:
+    """``size`` bytes of the little-endian 32-bit ``word`` repeated (Device.fill's layout)."""
+    return np.tile(np.frombuffer(word.to_bytes(4, "little"), np.uint8), -(-size // 4))[:size]
+
+
+def poisoned_image(runs: Sequence[tuple[int, int]], word: int, size: int) -> np.ndarray:
+    """A region's poison: each run filled with ``word`` from the run's start."""
+    out = np.zeros(size, np.uint8)
+    for s, e in runs:
+        out[s:e] = pattern(word, e - s)
+    return out
+
+
+def left_mask(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
+              ) -> np.ndarray:
+    """Bytes of whole poison words (4 bytes from each run's start; a run's tail counts as one)
+    that opt left exactly as poisoned, where the answer is not the poison itself. Whole words:
+    a written value matches one poison *byte* by chance once in 256 bytes, a word practically
+    never."""
+    exp, act = np.frombuffer(expected, np.uint8), np.frombuffer(actual, np.uint8)
+    out = np.zeros(exp.size, bool)
+    for s, e in runs:
+        im = pattern(word, e - s)
+        for lo, hi, width in ((s, s + (e - s) // 4 * 4, 4), (s + (e - s) // 4 * 4, e, None)):
+            if hi <= lo:
+                continue
+            w = width or hi - lo
+            same = (act[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
+            answer = (exp[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
+            out[lo:hi] = np.repeat(same & ~answer, w)
+    return out
+
+
+def poison_left(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
+                ) -> tuple[int, int | None]:
+    """(bytes, first offset) of the poison opt left as it was."""
+    left = np.flatnonzero(left_mask(runs, word, expected, actual))
+    return int(left.size), (int(left[0]) if left.size else None)
+
+
+@dataclass(frozen=True)
+class OptRun:
+    """One judged opt launch: the regions as they were before it (pre-state or a mutated
+    input, without poison), what ref produced there (``expected``), what opt produced, the
+    policy's verdict, the poison (word, runs) per poisoned region and the guard-band
+    violations."""
+
+    label: str
+    before: dict
+    expected: dict
+    post: dict
+    verdict: Verdict
+    poison: dict = field(default_factory=dict)
+    violations: tuple = ()
+
+
+def poisoned_outputs(plan: dict[str, list[tuple[int, int]]], not_tested: dict[str, str],
+                     runs: Sequence[OptRun], control: str) -> Finding:
+    """opt must write every byte ref writes whatever it held: poisoned bytes left as poison
+    mean opt relied on what the output buffer already held."""
+    left = []
+    for run in runs:
+        for name, (word, spans) in run.poison.items():
+            n, first = poison_left(spans, word, run.expected[name], run.post[name])
+            if n:
+                left.append({"run": run.label, "region": name, "bytes": n,
+                             "first_offset": first, "poison": f"0x{word:08x}"})
+    info = {"regions": {n: {"bytes": sum(e - s for s, e in r), "runs": len(r)}
+                        for n, r in plan.items()},
+            "not_tested": not_tested, "control": control,
+            "opt_runs_poisoned": sum(1 for r in runs if r.poison), "left": left}
+    if not plan:
+        return Finding("poisoned_outputs", False, None, info)
+    if left:
+        e = left[0]
+        return Finding("poisoned_outputs", True, False, info, (
+            f"opt did not write its output: {e['bytes']} byte{'s' * (e['bytes'] != 1)} of "
+            f"region {e['region']} still hold the poison written before the launch (first at "
+            f"offset {e['first_offset']}, {e['run']}): it relied on what the buffer held"))
+    return Finding("poisoned_outputs", True, True, info)
+
+
+def _unpoisoned(run: OptRun) -> dict[str, bytes]:
+    """``run.post`` with every byte that still holds this run's poison set to the expected."""
+    post = dict(run.post)
+    for name, (word, runs) in run.poison.items():
+        act = np.frombuffer(post[name], np.uint8).copy()
+        left = left_mask(runs, word, run.expected[name], post[name])
+        act[left] = np.frombuffer(run.expected[name], np.uint8)[left]
+        post[name] = act.tobytes()
+    return post
+
+
+def input_integrity(inputs: Sequence[str], runs: Sequence[OptRun]) -> Finding:
+    """Regions ref leaves unchanged must come out of opt unchanged, byte for byte."""
+    modified = []
+    for run in runs:
+        for name in inputs:
+            n, first = _diff(run.before[name], run.post[name])
+            if n:
+                modified.append({"run": run.label, "region": name, "differing_bytes": n,
+                                 "first_offset": first})
+    info = {"inputs": list(inputs), "modified": modified}
+    if modified:
+        m = modified[0]
+        return Finding("input_integrity", True, False, info, (
+            f"opt modified input region {m['region']} ({m['differing_bytes']} bytes, first at "
+            f"offset {m['first_offset']}, {m['run']}); ref leaves it unchanged"))
+    return Finding("input_integrity", True, bool(inputs) or None, info)
+
+
+def guard_findings(bands: Sequence[Band], runs: Sequence[OptRun], launches: int,
+                   timed: Sequence[dict] = ()) -> Finding:
+    found = [dict(v, run=r.label) for r in runs for v in r.violations] + list(timed)
+    info = {"bands": len(bands), "guard_bytes": sum(b.size for b in bands),
+            "opt_launches_checked": launches, "violations": found}
+    if not bands:
+        return Finding("guard_bands", False, None, dict(info, skipped="no guard bytes fit "
+                                                         "beside the regions"))
+    if found:
+        return Finding("guard_bands", True, False, info, (
+            f"opt wrote out of bounds: {describe_violation(found[0])}, {found[0]['run']}"))
+    return Finding("guard_bands", True, True, info)
+
+
+def opt_determinism(policy: Policy, runs: Sequence[OptRun], hints: dict[str, str]) -> Finding:
+    """opt launched several times on identical inputs must agree with itself under the policy
+    (a kernel that is right only sometimes is wrong)."""
+    if len(runs) < 2:
+        return skipped("opt_determinism", "fewer than two opt runs")
+    posts = [_unpoisoned(r) for r in runs]  # poison left behind is poisoned_outputs' finding
+    verdicts = [(r.label, check(policy, posts[0], post, dtype_hints=hints))
+                for r, post in zip(runs[1:], posts[1:], strict=True)]
+    info = {"runs": len(runs), "passed_policy": [r.verdict.passed for r in runs]}
+    bad = [(label, v) for label, v in verdicts if not v.passed]
+    if not bad and len(set(info["passed_policy"])) == 1:
+        return Finding("opt_determinism", True, True, info)
+    label, v = bad[0] if bad else (runs[0].label, runs[0].verdict)
+    region = next((r for r in v.regions if not r.passed), None)
+    what = f" (region {region.region}: {region.reason()})" if region else ""
+    return Finding("opt_determinism", True, False, info, (
+        f"opt is nondeterministic: {label} differs from {runs[0].label} on identical "
+        f"inputs{what}"))
+
+
+def differential(declared: int, runs: Sequence[OptRun], changed: Sequence[bool],
+                 mutated: Sequence[list[str]]) -> Finding:
+    """opt against ref on mutated inputs, under the same policy."""
+    if not declared:
+        return skipped("differential", "the policy declares no mutations: a kernel that "
+                       "hard-codes the captured answer or caches its first one is not caught "
+                       "(`kpair policy suggest` proposes them)")
+    rows = []
+    for run, ch, what in zip(runs, changed, mutated, strict=True):
+        ranges = [c.to_json() for r in run.verdict.regions for c in r.checks]
+        rows.append({"run": run.label, "mutated": what, "changed_output": ch,
+                     "passed": run.verdict.passed, "summary": run.verdict.summary(),
+                     "mean_signed_rel_err": {c["rule"]: c["detail"]["mean_signed_rel_err"]
+                                             for c in ranges}})
+    info = {"runs": rows}
+    bad = [r for r in rows if not r["passed"]]
+    if bad:
+        return Finding("differential", True, False, info, (
+            f"opt is wrong on a mutated input ({bad[0]['run']}: {', '.join(bad[0]['mutated'])}):"
+            f" {bad[0]['summary'].removeprefix('FAIL: ')} — it is specialised to the captured "
+            "values or returns a stale answer"))
+    if not any(changed):
+        info["warning"] = "no mutation changed ref's output: these runs prove nothing"
+        return Finding("differential", True, None, info, info["warning"])
+    return Finding("differential", True, True, info)
+
+
+# ------------------------------------------------------------------ guard bands
+
+
+@dataclass(frozen=True)
+class Band:
+    """Guard bytes ``[address, address + size)`` beside ``region``: ``side`` is "before" or
+    "after"; ``offset`` is the band's first byte relative to the region's first byte."""
+
+    region: str
+    side: str
+    address: int
+    size: int
+    offset: int
+
+
+def guard_bands(regions: Sequence[tuple[str, int, int]],
+                mapped: Sequence[tuple[int, int]] | None, cap: int = GUARD_CAP) -> list[Band]:
+    """Bands around every (name, address, size) region, in the mapped bytes no region covers.
+
+    A gap between two regions is split between them; a region's band never exceeds ``cap``.
+    ``mapped`` None: only gaps shorter than SAFE_GAP between two regions are used."""
+    regs = sorted(regions, key=lambda r: r[1])
+    if mapped is None:
+        spans, edges = [(regs[0][1], regs[-1][1] + regs[-1][2])] if regs else [], False
+    else:
+        spans, edges = sorted(mapped), True
+    bands: list[Band] = []
+    for lo, hi in spans:
+        inside = [r for r in regs if lo <= r[1] and r[1] + r[2] <= hi]
+        for i, (name, start, size) in enumerate(inside):
+            end = start + size
+            prev_end = inside[i - 1][1] + inside[i - 1][2] if i else (lo if edges else None)
+            next_start = inside[i + 1][1] if i + 1 < len(inside) else (hi if edges else None)
+            if prev_end is not None and (edges or start - prev_end < SAFE_GAP):
+                gap = start - prev_end
+                before = min(cap, gap // 2 if i else gap)
+                if before > 0:
+                    bands.append(Band(name, "before", start - before, before, -before))
+            if next_start is not None and (edges or next_start - end < SAFE_GAP):
+                gap = next_start - end
+                after = min(cap, gap - gap // 2 if i + 1 < len(inside) else gap)
+                if after > 0:
+                    bands.append(Band(name, "after", end, after, size))
+    return bands
+
+
+def band_violation(band: Band, seen: bytes, word: int) -> dict | None:
+    """Where canary bytes of ``band`` were overwritten, as offsets from the region's start,
+    widened to the 4-byte words (aligned to the region) they lie in: a written value can
+    leave a byte that happens to equal the canary's."""
+    if seen == (word.to_bytes(4, "little") * -(-band.size // 4))[:band.size]:
+        return None
+    got = np.frombuffer(seen, np.uint8)
+    bad = np.flatnonzero(got != pattern(word, band.size))
+    if not bad.size:
+        return None
+    words = np.unique((band.offset + bad) // 4)
+    lo = max(int(words[0]) * 4, band.offset)
+    hi = min(int(words[-1]) * 4 + 3, band.offset + band.size - 1)
+    nbytes = sum(min(w * 4 + 3, hi) - max(w * 4, lo) + 1 for w in words.tolist())
+    return {"region": band.region, "side": band.side, "bytes": nbytes,
+            "first_offset": lo, "last_offset": hi}
+
+
+def describe_violation(v: dict) -> str:
+    lo, hi = v["first_offset"], v["last_offset"]
+    span = f"{lo:+d}" if lo == hi else f"{lo:+d}..{hi:+d}"
+    where = "before the start" if v["side"] == "before" else "past the end"
+    return (f"{v['bytes']} byte{'s' * (v['bytes'] != 1)} {where} of region {v['region']} "
+            f"(offsets {span} from its start)")
+
+
+# ------------------------------------------------------------------ one-sided error
+
+
+def bias_stats(t: Tolerance, expected: bytes, actual: bytes, max_bias: float | None) -> dict:
+    """Sign tests on opt-minus-ref over one declared float range: relative ((a-e)/e: a scale
+    error) and absolute (a-e: an offset). Cosine similarity is blind to the first."""
+    e = decode(np.frombuffer(expected, np.uint8)[t.start:t.end], t.dtype)
+    a = decode(np.frombuffer(actual, np.uint8)[t.start:t.end], t.dtype)
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(e) & np.isfinite(a) & (a != e)
+        rel_ok = ok & (e != 0)
+        rel = (a[rel_ok] - e[rel_ok]) / e[rel_ok]
+        d = a[ok] - e[ok]
+        rms = float(np.sqrt(np.mean(np.square(e[np.isfinite(e)])))) if e.size else 0.0
+    floor = max_bias if max_bias is not None else EPS[t.dtype]
+
+    def z(x: np.ndarray) -> float:
+        n = x.size
+        return float((np.count_nonzero(x > 0) - np.count_nonzero(x < 0)) / math.sqrt(n)) \
+            if n else 0.0
+
+    out = {"range": f"{t.region}[{t.start}:{t.end})", "dtype": t.dtype,
+           "criterion": t.criterion, "differing_elements": int(ok.sum()),
+           "mean_signed_rel_err": float(rel.mean()) if rel.size else 0.0,
+           "z_rel": z(rel), "mean_signed_err_over_rms": float(d.mean()) / rms
+           if d.size and rms else 0.0, "z_abs": z(d), "max_bias": floor}
+    judged = t.criterion == "cosine" and out["differing_elements"] >= BIAS_MIN_ELEMENTS
+    out["flagged"] = judged and any(
+        abs(out[zk]) >= BIAS_Z and abs(out[mk]) > floor
+        for zk, mk in (("z_rel", "mean_signed_rel_err"), ("z_abs", "mean_signed_err_over_rms")))
+    return out
+
+
+def bias(runs: Sequence[tuple[str, list[dict]]]) -> Finding:
+    """One-sided systematic error over every judged opt run ((label, bias_stats list))."""
+    ranges = [dict(s, run=label) for label, stats in runs for s in stats]
+    if not ranges:
+        return Finding("bias", False, None, {"skipped": "no declared float range to test"})
+    flagged = [s for s in ranges if s["flagged"]]
+    info = {"z_threshold": BIAS_Z, "ranges": ranges}
+    if not flagged:
+        return Finding("bias", True, True, info)
+    s = flagged[0]
+    kind = "relative" if abs(s["z_rel"]) >= BIAS_Z and \
+        abs(s["mean_signed_rel_err"]) > s["max_bias"] else "absolute"
+    value = s["mean_signed_rel_err"] if kind == "relative" else s["mean_signed_err_over_rms"]
+    zv = s["z_rel"] if kind == "relative" else s["z_abs"]
+    return Finding("bias", True, False, info, (
+        f"one-sided systematic error in {s['range']} as {s['dtype']} ({s['run']}): mean "
+        f"signed {kind} error {value:+.3g} (sign test z = {zv:+.1f}, allowed {s['max_bias']:.3g})"
+        f" — lower precision or a scaled result that {s['criterion']} cannot see"))
+
+
+# ------------------------------------------------------------------ timing
+
+
+def timing_integrity(ref: Sequence[tuple[float, float]], opt: Sequence[tuple[float, float]],
+                     *, floor_s: float = 20e-6) -> Finding:
+    """(timer, wall window) pairs per launch. The window runs from just before the launch to
+    after a device-wide synchronize; its excess over the timer is launch overhead — the same
+    for ref and opt — unless opt starts work the timer does not see."""
+    r, o = np.asarray(ref, float), np.asarray(opt, float)
+    r_gap, o_gap = r[:, 1] - r[:, 0], o[:, 1] - o[:, 0]
+    hidden = float(np.median(o_gap) - np.median(r_gap))
+    q75, q25 = np.percentile(r_gap, [75, 25])
+    threshold = max(floor_s, 3.0 * float(q75 - q25), 0.5 * float(np.median(o[:, 0])))
+    info = {"launches": int(len(o)), "ref_timer_s": float(np.median(r[:, 0])),
+            "ref_window_s": float(np.median(r[:, 1])), "opt_timer_s": float(np.median(o[:, 0])),
+            "opt_window_s": float(np.median(o[:, 1])), "hidden_s": hidden,
+            "threshold_s": threshold}
+    over = [(role, float(t), float(w)) for role, arr in (("ref", r), ("opt", o))
+            for t, w in arr if t > 1.05 * w + floor_s]
+    if over:
+        role, t, w = over[0]
+        return Finding("timing_integrity", True, False, info, (
+            f"the {role} timer reports {t * 1e6:.1f} us, more than the {w * 1e6:.1f} us "
+            "wall-clock window around the launch: the timer cannot be trusted"))
+    if hidden > threshold:
+        return Finding("timing_integrity", True, False, info, (
+            f"opt's timer misses work: its synchronized wall-clock window exceeds the timer by "
+            f"{hidden * 1e6:.0f} us more than ref's (timer {info['opt_timer_s'] * 1e6:.1f} us); "
+            "it starts work the timer does not cover (another stream or thread, deferred)"))
+    return Finding("timing_integrity", True, True, info)
+
+
+def impossible_speed(must_move: int, bandwidth: float | None, t_opt: float, t_ref: float
+                     ) -> Finding:
+    """opt cannot write ``must_move`` bytes faster than the device's measured write rate."""
+    if not bandwidth or must_move <= 0:
+        why = "the device cannot measure its bandwidth" if not bandwidth else \
+            "the dispatch provably writes no byte"
+        return skipped("impossible_speed", why)
+    floor = must_move / bandwidth
+    implied = must_move / t_opt
+    info = {"must_move_bytes": must_move, "device_bytes_per_s": bandwidth,
+            "opt_median_s": t_opt, "implied_bytes_per_s": implied, "slack": SPEED_SLACK,
+            "max_plausible_speedup": SPEED_SLACK * t_ref / floor}
+    if implied > SPEED_SLACK * bandwidth:
+        return Finding("impossible_speed", True, False, info, (
+            f"impossible speed: opt would write {must_move} bytes at {implied / 1e9:.3g} GB/s, "
+            f"more than {SPEED_SLACK:g}x the device's measured {bandwidth / 1e9:.3g} GB/s"))
+    return Finding("impossible_speed", True, True, info)

@@ -1,0 +1,143 @@
+/* Opt kernels that cheat, with kp_matmul's ABI (C[n x n] = A * B, float32, row-major), for
+   the adversarial suite (tests/test_trust.py). One build per KP_CHEAT; each must be rejected
+   by the harness, with the right reason:
+     1 NOWRITE   returns at once: the output keeps whatever the buffer held
+     2 CONST     writes 0.0f everywhere
+     3 STALE     computes once, caches the answer in a static buffer, returns it ever after
+     4 OOB       correct, and writes one float past the end of C
+     5 INPUT     correct, and scribbles on A
+     6 HARDCODE  copies the captured answer (KP_ANSWER: a generated header) whatever the input
+     7 NONDET    correct on odd calls; flips the last bit of C[0] on even calls
+     8 LOWPREC   multiplies bf16-truncated inputs (round toward zero: a one-sided error)
+     9 DEFERRED  hands the work to a detached thread and returns (the timer sees nothing)
+    10 LAZY      correct for its first 10 calls, then does nothing (cheats once it is timed)
+   and two honest ones, which must pass:
+     0 HONEST_SPLIT  sums k in two halves: differs from the naive order in the last bits
+                     (a tolerance pair)
+    11 SCALE         (cheat) the exact result times 1.0001: a systematic error cosine misses
+   kp_nothing is a kernel that changes nothing (no-op dispatch). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef KP_CHEAT
+#define KP_CHEAT 0
+#endif
+
+static void ikj(const float *a, const float *b, float *c, int n) {
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;
+        for (int k = 0; k < n; k++) {
+            float aik = a[i * n + k];
+            for (int j = 0; j < n; j++) c[i * n + j] += aik * b[k * n + j];
+        }
+    }
+}
+
+static float bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xFFFF0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+#if KP_CHEAT == 6
+#include KP_ANSWER /* static const uint32_t kp_answer[] = {...}; */
+#endif
+
+#if KP_CHEAT == 9
+struct job { const float *a, *b; float *c; int n; };
+
+static void *work(void *p) {
+    struct job *j = p;
+    int n = j->n;
+    /* the naive order (bit-identical to the ref), 16 times over: plenty of hidden work */
+    for (int rep = 0; rep < 16; rep++)
+        for (int i = 0; i < n; i++)
+            for (int jj = 0; jj < n; jj++) {
+                volatile float s = 0.0f;
+                for (int k = 0; k < n; k++) s += j->a[i * n + k] * j->b[k * n + jj];
+                j->c[i * n + jj] = s;
+            }
+    free(j);
+    return NULL;
+}
+#endif
+
+void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
+    size_t bytes = (size_t)n * n * sizeof(float);
+#if KP_CHEAT == 0
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            float lo = 0.0f, hi = 0.0f;
+            for (int k = 0; k < n / 2; k++) lo += a[i * n + k] * b[k * n + j];
+            for (int k = n / 2; k < n; k++) hi += a[i * n + k] * b[k * n + j];
+            c[i * n + j] = lo + hi;
+        }
+#elif KP_CHEAT == 1
+    (void)a, (void)b, (void)c, (void)bytes;
+#elif KP_CHEAT == 2
+    (void)a, (void)b;
+    memset(c, 0, bytes);
+#elif KP_CHEAT == 3
+    static float *cache;
+    if (!cache) {
+        ikj(a, b, c, n);
+        cache = malloc(bytes);
+        memcpy(cache, c, bytes);
+    } else {
+        memcpy(c, cache, bytes);
+    }
+#elif KP_CHEAT == 4
+    (void)bytes;
+    ikj(a, b, c, n);
+    c[n * n] = 1.0f;
+#elif KP_CHEAT == 5
+    (void)bytes;
+    ikj(a, b, c, n);
+    ((float *)a)[7] += 1.0f;
+#elif KP_CHEAT == 6
+    (void)a, (void)b;
+    memcpy(c, kp_answer, bytes);
+#elif KP_CHEAT == 7
+    static unsigned calls;
+    (void)bytes;
+    ikj(a, b, c, n);
+    if (++calls % 2 == 0) {
+        uint32_t u;
+        memcpy(&u, &c[0], 4);
+        u ^= 1u;
+        memcpy(&c[0], &u, 4);
+    }
+#elif KP_CHEAT == 8
+    (void)bytes;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;
+        for (int k = 0; k < n; k++) {
+            float aik = bf16(a[i * n + k]);
+            for (int j = 0; j < n; j++) c[i * n + j] += aik * bf16(b[k * n + j]);
+        }
+    }
+#elif KP_CHEAT == 9
+    (void)bytes;
+    struct job *j = malloc(sizeof *j);
+    j->a = a, j->b = b, j->c = c, j->n = n;
+    pthread_t t;
+    pthread_create(&t, NULL, work, j);
+    pthread_detach(t);
+#elif KP_CHEAT == 10
+    static unsigned calls;
+    (void)bytes;
+    if (++calls <= 10) ikj(a, b, c, n);
+#elif KP_CHEAT == 11
+    (void)bytes;
+    ikj(a, b, c, n);
+    for (int i = 0; i < n * n; i++) c[i] *= 1.0001f;
+#endif
+}
+
+void kp_nothing(int32_t *x, int32_t n) {
+    (void)x, (void)n;
+}

@@ -1,0 +1,99 @@
+"""The adversarial suite on a real GPU (CUDA twin of tests/test_trust.py): cheating opt kernels
+of tests/cuda/adversarial.cu, paired with a recorded GEMM dispatch whose output buffer already
+holds the answer, each rejected with the right reason; honest opts accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpair.mutation import Mutation
+from kpair.policy import Policy, Tolerance
+from kpair.run import summarize
+from kpair.snapshot import Launch, Snapshot
+from kpair.toolchain import compile_cuda
+from kpair.trust import CHECKS
+
+pytestmark = pytest.mark.gpu
+
+CUDA_SRC = Path(__file__).parents[1] / "cuda"
+N = 64
+MUTATIONS = (Mutation("A", "float32", "permute", 2), Mutation("B", "float32", "resample", 2))
+POLICIES = {"exact": Policy(mutations=MUTATIONS),
+            "cosine": Policy((Tolerance("C", 0, N * N * 4, "float32", "cosine",
+                                        min_cosine=0.9999),), mutations=MUTATIONS)}
+
+
+@pytest.fixture(scope="module")
+def cuda_suite(kit):
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((N, N), np.float32) for _ in range(2))
+    c = np.zeros((N, N), np.float32)
+    args = [a, b, c, np.int32(N), np.int32(N), np.int32(N)]
+    launch, names = Launch((N // 16, N // 16, 1), (16, 16, 1)), ["A", "B", "C", "M", "N", "K"]
+    kit.record("gemm", "gemm_tiled", args, launch, names)      # c now holds A @ B
+    snap = kit.record("gemm", "gemm_tiled", args, launch, names)
+    s = Snapshot.open(snap)
+    assert s.pre(2) == s.post(2)
+    header = kit.root / "kp_answer.h"
+    header.write_text("__device__ const unsigned kp_answer[] = {" + ",".join(
+        map(str, np.frombuffer(s.post(2), "<u4"))) + "};\n")
+    hardcode = compile_cuda(CUDA_SRC / "adversarial.cu", kit.root / "bin" / "adv-hard.cubin",
+                            arch=kit.arch, defines={"KP_ANSWER": f'"{header}"'})
+
+    def run(kernel: str, policy: str = "exact", source: str = "adversarial") -> dict:
+        binary = hardcode if kernel == "cheat_hardcode" else kit.build(source)
+        harness = kit.pair(snap, opt=binary, opt_kernel=kernel, policy=POLICIES[policy])
+        return kit.run(harness, timeout_s=300, **kit.quick)
+    return run
+
+
+REJECTED = [
+    ("cheat_nowrite", "exact", "poisoned_outputs", "still hold the poison"),
+    ("cheat_const", "exact", None, "region C: "),
+    ("cheat_stale", "exact", "differential", "wrong on a mutated input"),
+    ("cheat_oob", "exact", "guard_bands", "past the end of region C (offsets +16384..+16387"),
+    ("cheat_input", "exact", "input_integrity", "modified input region A"),
+    ("cheat_hardcode", "exact", "differential", "wrong on a mutated input"),
+    ("cheat_nondet", "exact", "opt_determinism", "nondeterministic"),
+    ("cheat_lowprec", "exact", None, "region C: "),
+    ("cheat_lowprec", "cosine", "bias", "one-sided systematic error"),
+    ("cheat_scale", "cosine", "bias", "one-sided systematic error"),
+]
+
+
+@pytest.mark.parametrize(("kernel", "policy", "check_name", "phrase"), REJECTED,
+                         ids=[f"{k}-{p}" for k, p, _, _ in REJECTED])
+def test_cuda_cheat_is_rejected_with_the_right_reason(cuda_suite, evidence, kernel, policy,
+                                                      check_name, phrase):
+    r = cuda_suite(kernel, policy)
+    line = summarize(r)
+    evidence(f"trust[{kernel}-{policy}]", {"status": r["status"], "summary": line,
+                                           "failed_check": (r.get("correctness") or {}).get(
+                                               "failed_check")})
+    assert r["status"] == "fail" and r["correct"] is False, r.get("error") or line
+    assert phrase in line, line
+    assert r["correctness"].get("failed_check") == check_name, line
+
+
+@pytest.mark.parametrize(("source", "kernel", "policy"),
+                         [("gemm", "gemm_naive", "exact"), ("gemm", "gemm_tiled", "exact"),
+                          ("adversarial", "honest_splitk", "cosine")])
+def test_cuda_honest_opt_passes_every_check(cuda_suite, evidence, source, kernel, policy):
+    r = cuda_suite(kernel, policy, source)
+    line = summarize(r)
+    trust = r.get("trust") or {}
+    evidence(f"trust[{kernel}-{policy}]", {
+        "status": r["status"], "summary": line, "stage_s": r.get("stage_s"),
+        "checks": {k: v["passed"] for k, v in trust.items()},
+        "impossible_speed": trust.get("impossible_speed", {}).get("finding"),
+        "timing_integrity": trust.get("timing_integrity", {}).get("finding")})
+    assert r["status"] == "pass", r.get("error") or line
+    assert set(trust) == set(CHECKS)
+    assert not [k for k, v in trust.items() if v["passed"] is False]
+    assert trust["poisoned_outputs"]["finding"]["regions"] == {"C": {"bytes": N * N * 4,
+                                                                     "runs": 1}}
+    assert trust["guard_bands"]["ran"] and trust["timing_integrity"]["ran"]
+    assert trust["impossible_speed"]["ran"]  # the CUDA backend measures its bandwidth

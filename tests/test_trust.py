@@ -1,0 +1,311 @@
+"""Trust checks: the pure findings, and the adversarial suite — cheating opt kernels
+(tests/csrc/adversarial.c) run against real harnesses, each rejected with the right reason,
+while the honest pairs pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CSRC
+from kpair.cli import main as kpair
+from kpair.errors import PolicyError, UsageError
+from kpair.harness import create_harness
+from kpair.mutation import Mutation
+from kpair.policy import Policy, Tolerance, check
+from kpair.record import record_call
+from kpair.run import RunOptions, _describe_exit, run_harness, summarize
+from kpair.toolchain import compile_shared
+from kpair.trust import (
+    CHECKS,
+    Band,
+    band_violation,
+    baseline_determinism,
+    bias_stats,
+    describe_violation,
+    guard_bands,
+    impossible_speed,
+    left_mask,
+    mask_runs,
+    pattern,
+    timing_integrity,
+    write_only_mask,
+)
+
+N = 64
+#: Small measurement budgets (and a 4 MiB cache flush) keep each run well under a second.
+QUICK = RunOptions(time_cap_s=1.0, min_blocks=4, max_blocks=8, seed=7, timeout_s=120,
+                   backend_options={"flush_bytes": 4 << 20})
+CHEATS = {"honest_split": 0, "nowrite": 1, "const": 2, "stale": 3, "oob": 4, "input": 5,
+          "hardcode": 6, "nondet": 7, "lowprec": 8, "deferred": 9, "lazy": 10, "scale": 11}
+
+
+# ---------------------------------------------------------------- pure checks
+
+
+def test_guard_bands_fill_the_mapped_gaps_and_split_them():
+    regions = [("a", 0x1100, 0x100), ("b", 0x1300, 0x100)]
+    bands = guard_bands(regions, [(0x1000, 0x2000)])
+    assert [(b.region, b.side, b.address, b.size, b.offset) for b in bands] == [
+        ("a", "before", 0x1000, 0x100, -0x100), ("a", "after", 0x1200, 0x80, 0x100),
+        ("b", "before", 0x1280, 0x80, -0x80), ("b", "after", 0x1400, 0xC00, 0x100)]
+    capped = guard_bands(regions, [(0x1000, 0x2000)], cap=0x10)
+    assert all(b.size == 0x10 for b in capped)
+    # Mapping unknown: only the short gap between two regions, never past either end.
+    assert [(b.region, b.side) for b in guard_bands(regions, None)] == [("a", "after"),
+                                                                      ("b", "before")]
+    assert guard_bands([("a", 0, 16), ("b", 0x10000, 16)], None) == []
+
+
+def test_band_violation_names_region_and_offsets():
+    band = Band("c", "after", 0x2000, 64, 4096)
+    seen = bytearray(pattern(0xDEADBEEF, 64).tobytes())
+    assert band_violation(band, bytes(seen), 0xDEADBEEF) is None
+    seen[0:4] = b"\xef\0\x80\x3f"      # 1.0f + 1 ulp; its first byte equals the canary's
+    v = band_violation(band, bytes(seen), 0xDEADBEEF)
+    assert v["bytes"] == 4 and (v["first_offset"], v["last_offset"]) == (4096, 4099)
+    assert describe_violation(v) == ("4 bytes past the end of region c (offsets +4096..+4099 "
+                                     "from its start)")
+
+
+def test_poison_left_is_judged_per_word_not_per_byte():
+    word = 0x7FC01234
+    expected = np.arange(8, dtype="<f4").tobytes()
+    actual = bytearray(pattern(word, 32).tobytes())      # nothing written
+    assert left_mask([(0, 32)], word, expected, bytes(actual)).sum() == 32
+    actual[4:8] = expected[4:8]                           # one element written
+    actual[8:12] = b"\x34\x12\x00\x00"                    # two bytes match the poison by chance
+    left = left_mask([(0, 32)], word, expected, bytes(actual))
+    assert left.sum() == 24 and not left[4:12].any()
+
+
+def test_write_only_mask_separates_outputs_from_inputs():
+    pol = Policy()
+    normal = {"x": b"\1\2\3\4", "y": bytes(range(8))}
+    assert write_only_mask("y", pol, normal, [normal, normal])[0].all()
+    changed = {"x": b"\1\2\3\4", "y": b"\0\1\x99\3\4\5\6\7"}  # byte 2 kept the fill
+    mask, _ = write_only_mask("y", pol, normal, [normal, changed])
+    assert mask.tolist() == [False] * 4 + [True] * 4 and mask_runs(mask) == [(4, 8)]
+    mask, _ = write_only_mask("y", pol, normal, [normal, changed], granule=1)
+    assert mask_runs(mask) == [(0, 2), (3, 8)]
+    mask, why = write_only_mask("x", pol, normal, [{"x": b"\0\0\0\0", "y": b"\1" * 8}])
+    assert mask is None and "changes region y" in why
+
+
+def test_baseline_determinism_fails_with_the_suggestion():
+    runs = [{"c": np.float32([1, 2]).tobytes()}, {"c": np.float32([1, 2.0000002]).tobytes()}]
+    f = baseline_determinism(Policy(), runs, harness="H")
+    assert f.failed and f.reason.startswith("baseline nondeterministic")
+    assert "kpair policy suggest H" in f.reason and f.finding["differing_bytes"] == {"c": 1}
+    tol = Policy((Tolerance("c", 0, 8, "float32", "allclose", atol=0, rtol=1e-6),))
+    assert baseline_determinism(tol, runs).passed
+
+
+def test_bias_sees_what_cosine_cannot():
+    rng = np.random.default_rng(0)
+    e = rng.standard_normal(4096).astype("<f4")
+    t = Tolerance("c", 0, e.nbytes, "float32", "cosine", min_cosine=0.9999)
+    scaled = (e * np.float32(1.0001)).astype("<f4")
+    assert check(Policy((t,)), {"c": e.tobytes()}, {"c": scaled.tobytes()}).passed  # cosine 1
+    s = bias_stats(t, e.tobytes(), scaled.tobytes(), None)
+    assert s["flagged"] and s["z_rel"] > 50 and s["mean_signed_rel_err"] == pytest.approx(1e-4,
+                                                                                         rel=0.1)
+    noisy = (e + rng.standard_normal(4096).astype("<f4") * 1e-6).astype("<f4")
+    assert not bias_stats(t, e.tobytes(), noisy.tobytes(), None)["flagged"]
+    allow = bias_stats(t, e.tobytes(), scaled.tobytes(), 1e-3)
+    assert not allow["flagged"]
+
+
+def test_timing_integrity_flags_work_the_timer_misses():
+    ref = [(1e-3, 1.6e-3), (1e-3, 1.62e-3), (1e-3, 1.58e-3)]
+    honest = [(5e-4, 1.1e-3), (5e-4, 1.12e-3), (5e-4, 1.09e-3)]
+    assert timing_integrity(ref, honest).passed
+    hidden = [(2e-5, 2.6e-3), (2e-5, 2.7e-3), (2e-5, 2.5e-3)]
+    f = timing_integrity(ref, hidden)
+    assert f.failed and "timer misses work" in f.reason
+    assert timing_integrity(ref, [(5e-3, 1e-3)] * 3).failed  # the timer claims more than wall
+
+
+def test_impossible_speed():
+    assert impossible_speed(1 << 20, 1e11, 1e-5, 1e-3).passed        # 100 GB/s: the limit
+    f = impossible_speed(1 << 20, 1e10, 1e-5, 1e-3)                   # 10x what the device does
+    assert f.failed and "impossible speed" in f.reason
+    assert not impossible_speed(1 << 20, None, 1e-5, 1e-3).ran
+
+
+def test_mutations_keep_the_values_and_round_trip_in_the_policy():
+    data = np.arange(64, dtype="<f4").tobytes()
+    rng = np.random.default_rng(1)
+    perm = Mutation("a", "float32", "permute").apply(data, rng)
+    assert perm != data and sorted(np.frombuffer(perm, "<f4")) == list(range(64))
+    res = np.frombuffer(Mutation("a", "float32", "resample", 1, 16, 32).apply(data, rng), "<f4")
+    assert set(res[4:8]) <= set(range(64)) and (res[:4] == np.arange(4)).all()
+    p = Policy(mutations=(Mutation("a", "float32", "permute", 3, 0, 256),), max_bias=1e-4)
+    assert Policy.from_json(p.to_json()) == p
+    p.validate_against({"a": 256})
+    with pytest.raises(PolicyError) as info:
+        p.validate_against({"a": 128})
+    assert info.value.field == "mutations[0].range"
+    doc = {"schema": "kpair.validation_policy", "schema_version": 1,
+           "mutations": [{"region": "a", "dtype": "float32", "method": "shuffle"}]}
+    with pytest.raises(PolicyError) as info:
+        Policy.from_json(doc)
+    assert info.value.field == "mutations[0].method"
+    with pytest.raises(PolicyError):
+        Policy.from_json({**doc, "mutations": [], "max_bias": -1})
+
+
+def test_run_options_name_the_checks():
+    assert RunOptions.from_json(RunOptions(skip_checks=["bias"]).to_json()).skip_checks == \
+        ("bias",)
+    with pytest.raises(UsageError, match="unknown check 'guards'"):
+        RunOptions(skip_checks=("guards",))
+    assert "--skip-check differential" in _describe_exit(-11, "trust:differential")
+
+
+# ---------------------------------------------------------------- the adversarial suite
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    """One snapshot of kp_matmul (n=64) whose output buffer *already holds the answer* (the
+    case where a kernel that writes nothing passes a naive harness), every cheat built, and
+    the policies: byte-exact and cosine >= 0.9999, both with mutations of a and b."""
+    d = tmp_path_factory.mktemp("trust")
+    naive = compile_shared(CSRC / "matmul.c", d / "naive.so", defines={"KP_VARIANT": 0})
+    fast = compile_shared(CSRC / "matmul.c", d / "fast.so", defines={"KP_VARIANT": 1})
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))
+    c = np.zeros((N, N), np.float32)
+    args, names = [a, b, c, np.int32(N)], ["a", "b", "c", "n"]
+    record_call(naive, "kp_matmul", args, d / "first", names=names)   # c now holds a @ b
+    snap = record_call(naive, "kp_matmul", args, d / "snap", names=names)
+    assert snap.pre(2) == snap.post(2)
+    answer = d / "answer.h"
+    answer.write_text("static const uint32_t kp_answer[] = {" + ",".join(
+        map(str, np.frombuffer(snap.post(2), "<u4"))) + "};\n")
+    libs = {"fast": fast, "naive": naive}
+    for name, k in CHEATS.items():
+        extra = {"KP_ANSWER": f'"{answer}"'} if name == "hardcode" else {}
+        libs[name] = compile_shared(CSRC / "adversarial.c", d / f"{name}.so",
+                                    flags=("-O2", "-pthread"), defines={"KP_CHEAT": k, **extra})
+    muts = (Mutation("a", "float32", "permute", 2), Mutation("b", "float32", "resample", 2))
+    policies = {"exact": Policy(mutations=muts),
+                "cosine": Policy((Tolerance("c", 0, N * N * 4, "float32", "cosine",
+                                            min_cosine=0.9999),), mutations=muts)}
+    count = iter(range(1000))
+
+    def run(opt: str, policy: str = "exact", options: RunOptions = QUICK, **kw) -> dict:
+        h = create_harness(d / "snap", d / f"h{next(count)}-{opt}", opt=libs[opt],
+                           policy=policies[policy], **kw)
+        return run_harness(h.root, options)
+
+    run.libs, run.dir = libs, d
+    return run
+
+
+#: opt kernel, policy -> the check that must reject it (None: the policy verdict itself) and a
+#: phrase of the summary line.
+REJECTED = [
+    ("nowrite", "exact", "poisoned_outputs", "still hold the poison"),
+    ("const", "exact", None, "region c: "),
+    ("stale", "exact", "differential", "wrong on a mutated input"),
+    ("oob", "exact", "guard_bands", "past the end of region c (offsets +16384..+16387"),
+    ("input", "exact", "input_integrity", "modified input region a"),
+    ("hardcode", "exact", "differential", "wrong on a mutated input"),
+    ("nondet", "exact", "opt_determinism", "nondeterministic"),
+    ("lowprec", "exact", None, "region c: "),
+    ("lowprec", "cosine", "bias", "one-sided systematic error"),
+    ("scale", "cosine", "bias", "one-sided systematic error"),
+    ("deferred", "exact", "timing_integrity", "timer misses work"),
+    ("lazy", "exact", "timing_integrity", "wrong after timed launch"),
+]
+
+
+@pytest.mark.parametrize(("opt", "policy", "check_name", "phrase"), REJECTED,
+                         ids=[f"{o}-{p}" for o, p, _, _ in REJECTED])
+def test_cheat_is_rejected_with_the_right_reason(suite, opt, policy, check_name, phrase):
+    r = suite(opt, policy)
+    assert r["status"] == "fail" and r["correct"] is False and r["speed"] is None, \
+        r.get("error")
+    line = summarize(r)
+    assert phrase in line, line
+    assert r["correctness"].get("failed_check") == check_name, line
+    if check_name:
+        assert line.startswith(f"FAIL [{check_name}]")
+        assert r["trust"][check_name]["passed"] is False
+        assert r["trust"][check_name]["reason"] in line
+
+
+@pytest.mark.parametrize(("opt", "policy"), [("fast", "exact"), ("fast", "cosine"),
+                                             ("honest_split", "cosine")])
+def test_honest_opt_passes_every_check(suite, opt, policy):
+    r = suite(opt, policy)
+    assert r["status"] == "pass" and r["correct"] is True, summarize(r)
+    trust = r["trust"]
+    assert set(trust) == set(CHECKS)
+    assert not [k for k, v in trust.items() if v["passed"] is False]
+    ran = {k for k, v in trust.items() if v["ran"]}
+    assert ran >= {"baseline_determinism", "guard_bands", "input_integrity", "poisoned_outputs",
+                   "opt_determinism", "differential", "timing_integrity", "impossible_speed",
+                   "noop"}
+    poison = trust["poisoned_outputs"]["finding"]
+    assert poison["regions"] == {"c": {"bytes": N * N * 4, "runs": 1}}
+    assert poison["opt_runs_poisoned"] == 5    # 3 opt runs + 2 differential runs
+    assert trust["input_integrity"]["finding"]["inputs"] == ["a", "b"]
+    assert trust["noop"]["finding"]["noop"] and "note" in trust["noop"]["finding"]
+    assert all(row["changed_output"] for row in trust["differential"]["finding"]["runs"])
+    assert r["checks"]["enabled"] and "trust:poison" in r["stage_s"]
+    if policy == "cosine":
+        assert trust["bias"]["passed"] is True
+        rows = trust["differential"]["finding"]["runs"]
+        assert all(len(row["mean_signed_rel_err"]) == 1 for row in rows)
+    saved = json.loads((Path(r["harness"]) / "result.json").read_text())
+    assert saved["trust"] == trust
+
+
+def test_without_checks_the_output_buffer_fools_the_harness(suite):
+    """Why poisoning matters: the output already held the answer, so a kernel that does
+    nothing is "correct" unless the buffer is poisoned first."""
+    r = suite("nowrite", options=RunOptions(**{**QUICK.__dict__, "checks": False}))
+    assert r["status"] == "pass" and r["checks"] == {"enabled": False} and "trust" not in r
+    r = suite("oob", options=RunOptions(**{**QUICK.__dict__, "skip_checks": ("guard_bands",)}))
+    assert r["status"] == "pass" and r["trust"]["guard_bands"]["ran"] is False
+
+
+def test_nondeterministic_baseline_fails_then_policy_suggest_fixes_it(suite, capsys):
+    d, libs = suite.dir, suite.libs
+    h = create_harness(d / "snap", d / "nondet-ref", ref=libs["nondet"], opt=libs["fast"])
+    r = run_harness(h.root, QUICK)
+    assert r["status"] == "fail" and r["correctness"]["failed_check"] == "baseline_determinism"
+    assert "baseline nondeterministic" in summarize(r) and "kpair policy suggest" in summarize(r)
+    assert kpair(["policy", "suggest", str(h.root), "-o", str(d / "suggested.json"),
+                  "--runs", "4"]) == 0
+    assert "1 byte(s) vary over 4 ref runs" in capsys.readouterr().err
+    suggested = Policy.from_json(json.loads((d / "suggested.json").read_text()))
+    assert [(t.region, t.start, t.end, t.criterion) for t in suggested.tolerances] == \
+        [("c", 0, 4, "scalar_rtol")]
+    assert [m.region for m in suggested.mutations] == ["a", "b"]
+    h2 = create_harness(d / "snap", d / "nondet-ref-2", ref=libs["nondet"], opt=libs["fast"],
+                        policy=d / "suggested.json")
+    r = run_harness(h2.root, QUICK)
+    assert r["status"] == "pass", summarize(r)
+    assert r["trust"]["baseline_determinism"]["finding"]["differing_bytes"] == {"c": 1}
+
+
+def test_noop_dispatch_passes_with_a_warning(suite):
+    d = suite.dir
+    x = np.arange(16, dtype=np.int32)
+    record_call(suite.libs["nowrite"], "kp_nothing", [x, np.int32(16)], d / "noop",
+                names=["x", "n"])
+    h = create_harness(d / "noop", d / "noop-h", opt=suite.libs["nowrite"])
+    r = run_harness(h.root, QUICK)
+    assert r["status"] == "pass"
+    assert r["trust"]["noop"]["finding"]["noop"] is True
+    assert r["warnings"] and "proves nothing" in r["warnings"][0]
+    assert "WARNING noop" in summarize(r)
+    assert "not known to hold floats" in r["trust"]["poisoned_outputs"]["finding"][
+        "not_tested"]["x"]
