@@ -179,7 +179,7 @@ class Demo(Command):
     """
 
     name = "demo"
-    help = "build a small demo release end to end (CPU only, under a minute)"
+    help = "build a small demo release end to end (host: any CPU, under a minute; or cuda)"
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
