@@ -15,13 +15,13 @@ verifies every listed file against the manifest before anything runs.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from ._util import read_versioned_json
 from .errors import HarnessError, UsageError
 from .policy import Policy, load_policy, save_policy
 from .snapshot import Launch, Snapshot, detect_format, sha256, write_json_atomic
@@ -67,16 +67,7 @@ class Harness:
             raise HarnessError("no harness.json here: not a kpair harness", path=root)
         if verify:
             verify_manifest(root)
-        try:
-            spec = json.loads(spec_path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise HarnessError(f"not valid JSON ({e})", path=spec_path) from None
-        if not isinstance(spec, dict) or spec.get("schema") != SCHEMA:
-            raise HarnessError(f"expected schema {SCHEMA!r}", path=spec_path, field="schema")
-        if spec.get("schema_version") != SCHEMA_VERSION:
-            raise HarnessError(f"schema_version {spec.get('schema_version')!r} is not supported "
-                               f"(this kpair reads {SCHEMA_VERSION})", path=spec_path,
-                               field="schema_version")
+        spec = read_versioned_json(spec_path, SCHEMA, SCHEMA_VERSION, HarnessError)
         sides = {}
         for role in ("ref", "opt"):
             s = spec.get(role)

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ._util import human_bytes
 from .errors import FormatError
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
@@ -30,15 +23,15 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
            + ", ".join(a.name for a in m.launch.attributes) if m.launch.attributes else ""),
         f"  kernarg  {m.kernarg.blob.size} B, {len(m.kernarg.params)} params: "
         + ", ".join(f"{p.name or '?'}@{p.offset}:{p.kind}" for p in m.kernarg.params),
-        f"  regions  {len(m.regions)}, {_size(sum(r.size for r in m.regions))} "
-        f"(stored {_size(info['stored_bytes'])} compressed, deduplicated)",
+        f"  regions  {len(m.regions)}, {human_bytes(sum(r.size for r in m.regions))} "
+        f"(stored {human_bytes(info['stored_bytes'])} compressed, deduplicated)",
     ]
     for r in m.regions:
         changed = "written" if r.pre.sha256 != r.post.sha256 else "unchanged"
-        lines.append(f"    {r.name:<16} {hex(r.address)}  {_size(r.size):>10}  "
+        lines.append(f"    {r.name:<16} {hex(r.address)}  {human_bytes(r.size):>10}  "
                      f"{r.dtype or '':<8} {changed}")
     if verify:
-        lines.append(f"  verified {_size(verified)} of blobs: sizes and sha256 match")
+        lines.append(f"  verified {human_bytes(verified)} of blobs: sizes and sha256 match")
     return info, lines
 
 

@@ -11,7 +11,6 @@ shared object on ``host``, an nvcc-built cubin on ``cuda``. Used by tests, examp
 
 from __future__ import annotations
 
-import datetime
 import os
 import struct
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from ._util import utc_now
 from .backends import open_device
 from .errors import UsageError
 from .snapshot import (
@@ -125,7 +125,6 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
         regions=tuple(regions), environment=env,
         provenance={"recorded_by": f"kpair {__version__} record_call",
                     "library": str(library), "command": list(sys.argv),
-                    "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                        timespec="seconds"),
+                    "time": utc_now(),
                     **(provenance or {})})
     return writer.finish(manifest)

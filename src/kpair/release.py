@@ -28,7 +28,6 @@ would otherwise each rewrite the index from the same old copy and lose one opera
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import json
 import math
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from ._util import read_versioned_json, utc_now
 from .errors import FormatError, UsageError
 from .measure import geomean
 from .policy import Policy, load_policy
@@ -62,10 +62,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 #: progress(done, total, "level1/op", row or None): None when an operator starts.
 Progress = Callable[[int, int, str, "dict | None"], None]
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def check_key(level: object, name: object) -> tuple[int, str]:
@@ -259,7 +255,7 @@ def build_index(operators: list[dict], refused: list[dict]) -> dict:
     operators = sorted(operators, key=_sort_key)
     refused = sorted(refused, key=_sort_key)
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-            "kpair_version": __version__, "updated": _now(),
+            "kpair_version": __version__, "updated": utc_now(),
             "layout": "level<N>/<op>/harness, level<N>/<op>/provenance",
             "operators": operators, "refused": refused,
             "summary": summarize(operators, refused)}
@@ -270,16 +266,7 @@ def load_index(root: str | os.PathLike) -> dict | None:
     path = Path(root) / INDEX
     if not path.exists():
         return None
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"not readable JSON ({e})", path=path) from None
-    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
-        raise FormatError(f"expected schema {SCHEMA!r}", path=path, field="schema")
-    if obj.get("schema_version") != SCHEMA_VERSION:
-        raise FormatError(f"schema_version {obj.get('schema_version')!r} is not supported "
-                          f"(this kpair reads {SCHEMA_VERSION})", path=path,
-                          field="schema_version")
+    obj = read_versioned_json(path, SCHEMA, SCHEMA_VERSION)
     for key in ("operators", "refused"):
         rows = obj.get(key)
         if not isinstance(rows, list):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import secrets
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from ._util import utc_now
 from .errors import KpairError, UsageError, WorkerFailed
 from .snapshot import write_json_atomic
 
@@ -79,13 +79,9 @@ class RunOptions:
         return cls(**obj)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 def _base_result(root: Path) -> dict:
     return {"schema": RESULT_SCHEMA, "schema_version": RESULT_VERSION,
-            "kpair_version": __version__, "harness": str(root), "started": _now()}
+            "kpair_version": __version__, "harness": str(root), "started": utc_now()}
 
 
 def error_result(root: Path, error: BaseException | str, *, stage: str | None = None,

@@ -14,7 +14,6 @@ tracer's registry; tests give a driver that serves memory from a dict.
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import threading
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__
+from .._util import human_bytes, utc_now
 from ..errors import UsageError
 from ..snapshot import (
     CodeObject,
@@ -79,18 +79,6 @@ class _Pending:
     provenance: dict = field(default_factory=dict)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 class CaptureSession:
     def __init__(self, out: str | os.PathLike, filter: Filter, *, driver, registry:
                  ModuleRegistry, blocks: Callable[[], BlockTable] | None = None,
@@ -120,7 +108,7 @@ class CaptureSession:
         self._pending: dict[tuple[int, int], _Pending] = {}
         self._environment: dict | None = None
         self._lock = threading.RLock()
-        self._started, self._t0 = _now(), time.monotonic()
+        self._started, self._t0 = utc_now(), time.monotonic()
         self.closed = False
         self.write_summary()
 
@@ -196,7 +184,7 @@ class CaptureSession:
             if r.size > self.max_region_bytes:
                 omitted.append({"name": r.name, "address": hex(r.start), "size": r.size,
                                 "reason": f"larger than the per-region cap of "
-                                          f"{_size(self.max_region_bytes)}"})
+                                          f"{human_bytes(self.max_region_bytes)}"})
                 continue
             try:
                 p.pre.append(bytes(self.driver.read(r.start, r.size)))
@@ -207,7 +195,8 @@ class CaptureSession:
             kept.append(r)
         for o in omitted:
             print(f"kpair capture: dispatch {p.index} ({short_name(k.demangled)}): region "
-                  f"{o['name']} at {o['address']} ({_size(o['size'])}) left out: {o['reason']}"
+                  f"{o['name']} at {o['address']} ({human_bytes(o['size'])}) left out: "
+                  f"{o['reason']}"
                   "; the snapshot is marked incomplete", file=sys.stderr)
         pointers = pointer_params(kept, layout)
         p.params = tuple(Param(o, s, "pointer" if i in pointers else "bytes", f"arg{i}")
@@ -220,7 +209,7 @@ class CaptureSession:
                          "code_object_match": found.how})
         p.provenance = {
             "captured_by": f"kpair {__version__} capture", "command": self.command,
-            "time": _now(), "api": launch.api, "stream": hex(launch.stream),
+            "time": utc_now(), "api": launch.api, "stream": hex(launch.stream),
             "kernel_demangled": k.demangled, "launch_index": p.record["launch_index"],
             "module_id": found.module_id, "code_object_match": found.how,
             "kernarg_from": how, "layout_from": k.layout_source,
