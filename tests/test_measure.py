@@ -176,7 +176,25 @@ def test_progress_reports_every_round():
             seed=1,
             progress=lambda n, r: seen.append((n, r)))
     assert [n for n, _ in seen] == [4, 8, 12, 16, 20, 24]
-    assert all(isinstance(r, AbbaResult) and r.blocks == n for n, r in seen)
+    # The CI is re-examined at growing block counts (8, 12, 16, 20, 24 here: each +4 is more
+    # than 15%); a round in between reports the latest analysis.
+    assert seen[0][1] is None
+    assert all(isinstance(r, AbbaResult) and r.blocks <= n for n, r in seen[1:])
+    assert seen[-1][1].blocks == 24
+
+
+def test_ci_is_examined_at_geometric_block_counts():
+    looks = []
+    measure(FakeGpu(sigma=0.3), rule=StoppingRule(min_blocks=32, max_blocks=400,
+                                                  rel_ci_halfwidth=1e-9, time_cap_s=1e9),
+            seed=1, progress=lambda n, r: looks.append(r.blocks) if r else None)
+    checks = sorted(set(looks))
+    assert checks[0] == 32 and checks[-1] >= 400
+    # far fewer analyses than rounds, each at least 15% (or one round) past the previous;
+    # the last one is the look that max_blocks forces.
+    assert len(checks) < 400 // 8 // 2
+    inner = checks[:-1]
+    assert all(b >= max(a + 8, a * 1.15) for a, b in zip(inner, inner[1:], strict=False))
 
 
 def test_schedule_balanced_random_reproducible():

@@ -371,6 +371,9 @@ class StoppingRule:
 
 # --------------------------------------------------------------------------- the run
 
+#: Between two looks at the CI the block count grows by at least this factor.
+CHECK_GROWTH = 1.15
+
 
 def round_schedule(rng: np.random.Generator, round_blocks: int) -> list[str]:
     """One round: ``round_blocks`` directions, half "F" and half "R", in random order."""
@@ -430,6 +433,12 @@ def measure(
     dirs: list[str] = []
     t1: list[float] = []
     t2: list[float] = []
+    result: AbbaResult | None = None
+    # The bootstrap costs O(n_boot * blocks): run at every round it would cost more host time
+    # than a short kernel's launches. So the CI is re-examined at block counts growing by
+    # CHECK_GROWTH (a run stops at most that much later than it could have), while the time
+    # cap and max_blocks, which need no statistics, are looked at after every round.
+    next_check = rule.min_blocks
     while True:
         for d in round_schedule(rng, round_blocks):
             first, second = ("ref", other) if d == "F" else (other, "ref")
@@ -437,11 +446,18 @@ def measure(
             t1.append(_timed(time_one, first, f"block {n} (slot 1)"))
             t2.append(_timed(time_one, second, f"block {n} (slot 2)"))
             dirs.append(d)
+        n, elapsed = len(dirs), clock() - start
+        due = n >= next_check or n >= rule.max_blocks or elapsed >= rule.time_cap_s
+        if n < 4 or not due:
+            if progress is not None:
+                progress(n, result)
+            continue
         samples = Samples.from_blocks(dirs, t1, t2, mode=mode, seed=seed)
-        result = analyze(samples, n_boot=n_boot) if len(dirs) >= 4 else None
-        reason = rule.is_finished(MeasureState(len(dirs), clock() - start, result))
+        result = analyze(samples, n_boot=n_boot)
+        next_check = max(n + round_blocks, math.ceil(n * CHECK_GROWTH))
+        reason = rule.is_finished(MeasureState(n, elapsed, result))
         if progress is not None:
-            progress(len(dirs), result)
+            progress(n, result)
         if reason is not None:
             # analyze() of the final samples gives exactly this: the bootstrap ignores stopped_by.
             return replace(result, stopped_by=reason), replace(samples, stopped_by=reason)
