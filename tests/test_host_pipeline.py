@@ -56,6 +56,9 @@ def test_honest_pair_is_byte_exact_and_faster(matmul_libs, tmp_path):
     assert s["speedup"] > 1.05 and s["ci95"][0] > 1.0, s
     assert 0.95 < s["slot_bias"] < 1.05
     assert (h.root / "samples.npz").is_file()
+    from kpair.snapshot import sha256
+
+    assert s["samples_sha256"] == sha256((h.root / "samples.npz").read_bytes())
     saved = json.loads((h.root / "result.json").read_text())
     assert saved["speed"]["speedup"] == s["speedup"]
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from . import __version__
 from ._util import utc_now
 from .errors import KpairError, UsageError, WorkerFailed
-from .snapshot import write_json_atomic
+from .snapshot import sha256, write_json_atomic
 
 RESULT_SCHEMA = "kpair.result"
 RESULT_VERSION = 1
@@ -225,11 +225,17 @@ def _measure(h, options: RunOptions, replay, audit, kernels: dict, result: dict,
             return audit.time_one(kernel, launch, which)
         return replay.time_one(kernel, launch)
 
+    clocks_before = replay.device.clocks()
     speed, samples = measure(time_one, rule=rule, seed=options.seed)
+    clocks_after = replay.device.clocks()
+    result["speed"] = speed.to_json(samples_path.name if samples_path else None)
     if samples_path is not None:
         save_samples(samples, samples_path)
-    result["speed"] = speed.to_json(samples_path.name if samples_path else None)
+        # The samples archive's CRC catches accidents only; this ties it to the result.
+        result["speed"]["samples_sha256"] = sha256(samples_path.read_bytes())
     result["speed"]["cache"] = options.cache
+    if clocks_before or clocks_after:
+        result["speed"]["clocks_mhz"] = {"before": clocks_before, "after": clocks_after}
     if options.aa:
         stage("aa")
         aa, _ = measure(time_one, rule=rule, seed=options.seed, aa=True)

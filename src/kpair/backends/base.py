@@ -122,6 +122,11 @@ class Device(ABC):
         backend cannot tell. The impossible-speed check compares opt against it."""
         return None
 
+    def clocks(self) -> dict | None:
+        """Current clocks (MHz) where the backend can read them, else None. Recorded before
+        and after the measurement: a speedup taken while clocks moved deserves a second look."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional for backends with nothing to release
         """Release every mapping, module and buffer."""
 
