@@ -25,6 +25,7 @@ from .backends import open_device
 from .errors import UsageError
 from .snapshot import (
     DTYPE_HINTS,
+    SCALAR_FORMATS,
     CodeObject,
     Kernarg,
     Launch,
@@ -43,8 +44,6 @@ _SCALAR_KINDS = {
     np.dtype(np.int64): "i64", np.dtype(np.uint64): "u64", np.dtype(np.float32): "f32",
     np.dtype(np.float64): "f64",
 }
-_PACK = {"i8": "<b", "u8": "<B", "i16": "<h", "u16": "<H", "i32": "<i", "u32": "<I",
-         "i64": "<q", "u64": "<Q", "f32": "<f", "f64": "<d", "pointer": "<Q"}
 
 #: Arena layout: arrays start on this alignment, separated by at least GAP bytes.
 ALIGN = 256
@@ -100,9 +99,9 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
                 dev.write(value, a.tobytes())
             else:
                 kind, value = _scalar(a, i)
-            size = struct.calcsize(_PACK[kind])
+            size = struct.calcsize(SCALAR_FORMATS[kind])
             offset = -(-offset // size) * size
-            kernarg += bytes(offset - len(kernarg)) + struct.pack(_PACK[kind], value)
+            kernarg += bytes(offset - len(kernarg)) + struct.pack(SCALAR_FORMATS[kind], value)
             params.append(Param(offset, size, kind, name))
             offset += size
         kernarg = bytes(kernarg)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import AbiMismatch, ArchitectureMismatch, PlacementError, SymbolNotFound
 from ..placement import granular_spans
-from ..snapshot import Launch, Param
+from ..snapshot import SCALAR_FORMATS, Launch, Param
 from .base import Device, Kernel, Mapping
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -40,12 +40,12 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 #: ELF e_machine values of the architectures we name.
 ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 243: "riscv64", 3: "i386"}
 
+#: The C type each kernarg kind is passed as (its bytes are read with SCALAR_FORMATS).
 _CTYPES = {
-    "pointer": (ctypes.c_void_p, "<Q"), "i8": (ctypes.c_int8, "<b"), "u8": (ctypes.c_uint8, "<B"),
-    "i16": (ctypes.c_int16, "<h"), "u16": (ctypes.c_uint16, "<H"),
-    "i32": (ctypes.c_int32, "<i"), "u32": (ctypes.c_uint32, "<I"),
-    "i64": (ctypes.c_int64, "<q"), "u64": (ctypes.c_uint64, "<Q"),
-    "f32": (ctypes.c_float, "<f"), "f64": (ctypes.c_double, "<d"),
+    "pointer": ctypes.c_void_p, "i8": ctypes.c_int8, "u8": ctypes.c_uint8,
+    "i16": ctypes.c_int16, "u16": ctypes.c_uint16, "i32": ctypes.c_int32,
+    "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
+    "f32": ctypes.c_float, "f64": ctypes.c_double,
 }
 
 
@@ -217,8 +217,8 @@ class HostDevice(Device):
             if p.kind not in _CTYPES:
                 raise AbiMismatch(f"parameter {i} has kind {p.kind!r}: the host backend calls "
                                   "C functions and needs a scalar or pointer kind")
-            ctype, fmt = _CTYPES[p.kind]
-            args.append(ctype(struct.unpack_from(fmt, kernarg, p.offset)[0]))
+            value = struct.unpack_from(SCALAR_FORMATS[p.kind], kernarg, p.offset)[0]
+            args.append(_CTYPES[p.kind](value))
         return args
 
     def launch(self, kernel: HostKernel, launch: Launch, kernarg: bytes,

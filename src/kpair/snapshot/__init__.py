@@ -4,6 +4,7 @@ from .model import (
     CODE_FORMATS,
     DTYPE_HINTS,
     PARAM_KINDS,
+    SCALAR_FORMATS,
     SCHEMA_VERSION,
     BlobRef,
     CodeObject,
@@ -18,7 +19,7 @@ from .model import (
 from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
 
 __all__ = [
-    "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCHEMA_VERSION", "BlobRef", "CodeObject",
-    "Kernarg", "Launch", "LaunchAttribute", "Manifest", "Param", "Region", "Snapshot",
-    "SnapshotWriter", "detect_format", "sha256", "write_json_atomic",
+    "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION", "BlobRef",
+    "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "Manifest", "Param", "Region",
+    "Snapshot", "SnapshotWriter", "detect_format", "sha256", "write_json_atomic",
 ]

@@ -25,8 +25,10 @@ PARAM_KINDS = (
     "pointer", "bytes",
     "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64",
 )
-SCALAR_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "f32": 4,
-                "i64": 8, "u64": 8, "f64": 8, "pointer": 8}
+#: The little-endian ``struct`` format of every kind with a fixed size (all but "bytes").
+SCALAR_FORMATS = {"i8": "<b", "u8": "<B", "i16": "<h", "u16": "<H", "i32": "<i", "u32": "<I",
+                  "i64": "<q", "u64": "<Q", "f32": "<f", "f64": "<d", "pointer": "<Q"}
+SCALAR_SIZES = {kind: struct.calcsize(fmt) for kind, fmt in SCALAR_FORMATS.items()}
 
 #: Element types a region may declare (``Region.dtype``); reports decode values with them.
 DTYPE_HINTS = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
