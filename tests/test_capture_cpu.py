@@ -28,7 +28,7 @@ from kpair.capture.regions import (
     pointer_words,
     segment_bytes,
 )
-from kpair.capture.run import run_program
+from kpair.capture.program import run_program
 from kpair.capture.session import CaptureSession, KernelInfo
 from kpair.cli import main
 from kpair.cli.capture import child_command, parse_size, status_of
@@ -436,7 +436,7 @@ def test_missing_cupti_names_the_install_command(monkeypatch, tmp_path, capsys):
 # ---------------------------------------------------------------- the command line
 
 def test_child_command_inserts_the_runner_after_interpreter_options():
-    run = ["-m", "kpair.capture.run"]
+    run = ["-m", "kpair.capture.program"]
     assert child_command(["python", "prog.py", "-x"]) == ["python", *run, "prog.py", "-x"]
     assert child_command(["python3.12", "-u", "-X", "dev", "-m", "pkg.mod", "a"]) == \
         ["python3.12", "-u", "-X", "dev", *run, "-m", "pkg.mod", "a"]
@@ -527,7 +527,7 @@ def test_runner_without_a_driver_exits_4_before_the_program(tmp_path):
         pass
     env = {"KPAIR_CAPTURE": json.dumps({"out": str(tmp_path / "o")}),
            "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    proc = subprocess.run([sys.executable, "-m", "kpair.capture.run", "-c", "print('ran')"],
+    proc = subprocess.run([sys.executable, "-m", "kpair.capture.program", "-c", "print('ran')"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 4 and "ran" not in proc.stdout
     assert "kpair capture:" in proc.stderr

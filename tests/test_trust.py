@@ -14,7 +14,7 @@ from conftest import CSRC
 from kpair.cli import main as kpair
 from kpair.errors import PolicyError, UsageError
 from kpair.harness import create_harness
-from kpair.mutation import Mutation
+from kpair.policy import Mutation
 from kpair.policy import Policy, Tolerance, check
 from kpair.record import record_call
 from kpair.run import RunOptions, _describe_exit, run_harness, summarize

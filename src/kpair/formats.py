@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ._util import write_text_atomic
 from .errors import FormatError
 
 T = TypeVar("T")
@@ -142,8 +143,14 @@ def to_builtins(obj: Any) -> Any:
 
 
 def encode(obj: Any, *, indent: int = 1) -> str:
-    """Canonical JSON text of a record or plain object (ends with a newline)."""
-    return json.dumps(to_builtins(obj), indent=indent) + "\n"
+    """Canonical JSON text of a record or plain object (ends with a newline). NaN and
+    infinities are refused: JSON has no spelling for them that every reader accepts."""
+    return json.dumps(to_builtins(obj), indent=indent, allow_nan=False) + "\n"
+
+
+def write(path: Path, obj: Any) -> None:
+    """Write a record as JSON atomically (a temporary file, then a rename)."""
+    write_text_atomic(Path(path), encode(obj))
 
 
 def json_schema(kind: type) -> dict:

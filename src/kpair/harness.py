@@ -162,7 +162,7 @@ import sys
 from pathlib import Path
 
 try:
-    from kpair.run import harness_main
+    from kpair.cli.run import harness_main
 except ImportError:
     sys.exit("kpair is not installed: pip install {install}")
 

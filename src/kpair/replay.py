@@ -6,10 +6,14 @@ relocated. Then ``run(kernel)`` restores pre-state, launches once and reads ever
 ``time_one(kernel)`` restores and flushes *outside* the timed region and returns the kernel's
 own duration. ref and opt always run on the same placed regions: addresses matter to timing.
 
-With the trust checks on, ``armor`` (``kpair.audit.Armor``) is called around every launch of
-both: before it (after restore, before the cache flush) to write fresh guard canaries and
-poison, after it to check the canaries; and ``run`` then waits for the whole device
-(``Device.synchronize``) before it reads anything back.
+Every launch may take ``hooks`` (``LaunchHooks``; the trust checks pass their armour's,
+``kpair.trust.armor``): ``before`` runs after the restore and before the cache flush (fresh
+guard canaries and poison), ``after`` once the launch is done (canaries checked); ``run`` with
+hooks waits for the whole device (``Device.synchronize``) before it reads anything back.
+
+What the trust checks read of a placed replay is public here: ``regions`` and ``addresses``
+(in the same order), ``pre`` and ``expected`` (region name -> bytes, pointers patched),
+``span`` (the captured [lo, hi) the pointers were patched against), ``info``, ``device``.
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from .snapshot import Launch, Snapshot
 class LaunchHooks(Protocol):
     """What ``Replay`` calls around a launch (implemented by ``kpair.audit.Armor``)."""
 
-    def before(self, role: str | None) -> None: ...
+    def before(self) -> None: ...
 
-    def after(self, role: str | None) -> None: ...
+    def after(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -61,22 +65,20 @@ class Replay:
         ranges = [(r.address, r.end) for r in m.regions]
         mapping = device.map(ranges, relocate=relocate)
         delta = mapping.delta
-        self.lo, self.hi = span_of(ranges) if ranges else (0, 0)
+        self.span = lo, hi = span_of(ranges) if ranges else (0, 0)
 
-        self.kernarg, kernarg_words = patch_pointers(snapshot.kernarg(), 0, self.lo, self.hi,
-                                                     delta)
+        self.kernarg, kernarg_words = patch_pointers(snapshot.kernarg(), 0, lo, hi, delta)
         self.addresses = [r.address + delta for r in m.regions]
         self.pre: dict[str, bytes] = {}
         self.expected: dict[str, bytes] = {}
         region_words = 0
         for i, r in enumerate(m.regions):
-            pre, n = patch_pointers(snapshot.pre(i), r.address, self.lo, self.hi, delta)
-            post, _ = patch_pointers(snapshot.post(i), r.address, self.lo, self.hi, delta)
+            pre, n = patch_pointers(snapshot.pre(i), r.address, lo, hi, delta)
+            post, _ = patch_pointers(snapshot.post(i), r.address, lo, hi, delta)
             region_words += n
             self.pre[r.name], self.expected[r.name] = pre, post
             device.stage(self.addresses[i], pre)
         self.info = ReplayInfo(mapping, kernarg_words, region_words)
-        self.armor: LaunchHooks | None = None
 
     def address_of(self, name: str) -> int:
         for r, a in zip(self.regions, self.addresses, strict=True):
@@ -98,13 +100,14 @@ class Replay:
         return {r.name: self.device.read(a, r.size)
                 for r, a in zip(self.regions, self.addresses, strict=True)}
 
-    def run(self, kernel: Kernel, launch: Launch | None = None, *, role: str | None = None,
-            state: dict[str, bytes | int] | None = None) -> dict[str, bytes]:
+    def run(self, kernel: Kernel, launch: Launch | None = None, *,
+            state: dict[str, bytes | int] | None = None,
+            hooks: LaunchHooks | None = None) -> dict[str, bytes]:
         """Restore pre-state, launch once, and return every region's bytes afterwards.
 
         ``state`` replaces the pre-state of the regions it names for this launch only: bytes
-        (a mutated input) or an int (the region filled with that 32-bit word, on the device);
-        ``role`` ("ref"/"opt") tells the armor who runs."""
+        (a mutated input) or an int (the region filled with that 32-bit word, on the device).
+        """
         self.device.restore()
         for name, data in (state or {}).items():
             if isinstance(data, int):
@@ -112,45 +115,42 @@ class Replay:
                 self.device.fill(self.address_of(name), size, data)
             else:
                 self.device.write(self.address_of(name), data)
-        if self.armor is not None:
-            self.armor.before(role)
+        if hooks is not None:
+            hooks.before()
         self.device.launch(kernel, launch or self.snapshot.manifest.launch, self.kernarg,
                            self.params)
-        if self.armor is not None:
+        if hooks is not None:
             self.device.synchronize()
-            self.armor.after(role)
+            hooks.after()
         return self.read_all()
 
-    def _prepare_timed(self, role: str | None) -> None:
+    def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
+                 hooks: LaunchHooks | None = None) -> float:
+        """Seconds of one launch on freshly restored state (cold cache unless warm)."""
         self.device.restore()
-        if self.armor is not None:
-            self.armor.before(role)
+        if hooks is not None:
+            hooks.before()
         if self.cache == "cold":
             self.device.flush_cache()
-
-    def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
-                 role: str | None = None) -> float:
-        """Seconds of one launch on freshly restored state (cold cache unless warm)."""
-        self._prepare_timed(role)
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)
-        if self.armor is not None:
-            self.armor.after(role)
+        if hooks is not None:
+            hooks.after()
         return t
 
     def time_window(self, kernel: Kernel, launch: Launch | None = None, *,
-                    role: str | None = None) -> tuple[float, float]:
+                    hooks: LaunchHooks | None = None) -> tuple[float, float]:
         """(timer seconds, wall seconds) of one launch: the wall window opens just before the
         launch and closes after the whole device has synchronized. No cache flush: what the
         timer misses does not depend on it, and a flush is the costly part of a launch."""
         self.device.restore()
-        if self.armor is not None:
-            self.armor.before(role)
+        if hooks is not None:
+            hooks.before()
         w0 = time.perf_counter()
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)
         self.device.synchronize()
         window = time.perf_counter() - w0
-        if self.armor is not None:
-            self.armor.after(role)
+        if hooks is not None:
+            hooks.after()
         return t, window

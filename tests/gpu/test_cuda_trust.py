@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kpair.mutation import Mutation
+from kpair.policy import Mutation
 from kpair.policy import Policy, Tolerance
 from kpair.run import summarize
 from kpair.snapshot import Launch, Snapshot

@@ -121,7 +121,7 @@ class HostDevice(Device):
         self._libc = _libc()
         self._maps: list[tuple[int, int]] = []
         self._staged: list[tuple[int, bytes]] = []
-        self._tmp = tempfile.TemporaryDirectory(prefix="kpair-host-")
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"kpair-host-{os.getpid()}-")
         self._libs: list[ctypes.CDLL] = []
         # Twice the last-level cache, so one pass evicts what the kernel left behind.
         self._flush_bytes = min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None \

@@ -3,7 +3,7 @@
 Two ways in:
 
 - ``kpair capture -o DIR [--kernel REGEX] [--nth N] [--max K] -- python prog.py ARGS...``
-  runs an unmodified program with capture installed before it starts (``kpair.capture.run``);
+  runs an unmodified program with capture installed before it starts (``kpair.capture.program``);
 - inside a program: ``kpair.capture.install()`` before CUDA initialises, then
   ``with kpair.capture.capture("out", kernel=r"softmax", max=2) as session: ...``.
 

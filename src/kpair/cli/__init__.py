@@ -14,9 +14,10 @@ from .. import __version__
 from ..errors import KpairError
 from .base import Command
 from .capture import Capture
-from .core import Inspect, Pair, Run
+from .core import Inspect, Pair
 from .policy import PolicyCmd
 from .release import Demo, ReleaseCmd, Report, Verify
+from .run import Run
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
 COMMANDS: list[type[Command]] = [Capture, Pair, Run, Inspect, PolicyCmd, ReleaseCmd,

@@ -34,9 +34,9 @@ def is_python(word: str) -> bool:
 
 
 def child_command(command: list[str]) -> list[str]:
-    """The command with ``-m kpair.capture.run`` inserted after the interpreter's options.
+    """The command with ``-m kpair.capture.program`` inserted after the interpreter's options.
 
-    ``python -u prog.py a`` → ``python -u -m kpair.capture.run prog.py a``; the program part
+    ``python -u prog.py a`` → ``python -u -m kpair.capture.program prog.py a``; the program part
     (script, ``-m module`` or ``-c code``) and its arguments are passed on untouched.
     """
     if not command:
@@ -56,11 +56,11 @@ def child_command(command: list[str]) -> list[str]:
         i += 2 if word in _OPTIONS_WITH_VALUE else 1
     if i >= len(command):
         raise UsageError("the Python command names no program (a script, -m MODULE or -c CODE)")
-    return [*command[:i], "-m", "kpair.capture.run", *command[i:]]
+    return [*command[:i], "-m", "kpair.capture.program", *command[i:]]
 
 
 def child_environment(settings: dict, module_loading: str) -> dict:
-    from ..capture.run import ENV
+    from ..capture.program import ENV
 
     env = dict(os.environ)
     env[ENV] = json.dumps(settings)

@@ -1,4 +1,4 @@
-"""``kpair pair``, ``kpair run`` and ``kpair inspect``."""
+"""``kpair pair`` and ``kpair inspect``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import FormatError, UsageError
+from ..errors import UsageError
 from .base import Command
 
 
@@ -46,29 +46,6 @@ class Pair(Command):
               f"opt {h.opt.kernel})")
         print(f"run it: kpair run {h.root}   or   cd {h.root} && python run_harness.py")
         return 0
-
-
-class Run(Command):
-    """Run a pair harness in an isolated worker and write its result.json."""
-
-    name = "run"
-    help = "run a pair harness, write result.json"
-
-    @classmethod
-    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from ..run import add_run_arguments
-
-        p.add_argument("harness", type=Path)
-        p.add_argument("-o", "--out", type=Path, help="result path (default: HARNESS/result.json)")
-        add_run_arguments(p)
-
-    def run(self, args: argparse.Namespace) -> int:
-        from ..run import options_from_args, report_and_exit_code, run_harness
-
-        if not (args.harness / "harness.json").is_file():
-            raise FormatError("no harness.json here: not a kpair harness", path=args.harness)
-        result = run_harness(args.harness, options_from_args(args), out=args.out)
-        return report_and_exit_code(result, args.json, args.out or args.harness / "result.json")
 
 
 class Inspect(Command):

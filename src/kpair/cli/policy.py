@@ -31,8 +31,8 @@ def suggest_policy(policy: Policy, runs: Sequence[dict[str, bytes]], *,
     ``margin`` times wider than observed; mutations for float regions ref only reads.
 
     Tolerances of other regions and declared mutations are kept. Returns (policy, notes)."""
-    from ..mutation import Mutation
-    from ..trust import EPS
+    from ..dtypes import EPS
+    from ..policy import Mutation
 
     notes, new = [], []
     for name in runs[0]:

@@ -79,14 +79,14 @@ class Verify(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from ..run import add_run_arguments
+        from .run import add_run_arguments
 
         p.add_argument("root", type=Path, help="release directory")
         add_run_arguments(p)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..release import INDEX, verify_release
-        from ..run import options_from_args
+        from .run import options_from_args
 
         index = verify_release(args.root, options_from_args(args), progress=ProgressLine())
         if args.json:
@@ -112,7 +112,7 @@ class ReleaseCmd(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from ..run import add_run_arguments
+        from .run import add_run_arguments
 
         sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
         add = sub.add_parser("add", help="verify a harness and add it to a release",
@@ -129,7 +129,7 @@ class ReleaseCmd(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from ..release import INDEX, add_operator
-        from ..run import options_from_args
+        from .run import options_from_args
 
         if args.action != "add":  # argparse already refuses others; kept for new actions
             raise UsageError(f"unknown action {args.action!r}")

@@ -188,10 +188,10 @@ def run_demo(out: str | os.PathLike = "kpair-demo", *, backend: str = "host",
              log: Callable[[str], None] = lambda s: print(s, flush=True)) -> DemoResult:
     """Build the demo release in ``out`` (absent or empty) and return where everything is."""
     from ..harness import create_harness
+    from ..pipeline import RunOptions
     from ..record import record_call
     from ..release import INDEX, add_operator
     from ..report import write_report
-    from ..run import RunOptions
 
     out = Path(out)
     _check_out(out)

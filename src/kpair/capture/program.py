@@ -1,4 +1,4 @@
-"""``python -m kpair.capture.run (SCRIPT | -m MODULE | -c CODE) [ARGS...]``: run a Python
+"""``python -m kpair.capture.program (SCRIPT | -m MODULE | -c CODE) [ARGS...]``: run a Python
 program with capture installed before its first line, as ``python`` itself would run it.
 
 ``kpair capture`` starts this in a child process with the session's settings in the
@@ -33,18 +33,18 @@ def exit_status(e: SystemExit) -> int:
 def run_program(argv: list[str]) -> int:
     """Run ``argv`` (``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``-c CODE ARGS``) as __main__."""
     if not argv:
-        raise SystemExit("kpair.capture.run: no program given")
+        raise SystemExit("kpair.capture.program: no program given")
     try:
         if argv[0] == "-c":
             if len(argv) < 2:
-                raise SystemExit("kpair.capture.run: -c needs a code string")
+                raise SystemExit("kpair.capture.program: -c needs a code string")
             sys.argv = ["-c", *argv[2:]]
             sys.path.insert(0, "")
             code = compile(argv[1], "<string>", "exec")
             exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
         elif argv[0] == "-m":
             if len(argv) < 2:
-                raise SystemExit("kpair.capture.run: -m needs a module name")
+                raise SystemExit("kpair.capture.program: -m needs a module name")
             sys.argv = [argv[1], *argv[2:]]
             sys.path.insert(0, os.getcwd())
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -1,10 +1,9 @@
-"""Audit: the trust checks of ``kpair.trust``, driven through a ``Replay``.
+"""Audit: the trust checks of ``kpair.trust.findings``, driven through a ``Replay``.
 
-``Armor`` is what the replay calls around every launch (``Replay.armor``): before it, fresh
-canary words in the guard bands beside every region and, for the roles that get it, fresh
-poison in the bytes ref writes whatever they held; after it, the canaries are read back.
-
-``Audit`` runs the phases of a checked run, in this order (``kpair.run.execute``):
+Every launch an Audit makes goes through the replay with one of its ``Armor``'s hook sets
+(``kpair.trust.armor``): canaries around every region always; poison in ref's write-only
+bytes for every opt launch, for ref's poisoned control run and for both kernels once timing
+starts. ``Audit`` runs the phases of a checked run, in this order (``kpair.pipeline``):
 ``baseline`` (ref repeated: determinism), ``discover`` (ref on two fills of each candidate
 region: which bytes are write-only; one poisoned control run), ``run_opt`` (opt repeated, each
 launch poisoned afresh), ``differential`` (ref and opt on mutated inputs), ``timing`` (timer
@@ -19,74 +18,22 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from . import trust
-from .backends import Device, Kernel
-from .errors import KpairError, UsageError
-from .placement import patch_pointers
-from .policy import DTYPES, FLOAT_DTYPES, Policy, Verdict, check, dtype_size
-from .replay import Replay
-from .snapshot import Launch
-from .trust import CHECKS, Finding, OptRun
+from ..backends import Kernel
+from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
+from ..errors import KpairError, UsageError
+from ..placement import patch_pointers
+from ..policy import Policy, Verdict, check
+from ..replay import Replay
+from ..snapshot import Launch
+from . import findings as trust
+from .armor import Armor, describe_violation, guard_bands, mask_runs
+from .findings import CHECKS, Finding, OptRun
 
 REF_RUNS = 3        # baseline determinism
 OPT_RUNS = 3        # opt repeated under fresh poison
 TIMING_LAUNCHES = 5  # windows per kernel
 CHECK_EVERY = 64    # during ABBA, opt's output is judged after launches 1, 2, 4, 8, ...
 #                     and every 64th (reading outputs back is not free on a GPU)
-_FILL_RUNS = 64     # more poison runs than this: read-modify-write the region instead
-
-
-class Armor:
-    """Canaries and poison, written around each launch with words drawn from ``rng``."""
-
-    def __init__(self, device: Device, bands: list[trust.Band], rng: np.random.Generator):
-        self.device, self.bands, self.rng = device, bands, rng
-        #: region -> (address, size, write-only runs); set by Audit.discover
-        self.plan: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
-        self.poison_roles: frozenset[str] = frozenset({"opt"})
-        self.poison_words: dict[str, int] = {}   # of the last launch
-        self.last: list[dict] = []                 # guard violations of the last launch
-        self.canary, self._n = 0, 0
-
-    def _poison_word(self) -> int:
-        # Alternate a quiet-NaN family (NaN as f32, and in the high half as f16/bf16) with
-        # arbitrary bits: an unwritten element fails a tolerance check either way.
-        self._n += 1
-        w = int(self.rng.integers(1, 2**32))
-        return 0x7FC00000 | (w & 0xFFFF) if self._n % 2 else w
-
-    def before(self, role: str | None) -> None:
-        self.canary = int(self.rng.integers(1, 2**32))
-        for b in self.bands:
-            self.device.fill(b.address, b.size, self.canary)
-        self.poison_words = {}
-        if role not in self.poison_roles:
-            return
-        for name, (address, size, runs) in self.plan.items():
-            word = self._poison_word()
-            if len(runs) <= _FILL_RUNS:
-                for s, e in runs:
-                    self.device.fill(address + s, e - s, word)
-            else:
-                cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
-                image = trust.poisoned_image(runs, word, size)
-                mask = np.zeros(size, bool)
-                for s, e in runs:
-                    mask[s:e] = True
-                cur[mask] = image[mask]
-                self.device.write(address, cur.tobytes())
-            self.poison_words[name] = word
-
-    def poisoned(self) -> dict[str, tuple[int, list[tuple[int, int]]]]:
-        """region -> (word, runs) of the poison written before the last launch."""
-        return {n: (w, self.plan[n][2]) for n, w in self.poison_words.items()}
-
-    def after(self, role: str | None) -> None:
-        self.last = []
-        for b in self.bands:
-            v = trust.band_violation(b, self.device.read(b.address, b.size), self.canary)
-            if v is not None:
-                self.last.append(dict(v, role=role))
 
 
 class Audit:
@@ -101,9 +48,8 @@ class Audit:
         regions = [(r.name, a, r.size) for r, a in zip(replay.regions, replay.addresses,
                                                        strict=True)]
         bands = [] if "guard_bands" in self.skip else \
-            trust.guard_bands(regions, replay.device.mapped_ranges())
+            guard_bands(regions, replay.device.mapped_ranges())
         self.armor = Armor(replay.device, bands, np.random.default_rng([seed, 2]))
-        replay.armor = self.armor
         self.found: dict[str, Finding] = {}
         self.ref_posts: list[dict[str, bytes]] = []
         self.opt_runs: list[OptRun] = []
@@ -119,12 +65,22 @@ class Audit:
 
     # ---------------------------------------------------------------- phases
 
+    def _launch(self, kernel: Kernel, launch: Launch, *, poison: bool,
+                state: dict[str, bytes | int] | None = None) -> dict[str, bytes]:
+        hooks = self.armor.poisoned if poison else self.armor.guarded
+        return self.replay.run(kernel, launch, state=state, hooks=hooks)
+
+    def _violations(self, role: str, label: str | None = None) -> list[dict]:
+        extra = {"role": role} if label is None else {"role": role, "run": label}
+        return [dict(v, **extra) for v in self.armor.last]
+
     def _ref(self, kernel: Kernel, launch: Launch, what: str,
-             state: dict[str, bytes | int] | None = None) -> dict[str, bytes]:
-        post = self.replay.run(kernel, launch, role="ref", state=state)
+             state: dict[str, bytes | int] | None = None, *, poison: bool = False
+             ) -> dict[str, bytes]:
+        post = self._launch(kernel, launch, poison=poison, state=state)
         if self.armor.last and state is None:
             raise KpairError(f"the baseline (ref) writes outside the captured regions "
-                             f"({trust.describe_violation(self.armor.last[0])}, {what}): the "
+                             f"({describe_violation(self.armor.last[0])}, {what}): the "
                              "snapshot misses memory ref touches, so the replay proves nothing")
         return post
 
@@ -147,7 +103,7 @@ class Audit:
         r = self.replay
         normal, modified = self.ref_posts[0], self._modified()
         delta = r.info.mapping.delta
-        lo, hi = r.lo + delta, r.hi + delta
+        lo, hi = r.span[0] + delta, r.span[1] + delta
         plan = {}
         regions = [] if "poisoned_outputs" in self.skip else \
             list(zip(r.regions, r.addresses, strict=True))
@@ -178,11 +134,10 @@ class Audit:
             if mask is None:
                 self.not_tested[name] = why
             else:
-                plan[name] = (address, region.size, trust.mask_runs(mask))
+                plan[name] = (address, region.size, mask_runs(mask))
         if plan:
-            self.armor.plan, self.armor.poison_roles = plan, frozenset({"ref"})
-            post = self._ref(ref, launch, "poisoned control run")
-            self.armor.poison_roles = frozenset({"opt"})
+            self.armor.plan = plan
+            post = self._ref(ref, launch, "poisoned control run", poison=True)
             v = check(self.policy, normal, post, dtype_hints=self.hints)
             if v.passed:
                 self.control = "ref reproduces its post-state with every write-only byte poisoned"
@@ -197,10 +152,11 @@ class Audit:
         (or the first)."""
         r = self.replay
         for i in range(OPT_RUNS):
-            post = r.run(opt, launch, role="opt")
+            post = self._launch(opt, launch, poison=True)
             v = check(self.policy, r.expected, post, dtype_hints=self.hints)
             self.opt_runs.append(OptRun(f"opt run {i + 1}", r.pre, r.expected, post, v,
-                                        self.armor.poisoned(), tuple(self.armor.last)))
+                                        self.armor.poisoned_regions(),
+                                        tuple(self._violations("opt"))))
         return next((x.verdict for x in self.opt_runs if not x.verdict.passed),
                     self.opt_runs[0].verdict)
 
@@ -217,15 +173,15 @@ class Audit:
                     state[m.region] = m.apply(state.get(m.region, r.pre[m.region]), self.rng)
                     what.append(m.describe())
             label = f"differential run {j + 1}"
-            expected = r.run(ref, ref_launch, role="ref", state=state)
+            expected = self._launch(ref, ref_launch, poison=False, state=state)
             if self.armor.last:  # the mutated input is not one ref can take: not a verdict
                 self.not_tested[f"{label}"] = "ref writes out of bounds on this mutated input"
                 continue
-            post = r.run(opt, opt_launch, role="opt", state=state)
+            post = self._launch(opt, opt_launch, poison=True, state=state)
             v = check(self.policy, expected, post, dtype_hints=self.hints)
             self.diff_runs.append(OptRun(label, {**r.pre, **state}, expected, post, v,
-                                         self.armor.poisoned(),
-                                         tuple(self.armor.last)))
+                                         self.armor.poisoned_regions(),
+                                         tuple(self._violations("opt"))))
             self.diff_changed.append(any(expected[k] != normal[k] for k in expected
                                          if k not in state))
             self.diff_mutated.append(what)
@@ -234,21 +190,20 @@ class Audit:
         """Timer against a synchronized wall-clock window, both kernels, interleaved."""
         if "timing_integrity" in self.skip:
             return
-        self.armor.poison_roles = frozenset({"ref", "opt"})
         for i in range(TIMING_LAUNCHES):
             for role, k, launch in (("ref", ref, ref_launch), ("opt", opt, opt_launch)):
-                self.windows[role].append(self.replay.time_window(k, launch, role=role))
+                self.windows[role].append(self.replay.time_window(k, launch,
+                                                                  hooks=self.armor.poisoned))
                 self._timed_guards(role, f"timing-window launch {i + 1}")
 
     def _timed_guards(self, role: str, label: str) -> None:
         if role == "opt":
-            self.timed["violations"] += [dict(v, run=label) for v in self.armor.last]
+            self.timed["violations"] += self._violations(role, label)
 
     def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One ABBA launch (poison and canaries on both kernels); opt's output regions are
         judged after its launches 1, 2, 4, 8, ... and every CHECK_EVERY-th."""
-        self.armor.poison_roles = frozenset({"ref", "opt"})
-        t = self.replay.time_one(kernel, launch, role=role)
+        t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned)
         if role == "opt":
             n = self.timed["launches"] = self.timed["launches"] + 1
             self._timed_guards(role, f"timed launch {n}")

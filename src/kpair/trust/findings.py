@@ -3,12 +3,12 @@
 Each check turns what the runs observed (region bytes, timings) into a ``Finding``: whether it
 ran, whether it passed (None: nothing to pass or fail, e.g. a warning) and a JSON-able
 ``finding`` saying what it saw; a failed check carries a one-line ``reason``. Nothing here
-touches a device: ``kpair.audit`` drives the replay (fills, poison, canaries, mutated inputs,
+touches a device: ``kpair.trust.audit`` drives the replay (fills, poison, canaries, mutated inputs,
 extra launches) and hands the bytes and times to these functions. ``CHECKS`` lists every check
 in the order a failure is reported when several fail.
 
-Also here: the guard-band layout (``guard_bands``), the write-only mask of a region
-(``write_only_mask``) and the poison pattern.
+Also here: the write-only mask of a region (``write_only_mask``), from which the poison plan
+is made; the guard bands and the poison themselves are ``kpair.trust.armor``'s.
 """
 
 from __future__ import annotations
@@ -19,34 +19,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .policy import (
-    Policy,
-    Tolerance,
-    Verdict,
-    _plain,
-    check,
-    check_region,
-    decode,
-)
+from ..dtypes import EPS, decode
+from ..policy import Policy, Tolerance, Verdict, check, check_region
+from ..policy.judge import _plain
+from .armor import Band, describe_violation, left_mask, poison_left
 
 #: Every check, in the order its failure is reported first.
 CHECKS = ("baseline_determinism", "guard_bands", "input_integrity", "poisoned_outputs",
           "opt_determinism", "differential", "bias", "timing_integrity", "impossible_speed",
           "noop")
-#: Guard bytes per side of a region at most (they are read back after every launch); an
-#: unmapped byte is never touched.
-GUARD_CAP = 64 << 10
-#: Without mapped_ranges(), gaps shorter than this lie in pages both neighbours map.
-SAFE_GAP = 4096
 #: A one-sided error is "significant" from this sign-test z-score on.
 BIAS_Z = 5.0
 #: At least this many differing elements before a sign test means anything.
 BIAS_MIN_ELEMENTS = 20
 #: Impossible speed: opt implies more than this many times the device's measured rate.
 SPEED_SLACK = 2.0
-#: Machine epsilon of each float dtype (the default allowed bias; a floor for suggested rtol).
-EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23,
-       "float64": 2.0 ** -52}
 
 
 @dataclass(frozen=True)
@@ -182,52 +169,6 @@ def write_only_mask(name: str, policy: Policy, normal: dict[str, bytes],
     return mask, ""
 
 
-def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) runs of True in a boolean mask."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
-    return [(int(s), int(e)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
-
-
-def pattern(word: int, size: int) -> np.ndarray:
-    """``size`` bytes of the little-endian 32-bit ``word`` repeated (Device.fill's layout)."""
-    return np.tile(np.frombuffer(word.to_bytes(4, "little"), np.uint8), -(-size // 4))[:size]
-
-
-def poisoned_image(runs: Sequence[tuple[int, int]], word: int, size: int) -> np.ndarray:
-    """A region's poison: each run filled with ``word`` from the run's start."""
-    out = np.zeros(size, np.uint8)
-    for s, e in runs:
-        out[s:e] = pattern(word, e - s)
-    return out
-
-
-def left_mask(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
-              ) -> np.ndarray:
-    """Bytes of whole poison words (4 bytes from each run's start; a run's tail counts as one)
-    that opt left exactly as poisoned, where the answer is not the poison itself. Whole words:
-    a written value matches one poison *byte* by chance once in 256 bytes, a word practically
-    never."""
-    exp, act = np.frombuffer(expected, np.uint8), np.frombuffer(actual, np.uint8)
-    out = np.zeros(exp.size, bool)
-    for s, e in runs:
-        im = pattern(word, e - s)
-        for lo, hi, width in ((s, s + (e - s) // 4 * 4, 4), (s + (e - s) // 4 * 4, e, None)):
-            if hi <= lo:
-                continue
-            w = width or hi - lo
-            same = (act[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
-            answer = (exp[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
-            out[lo:hi] = np.repeat(same & ~answer, w)
-    return out
-
-
-def poison_left(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
-                ) -> tuple[int, int | None]:
-    """(bytes, first offset) of the poison opt left as it was."""
-    left = np.flatnonzero(left_mask(runs, word, expected, actual))
-    return int(left.size), (int(left[0]) if left.size else None)
-
-
 @dataclass(frozen=True)
 class OptRun:
     """One judged opt launch: the regions as they were before it (pre-state or a mutated
@@ -361,78 +302,6 @@ def differential(declared: int, runs: Sequence[OptRun], changed: Sequence[bool],
 
 
 # ------------------------------------------------------------------ guard bands
-
-
-@dataclass(frozen=True)
-class Band:
-    """Guard bytes ``[address, address + size)`` beside ``region``: ``side`` is "before" or
-    "after"; ``offset`` is the band's first byte relative to the region's first byte."""
-
-    region: str
-    side: str
-    address: int
-    size: int
-    offset: int
-
-
-def guard_bands(regions: Sequence[tuple[str, int, int]],
-                mapped: Sequence[tuple[int, int]] | None, cap: int = GUARD_CAP) -> list[Band]:
-    """Bands around every (name, address, size) region, in the mapped bytes no region covers.
-
-    A gap between two regions is split between them; a region's band never exceeds ``cap``.
-    ``mapped`` None: only gaps shorter than SAFE_GAP between two regions are used."""
-    regs = sorted(regions, key=lambda r: r[1])
-    if mapped is None:
-        spans, edges = [(regs[0][1], regs[-1][1] + regs[-1][2])] if regs else [], False
-    else:
-        spans, edges = sorted(mapped), True
-    bands: list[Band] = []
-    for lo, hi in spans:
-        inside = [r for r in regs if lo <= r[1] and r[1] + r[2] <= hi]
-        for i, (name, start, size) in enumerate(inside):
-            end = start + size
-            prev_end = inside[i - 1][1] + inside[i - 1][2] if i else (lo if edges else None)
-            next_start = inside[i + 1][1] if i + 1 < len(inside) else (hi if edges else None)
-            if prev_end is not None and (edges or start - prev_end < SAFE_GAP):
-                gap = start - prev_end
-                before = min(cap, gap // 2 if i else gap)
-                if before > 0:
-                    bands.append(Band(name, "before", start - before, before, -before))
-            if next_start is not None and (edges or next_start - end < SAFE_GAP):
-                gap = next_start - end
-                after = min(cap, gap - gap // 2 if i + 1 < len(inside) else gap)
-                if after > 0:
-                    bands.append(Band(name, "after", end, after, size))
-    return bands
-
-
-def band_violation(band: Band, seen: bytes, word: int) -> dict | None:
-    """Where canary bytes of ``band`` were overwritten, as offsets from the region's start,
-    widened to the 4-byte words (aligned to the region) they lie in: a written value can
-    leave a byte that happens to equal the canary's."""
-    if seen == (word.to_bytes(4, "little") * -(-band.size // 4))[:band.size]:
-        return None
-    got = np.frombuffer(seen, np.uint8)
-    bad = np.flatnonzero(got != pattern(word, band.size))
-    if not bad.size:
-        return None
-    words = np.unique((band.offset + bad) // 4)
-    lo = max(int(words[0]) * 4, band.offset)
-    hi = min(int(words[-1]) * 4 + 3, band.offset + band.size - 1)
-    nbytes = sum(min(w * 4 + 3, hi) - max(w * 4, lo) + 1 for w in words.tolist())
-    return {"region": band.region, "side": band.side, "bytes": nbytes,
-            "first_offset": lo, "last_offset": hi}
-
-
-def describe_violation(v: dict) -> str:
-    lo, hi = v["first_offset"], v["last_offset"]
-    span = f"{lo:+d}" if lo == hi else f"{lo:+d}..{hi:+d}"
-    where = "before the start" if v["side"] == "before" else "past the end"
-    return (f"{v['bytes']} byte{'s' * (v['bytes'] != 1)} {where} of region {v['region']} "
-            f"(offsets {span} from its start)")
-
-
-# ------------------------------------------------------------------ one-sided error
 
 
 def bias_stats(t: Tolerance, expected: bytes, actual: bytes, max_bias: float | None) -> dict:

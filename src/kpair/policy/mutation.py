@@ -8,7 +8,8 @@ the captured input did not hold. The differential check (``kpair.audit``) runs r
 on ``count`` such inputs and judges opt against ref under the policy's own criteria: a kernel
 that hard-codes the captured answer, or returns a cached one, fails there.
 
-Declared in ``validation_policy.json`` under ``mutations`` (contract in ``docs/format.md``).
+Declared in ``validation_policy.json`` under ``mutations`` (contract in ``docs/format.md``);
+``MutationDoc`` is the JSON shape.
 """
 
 from __future__ import annotations
@@ -19,11 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PolicyError
+from ..dtypes import DTYPES, dtype_size
+from ..errors import PolicyError
+from ..formats import Record
 
 METHODS = ("permute", "resample")
 MAX_COUNT = 64
-_KEYS = {"region", "dtype", "method", "count", "range"}
+
+
+class MutationDoc(Record, omit_defaults=True):
+    """One entry of a policy's ``mutations`` as JSON spells it."""
+
+    region: str
+    dtype: str
+    method: str
+    count: int = 2
+    range: tuple[int, int | None] | None = None
 
 
 def _is_int(v: Any) -> bool:
@@ -31,8 +43,6 @@ def _is_int(v: Any) -> bool:
 
 
 def _check(m: Any, prefix: str = "", path: object = None) -> None:
-    from .policy import DTYPES, dtype_size
-
     def fail(key: str, message: str) -> PolicyError:
         return PolicyError(message, path=path, field=prefix + key)
 
@@ -71,8 +81,6 @@ class Mutation:
 
     def span(self, region_size: int) -> tuple[int, int]:
         """The byte range mutated in a region of ``region_size`` bytes (whole elements)."""
-        from .policy import dtype_size
-
         size = dtype_size(self.dtype)
         end = self.end if self.end is not None else \
             self.start + (region_size - self.start) // size * size
@@ -80,8 +88,6 @@ class Mutation:
 
     def apply(self, data: bytes, rng: np.random.Generator) -> bytes:
         """``data`` (the region's bytes) with the declared range mutated."""
-        from .policy import DTYPES
-
         start, end = self.span(len(data))
         values = np.frombuffer(data, DTYPES[self.dtype], count=(end - start) // np.dtype(
             DTYPES[self.dtype]).itemsize, offset=start)
@@ -105,25 +111,19 @@ class Mutation:
         return out
 
     @classmethod
-    def from_json(cls, obj: Any, *, field: str = "", path: object = None) -> Mutation:
-        prefix = f"{field}." if field else ""
-        if not isinstance(obj, dict):
-            raise PolicyError("expected a JSON object", path=path, field=field or None)
-        extra = sorted(set(obj) - _KEYS)
-        if extra:
-            raise PolicyError("unknown field (schema v1 does not define it)", path=path,
-                              field=prefix + extra[0])
-        for key in ("region", "dtype", "method"):
-            if key not in obj:
-                raise PolicyError("missing", path=path, field=prefix + key)
-        rng = obj.get("range", [0, None])
-        if not isinstance(rng, list) or len(rng) != 2:
-            raise PolicyError(f"expected [start, end], got {rng!r}", path=path,
-                              field=prefix + "range")
-        kw = {"region": obj["region"], "dtype": obj["dtype"], "method": obj["method"],
-              "count": obj.get("count", 2), "start": rng[0], "end": rng[1]}
-        _check(SimpleNamespace(**kw), prefix, path)
+    def from_doc(cls, doc: MutationDoc, *, field: str = "", path: object = None) -> Mutation:
+        start, end = doc.range if doc.range is not None else (0, None)
+        kw = {"region": doc.region, "dtype": doc.dtype, "method": doc.method,
+              "count": doc.count, "start": start, "end": end}
+        _check(SimpleNamespace(**kw), f"{field}." if field else "", path)
         return cls(**kw)
+
+    @classmethod
+    def from_json(cls, obj: Any, *, field: str = "", path: object = None) -> Mutation:
+        from ..formats import convert
+
+        doc = convert(obj, MutationDoc, path=path, error=PolicyError, field=field)
+        return cls.from_doc(doc, field=field, path=path)
 
     def validate_against(self, regions: dict[str, int], *, field: str, path: object = None
                          ) -> None:

@@ -1,0 +1,94 @@
+"""``kpair run`` and the generated ``run_harness.py``: run one harness, print its verdict."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import FormatError, KpairError
+from .base import Command
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    from ..trust import CHECKS
+
+    p.add_argument("--aa", action="store_true", help="also run an A/A control (ref vs ref)")
+    p.add_argument("--warm", action="store_true", help="warm cache (default: flushed, cold)")
+    p.add_argument("--relocate", action="store_true",
+                   help="force relocation (test the pointer-patching path)")
+    p.add_argument("--min-blocks", type=int)
+    p.add_argument("--max-blocks", type=int)
+    p.add_argument("--rel-ci", type=float, help="stop when the CI half-width is below this")
+    p.add_argument("--time-cap", type=float, help="seconds of measurement at most")
+    p.add_argument("--seed", type=int, help="seed of the ABBA schedule and bootstrap")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before a hung worker is killed (default 600)")
+    p.add_argument("--json", action="store_true", help="print result.json instead of a line")
+    p.add_argument("--no-checks", action="store_true",
+                   help="skip every trust check (guards, poison, repeats, mutations, timing "
+                   "cross-checks): faster, and trusts opt not to cheat")
+    p.add_argument("--skip-check", action="append", default=[], choices=CHECKS,
+                   metavar="CHECK", help=f"skip one trust check (repeatable): {', '.join(CHECKS)}")
+
+
+def options_from_args(args: argparse.Namespace):
+    from ..pipeline import RunOptions
+
+    return RunOptions(relocate=args.relocate, cache="warm" if args.warm else "cold",
+                      aa=args.aa, min_blocks=args.min_blocks, max_blocks=args.max_blocks,
+                      rel_ci=args.rel_ci, time_cap_s=args.time_cap, seed=args.seed,
+                      timeout_s=args.timeout, checks=not getattr(args, "no_checks", False),
+                      skip_checks=tuple(getattr(args, "skip_check", None) or ()))
+
+
+def report(result, as_json: bool, where: Path) -> int:
+    """Print a Result (one line, or the whole JSON) and return its exit status."""
+    if as_json:
+        from ..formats import encode
+
+        print(encode(result), end="")
+    else:
+        print(result.summary())
+        print(f"result: {where}")
+    return result.exit_code
+
+
+class Run(Command):
+    """Run a pair harness in an isolated worker and write its result.json."""
+
+    name = "run"
+    help = "run a pair harness, write result.json"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("harness", type=Path)
+        p.add_argument("-o", "--out", type=Path, help="result path (default: HARNESS/result.json)")
+        add_run_arguments(p)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..isolation import run_isolated
+
+        if not (args.harness / "harness.json").is_file():
+            raise FormatError("no harness.json here: not a kpair harness", path=args.harness)
+        result = run_isolated(args.harness, options_from_args(args), out=args.out)
+        return report(result, args.json, args.out or args.harness / "result.json")
+
+
+def harness_main(root: Path, argv: list[str]) -> int:
+    """Entry point of a harness's generated ``run_harness.py``."""
+    from ..isolation import run_isolated
+
+    p = argparse.ArgumentParser(prog="run_harness.py",
+                                description=f"Run the pair harness in {root}.")
+    add_run_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        result = run_isolated(root, options_from_args(args))
+    except KpairError as e:
+        print(f"kpair: {e}", file=sys.stderr)
+        return e.exit_code
+    return report(result, args.json, root / "result.json")
+
+
+__all__ = ["Run", "add_run_arguments", "harness_main", "options_from_args", "report"]

@@ -1,0 +1,357 @@
+"""The run pipeline: one harness, in this process, as a straight list of stages.
+
+``execute(root, options)`` opens the harness, places its regions on a device and runs the
+stages of ``CHECKED`` (the default) or ``UNCHECKED`` (``RunOptions(checks=False)``), in order,
+over one ``Run`` (what the stages share). A stage either adds to the run or ends it with a
+``fail`` verdict; the last stage ends it with ``pass``. A checked and an unchecked run differ
+only by the stages in their lists:
+
+    verify, place, load          the harness, its regions on the device, both kernels
+    ref                          ref on the pre-state (3x when checked: determinism)
+    fidelity                     ref must reproduce the captured post-state, or no verdict
+    trust:poison                 which bytes ref writes whatever they held (checked)
+    opt                          opt judged under the policy (3x, freshly poisoned, if checked)
+    trust:differential           ref and opt on mutated inputs (checked)
+    trust:timing                 timer against wall-clock windows (checked)
+    measure (aa)                 the ABBA meter, poisoned and guarded when checked
+    trust:speed                  impossible speed (checked)
+
+Exceptions (bad inputs, driver errors) leave ``execute``; the isolated runner
+(``kpair.isolation``) turns them into an ``error`` Result with the facts gathered so far.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import KpairError, UsageError
+from .formats import convert
+from .result import Checks, Correctness, Result, Side, Speed, TrustEntry
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a harness. Measurement defaults come from harness.json's ``measure``."""
+
+    device: dict | None = None
+    relocate: bool = False
+    cache: str = "cold"
+    aa: bool = False
+    min_blocks: int | None = None
+    max_blocks: int | None = None
+    rel_ci: float | None = None
+    time_cap_s: float | None = None
+    seed: int | None = None
+    timeout_s: float = 600.0
+    checks: bool = True
+    skip_checks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from .trust import CHECKS
+
+        object.__setattr__(self, "skip_checks", tuple(self.skip_checks))
+        unknown = [c for c in self.skip_checks if c not in CHECKS]
+        if unknown:
+            raise UsageError(f"unknown check {unknown[0]!r} (one of {', '.join(CHECKS)})")
+        if self.cache not in ("cold", "warm"):
+            raise UsageError(f"cache must be 'cold' or 'warm', not {self.cache!r}")
+
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()
+                if v is not None}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> RunOptions:
+        return cls(**obj)
+
+
+@dataclass
+class Facts:
+    """What a run has learnt so far: the parts of its Result that any outcome keeps."""
+
+    harness: str
+    started: str
+    stage_s: dict[str, float] = field(default_factory=dict)
+    inputs_digest: str | None = None
+    ref: Side | None = None
+    opt: Side | None = None
+    environment: dict | None = None
+    replay: dict | None = None
+    checks: Checks | None = None
+
+    def keep(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Run:
+    """What the stages of one run share. Stages read what earlier stages set."""
+
+    root: Path
+    options: RunOptions
+    facts: Facts
+    samples_path: Path | None
+    harness: Any = None
+    device: Any = None
+    replay: Any = None
+    hints: dict[str, str] = field(default_factory=dict)
+    ref: tuple = ()            # (Kernel, Launch)
+    opt: tuple = ()
+    audit: Any = None          # kpair.trust.audit.Audit on a checked run
+    ref_post: dict | None = None
+    verdict: Any = None        # kpair.policy.Verdict of opt
+    speed: Speed | None = None
+    medians: tuple[float, float] = (0.0, 0.0)   # ref, opt: debug only, for trust:speed
+
+    def time_one(self, which: str) -> float:
+        kernel, launch = self.ref if which == "ref" else self.opt
+        if self.audit is not None:
+            return self.audit.time_one(kernel, launch, which)
+        return self.replay.time_one(kernel, launch)
+
+    # -------------------------------------------------------------- outcomes
+
+    def failure(self):
+        return self.audit.failure() if self.audit is not None else None
+
+    def trust(self) -> tuple[dict[str, TrustEntry] | None, list[str] | None]:
+        if self.audit is None:
+            return None, None
+        found = self.audit.findings()
+        entries = {name: TrustEntry(**f.to_json()) for name, f in found.items()}
+        warnings = [f"{name}: {f.reason}" for name, f in found.items()
+                    if f.passed is None and f.reason]
+        return entries, warnings or None
+
+    def correctness(self) -> Correctness:
+        policy = self.harness.policy
+        failure = self.failure()
+        if self.verdict is None:
+            c = Correctness(passed=False, mode=policy.mode, regions=[],
+                            policy=policy.to_json())
+        else:
+            v = self.verdict.to_json()
+            c = Correctness(passed=v["passed"], mode=v["mode"], regions=v["regions"],
+                            policy=policy.to_json(), summary=v["summary"])
+        if failure is not None:
+            c = Correctness(passed=False, mode=c.mode, regions=c.regions, policy=c.policy,
+                            summary=f"FAIL [{failure.name}]: {failure.reason}",
+                            failed_check=failure.name)
+        return c
+
+    def fail(self) -> Result:
+        trust, warnings = self.trust()
+        return Result(status="fail", correct=False, correctness=self.correctness(),
+                      trust=trust, warnings=warnings, **self.facts.keep())
+
+    def passed(self) -> Result:
+        trust, warnings = self.trust()
+        return Result(status="pass", correct=True, correctness=self.correctness(),
+                      speed=self.speed, trust=trust, warnings=warnings, **self.facts.keep())
+
+
+#: A stage: its name (the key of ``stage_s``) and what it does. A stage returns a Result to
+#: end the run there (a ``fail``), or None to go on.
+Stage = tuple[str, Callable[[Run], "Result | None"]]
+
+
+# ------------------------------------------------------------------ stages
+
+
+def _verify(run: Run) -> None:
+    from .harness import Harness
+
+    h = run.harness = Harness.open(run.root)
+    run.facts.inputs_digest = h.inputs_digest()
+    run.facts.ref = Side(kernel=h.ref.kernel, binary=h.ref.binary)
+    run.facts.opt = Side(kernel=h.opt.kernel, binary=h.opt.binary)
+
+
+def _place(run: Run) -> None:
+    from .backends import open_device
+    from .replay import Replay
+
+    h = run.harness
+    run.device = open_device(h.backend, **(run.options.device or {}))
+    run.facts.environment = run.device.environment()
+    run.replay = Replay(run.device, h.snapshot, relocate=run.options.relocate,
+                        cache=run.options.cache)
+    run.facts.replay = run.replay.info.to_json()
+    run.hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
+
+
+def _load(run: Run) -> None:
+    h, device = run.harness, run.device
+    ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
+    opt = device.load(h.binary(h.opt), h.opt.kernel, fmt=h.opt.format)
+    run.replay.check_abi(ref, "ref")
+    run.replay.check_abi(opt, "opt")
+    run.ref, run.opt = (ref, h.launch(h.ref)), (opt, h.launch(h.opt))
+
+
+def _arm(run: Run) -> None:
+    from .trust.audit import Audit
+
+    o = run.options
+    seed = o.seed if o.seed is not None else secrets.randbits(32)
+    run.audit = Audit(run.replay, run.harness.policy, run.hints, seed=seed,
+                      skip=o.skip_checks, harness=str(run.root))
+    run.facts.checks = Checks(enabled=True, skipped=list(o.skip_checks), seed=seed)
+
+
+def _ref_once(run: Run) -> None:
+    run.ref_post = run.replay.run(*run.ref)
+
+
+def _ref_repeated(run: Run) -> Result | None:
+    run.ref_post = run.audit.baseline(*run.ref)[0]
+    return run.fail() if run.audit.found["baseline_determinism"].failed else None
+
+
+def _fidelity(run: Run) -> None:
+    from .policy import check
+
+    fidelity = check(run.harness.policy, run.replay.expected, run.ref_post,
+                     dtype_hints=run.hints)
+    run.facts.replay = {**run.facts.replay, "fidelity": fidelity.to_json()}
+    if not fidelity.passed:
+        raise KpairError("the baseline (ref) does not reproduce the captured post-state "
+                         f"under the policy, so the replay proves nothing: "
+                         f"{fidelity.summary()}")
+
+
+def _discover_poison(run: Run) -> None:
+    run.audit.discover(*run.ref)
+
+
+def _opt_once(run: Run) -> Result | None:
+    from .policy import check
+
+    run.verdict = check(run.harness.policy, run.replay.expected, run.replay.run(*run.opt),
+                        dtype_hints=run.hints)
+    return None if run.verdict.passed else run.fail()
+
+
+def _opt_repeated(run: Run) -> Result | None:
+    run.verdict = run.audit.run_opt(*run.opt)
+    return None if run.verdict.passed and run.failure() is None else run.fail()
+
+
+def _differential(run: Run) -> Result | None:
+    run.audit.differential(*run.ref, *run.opt)
+    return run.fail() if run.failure() else None
+
+
+def _timing(run: Run) -> Result | None:
+    # Before ABBA: work the timer misses may outlive the launch and disturb the meter.
+    run.audit.timing(*run.ref, *run.opt)
+    return run.fail() if run.failure() else None
+
+
+def _measure(run: Run) -> None:
+    from .measure import measure, save_samples
+    from .snapshot import sha256
+
+    o = run.options
+    clocks_before = run.device.clocks()
+    abba, samples = measure(run.time_one, rule=_rule(run), seed=o.seed)
+    clocks_after = run.device.clocks()
+    speed = abba.to_json(run.samples_path.name if run.samples_path else None)
+    if run.samples_path is not None:
+        save_samples(samples, run.samples_path)
+        # The samples archive's CRC catches accidents only; this ties it to the result.
+        speed["samples_sha256"] = sha256(run.samples_path.read_bytes())
+    speed["cache"] = o.cache
+    if clocks_before or clocks_after:
+        speed["clocks_mhz"] = {"before": clocks_before, "after": clocks_after}
+    run.speed = convert(speed, Speed)
+    run.medians = (abba.ref_median_s, abba.opt_median_s)
+
+
+def _rule(run: Run):
+    from .measure import StoppingRule
+
+    o = run.options
+    cfg = {**run.harness.info.get("measure", {}), **{
+        k: v for k, v in (("min_blocks", o.min_blocks), ("max_blocks", o.max_blocks),
+                          ("rel_ci_halfwidth", o.rel_ci), ("time_cap_s", o.time_cap_s))
+        if v is not None}}
+    return StoppingRule(**{k: cfg[k] for k in ("min_blocks", "max_blocks",
+                                               "rel_ci_halfwidth", "time_cap_s") if k in cfg})
+
+
+def _aa_control(run: Run) -> None:
+    from .measure import measure
+
+    aa, _ = measure(run.time_one, rule=_rule(run), seed=run.options.seed, aa=True)
+    run.speed = run.speed.replace(aa_control=convert(aa.to_json(), Speed))
+
+
+def _impossible_speed(run: Run) -> Result | None:
+    t_ref, t_opt = run.medians
+    run.audit.speed(t_opt, t_ref)
+    return run.fail() if run.failure() else None
+
+
+def _pass(run: Run) -> Result:
+    return run.passed()
+
+
+UNCHECKED: list[Stage] = [
+    ("verify", _verify), ("place", _place), ("load", _load), ("ref", _ref_once),
+    ("ref", _fidelity), ("opt", _opt_once), ("measure", _measure), ("aa", _aa_control),
+    ("measure", _pass),
+]
+CHECKED: list[Stage] = [
+    ("verify", _verify), ("place", _place), ("load", _load), ("load", _arm),
+    ("ref", _ref_repeated), ("ref", _fidelity), ("trust:poison", _discover_poison),
+    ("opt", _opt_repeated), ("trust:differential", _differential),
+    ("trust:timing", _timing), ("measure", _measure), ("aa", _aa_control),
+    ("measure", _impossible_speed), ("measure", _pass),
+]
+
+
+def stages(options: RunOptions) -> list[Stage]:
+    """The stages a run with ``options`` goes through, in order."""
+    chosen = CHECKED if options.checks else UNCHECKED
+    return [s for s in chosen if options.aa or s[1] is not _aa_control]
+
+
+def execute(root: Path, options: RunOptions, *, facts: Facts,
+            stage: Callable[[str], None] = lambda s: None,
+            samples_path: Path | None = None) -> Result:
+    """Run the harness at ``root`` in this process and return its Result (not written).
+
+    ``facts`` is filled as the run goes (``stage_s`` too), so a caller that catches an error
+    still has the environment and replay facts gathered before it.
+    """
+    run = Run(root=Path(root), options=options, facts=facts, samples_path=samples_path)
+    if not options.checks:
+        facts.checks = Checks(enabled=False)
+    current, t0 = None, time.monotonic()
+    try:
+        for name, step in stages(options):
+            if name != current:
+                _clock(facts, current, t0)
+                current, t0 = name, time.monotonic()
+                stage(name)
+            outcome = step(run)
+            if outcome is not None:
+                _clock(facts, current, t0)
+                current = None
+                return outcome.replace(stage_s=facts.stage_s)
+        raise AssertionError("the last stage of a run returns its Result")
+    finally:
+        _clock(facts, current, t0)
+        if run.device is not None:
+            run.device.close()
+
+
+def _clock(facts: Facts, name: str | None, t0: float) -> None:
+    if name is not None:
+        facts.stage_s[name] = round(facts.stage_s.get(name, 0.0) + time.monotonic() - t0, 6)

@@ -1,0 +1,229 @@
+"""``result.json``: the verdict of one harness run, as a typed record with one strict reader.
+
+``Result`` is what every writer produces (the run pipeline, the isolated runner, a release's
+batch) and what every reader consumes (release rows, the report, ``kpair inspect``); its parts
+are ``Correctness``, ``Speed``, ``Checks``, ``TrustEntry``, ``Side`` and ``ErrorInfo``.
+``Result.read(path)`` validates a file against the contract (``docs/format.md``,
+``docs/schemas/result.schema.json``) and names the failing field.
+
+Invariants every Result holds (checked on construction): ``correct`` is true only for
+``pass``; a ``pass`` has a policy verdict and a speed; a ``fail`` has a verdict and no speed;
+an ``error`` has an ``error`` and claims nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from . import __version__
+from ._util import utc_now
+from .errors import FormatError, WorkerFailed
+from .formats import Record, read, write
+
+SCHEMA = "kpair.result"
+SCHEMA_VERSION = 1
+STATUSES = ("pass", "fail", "error")
+EXIT_PASS, EXIT_FAIL = 0, 1
+
+Status = Literal["pass", "fail", "error"]
+
+
+class Side(Record):
+    """One kernel of the pair as it ran: its name and the binary it came from."""
+
+    kernel: str
+    binary: str
+
+
+class ErrorInfo(Record, omit_defaults=True):
+    """Why no verdict was reached: the error's type, message, the stage it happened in."""
+
+    type: str
+    message: str
+    stage: str | None = None
+    exit_code: int | None = None
+    traceback: str | None = None
+
+
+class Correctness(Record, omit_defaults=True):
+    """The policy verdict of opt (``regions``: one judged region each, see docs/format.md);
+    ``failed_check`` names the trust check that failed the run, if one did."""
+
+    passed: bool
+    mode: str
+    regions: list[dict[str, Any]]
+    policy: dict[str, Any]
+    summary: str = ""
+    failed_check: str | None = None
+
+
+class Speed(Record, omit_defaults=True):
+    """The ABBA measurement (``kpair.measure``) and how it was taken."""
+
+    mode: str
+    speedup: float
+    ci95: tuple[float, float]
+    slot_bias: float
+    slot_bias_ci95: tuple[float, float]
+    fwd: float
+    rev: float
+    blocks: int
+    forward_blocks: int
+    reverse_blocks: int
+    stopped_by: str
+    rel_ci_halfwidth: float
+    seed: int
+    n_boot: int
+    debug_only: dict[str, Any]
+    samples_file: str | None = None
+    samples_sha256: str | None = None
+    cache: str | None = None
+    clocks_mhz: dict[str, Any] | None = None
+    aa_control: Speed | None = None
+
+
+class Checks(Record, omit_defaults=True):
+    """Whether the trust checks ran, which were skipped, and the seed of their randomness."""
+
+    enabled: bool
+    skipped: list[str] | None = None
+    seed: int | None = None
+
+
+class TrustEntry(Record, omit_defaults=True):
+    """One trust check's outcome: ``passed`` None means not judged (skipped, warning)."""
+
+    ran: bool
+    passed: bool | None
+    finding: dict[str, Any]
+    reason: str | None = None
+
+
+class Result(Record, omit_defaults=True):
+    schema: Literal["kpair.result"] = SCHEMA
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kpair_version: str = __version__
+    harness: str = ""
+    started: str = ""
+    status: Status = "error"
+    correct: bool | None = None
+    correctness: Correctness | None = None
+    speed: Speed | None = None
+    error: ErrorInfo | None = None
+    environment: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None
+    inputs_digest: str | None = None
+    ref: Side | None = None
+    opt: Side | None = None
+    checks: Checks | None = None
+    trust: dict[str, TrustEntry] | None = None
+    warnings: list[str] | None = None
+    stage_s: dict[str, float] | None = None
+    wall_s: float | None = None
+    log: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.correct is not (True if self.status == "pass" else
+                                False if self.status == "fail" else None):
+            raise ValueError(f"status {self.status!r} does not allow correct={self.correct!r}")
+        if self.status == "pass" and (self.speed is None or self.correctness is None):
+            raise ValueError("a pass needs a correctness verdict and a speed")
+        if self.status == "fail" and (self.speed is not None or self.correctness is None):
+            raise ValueError("a fail has a correctness verdict and no speed")
+        if self.status == "error" and self.error is None:
+            raise ValueError("an error result must say what the error was")
+
+    # ------------------------------------------------------------ reading and writing
+
+    @classmethod
+    def from_json(cls, obj: Any, *, path: object = None) -> Result:
+        from .formats import check_version, convert
+
+        check_version(obj, SCHEMA, SCHEMA_VERSION, path=path)
+        return convert(obj, cls, path=path)
+
+    @classmethod
+    def read(cls, path: str | Path) -> Result:
+        return read(Path(path), cls, schema=SCHEMA, version=SCHEMA_VERSION)
+
+    def write(self, path: str | Path) -> None:
+        """Write atomically (a temporary file, then a rename)."""
+        write(Path(path), self)
+
+    def replace(self, **changes: Any) -> Result:
+        return msgspec.structs.replace(self, **changes)
+
+    # ------------------------------------------------------------ for people and shells
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "pass":
+            return EXIT_PASS
+        if self.status == "fail":
+            return EXIT_FAIL
+        return (self.error.exit_code if self.error and self.error.exit_code
+                else WorkerFailed.exit_code)
+
+    @property
+    def reason(self) -> str | None:
+        """Why this run did not pass, in one line (None for a pass)."""
+        if self.status == "pass":
+            return None
+        if self.status == "fail":
+            return (self.correctness.summary if self.correctness else "") or "opt is incorrect"
+        err = self.error
+        stage = f" (stage {err.stage})" if err.stage else ""
+        return f"{err.type}{stage}: {err.message}"
+
+    def summary(self) -> str:
+        """One line: the verdict the seed's users expect to read."""
+        if self.status == "error":
+            return f"ERROR ({self.error.type}): {self.error.message}"
+        corr = self.correctness
+        if self.status == "fail":
+            text = corr.summary or "opt is incorrect"
+            return text if text.startswith("FAIL") else f"FAIL: {text}"
+        s = self.speed
+        lo, hi = s.ci95
+        line = (f"PASS: {corr.mode}, {s.speedup:.3f}x faster, slot bias {s.slot_bias:.4f}, "
+                f"CI [{lo:.3f}, {hi:.3f}] ({s.blocks} blocks, stopped by {s.stopped_by}; "
+                f"replay {(self.replay or {}).get('mode')})")
+        if self.trust:
+            passed = [t for t in self.trust.values() if t.passed is True]
+            line += f"; {len(passed)} trust checks passed"
+        for w in self.warnings or []:
+            line += f"; WARNING {w}"
+        return line
+
+
+def error_result(harness: str | Path, error: BaseException | str, *, stage: str | None = None,
+                 kind: str | None = None, exit_code: int | None = None,
+                 started: str | None = None, **facts: Any) -> Result:
+    """An ``error`` Result: never claims correctness, says what failed and where. ``facts``
+    (environment, replay, inputs_digest, ref, opt, stage_s) keep what was learnt before."""
+    if exit_code is None and isinstance(error, BaseException):
+        exit_code = getattr(error, "exit_code", None)
+    info = ErrorInfo(type=kind or type(error).__name__, message=str(error), stage=stage,
+                     exit_code=exit_code)
+    keep = {k: v for k, v in facts.items()
+            if k in ("environment", "replay", "inputs_digest", "ref", "opt", "stage_s",
+                     "traceback") and v is not None}
+    if "traceback" in keep:
+        info = msgspec.structs.replace(info, traceback=keep.pop("traceback"))
+    return Result(harness=str(harness), started=started or utc_now(), status="error",
+                  correct=None, error=info, **keep)
+
+
+def read_result(path: str | Path) -> Result | None:
+    """The result at ``path``, None when there is none; FormatError names a bad field."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    return Result.read(path)
+
+
+__all__ = ["Checks", "Correctness", "ErrorInfo", "FormatError", "Result", "STATUSES", "Side",
+           "Speed", "TrustEntry", "error_result", "read_result"]

@@ -1,0 +1,217 @@
+"""Memory armour: guard canaries around every region and poison in the bytes ref writes.
+
+The layout is pure: ``guard_bands`` (where the canaries go: bytes beside a region that no
+region covers and that the device mapped), ``band_violation`` (what changed in one), the
+poison pattern (``pattern``, ``poisoned_image``) and what of it a run left (``left_mask``,
+``poison_left``). ``Armor`` writes them through a ``Device`` around launches: the replay
+calls one of its two hook sets per launch, ``armor.guarded`` (fresh canaries before, checked
+after) or ``armor.poisoned`` (the same, plus fresh poison in every planned write-only range).
+Which launches get poison is the caller's choice at each launch, never a mode of the armour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..backends.base import Device
+
+#: Guard bytes per side of a region at most (they are read back after every launch); an
+#: unmapped byte is never touched.
+GUARD_CAP = 64 << 10
+#: Without mapped_ranges(), gaps shorter than this lie in pages both neighbours map.
+SAFE_GAP = 4096
+_FILL_RUNS = 64     # more poison runs than this: read-modify-write the region instead
+
+
+def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) runs of True in a boolean mask."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [(int(s), int(e)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def pattern(word: int, size: int) -> np.ndarray:
+    """``size`` bytes of the little-endian 32-bit ``word`` repeated (Device.fill's layout)."""
+    return np.tile(np.frombuffer(word.to_bytes(4, "little"), np.uint8), -(-size // 4))[:size]
+
+
+def poisoned_image(runs: Sequence[tuple[int, int]], word: int, size: int) -> np.ndarray:
+    """A region's poison: each run filled with ``word`` from the run's start."""
+    out = np.zeros(size, np.uint8)
+    for s, e in runs:
+        out[s:e] = pattern(word, e - s)
+    return out
+
+
+def left_mask(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
+              ) -> np.ndarray:
+    """Bytes of whole poison words (4 bytes from each run's start; a run's tail counts as one)
+    that opt left exactly as poisoned, where the answer is not the poison itself. Whole words:
+    a written value matches one poison *byte* by chance once in 256 bytes, a word practically
+    never."""
+    exp, act = np.frombuffer(expected, np.uint8), np.frombuffer(actual, np.uint8)
+    out = np.zeros(exp.size, bool)
+    for s, e in runs:
+        im = pattern(word, e - s)
+        for lo, hi, width in ((s, s + (e - s) // 4 * 4, 4), (s + (e - s) // 4 * 4, e, None)):
+            if hi <= lo:
+                continue
+            w = width or hi - lo
+            same = (act[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
+            answer = (exp[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
+            out[lo:hi] = np.repeat(same & ~answer, w)
+    return out
+
+
+def poison_left(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
+                ) -> tuple[int, int | None]:
+    """(bytes, first offset) of the poison opt left as it was."""
+    left = np.flatnonzero(left_mask(runs, word, expected, actual))
+    return int(left.size), (int(left[0]) if left.size else None)
+
+
+@dataclass(frozen=True)
+class Band:
+    """Guard bytes ``[address, address + size)`` beside ``region``: ``side`` is "before" or
+    "after"; ``offset`` is the band's first byte relative to the region's first byte."""
+
+    region: str
+    side: str
+    address: int
+    size: int
+    offset: int
+
+
+def guard_bands(regions: Sequence[tuple[str, int, int]],
+                mapped: Sequence[tuple[int, int]] | None, cap: int = GUARD_CAP) -> list[Band]:
+    """Bands around every (name, address, size) region, in the mapped bytes no region covers.
+
+    A gap between two regions is split between them; a region's band never exceeds ``cap``.
+    ``mapped`` None: only gaps shorter than SAFE_GAP between two regions are used."""
+    regs = sorted(regions, key=lambda r: r[1])
+    if mapped is None:
+        spans, edges = [(regs[0][1], regs[-1][1] + regs[-1][2])] if regs else [], False
+    else:
+        spans, edges = sorted(mapped), True
+    bands: list[Band] = []
+    for lo, hi in spans:
+        inside = [r for r in regs if lo <= r[1] and r[1] + r[2] <= hi]
+        for i, (name, start, size) in enumerate(inside):
+            end = start + size
+            prev_end = inside[i - 1][1] + inside[i - 1][2] if i else (lo if edges else None)
+            next_start = inside[i + 1][1] if i + 1 < len(inside) else (hi if edges else None)
+            if prev_end is not None and (edges or start - prev_end < SAFE_GAP):
+                gap = start - prev_end
+                before = min(cap, gap // 2 if i else gap)
+                if before > 0:
+                    bands.append(Band(name, "before", start - before, before, -before))
+            if next_start is not None and (edges or next_start - end < SAFE_GAP):
+                gap = next_start - end
+                after = min(cap, gap - gap // 2 if i + 1 < len(inside) else gap)
+                if after > 0:
+                    bands.append(Band(name, "after", end, after, size))
+    return bands
+
+
+def band_violation(band: Band, seen: bytes, word: int) -> dict | None:
+    """Where canary bytes of ``band`` were overwritten, as offsets from the region's start,
+    widened to the 4-byte words (aligned to the region) they lie in: a written value can
+    leave a byte that happens to equal the canary's."""
+    if seen == (word.to_bytes(4, "little") * -(-band.size // 4))[:band.size]:
+        return None
+    got = np.frombuffer(seen, np.uint8)
+    bad = np.flatnonzero(got != pattern(word, band.size))
+    if not bad.size:
+        return None
+    words = np.unique((band.offset + bad) // 4)
+    lo = max(int(words[0]) * 4, band.offset)
+    hi = min(int(words[-1]) * 4 + 3, band.offset + band.size - 1)
+    nbytes = sum(min(w * 4 + 3, hi) - max(w * 4, lo) + 1 for w in words.tolist())
+    return {"region": band.region, "side": band.side, "bytes": nbytes,
+            "first_offset": lo, "last_offset": hi}
+
+
+def describe_violation(v: dict) -> str:
+    lo, hi = v["first_offset"], v["last_offset"]
+    span = f"{lo:+d}" if lo == hi else f"{lo:+d}..{hi:+d}"
+    where = "before the start" if v["side"] == "before" else "past the end"
+    return (f"{v['bytes']} byte{'s' * (v['bytes'] != 1)} {where} of region {v['region']} "
+            f"(offsets {span} from its start)")
+
+
+# ------------------------------------------------------------------ one-sided error
+
+
+class _Hooks:
+    """What ``Replay`` calls around one launch: ``before`` and ``after``."""
+
+    def __init__(self, armor: Armor, poison: bool):
+        self.armor, self.poison = armor, poison
+
+    def before(self) -> None:
+        self.armor._before(self.poison)
+
+    def after(self) -> None:
+        self.armor._after()
+
+
+class Armor:
+    """Canaries and poison, written around each launch with words drawn from ``rng``.
+
+    ``plan`` (region -> (address, size, write-only runs)) is what ``poisoned`` launches get
+    poison in; it is set once the write-only bytes are known. After each launch ``last``
+    holds the guard violations it caused and ``poisoned_regions()`` the poison it was given.
+    """
+
+    def __init__(self, device: Device, bands: list[Band], rng: np.random.Generator):
+        self.device, self.bands, self.rng = device, bands, rng
+        self.plan: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
+        self.poison_words: dict[str, int] = {}   # of the last launch
+        self.last: list[dict] = []                 # guard violations of the last launch
+        self.canary, self._n = 0, 0
+        self.guarded = _Hooks(self, poison=False)
+        self.poisoned = _Hooks(self, poison=True)
+
+    def _poison_word(self) -> int:
+        # Alternate a quiet-NaN family (NaN as f32, and in the high half as f16/bf16) with
+        # arbitrary bits: an unwritten element fails a tolerance check either way.
+        self._n += 1
+        w = int(self.rng.integers(1, 2**32))
+        return 0x7FC00000 | (w & 0xFFFF) if self._n % 2 else w
+
+    def _before(self, poison: bool) -> None:
+        self.canary = int(self.rng.integers(1, 2**32))
+        for b in self.bands:
+            self.device.fill(b.address, b.size, self.canary)
+        self.poison_words = {}
+        if not poison:
+            return
+        for name, (address, size, runs) in self.plan.items():
+            word = self._poison_word()
+            if len(runs) <= _FILL_RUNS:
+                for s, e in runs:
+                    self.device.fill(address + s, e - s, word)
+            else:
+                cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
+                image = poisoned_image(runs, word, size)
+                mask = np.zeros(size, bool)
+                for s, e in runs:
+                    mask[s:e] = True
+                cur[mask] = image[mask]
+                self.device.write(address, cur.tobytes())
+            self.poison_words[name] = word
+
+    def _after(self) -> None:
+        self.last = []
+        for b in self.bands:
+            v = band_violation(b, self.device.read(b.address, b.size), self.canary)
+            if v is not None:
+                self.last.append(v)
+
+    def poisoned_regions(self) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+        """region -> (word, runs) of the poison written before the last launch."""
+        return {n: (w, self.plan[n][2]) for n, w in self.poison_words.items()}
