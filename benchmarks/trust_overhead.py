@@ -29,10 +29,10 @@ import numpy as np
 
 from kpair.backends import open_device
 from kpair.harness import create_harness
-from kpair.mutation import Mutation
-from kpair.policy import Policy
+from kpair.isolation import run_isolated
+from kpair.pipeline import RunOptions
+from kpair.policy import Mutation, Policy
 from kpair.record import record_call
-from kpair.run import RunOptions, run_harness
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_STAGES = ("trust:poison", "trust:differential", "trust:timing")
@@ -92,9 +92,9 @@ def measure_case(harness: Path, blocks: int, repeat: int, seed: int) -> dict:
     for label, checks in (("with_checks", True), ("without_checks", False)):
         runs = []
         for i in range(repeat):
-            r = run_harness(harness, RunOptions(min_blocks=blocks, max_blocks=blocks,
+            r = run_isolated(harness, RunOptions(min_blocks=blocks, max_blocks=blocks,
                                                 rel_ci=1e-9, time_cap_s=600.0, seed=seed + i,
-                                                checks=checks, timeout_s=600))
+                                                checks=checks, timeout_s=600)).to_json()
             if r["status"] != "pass":
                 raise SystemExit(f"{harness}: {r['status']}: {r.get('correctness') or r}")
             runs.append(r)

@@ -57,3 +57,17 @@ def fake_row(level: int, name: str, speedup: float | None = None, *, status: str
             "director": None if director is None else {"speedup": director,
                                                        "reference_only": True},
             "paths": {}, "replay": "captured", "inputs_digest": None, "verified": None}
+
+
+def run_json(root, options=None, **kw) -> dict:
+    """Run a harness in its isolated worker; its result as result.json holds it."""
+    from kpair.isolation import run_isolated
+
+    return run_isolated(root, options, **kw).to_json()
+
+
+def summarize(result: dict) -> str:
+    """The one-line verdict of a result.json object."""
+    from kpair.result import Result
+
+    return Result.from_json(result).summary()

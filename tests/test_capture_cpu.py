@@ -20,6 +20,7 @@ from kpair.capture.filters import Filter
 from kpair.capture.launches import KernargError, LaunchInfo, decode_launch, kernarg_bytes
 from kpair.capture.modules import ModuleRegistry, elf_function_names
 from kpair.capture.names import demangle, short_name
+from kpair.capture.program import run_program
 from kpair.capture.regions import (
     Block,
     BlockTable,
@@ -28,7 +29,6 @@ from kpair.capture.regions import (
     pointer_words,
     segment_bytes,
 )
-from kpair.capture.program import run_program
 from kpair.capture.session import CaptureSession, KernelInfo
 from kpair.cli import main
 from kpair.cli.capture import child_command, parse_size, status_of

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC, record_matmul
+from conftest import CSRC, record_matmul, run_json
 from kpair.cli import main as kpair
 from kpair.harness import create_harness
-from kpair.run import RunOptions, run_harness
+from kpair.pipeline import RunOptions
 from kpair.snapshot import Snapshot
 from kpair.toolchain import compile_shared
 
@@ -48,7 +48,7 @@ def test_honest_pair_is_byte_exact_and_faster(matmul_libs, tmp_path):
     # n=256: the naive loop walks B by columns, the reordered one streams rows.
     snap = record_matmul(matmul_libs["naive"], tmp_path / "s", n=256)
     h = create_harness(snap, tmp_path / "h", opt=matmul_libs["fast"])
-    r = run_harness(h.root, RunOptions(time_cap_s=8.0, timeout_s=120))
+    r = run_json(h.root, RunOptions(time_cap_s=8.0, timeout_s=120))
     assert r["status"] == "pass" and r["correct"] is True
     assert r["correctness"]["mode"] == "byte-exact"
     assert r["replay"]["fidelity"]["passed"] is True
@@ -65,7 +65,7 @@ def test_honest_pair_is_byte_exact_and_faster(matmul_libs, tmp_path):
 
 def test_off_by_one_is_rejected_with_a_useful_report(matmul_libs, matmul_snapshot, tmp_path):
     h = create_harness(matmul_snapshot, tmp_path / "h", opt=matmul_libs["offbyone"])
-    r = run_harness(h.root, QUICK)
+    r = run_json(h.root, QUICK)
     assert r["status"] == "fail" and r["correct"] is False and r["speed"] is None
     bad = [x for x in r["correctness"]["regions"] if not x["passed"]]
     assert [x["region"] for x in bad] == ["c"]
@@ -76,7 +76,7 @@ def test_off_by_one_is_rejected_with_a_useful_report(matmul_libs, matmul_snapsho
 
 
 def test_relocated_replay_patches_pointers_and_stays_byte_exact(pair):
-    r = run_harness(pair, RunOptions(relocate=True, time_cap_s=1.0, max_blocks=32,
+    r = run_json(pair, RunOptions(relocate=True, time_cap_s=1.0, max_blocks=32,
                                      timeout_s=120))
     assert r["status"] == "pass", r.get("error")
     rep = r["replay"]
@@ -156,14 +156,14 @@ def test_crashing_or_hanging_opt_is_an_error_and_the_caller_survives(
     lib = compile_shared(CSRC / "faulty.c", tmp_path / "faulty.so", flags=("-O0",),
                          defines={"KP_FAULT": fault})
     h = create_harness(matmul_snapshot, tmp_path / "h", opt=lib)
-    r = run_harness(h.root, RunOptions(timeout_s=3.0, time_cap_s=1.0))
+    r = run_json(h.root, RunOptions(timeout_s=3.0, time_cap_s=1.0))
     assert r["status"] == "error" and r["correct"] is None
     assert expect in r["error"]["message"]
     assert r["error"]["stage"] not in (None, "verify", "place", "load", "ref")
 
 
 def test_aa_control_contains_one(pair):
-    r = run_harness(pair, RunOptions(aa=True, time_cap_s=2.0, timeout_s=120))
+    r = run_json(pair, RunOptions(aa=True, time_cap_s=2.0, timeout_s=120))
     aa = r["speed"]["aa_control"]
     assert aa["mode"] == "A/A"
     # ref against itself: no speedup beyond timing noise (a CI can miss 1 in 5% of runs).

@@ -10,27 +10,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC
+from conftest import CSRC, run_json, summarize
 from kpair.cli import main as kpair
 from kpair.errors import PolicyError, UsageError
 from kpair.harness import create_harness
-from kpair.policy import Mutation
-from kpair.policy import Policy, Tolerance, check
+from kpair.isolation import _describe_exit
+from kpair.pipeline import RunOptions
+from kpair.policy import Mutation, Policy, Tolerance, check
 from kpair.record import record_call
-from kpair.run import RunOptions, _describe_exit, run_harness, summarize
 from kpair.toolchain import compile_shared
-from kpair.trust import (
-    CHECKS,
+from kpair.trust import CHECKS
+from kpair.trust.armor import (
     Band,
     band_violation,
-    baseline_determinism,
-    bias_stats,
     describe_violation,
     guard_bands,
-    impossible_speed,
     left_mask,
     mask_runs,
     pattern,
+)
+from kpair.trust.findings import (
+    baseline_determinism,
+    bias_stats,
+    impossible_speed,
     timing_integrity,
     write_only_mask,
 )
@@ -38,7 +40,7 @@ from kpair.trust import (
 N = 64
 #: Small measurement budgets (and a 4 MiB cache flush) keep each run well under a second.
 QUICK = RunOptions(time_cap_s=1.0, min_blocks=4, max_blocks=8, seed=7, timeout_s=120,
-                   backend_options={"flush_bytes": 4 << 20})
+                   device_options={"flush_bytes": 4 << 20})
 CHEATS = {"honest_split": 0, "nowrite": 1, "const": 2, "stale": 3, "oob": 4, "input": 5,
           "hardcode": 6, "nondet": 7, "lowprec": 8, "deferred": 9, "lazy": 10, "scale": 11}
 
@@ -201,7 +203,7 @@ def suite(tmp_path_factory):
     def run(opt: str, policy: str = "exact", options: RunOptions = QUICK, **kw) -> dict:
         h = create_harness(d / "snap", d / f"h{next(count)}-{opt}", opt=libs[opt],
                            policy=policies[policy], **kw)
-        return run_harness(h.root, options)
+        return run_json(h.root, options)
 
     run.libs, run.dir = libs, d
     return run
@@ -279,7 +281,7 @@ def test_without_checks_the_output_buffer_fools_the_harness(suite):
 def test_nondeterministic_baseline_fails_then_policy_suggest_fixes_it(suite, capsys):
     d, libs = suite.dir, suite.libs
     h = create_harness(d / "snap", d / "nondet-ref", ref=libs["nondet"], opt=libs["fast"])
-    r = run_harness(h.root, QUICK)
+    r = run_json(h.root, QUICK)
     assert r["status"] == "fail" and r["correctness"]["failed_check"] == "baseline_determinism"
     assert "baseline nondeterministic" in summarize(r) and "kpair policy suggest" in summarize(r)
     assert kpair(["policy", "suggest", str(h.root), "-o", str(d / "suggested.json"),
@@ -291,7 +293,7 @@ def test_nondeterministic_baseline_fails_then_policy_suggest_fixes_it(suite, cap
     assert [m.region for m in suggested.mutations] == ["a", "b"]
     h2 = create_harness(d / "snap", d / "nondet-ref-2", ref=libs["nondet"], opt=libs["fast"],
                         policy=d / "suggested.json")
-    r = run_harness(h2.root, QUICK)
+    r = run_json(h2.root, QUICK)
     assert r["status"] == "pass", summarize(r)
     assert r["trust"]["baseline_determinism"]["finding"]["differing_bytes"] == {"c": 1}
 
@@ -302,7 +304,7 @@ def test_noop_dispatch_passes_with_a_warning(suite):
     record_call(suite.libs["nowrite"], "kp_nothing", [x, np.int32(16)], d / "noop",
                 names=["x", "n"])
     h = create_harness(d / "noop", d / "noop-h", opt=suite.libs["nowrite"])
-    r = run_harness(h.root, QUICK)
+    r = run_json(h.root, QUICK)
     assert r["status"] == "pass"
     assert r["trust"]["noop"]["finding"]["noop"] is True
     assert r["warnings"] and "proves nothing" in r["warnings"][0]

@@ -33,6 +33,10 @@ class Record(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def to_json(self) -> dict:
         return to_builtins(self)
 
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` (records are immutable)."""
+        return msgspec.structs.replace(self, **changes)
+
 
 class Address(int):
     """A 64-bit address; JSON spells it as a lowercase hex string ``"0x7f00"``."""

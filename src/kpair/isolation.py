@@ -239,11 +239,11 @@ def worker_main(argv: list[str]) -> int:
         result = execute(args.harness, options, facts=facts, stage=stage,
                          samples_path=samples_path)
     except KpairError as e:
-        result = error_result(args.harness, e, stage=current["stage"], **facts.keep())
+        result = error_result(args.harness, e, stage=current["stage"], facts=facts.keep())
     except Exception as e:  # noqa: BLE001 - an unexpected bug still must not claim a verdict
         result = error_result(args.harness, f"{type(e).__name__}: {e}",
                               stage=current["stage"], kind="InternalError",
-                              traceback=traceback.format_exc(), **facts.keep())
+                              traceback=traceback.format_exc(), facts=facts.keep())
     samples = None
     if result.speed is not None and samples_path.exists():
         samples = base64.b64encode(samples_path.read_bytes()).decode()

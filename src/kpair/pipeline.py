@@ -38,7 +38,7 @@ from .result import Checks, Correctness, Result, Side, Speed, TrustEntry
 class RunOptions:
     """How to run a harness. Measurement defaults come from harness.json's ``measure``."""
 
-    device: dict | None = None
+    device_options: dict | None = None
     relocate: bool = False
     cache: str = "cold"
     aa: bool = False
@@ -146,13 +146,13 @@ class Run:
 
     def fail(self) -> Result:
         trust, warnings = self.trust()
-        return Result(status="fail", correct=False, correctness=self.correctness(),
-                      trust=trust, warnings=warnings, **self.facts.keep())
+        return Result.make(status="fail", correctness=self.correctness(), trust=trust,
+                           warnings=warnings, **self.facts.keep())
 
     def passed(self) -> Result:
         trust, warnings = self.trust()
-        return Result(status="pass", correct=True, correctness=self.correctness(),
-                      speed=self.speed, trust=trust, warnings=warnings, **self.facts.keep())
+        return Result.make(status="pass", correctness=self.correctness(), speed=self.speed,
+                           trust=trust, warnings=warnings, **self.facts.keep())
 
 
 #: A stage: its name (the key of ``stage_s``) and what it does. A stage returns a Result to
@@ -177,7 +177,7 @@ def _place(run: Run) -> None:
     from .replay import Replay
 
     h = run.harness
-    run.device = open_device(h.backend, **(run.options.device or {}))
+    run.device = open_device(h.backend, **(run.options.device_options or {}))
     run.facts.environment = run.device.environment()
     run.replay = Replay(run.device, h.snapshot, relocate=run.options.relocate,
                         cache=run.options.cache)

@@ -29,7 +29,7 @@ from .snapshot import Launch, Snapshot
 
 
 class LaunchHooks(Protocol):
-    """What ``Replay`` calls around a launch (implemented by ``kpair.audit.Armor``)."""
+    """What ``Replay`` calls around a launch (``kpair.trust.armor.Armor`` provides two)."""
 
     def before(self) -> None: ...
 

@@ -102,16 +102,20 @@ class TrustEntry(Record, omit_defaults=True):
     reason: str | None = None
 
 
-class Result(Record, omit_defaults=True):
-    schema: Literal["kpair.result"] = SCHEMA
-    schema_version: Literal[1] = SCHEMA_VERSION
-    kpair_version: str = __version__
-    harness: str = ""
-    started: str = ""
-    status: Status = "error"
-    correct: bool | None = None
-    correctness: Correctness | None = None
-    speed: Speed | None = None
+class Result(Record, omit_defaults=True, kw_only=True):
+    """The whole file. Fields that may be absent are omitted when None; ``correct``,
+    ``correctness`` and ``speed`` are always written (null when there is none). Build one
+    with ``Result.make``, which fills in the format and version."""
+
+    schema: Literal["kpair.result"]
+    schema_version: Literal[1]
+    kpair_version: str
+    harness: str
+    started: str
+    status: Status
+    correct: bool | None
+    correctness: Correctness | None
+    speed: Speed | None
     error: ErrorInfo | None = None
     environment: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None
@@ -136,6 +140,14 @@ class Result(Record, omit_defaults=True):
         if self.status == "error" and self.error is None:
             raise ValueError("an error result must say what the error was")
 
+    @classmethod
+    def make(cls, *, status: Status, correctness: Correctness | None = None,
+             speed: Speed | None = None, **fields: Any) -> Result:
+        correct = True if status == "pass" else False if status == "fail" else None
+        return cls(schema=SCHEMA, schema_version=SCHEMA_VERSION, kpair_version=__version__,
+                   status=status, correct=correct, correctness=correctness, speed=speed,
+                   **fields)
+
     # ------------------------------------------------------------ reading and writing
 
     @classmethod
@@ -152,9 +164,6 @@ class Result(Record, omit_defaults=True):
     def write(self, path: str | Path) -> None:
         """Write atomically (a temporary file, then a rename)."""
         write(Path(path), self)
-
-    def replace(self, **changes: Any) -> Result:
-        return msgspec.structs.replace(self, **changes)
 
     # ------------------------------------------------------------ for people and shells
 
@@ -201,20 +210,21 @@ class Result(Record, omit_defaults=True):
 
 def error_result(harness: str | Path, error: BaseException | str, *, stage: str | None = None,
                  kind: str | None = None, exit_code: int | None = None,
-                 started: str | None = None, **facts: Any) -> Result:
+                 facts: dict[str, Any] | None = None, traceback: str | None = None) -> Result:
     """An ``error`` Result: never claims correctness, says what failed and where. ``facts``
-    (environment, replay, inputs_digest, ref, opt, stage_s) keep what was learnt before."""
+    (started, environment, replay, inputs_digest, ref, opt, stage_s) keep what was learnt
+    before the error."""
     if exit_code is None and isinstance(error, BaseException):
         exit_code = getattr(error, "exit_code", None)
     info = ErrorInfo(type=kind or type(error).__name__, message=str(error), stage=stage,
                      exit_code=exit_code)
-    keep = {k: v for k, v in facts.items()
-            if k in ("environment", "replay", "inputs_digest", "ref", "opt", "stage_s",
-                     "traceback") and v is not None}
-    if "traceback" in keep:
-        info = msgspec.structs.replace(info, traceback=keep.pop("traceback"))
-    return Result(harness=str(harness), started=started or utc_now(), status="error",
-                  correct=None, error=info, **keep)
+    if traceback:
+        info = msgspec.structs.replace(info, traceback=traceback)
+    keep = {k: v for k, v in (facts or {}).items()
+            if k in ("started", "environment", "replay", "inputs_digest", "ref", "opt",
+                     "stage_s") and v is not None}
+    keep.setdefault("started", utc_now())
+    return Result.make(harness=str(harness), status="error", error=info, **keep)
 
 
 def read_result(path: str | Path) -> Result | None:

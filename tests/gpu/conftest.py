@@ -20,8 +20,9 @@ import pytest
 from kpair.backends import open_device
 from kpair.errors import BackendUnavailable
 from kpair.harness import create_harness
+from kpair.isolation import run_isolated
+from kpair.pipeline import RunOptions
 from kpair.record import record_call
-from kpair.run import RunOptions, run_harness
 from kpair.snapshot import (
     CodeObject,
     Kernarg,
@@ -92,7 +93,7 @@ class Kit:
         return out
 
     def run(self, harness: Path, **options) -> dict:
-        return run_harness(harness, RunOptions(**options))
+        return run_isolated(harness, RunOptions(**options)).to_json()
 
     # ------------------------------------------------------------------ recorded cases
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kpair.policy import Mutation
-from kpair.policy import Policy, Tolerance
-from kpair.run import summarize
+from kpair.policy import Mutation, Policy, Tolerance
+from kpair.result import Result
 from kpair.snapshot import Launch, Snapshot
 from kpair.toolchain import compile_cuda
 from kpair.trust import CHECKS
@@ -69,7 +68,7 @@ REJECTED = [
 def test_cuda_cheat_is_rejected_with_the_right_reason(cuda_suite, evidence, kernel, policy,
                                                       check_name, phrase):
     r = cuda_suite(kernel, policy)
-    line = summarize(r)
+    line = Result.from_json(r).summary()
     evidence(f"trust[{kernel}-{policy}]", {"status": r["status"], "summary": line,
                                            "failed_check": (r.get("correctness") or {}).get(
                                                "failed_check")})
@@ -83,7 +82,7 @@ def test_cuda_cheat_is_rejected_with_the_right_reason(cuda_suite, evidence, kern
                           ("adversarial", "honest_splitk", "cosine")])
 def test_cuda_honest_opt_passes_every_check(cuda_suite, evidence, source, kernel, policy):
     r = cuda_suite(kernel, policy, source)
-    line = summarize(r)
+    line = Result.from_json(r).summary()
     trust = r.get("trust") or {}
     evidence(f"trust[{kernel}-{policy}]", {
         "status": r["status"], "summary": line, "stage_s": r.get("stage_s"),

@@ -78,7 +78,7 @@ def suggest_policy(policy: Policy, runs: Sequence[dict[str, bytes]], *,
     return Policy(tols, note, mutations, policy.max_bias), notes
 
 
-def ref_runs(harness: Path, runs: int, backend_options: dict | None = None
+def ref_runs(harness: Path, runs: int, device_options: dict | None = None
              ) -> tuple[list[dict[str, bytes]], dict[str, bytes], dict[str, str], Policy]:
     """Replay the harness's ref ``runs`` times in this process: (posts, pre, hints, policy)."""
     from ..backends import open_device
@@ -86,7 +86,7 @@ def ref_runs(harness: Path, runs: int, backend_options: dict | None = None
     from ..replay import Replay
 
     h = Harness.open(harness)
-    with open_device(h.backend, **(backend_options or {})) as device:
+    with open_device(h.backend, **(device_options or {})) as device:
         replay = Replay(device, h.snapshot)
         ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
         replay.check_abi(ref, "ref")

@@ -4,7 +4,7 @@ A ``Mutation`` names one input region (or a byte range of it), the dtype of its 
 how to change them: ``permute`` (the same values in another order) or ``resample`` (values
 drawn with replacement from the region's own values: the observed distribution). Both keep
 every value one the kernel has already seen, so no NaN, no out-of-range index appears that
-the captured input did not hold. The differential check (``kpair.audit``) runs ref and opt
+the captured input did not hold. The differential check (``kpair.trust.audit``) runs ref and opt
 on ``count`` such inputs and judges opt against ref under the policy's own criteria: a kernel
 that hard-codes the captured answer, or returns a cached one, fails there.
 

@@ -192,7 +192,7 @@ class Tolerance:
 class Policy:
     """The declared tolerances of one harness; everything else is compared byte-exactly.
 
-    ``mutations`` ask for differential runs on changed inputs (``kpair.mutation``);
+    ``mutations`` ask for differential runs on changed inputs (``kpair.policy.mutation``);
     ``max_bias`` (None: one machine epsilon of the range's dtype) is the mean signed relative
     error a cosine range may show before a significant one-sided error fails it."""
 
