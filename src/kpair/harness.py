@@ -10,21 +10,27 @@ Layout (``docs/format.md``)::
     <harness>/run_harness.py               ``python run_harness.py`` writes result.json
 
 ``create_harness`` builds one from a snapshot directory; ``Harness.open`` reads one back and
-verifies every listed file against the manifest before anything runs.
+verifies every listed file against the manifest before anything runs. ``HarnessSpec`` is
+harness.json (strictly read: unknown fields refused, backend and architecture must be the
+snapshot's); the manifest lists every regular input file once, and nothing else may be there.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
-from dataclasses import dataclass, field
+import stat
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from . import __version__
-from ._util import read_versioned_json
-from .errors import HarnessError, UsageError
+from .backends import BACKENDS, arch_accepted
+from .errors import HarnessError, KpairError, UsageError
+from .formats import Record, read, write
 from .policy import Policy, load_policy, save_policy
-from .snapshot import Launch, Snapshot, detect_format, sha256, write_json_atomic
+from .snapshot import CODE_FORMATS, Launch, Snapshot, detect_format, sha256
 
 SCHEMA = "kpair.harness"
 SCHEMA_VERSION = 1
@@ -33,20 +39,28 @@ EXTENSIONS = {"elf-so": ".so", "cubin": ".cubin", "fatbin": ".fatbin", "ptx": ".
               "hsaco": ".co"}
 OUTPUTS = ("result.json", "samples.npz", "worker.log")
 
-@dataclass(frozen=True)
-class Side:
+class Side(Record, omit_defaults=True):
     """One of the two kernels of a pair: its binary file, kernel name, launch override."""
 
     binary: str
     kernel: str
-    format: str
-    launch_override: dict = field(default_factory=dict)
+    format: Literal[CODE_FORMATS]  # type: ignore[valid-type]
+    launch_override: dict[str, Any] = {}
 
-    def to_json(self) -> dict:
-        out = {"binary": self.binary, "kernel": self.kernel, "format": self.format}
-        if self.launch_override:
-            out["launch_override"] = self.launch_override
-        return out
+
+class HarnessSpec(Record, omit_defaults=True):
+    """``harness.json`` (schema ``kpair.harness`` v1): what to run."""
+
+    schema: Literal["kpair.harness"]
+    schema_version: Literal[1]
+    backend: Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
+    arch: str
+    snapshot: str
+    policy: str
+    ref: Side
+    opt: Side
+    measure: dict[str, Any] = {}
+    created_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,7 +71,12 @@ class Harness:
     opt: Side
     snapshot: Snapshot
     policy: Policy
-    info: dict
+    spec: HarnessSpec
+
+    @property
+    def info(self) -> dict:
+        """harness.json as JSON (what older callers read ``measure`` from)."""
+        return self.spec.to_json()
 
     @classmethod
     def open(cls, root: str | os.PathLike, *, verify: bool = True) -> Harness:
@@ -67,30 +86,28 @@ class Harness:
             raise HarnessError("no harness.json here: not a kpair harness", path=root)
         if verify:
             verify_manifest(root)
-        spec = read_versioned_json(spec_path, SCHEMA, SCHEMA_VERSION, HarnessError)
-        sides = {}
-        for role in ("ref", "opt"):
-            s = spec.get(role)
-            if not isinstance(s, dict) or not all(isinstance(s.get(k), str)
-                                                  for k in ("binary", "kernel", "format")):
-                raise HarnessError("expected {binary, kernel, format} strings", path=spec_path,
-                                   field=role)
-            _inside(root, s["binary"], spec_path, f"{role}.binary")
-            sides[role] = Side(s["binary"], s["kernel"], s["format"],
-                               s.get("launch_override") or {})
-        for key in ("snapshot", "policy"):
-            if not isinstance(spec.get(key), str):
-                raise HarnessError("missing", path=spec_path, field=key)
-            _inside(root, spec[key], spec_path, key)
-        snapshot = Snapshot.open(root / spec["snapshot"])
-        policy = load_policy(root / spec["policy"])
-        policy.validate_against({r.name: r.size for r in snapshot.manifest.regions})
+        spec = read(spec_path, HarnessSpec, error=HarnessError, schema=SCHEMA,
+                    version=SCHEMA_VERSION)
+        for key, rel in (("ref.binary", spec.ref.binary), ("opt.binary", spec.opt.binary),
+                         ("snapshot", spec.snapshot), ("policy", spec.policy)):
+            _inside(root, rel, spec_path, key)
+        if not arch_accepted(spec.backend, spec.arch):
+            raise HarnessError(f"{spec.arch!r} is not an architecture of backend "
+                               f"{spec.backend!r}", path=spec_path, field="arch")
+        snapshot = Snapshot.open(root / spec.snapshot)
+        m = snapshot.manifest
+        for key, mine, theirs in (("backend", spec.backend, m.backend),
+                                  ("arch", spec.arch, m.arch)):
+            if mine != theirs:
+                raise HarnessError(f"{mine!r} differs from the snapshot's {theirs!r}",
+                                   path=spec_path, field=key)
+        policy = load_policy(root / spec.policy)
+        policy.validate_against({r.name: r.size for r in m.regions})
         try:
-            snapshot.manifest.launch.override(sides["opt"].launch_override)
-        except Exception as e:  # noqa: BLE001 - re-raised with the harness file named
+            m.launch.override(spec.opt.launch_override)
+        except KpairError as e:
             raise HarnessError(str(e), path=spec_path, field="opt.launch_override") from None
-        return cls(root, spec.get("backend", snapshot.manifest.backend), sides["ref"],
-                   sides["opt"], snapshot, policy, spec)
+        return cls(root, spec.backend, spec.ref, spec.opt, snapshot, policy, spec)
 
     def binary(self, side: Side) -> bytes:
         return (self.root / side.binary).read_bytes()
@@ -110,40 +127,73 @@ def _inside(root: Path, rel: str, where: Path, field_name: str) -> Path:
     return path
 
 
-def _input_files(root: Path) -> list[Path]:
-    skip = set(OUTPUTS) | {MANIFEST}
-    return sorted(p for p in root.rglob("*")
-                  if p.is_file() and p.name not in skip and "__pycache__" not in p.parts
-                  and not p.name.startswith("."))
+#: Files a run writes beside the inputs (top level only); they are not inputs.
+_LINE = re.compile(r"^([0-9a-f]{64})  (\S(?:.*\S)?)$")
+
+
+def _entries(root: Path) -> tuple[list[str], list[str]]:
+    """(regular files, everything else) under ``root``, as relative POSIX paths, outputs and
+    the manifest left out. "Everything else": FIFOs, sockets, devices, symbolic links,
+    empty directories — none belongs in a harness."""
+    files, other = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        if d != root and not dirnames and not filenames:
+            other.append(d.relative_to(root).as_posix() + "/")
+        for name in filenames + [n for n in dirnames if (d / n).is_symlink()]:
+            p = d / name
+            rel = p.relative_to(root).as_posix()
+            if d == root and name in (*OUTPUTS, MANIFEST):
+                continue
+            mode = os.lstat(p).st_mode
+            (files if stat.S_ISREG(mode) else other).append(rel)
+    return sorted(files), sorted(other)
 
 
 def write_manifest(root: Path) -> None:
-    lines = [f"{sha256(p.read_bytes())}  {p.relative_to(root).as_posix()}\n"
-             for p in _input_files(root)]
+    files, other = _entries(root)
+    if other:
+        raise HarnessError(f"{other[0]} is not a regular file; a harness holds only files",
+                           path=root)
+    lines = [f"{sha256((root / rel).read_bytes())}  {rel}\n" for rel in files]
     tmp = root / f".{MANIFEST}.tmp"
     tmp.write_text("".join(lines))
     os.replace(tmp, root / MANIFEST)
 
 
 def verify_manifest(root: Path) -> int:
-    """Check every file listed in MANIFEST.sha256; name the first one that is off."""
+    """Check MANIFEST.sha256 against the directory: every listed file present, regular and
+    matching its sha256, listed once; nothing else there (besides a run's outputs). The error
+    names the first entry that is off."""
     path = root / MANIFEST
     if not path.is_file():
         raise HarnessError(f"{MANIFEST} is missing: the inputs cannot be verified", path=root)
-    listed = set()
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        digest, _, rel = line.partition("  ")
-        if len(digest) != 64 or not rel:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise HarnessError(f"cannot read ({e})", path=path) from None
+    listed: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _LINE.match(line)
+        if not m:
             raise HarnessError(f"line {n} is not '<sha256>  <path>'", path=path)
+        digest, rel = m.groups()
+        if rel in listed:
+            raise HarnessError(f"{rel} is listed twice (lines {listed[rel]} and {n})",
+                               path=path, field=f"line {n}")
+        listed[rel] = n
         target = _inside(root, rel, path, f"line {n}")
-        if not target.is_file():
-            raise HarnessError(f"{rel} is listed but missing", path=path, field=f"line {n}")
+        if not target.exists() or not stat.S_ISREG(os.lstat(target).st_mode):
+            raise HarnessError(f"{rel} is listed but is not a regular file here", path=path,
+                               field=f"line {n}")
         if sha256(target.read_bytes()) != digest:
             raise HarnessError(f"{rel} does not match its sha256 (modified or corrupt)",
                                path=path, field=f"line {n}")
-        listed.add(rel)
-    for p in _input_files(root):
-        rel = p.relative_to(root).as_posix()
+    files, other = _entries(root)
+    for rel in other:
+        raise HarnessError(f"{rel} is not a regular file; a harness holds only the files its "
+                           "manifest lists", path=path)
+    for rel in files:
         if rel not in listed:
             raise HarnessError(f"{rel} is not listed in the manifest (added after pairing?)",
                                path=path)
@@ -202,12 +252,10 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
                         opt_launch or {})
         (out / ref_side.binary).write_bytes(ref_image)
         (out / opt_side.binary).write_bytes(opt_image)
-        spec = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "backend": m.backend,
-                "arch": m.arch, "snapshot": "capture",
-                "policy": "capture/validation_policy.json",
-                "ref": ref_side.to_json(), "opt": opt_side.to_json(),
-                "measure": measure or {}, "created_by": f"kpair {__version__}"}
-        write_json_atomic(out / "harness.json", spec)
+        write(out / "harness.json", HarnessSpec(
+            schema=SCHEMA, schema_version=SCHEMA_VERSION, backend=m.backend, arch=m.arch,
+            snapshot="capture", policy="capture/validation_policy.json", ref=ref_side,
+            opt=opt_side, measure=measure or {}, created_by=f"kpair {__version__}"))
         install = "'kpair[cuda]'" if m.backend == "cuda" else "kpair"
         (out / "run_harness.py").write_text(RUN_HARNESS.format(
             ref_kernel=ref_side.kernel, opt_kernel=opt_side.kernel, backend=m.backend,

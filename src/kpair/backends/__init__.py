@@ -7,6 +7,7 @@ first imported, and a missing binding raises BackendUnavailable with the exact i
 from __future__ import annotations
 
 import importlib
+import re
 
 from ..errors import UsageError
 from .base import Device, Kernel, Mapping
@@ -18,6 +19,21 @@ BACKENDS = {
 }
 
 
+#: backend name → the architecture names its snapshots and harnesses may declare.
+ARCHITECTURES = {
+    "host": r"x86_64|aarch64|ppc64le|riscv64|i386",
+    "cuda": r"sm_[0-9]{2,3}[a-z]?",
+    "hip": r"gfx[0-9a-f]{3,4}",
+}
+
+
+def arch_accepted(backend: str, arch: str) -> bool:
+    """Whether ``arch`` names an architecture of ``backend`` (not whether this machine has it:
+    that is checked against the device when the harness runs)."""
+    pattern = ARCHITECTURES.get(backend)
+    return pattern is not None and re.fullmatch(pattern, arch) is not None
+
+
 def open_device(name: str, **options: object) -> Device:
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
@@ -25,4 +41,5 @@ def open_device(name: str, **options: object) -> Device:
     return module.open_device(**options)
 
 
-__all__ = ["BACKENDS", "Device", "Kernel", "Mapping", "open_device"]
+__all__ = ["ARCHITECTURES", "BACKENDS", "Device", "Kernel", "Mapping", "arch_accepted",
+           "open_device"]
