@@ -34,13 +34,28 @@ class Record(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class Address(int):
-    """A 64-bit address; JSON spells it as a lowercase hex string ``"0x7f00"``."""
+    """A 64-bit address; JSON spells it as a hex string ``"0x7f00"`` (written lowercase;
+    uppercase digits are read, as kpair's readers always have)."""
 
-    PATTERN = "^0x[0-9a-f]{1,16}$"
+    PATTERN = "^0x[0-9a-fA-F]{1,16}$"
 
 
 class HexBytes(bytes):
     """Raw bytes; JSON spells them as lowercase hex (``"0a00ff"``)."""
+
+
+class Invalid(FormatError, ValueError):
+    """A rule across fields, broken; raised by a record's ``__post_init__``.
+
+    msgspec reports a ValueError from ``__post_init__`` at the record's own path, which is
+    too coarse for a rule like "the blob holds as many bytes as the region": ``field`` names
+    the failing field relative to the record, and ``convert`` joins the two. Being a
+    FormatError too, it stays one of kpair's own errors when a record is built in code.
+    """
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message, field=field or None)
+        self.message, self.relative_field = message, field
 
 
 def _dec_hook(kind: type, obj: Any) -> Any:
@@ -74,6 +89,11 @@ def _schema_hook(kind: type) -> dict:
     raise NotImplementedError(kind)
 
 
+# msgspec names Python types; a person fixing a JSON file thinks in JSON's own names.
+_JSON_NAMES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean",
+               "array": "array", "object": "object", "null": "null", "bytes": "string"}
+_TYPE = re.compile(r"`(int|float|str|bool|array|object|null|bytes)`")
+
 _AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<field>[^`]*)`$", re.S)
 
 
@@ -89,7 +109,12 @@ def _format_error(e: msgspec.ValidationError, path: object, error: type[FormatEr
         name = message.split("`")[1]
         field = f"{field}.{name}" if field else name
         message = "missing"
-    field = ".".join(p for p in (prefix, field) if p)
+    if isinstance(e.__cause__, Invalid):
+        message = e.__cause__.message
+        field = ".".join(p for p in (field, e.__cause__.relative_field) if p)
+    else:
+        message = _TYPE.sub(lambda t: _JSON_NAMES[t[1]], message)
+    field = ".".join(p for p in (prefix, field) if p).replace(".[", "[")
     return error(message[:1].lower() + message[1:], path=path, field=field or None)
 
 
@@ -137,8 +162,18 @@ def read(path: Path, kind: type[T], *, error: type[FormatError] = FormatError,
 
 
 def to_builtins(obj: Any) -> Any:
-    """A record (or anything holding records) as plain JSON-ready Python objects."""
-    return msgspec.to_builtins(obj, enc_hook=_enc_hook)
+    """A record (or anything holding records) as plain JSON-ready Python objects: the value
+    ``json.load`` would give back for it (arrays as lists, never tuples)."""
+    return _lists(msgspec.to_builtins(obj, enc_hook=_enc_hook))
+
+
+def _lists(obj: Any) -> Any:
+    # msgspec keeps tuples as tuples; a reader comparing with parsed JSON expects lists.
+    if isinstance(obj, dict):
+        return {k: _lists(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_lists(v) for v in obj]
+    return obj
 
 
 def encode(obj: Any, *, indent: int = 1) -> str:
