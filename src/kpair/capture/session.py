@@ -303,8 +303,10 @@ class CaptureSession:
     def summary(self) -> dict:
         return self.summary_record().to_json()
 
-    def write_summary(self) -> None:
-        write_json_atomic(self.out / SUMMARY, self.summary())
+    def write_summary(self) -> dict:
+        summary = self.summary()
+        write_json_atomic(self.out / SUMMARY, summary)
+        return summary
 
     def close(self, exit_status: int | None = None) -> dict:
         with self._lock:
@@ -321,8 +323,7 @@ class CaptureSession:
             elif self.filter.matches < self.filter.nth:
                 self.notes.append(f"only {self.filter.matches} launches matched; --nth "
                                   f"{self.filter.nth} was never reached")
-            self.write_summary()
-            return self.summary()
+            return self.write_summary()  # what the file says, to the last wall_s
 
 
 class _Skip(Exception):
