@@ -377,6 +377,40 @@ def test_failures_are_recorded_not_raised(tmp_path):
     assert "CUDA_ERROR_719" in reasons[1] and summary["captured"] == 0
 
 
+def test_capture_json_reads_back_as_the_record_it_was_written_from(tmp_path, capsys):
+    from kpair.capture.summary import CaptureSummary, read_summary
+    from kpair.errors import FormatError
+
+    session, driver = make_session(tmp_path, max_region_bytes=5000)
+    args = HostArgs(("c_uint64", SEG), ("c_uint64", SEG + 4096), ("c_uint64", SEG + 64 * MIB),
+                    ("c_int32", 1))
+    launch, kernel = add_launch(args)
+    session.launch_enter(launch, kernel, 1)      # captured, one region left out
+    session.launch_exit(1, 0)
+    session.launch_enter(launch, kernel, 2)      # the launch fails
+    session.launch_exit(2, 719)
+    session.launch_enter(launch, kernel, 3)      # never returns
+    written = session.close(exit_status=0)
+    capsys.readouterr()
+
+    path = tmp_path / "cap" / "capture.json"
+    on_disk = json.loads(path.read_text())
+    record = read_summary(tmp_path / "cap")
+    assert isinstance(record, CaptureSummary) and record.to_json() == on_disk == written
+    first, failed, lost = record.dispatches
+    assert first.omitted_regions[0].address == SEG + 4096 and first.complete is False
+    assert "CUDA_ERROR_719" in failed.reason and lost.reason == "the launch never returned"
+    assert record.totals.pool_bytes > 0 and record.filter.max is None
+
+    on_disk["dispatches"][0]["surprise"] = 1
+    path.write_text(json.dumps(on_disk))
+    with pytest.raises(FormatError, match=r"dispatches\[0\]\.surprise.*unknown"):
+        read_summary(path)
+    path.write_text(json.dumps({**written, "schema_version": 2}))
+    with pytest.raises(FormatError, match="schema_version.*not supported"):
+        read_summary(path)
+
+
 def test_a_filter_that_matches_nothing_says_so(tmp_path):
     session, _ = make_session(tmp_path, filter=Filter("softmax"))
     args = HostArgs(("c_uint64", SEG))

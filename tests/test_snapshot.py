@@ -170,3 +170,120 @@ def test_detect_format():
     assert detect_format(b"//\n.version 8.0\n.target sm_90\n") == "ptx"
     with pytest.raises(SnapshotFormatError):
         detect_format(b"MZ\x90\x00")
+
+
+V1_FIXTURE = Path(__file__).parent / "data" / "snapshot_v1"
+
+
+def test_a_v1_snapshot_written_before_the_struct_model_still_loads(tmp_path):
+    on_disk = json.loads((V1_FIXTURE / "snapshot.json").read_text())
+    snap = Snapshot.open(V1_FIXTURE)
+    m = snap.manifest
+    assert m.region("x").address == 0x7F0000000000 and m.region("x").dtype == "float32"
+    assert m.region("arg1").dtype is None and not m.complete
+    assert m.launch.grid == (2, 1, 1) and m.launch.attributes[0].value[:4] == b"\1\0\0\0"
+    assert m.kernarg.params[1] == Param(8, 8, "pointer")
+    assert m.environment["nested"] == {"a": [1, 2]}
+    assert snap.verify() == 15 + 24 + 4 * 64
+    # Written again, it is the same document; the one difference is that a parameter without
+    # a name now says so ("name": "") instead of leaving the key out.
+    for p in on_disk["kernarg"]["params"]:
+        p.setdefault("name", "")
+    assert m.to_json() == on_disk
+    assert Manifest.from_json(m.to_json()) == m
+
+
+def test_records_built_in_code_obey_the_rules_of_the_reader():
+    from kpair.errors import FormatError
+    from kpair.formats import Address
+    from kpair.snapshot import BlobRef
+
+    blob = BlobRef("blobs/a.zst", 16, "0" * 64)
+    r = Region("a", 4096, 16, blob, blob)
+    assert type(r.address) is Address and r.to_json()["address"] == "0x1000"
+    assert "dtype" not in r.to_json()
+    with pytest.raises(FormatError, match=r"pre\.size.*blob holds 16 bytes, region is 32"):
+        Region("a", 4096, 32, blob, blob)
+    with pytest.raises(FormatError, match="relative path"):
+        BlobRef("../a.zst", 16, "0" * 64)
+    with pytest.raises(FormatError, match=r"params\[1\]\.offset.*overlap"):
+        Kernarg(blob, [Param(0, 8), Param(4, 8)])
+    launch = Launch([2, 1, 1], [32, 1, 1], 0, [LaunchAttribute(1, "X", b"\1")])
+    assert launch == Launch((2, 1, 1), (32, 1, 1), 0, (LaunchAttribute(1, "X", b"\1"),))
+    assert launch.to_json()["attributes"] == [{"id": 1, "name": "X", "value": "01"}]
+
+
+def test_launch_override_is_checked_and_named():
+    base = Launch((4, 1, 1), (256, 1, 1), 1024)
+    assert base.override({"grid": [8, 1, 1]}) == Launch((8, 1, 1), (256, 1, 1), 1024)
+    assert base.override({}) == base
+    with pytest.raises(SnapshotFormatError, match=r"launch_override\.grid"):
+        base.override({"grid": [0, 1, 1]})
+    with pytest.raises(SnapshotFormatError, match=r"launch_override\.attributes.*unknown"):
+        base.override({"attributes": []})
+
+
+# --- hostile blobs: a reader never allocates more than the manifest declares (issue 10) ----
+
+def _bomb(snap_dir: Path, declared: int, payload: bytes, *, content_size: bool) -> None:
+    """Make regions[1].post a zstd blob of ``payload`` whose manifest declares ``declared``."""
+    import hashlib
+
+    import zstandard
+
+    packed = zstandard.ZstdCompressor(write_content_size=content_size).compress(payload)
+    blob = snap_dir / "blobs" / "bomb.zst"
+    blob.write_bytes(packed)
+
+    def edit(o):
+        o["regions"][1]["post"] = {"path": "blobs/bomb.zst", "size": declared,
+                                   "sha256": hashlib.sha256(payload).hexdigest(),
+                                   "compression": "zstd"}
+        o["regions"][1]["size"] = declared
+        o["regions"][1]["pre"]["size"] = declared  # a region's blobs declare its size
+    edit_manifest(snap_dir, edit)
+
+
+def test_a_blob_declaring_a_terabyte_without_a_frame_size_is_refused_without_allocating(
+        snap_dir):
+    _bomb(snap_dir, 1 << 40, bytes(4096), content_size=False)
+    snap = Snapshot.open(snap_dir)
+    with pytest.raises(SnapshotFormatError, match=r"regions\[1\]\.post.*holds 4096 bytes") as e:
+        snap.post(1)
+    assert e.value.exit_code == 3
+
+
+def test_a_frame_claiming_more_than_the_manifest_is_refused_before_decompressing(snap_dir):
+    _bomb(snap_dir, 4096, bytes(64 << 20), content_size=True)
+    with pytest.raises(SnapshotFormatError, match=r"regions\[1\]\.post.*frame header"):
+        Snapshot.open(snap_dir).post(1)
+
+
+def test_a_stream_longer_than_declared_stops_one_byte_past_it(snap_dir):
+    _bomb(snap_dir, 4096, bytes(64 << 20), content_size=False)
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(SnapshotFormatError, match=r"more than the 4096 bytes"):
+            Snapshot.open(snap_dir).post(1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+
+
+def test_an_uncompressed_blob_of_the_wrong_size_is_refused_before_reading(snap_dir):
+    (snap_dir / "blobs" / "raw").write_bytes(bytes(100))
+    edit_manifest(snap_dir, lambda o: o["regions"][1]["post"].update(
+        path="blobs/raw", compression="none"))
+    with pytest.raises(SnapshotFormatError, match="holds 100 bytes, manifest says 4096"):
+        Snapshot.open(snap_dir).post(1)
+
+
+def test_kpair_inspect_on_a_bomb_exits_3(snap_dir, capsys):
+    from kpair.cli import main
+
+    _bomb(snap_dir, 1 << 40, bytes(4096), content_size=False)
+    assert main(["inspect", str(snap_dir)]) == 3
+    assert "holds 4096 bytes" in capsys.readouterr().err

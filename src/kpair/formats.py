@@ -39,13 +39,28 @@ class Record(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class Address(int):
-    """A 64-bit address; JSON spells it as a lowercase hex string ``"0x7f00"``."""
+    """A 64-bit address; JSON spells it as a hex string ``"0x7f00"`` (written lowercase;
+    uppercase digits are read, as kpair's readers always have)."""
 
-    PATTERN = "^0x[0-9a-f]{1,16}$"
+    PATTERN = "^0x[0-9a-fA-F]{1,16}$"
 
 
 class HexBytes(bytes):
     """Raw bytes; JSON spells them as lowercase hex (``"0a00ff"``)."""
+
+
+class Invalid(FormatError, ValueError):
+    """A rule across fields, broken; raised by a record's ``__post_init__``.
+
+    msgspec reports a ValueError from ``__post_init__`` at the record's own path, which is
+    too coarse for a rule like "the blob holds as many bytes as the region": ``field`` names
+    the failing field relative to the record, and ``convert`` joins the two. Being a
+    FormatError too, it stays one of kpair's own errors when a record is built in code.
+    """
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message, field=field or None)
+        self.message, self.relative_field = message, field
 
 
 def _dec_hook(kind: type, obj: Any) -> Any:
@@ -79,6 +94,11 @@ def _schema_hook(kind: type) -> dict:
     raise NotImplementedError(kind)
 
 
+# msgspec names Python types; a person fixing a JSON file thinks in JSON's own names.
+_JSON_NAMES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean",
+               "array": "array", "object": "object", "null": "null", "bytes": "string"}
+_TYPE = re.compile(r"`(int|float|str|bool|array|object|null|bytes)`")
+
 _AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<field>[^`]*)`$", re.S)
 
 
@@ -94,7 +114,12 @@ def _format_error(e: msgspec.ValidationError, path: object, error: type[FormatEr
         name = message.split("`")[1]
         field = f"{field}.{name}" if field else name
         message = "missing"
-    field = ".".join(p for p in (prefix, field) if p)
+    if isinstance(e.__cause__, Invalid):
+        message = e.__cause__.message
+        field = ".".join(p for p in (field, e.__cause__.relative_field) if p)
+    else:
+        message = _TYPE.sub(lambda t: _JSON_NAMES[t[1]], message)
+    field = ".".join(p for p in (prefix, field) if p).replace(".[", "[")
     return error(message[:1].lower() + message[1:], path=path, field=field or None)
 
 
@@ -142,8 +167,18 @@ def read(path: Path, kind: type[T], *, error: type[FormatError] = FormatError,
 
 
 def to_builtins(obj: Any) -> Any:
-    """A record (or anything holding records) as plain JSON-ready Python objects."""
-    return msgspec.to_builtins(obj, enc_hook=_enc_hook)
+    """A record (or anything holding records) as plain JSON-ready Python objects: the value
+    ``json.load`` would give back for it (arrays as lists, never tuples)."""
+    return _lists(msgspec.to_builtins(obj, enc_hook=_enc_hook))
+
+
+def _lists(obj: Any) -> Any:
+    # msgspec keeps tuples as tuples; a reader comparing with parsed JSON expects lists.
+    if isinstance(obj, dict):
+        return {k: _lists(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_lists(v) for v in obj]
+    return obj
 
 
 def encode(obj: Any, *, indent: int = 1) -> str:
@@ -176,3 +211,71 @@ FORMATS: dict[str, tuple[str, str]] = {
 def load_format(name: str) -> type:
     module, _, attr = FORMATS[name][1].partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def find_format(name: str) -> type | None:
+    """The record of format ``name``, or None while its module or class is not written yet
+    (the registry may name a format before the code that reads it lands)."""
+    module, _, attr = FORMATS[name][1].partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            return None
+        raise  # the module exists and one of its own imports is missing: a real error
+
+
+SCHEMA_DIR = Path("docs") / "schemas"
+
+
+def schema_text(name: str) -> str:
+    """The published JSON Schema of format ``name``, as ``docs/schemas/`` holds it."""
+    filename, record = FORMATS[name]
+    kind = load_format(name)
+    body = json_schema(kind)
+    top = body.get("$defs", {}).get(kind.__name__, {})
+    if "schema_version" in top.get("properties", {}):
+        # Writers get the version as a default; readers (check_version) insist on it.
+        top["required"] = [*top.get("required", ()), "schema_version"]
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+              "title": filename,
+              "description": f"Generated from {record} by `python -m kpair.formats`; "
+                             "docs/format.md explains the fields.",
+              **body}
+    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
+
+
+def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
+    """Write ``<name>.schema.json`` into ``directory`` for every format whose code exists."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in FORMATS:
+        if find_format(name) is not None:
+            path = directory / f"{name}.schema.json"
+            path.write_text(schema_text(name))
+            written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m kpair.formats",
+                                     description="Write the JSON Schema of every kpair format.")
+    parser.add_argument("directory", nargs="?", type=Path, default=SCHEMA_DIR,
+                        help=f"where to write <name>.schema.json (default {SCHEMA_DIR})")
+    args = parser.parse_args(argv)
+    for path in write_schemas(args.directory):
+        print(path)
+    missing = [name for name in FORMATS if find_format(name) is None]
+    if missing:
+        print(f"not written (their records do not exist yet): {', '.join(missing)}")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run as a script this file is a second module, with its own Address and HexBytes
+    # classes that the records do not use: hand over to the imported module.
+    from kpair.formats import main as _main
+
+    raise SystemExit(_main())

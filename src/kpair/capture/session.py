@@ -26,6 +26,7 @@ from pathlib import Path
 from .. import __version__
 from .._util import human_bytes, utc_now
 from ..errors import UsageError
+from ..formats import convert
 from ..snapshot import (
     CodeObject,
     Kernarg,
@@ -43,9 +44,8 @@ from .modules import ModuleRegistry
 from .names import short_name
 from .regions import BlockTable, PlannedRegion, plan_regions, pointer_params, pointer_words
 from .regions import segment_bytes as segments_of
+from .summary import SUMMARY, CaptureFilter, CaptureSummary, Dispatch, Totals
 
-SCHEMA, SCHEMA_VERSION = "kpair.capture", 1
-SUMMARY = "capture.json"
 DEFAULT_MAX_REGION_BYTES = 2 << 30
 
 
@@ -279,30 +279,34 @@ class CaptureSession:
             self._environment = env
         return self._environment
 
-    def summary(self) -> dict:
+    def summary_record(self) -> CaptureSummary:
+        """``capture.json`` as it stands now; every dispatch so far is checked against the
+        format here, since the capture steps fill them in piece by piece."""
         captured = [r for r in self.records if r["status"] == "captured"]
         totals = {key: sum(r.get(key, 0) for r in captured)
                   for key in ("region_bytes", "segment_bytes", "state_bytes", "stored_bytes",
                               "deduped_bytes")}
-        totals["pool_bytes"] = self.pool.stored_bytes
-        return {
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-            "kpair_version": __version__, "command": self.command,
-            "started": self._started, "wall_s": round(time.monotonic() - self._t0, 3),
-            "exit_status": self.exit_status, "filter": self.filter.to_json(),
-            "max_region_bytes": self.max_region_bytes,
-            "environment": self._environment or {},
-            "launches_seen": self.launches, "distinct_kernels_seen": len(self.seen),
-            "matched": self.filter.matches, "captured": len(captured),
-            "failed": sum(r["status"] == "failed" for r in self.records),
-            "modules_loaded": len(self.registry.images),
-            "module_bytes": self.registry.total_bytes,
-            "totals": totals, "notes": self.notes, "dispatches": self.records,
-            "kernels_seen": dict(self.seen.most_common()),
-        }
+        return CaptureSummary(
+            kpair_version=__version__, command=list(self.command), started=self._started,
+            wall_s=round(time.monotonic() - self._t0, 3), exit_status=self.exit_status,
+            filter=convert(self.filter.to_json(), CaptureFilter, field="filter"),
+            max_region_bytes=self.max_region_bytes, environment=self._environment or {},
+            launches_seen=self.launches, distinct_kernels_seen=len(self.seen),
+            matched=self.filter.matches, captured=len(captured),
+            failed=sum(r["status"] == "failed" for r in self.records),
+            modules_loaded=len(self.registry.images), module_bytes=self.registry.total_bytes,
+            totals=Totals(**totals, pool_bytes=self.pool.stored_bytes), notes=list(self.notes),
+            dispatches=[convert(r, Dispatch, field=f"dispatches[{i}]")
+                        for i, r in enumerate(self.records)],
+            kernels_seen=dict(self.seen.most_common()))
 
-    def write_summary(self) -> None:
-        write_json_atomic(self.out / SUMMARY, self.summary())
+    def summary(self) -> dict:
+        return self.summary_record().to_json()
+
+    def write_summary(self) -> dict:
+        summary = self.summary()
+        write_json_atomic(self.out / SUMMARY, summary)
+        return summary
 
     def close(self, exit_status: int | None = None) -> dict:
         with self._lock:
@@ -319,8 +323,7 @@ class CaptureSession:
             elif self.filter.matches < self.filter.nth:
                 self.notes.append(f"only {self.filter.matches} launches matched; --nth "
                                   f"{self.filter.nth} was never reached")
-            self.write_summary()
-            return self.summary()
+            return self.write_summary()  # what the file says, to the last wall_s
 
 
 class _Skip(Exception):

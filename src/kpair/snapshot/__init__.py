@@ -11,6 +11,7 @@ from .model import (
     Kernarg,
     Launch,
     LaunchAttribute,
+    LaunchOverride,
     Manifest,
     Param,
     Region,
@@ -20,6 +21,7 @@ from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
 
 __all__ = [
     "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION", "BlobRef",
-    "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "Manifest", "Param", "Region",
+    "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
+    "Manifest", "Param", "Region",
     "Snapshot", "SnapshotWriter", "detect_format", "sha256", "write_json_atomic",
 ]

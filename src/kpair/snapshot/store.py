@@ -52,6 +52,57 @@ def write_json_atomic(path: Path, obj: object) -> None:
         raise
 
 
+# Decompressed bytes are gathered in pieces of this size, so memory follows what the blob
+# really holds rather than what a (possibly hostile) manifest or frame header claims.
+_CHUNK = 1 << 20
+# The longest zstd frame header (magic number included): enough to read the content size.
+_FRAME_HEADER_MAX = 18
+
+
+def _read_bounded(path: Path, ref: BlobRef, fail) -> bytes:
+    """The raw bytes of the blob file at ``path``, never more than ``ref.size`` of them.
+
+    A blob is untrusted input: its frame header may claim any size, or none, and the manifest
+    may declare a huge size to make a reader allocate it up front. Every size is checked before
+    bytes are produced, and decompression stops one byte past the declared size.
+    ``fail(message)`` builds the error (message starts after "blob <path> ").
+    """
+    zstd = _zstd()
+    with open(path, "rb") as f:
+        if ref.compression == "none":
+            stored = os.fstat(f.fileno()).st_size
+            if stored != ref.size:
+                raise fail(f"holds {stored} bytes, manifest says {ref.size} "
+                           "(truncated or replaced)")
+            return f.read()
+        header = f.read(_FRAME_HEADER_MAX)
+        try:
+            claimed = zstd.frame_content_size(header)
+        except zstd.ZstdError as e:
+            raise fail(f"is corrupt or truncated ({e})") from None
+        if claimed != -1 and claimed != ref.size:  # -1: the frame does not say
+            raise fail(f"holds {claimed} bytes by its zstd frame header, manifest says "
+                       f"{ref.size} (truncated or replaced)")
+        f.seek(0)
+        out = bytearray()
+        try:
+            with zstd.ZstdDecompressor().stream_reader(f, closefd=False) as reader:
+                while len(out) <= ref.size:
+                    piece = reader.read(min(_CHUNK, ref.size + 1 - len(out)))
+                    if not piece:
+                        break
+                    out += piece
+        except zstd.ZstdError as e:
+            raise fail(f"is corrupt or truncated ({e})") from None
+        if len(out) > ref.size:
+            raise fail(f"decompresses to more than the {ref.size} bytes the manifest declares "
+                       "(refused before reading further)")
+        if len(out) < ref.size:
+            raise fail(f"holds {len(out)} bytes, manifest says {ref.size} "
+                       "(truncated or replaced)")
+        return bytes(out)
+
+
 class SnapshotWriter:
     """Collects blobs into ``root/blobs`` and finally writes ``root/snapshot.json``."""
 
@@ -118,19 +169,8 @@ class Snapshot:
     def read_blob(self, ref: BlobRef, field: str = "blob") -> bytes:
         """The verified raw bytes of ``ref``; ``field`` names it in errors."""
         path = self._blob_path(ref, field)
-        packed = path.read_bytes()
-        if ref.compression == "none":
-            data = packed
-        else:
-            try:
-                data = _zstd().ZstdDecompressor().decompress(packed, max_output_size=ref.size)
-            except _zstd().ZstdError as e:
-                raise SnapshotFormatError(f"blob {ref.path} is corrupt or truncated ({e})",
-                                          path=self.root / MANIFEST, field=field) from None
-        if len(data) != ref.size:
-            raise SnapshotFormatError(
-                f"blob {ref.path} holds {len(data)} bytes, manifest says {ref.size} "
-                "(truncated or replaced)", path=self.root / MANIFEST, field=field)
+        data = _read_bounded(path, ref, lambda message: SnapshotFormatError(
+            f"blob {ref.path} {message}", path=self.root / MANIFEST, field=field))
         if sha256(data) != ref.sha256:
             raise SnapshotFormatError(f"blob {ref.path} does not match its sha256",
                                       path=self.root / MANIFEST, field=field)

@@ -1,0 +1,118 @@
+"""``capture.json``: what a capture session saw and wrote, as one typed record.
+
+``CaptureSummary`` is the file; ``Dispatch`` is one selected launch in it, from the moment
+it was selected (``status`` ``capturing``) to its snapshot (``captured``) or the reason it
+has none (``failed``). The session keeps its dispatches as it goes and builds the record
+each time it rewrites the file, so a field it writes that the format does not define fails
+in the tests, not in a reader's hands. ``read_summary`` is the strict reader.
+``docs/format.md`` describes the fields; ``docs/schemas/capture.schema.json`` is generated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from ..formats import Address, Record, read
+
+SCHEMA = "kpair.capture"
+SCHEMA_VERSION = 1
+SUMMARY = "capture.json"
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class CaptureFilter(Record):
+    """Which launches the session selects (``capture.filters.Filter``'s settings)."""
+
+    kernel: str | None
+    nth: Positive
+    max: Positive | None
+    distinct: bool
+
+
+class OmittedRegion(Record):
+    """A region a dispatch reaches that its snapshot leaves out (its snapshot is incomplete)."""
+
+    name: str
+    address: Address
+    size: Count
+    reason: str
+
+
+class Dispatch(Record):
+    """One selected launch. The fields after ``stream`` appear as capture gets that far."""
+
+    index: Positive
+    status: Literal["capturing", "captured", "failed"]
+    kernel: str
+    demangled: str
+    launch_index: Positive
+    api: str
+    grid: list[int]
+    block: list[int]
+    dynamic_shared_bytes: Count
+    attributes: list[str]
+    stream: Address
+    regions: Count | UnsetType = UNSET
+    omitted_regions: list[OmittedRegion] | UnsetType = UNSET
+    region_bytes: Count | UnsetType = UNSET
+    segment_bytes: Count | UnsetType = UNSET
+    code_object_match: str | UnsetType = UNSET
+    triton_metadata: list[str] | UnsetType = UNSET
+    snapshot: str | UnsetType = UNSET
+    complete: bool | UnsetType = UNSET
+    state_bytes: Count | UnsetType = UNSET
+    code_object_bytes: Count | UnsetType = UNSET
+    stored_bytes: Count | UnsetType = UNSET
+    deduped_bytes: Count | UnsetType = UNSET
+    capture_s: float | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+
+
+class Totals(Record):
+    """Sums over the captured dispatches, and the compressed bytes of the shared pool."""
+
+    region_bytes: Count
+    segment_bytes: Count
+    state_bytes: Count
+    stored_bytes: Count
+    deduped_bytes: Count
+    pool_bytes: Count
+
+
+class CaptureSummary(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
+    """The whole ``capture.json``."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kpair_version: str
+    command: list[str]
+    started: str
+    wall_s: float
+    exit_status: int | None
+    filter: CaptureFilter
+    max_region_bytes: Positive
+    environment: dict[str, Any]
+    launches_seen: Count
+    distinct_kernels_seen: Count
+    matched: Count
+    captured: Count
+    failed: Count
+    modules_loaded: Count
+    module_bytes: Count
+    totals: Totals
+    notes: list[str]
+    dispatches: list[Dispatch]
+    kernels_seen: dict[str, int]
+
+
+def read_summary(path: str | Path) -> CaptureSummary:
+    """The ``capture.json`` at ``path`` (or in the capture directory ``path``), validated."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SUMMARY
+    return read(path, CaptureSummary, schema=SCHEMA, version=SCHEMA_VERSION)

@@ -1,0 +1,77 @@
+"""The format registry: every published JSON Schema is what the code generates, and the
+records behave as one strict reader (types, unknown fields, field paths in errors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kpair import formats
+from kpair.errors import FormatError
+from kpair.formats import FORMATS, Address, HexBytes, Invalid, Record
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_the_published_schema_is_what_the_code_generates(name):
+    if formats.find_format(name) is None:
+        pytest.skip(f"{FORMATS[name][1]} does not exist yet; its schema comes with it")
+    path = SCHEMAS / f"{name}.schema.json"
+    assert path.is_file(), f"{path} missing: run python -m kpair.formats"
+    assert path.read_text() == formats.schema_text(name), \
+        f"{path} is stale: run python -m kpair.formats"
+
+
+def test_the_snapshot_schema_accepts_a_real_manifest():
+    jsonschema = pytest.importorskip("jsonschema")
+    manifest = json.loads((Path(__file__).parent / "data" / "snapshot_v1" / "snapshot.json")
+                          .read_text())
+    schema = json.loads((SCHEMAS / "snapshot.schema.json").read_text())
+    jsonschema.validate(manifest, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**manifest, "surprise": 1}, schema)
+
+
+def test_the_generator_writes_only_the_formats_that_exist(tmp_path):
+    written = formats.write_schemas(tmp_path)
+    assert {p.name for p in written} == {
+        f"{n}.schema.json" for n in FORMATS if formats.find_format(n) is not None}
+    assert {"snapshot.schema.json", "capture.schema.json"} <= {p.name for p in written}
+
+
+class Inner(Record):
+    at: Address
+    raw: HexBytes = HexBytes(b"")
+
+    def __post_init__(self):
+        if self.at == 0:
+            raise Invalid("null address", "at")
+
+
+class Outer(Record):
+    items: list[Inner]
+    count: int = 0
+
+
+def test_errors_name_the_file_and_the_field_path():
+    ok = formats.convert({"items": [{"at": "0x10", "raw": "00ff"}]}, Outer)
+    assert ok.items[0].at == 16 and ok.items[0].raw == b"\0\xff"
+    assert formats.to_builtins(ok) == {"items": [{"at": "0x10", "raw": "00ff"}], "count": 0}
+    cases = [({"items": [{"at": "0x10"}, {"at": "16"}]}, "items[1].at", "hex address"),
+             ({"items": [{"at": "0x0"}]}, "items[0].at", "null address"),
+             ({"items": [], "count": True}, "count", "expected integer, got boolean"),
+             ({"items": [], "extra": 1}, "extra", "unknown field"),
+             ({}, "items", "missing")]
+    for obj, field, message in cases:
+        with pytest.raises(FormatError) as e:
+            formats.convert(obj, Outer, path="f.json", field="doc")
+        assert e.value.field == f"doc.{field}" and message in str(e.value)
+        assert str(e.value).startswith("f.json: field doc.")
+
+
+def test_a_rule_broken_in_code_is_a_format_error_too():
+    with pytest.raises(FormatError, match="field at: null address"):
+        Inner(Address(0))
