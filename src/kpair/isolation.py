@@ -37,11 +37,10 @@ from pathlib import Path
 
 from ._util import private_tempdir, sweep_stale_tempdirs
 from .errors import KpairError, WorkerFailed
-from .pipeline import Facts, RunOptions, execute
+from .pipeline import SAMPLES, Facts, RunOptions, execute
 from .result import Result, error_result
 
 LOG = "worker.log"
-SAMPLES = "samples.npz"
 _MAX_MESSAGE = 256 << 20  # a result with every mismatch listed stays far below this
 
 #: The check whose extra launches run in a trust stage (named when one of them crashes).
@@ -233,21 +232,18 @@ def worker_main(argv: list[str]) -> int:
         current["stage"] = name
         send({"stage": name})
 
-    samples_path = Path.cwd() / SAMPLES
+    samples = None
     try:
         options = RunOptions.from_json(json.loads(args.options))
-        result = execute(args.harness, options, facts=facts, stage=stage,
-                         samples_path=samples_path)
+        result, samples = execute(args.harness, options, facts=facts, stage=stage)
     except KpairError as e:
         result = error_result(args.harness, e, stage=current["stage"], facts=facts.keep())
     except Exception as e:  # noqa: BLE001 - an unexpected bug still must not claim a verdict
         result = error_result(args.harness, f"{type(e).__name__}: {e}",
                               stage=current["stage"], kind="InternalError",
                               traceback=traceback.format_exc(), facts=facts.keep())
-    samples = None
-    if result.speed is not None and samples_path.exists():
-        samples = base64.b64encode(samples_path.read_bytes()).decode()
-    send({"result": result.to_json(), "samples": samples})
+    send({"result": result.to_json(),
+          "samples": base64.b64encode(samples).decode() if samples is not None else None})
     return 0
 
 

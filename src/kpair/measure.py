@@ -25,6 +25,7 @@ exists for one rule check.
 
 from __future__ import annotations
 
+import io
 import math
 import secrets
 import time
@@ -165,19 +166,25 @@ class Samples:
 def save_samples(samples: Samples, path: str | Path) -> Path:
     """Write ``samples`` as a compressed .npz (layout in docs/format.md); returns the path."""
     path = Path(path)
-    with open(path, "wb") as fh:  # a file handle stops numpy from appending ".npz" itself
-        np.savez_compressed(
-            fh,
-            kpair_samples_version=np.int64(SAMPLES_VERSION),
-            mode=np.bytes_(samples.mode.encode()),
-            seed=np.int64(samples.seed),
-            stopped_by=np.bytes_(samples.stopped_by.encode()),
-            block=samples.block,
-            direction=samples.direction.astype("S1"),
-            t_slot1_s=samples.t_slot1_s,
-            t_slot2_s=samples.t_slot2_s,
-        )
+    path.write_bytes(samples_bytes(samples))
     return path
+
+
+def samples_bytes(samples: Samples) -> bytes:
+    """``samples`` as the bytes of a compressed .npz (what ``save_samples`` writes)."""
+    fh = io.BytesIO()  # a file object also stops numpy from appending ".npz" itself
+    np.savez_compressed(
+        fh,
+        kpair_samples_version=np.int64(SAMPLES_VERSION),
+        mode=np.bytes_(samples.mode.encode()),
+        seed=np.int64(samples.seed),
+        stopped_by=np.bytes_(samples.stopped_by.encode()),
+        block=samples.block,
+        direction=samples.direction.astype("S1"),
+        t_slot1_s=samples.t_slot1_s,
+        t_slot2_s=samples.t_slot2_s,
+    )
+    return fh.getvalue()
 
 
 def _scalar(npz, name: str, kind: str, path):

@@ -6,7 +6,8 @@ over one ``Run`` (what the stages share). A stage either adds to the run or ends
 ``fail`` verdict; the last stage ends it with ``pass``. A checked and an unchecked run differ
 only by the stages in their lists:
 
-    verify, place, load          the harness, its regions on the device, both kernels
+    verify, place                the harness; its regions on the device
+    load                         the process sealed (host: seccomp), then both kernels
     ref                          ref on the pre-state (3x when checked: determinism)
     fidelity                     ref must reproduce the captured post-state, or no verdict
     trust:poison                 which bytes ref writes whatever they held (checked)
@@ -32,6 +33,9 @@ from typing import Any
 from .errors import KpairError, UsageError
 from .formats import convert
 from .result import Checks, Correctness, Result, Side, Speed, TrustEntry
+
+#: The raw samples file, beside result.json.
+SAMPLES = "samples.npz"
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Facts:
     opt: Side | None = None
     environment: dict | None = None
     replay: dict | None = None
+    sandbox: dict | None = None
     checks: Checks | None = None
 
     def keep(self) -> dict[str, Any]:
@@ -95,7 +100,6 @@ class Run:
     root: Path
     options: RunOptions
     facts: Facts
-    samples_path: Path | None
     harness: Any = None
     device: Any = None
     replay: Any = None
@@ -106,6 +110,7 @@ class Run:
     ref_post: dict | None = None
     verdict: Any = None        # kpair.policy.Verdict of opt
     speed: Speed | None = None
+    samples: bytes | None = None  # the raw ABBA samples (.npz bytes) behind ``speed``
     medians: tuple[float, float] = (0.0, 0.0)   # ref, opt: debug only, for trust:speed
 
     def time_one(self, which: str) -> float:
@@ -185,6 +190,11 @@ def _place(run: Run) -> None:
     run.hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
 
 
+def _seal(run: Run) -> None:
+    # Before any code object is loaded: a host shared object runs code as it loads.
+    run.facts.sandbox = run.device.seal()
+
+
 def _load(run: Run) -> None:
     h, device = run.harness, run.device
     ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
@@ -254,18 +264,17 @@ def _timing(run: Run) -> Result | None:
 
 
 def _measure(run: Run) -> None:
-    from .measure import measure, save_samples
+    from .measure import measure, samples_bytes
     from .snapshot import sha256
 
     o = run.options
     clocks_before = run.device.clocks()
     abba, samples = measure(run.time_one, rule=_rule(run), seed=o.seed)
     clocks_after = run.device.clocks()
-    speed = abba.to_json(run.samples_path.name if run.samples_path else None)
-    if run.samples_path is not None:
-        save_samples(samples, run.samples_path)
-        # The samples archive's CRC catches accidents only; this ties it to the result.
-        speed["samples_sha256"] = sha256(run.samples_path.read_bytes())
+    speed = abba.to_json(SAMPLES)
+    run.samples = samples_bytes(samples)
+    # The samples archive's CRC catches accidents only; this ties it to the result.
+    speed["samples_sha256"] = sha256(run.samples)
     speed["cache"] = o.cache
     if clocks_before or clocks_after:
         speed["clocks_mhz"] = {"before": clocks_before, "after": clocks_after}
@@ -303,13 +312,13 @@ def _pass(run: Run) -> Result:
 
 
 UNCHECKED: list[Stage] = [
-    ("verify", _verify), ("place", _place), ("load", _load), ("ref", _ref_once),
-    ("ref", _fidelity), ("opt", _opt_once), ("measure", _measure), ("aa", _aa_control),
-    ("measure", _pass),
+    ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load),
+    ("ref", _ref_once), ("ref", _fidelity), ("opt", _opt_once), ("measure", _measure),
+    ("aa", _aa_control), ("measure", _pass),
 ]
 CHECKED: list[Stage] = [
-    ("verify", _verify), ("place", _place), ("load", _load), ("load", _arm),
-    ("ref", _ref_repeated), ("ref", _fidelity), ("trust:poison", _discover_poison),
+    ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load),
+    ("load", _arm), ("ref", _ref_repeated), ("ref", _fidelity), ("trust:poison", _discover_poison),
     ("opt", _opt_repeated), ("trust:differential", _differential),
     ("trust:timing", _timing), ("measure", _measure), ("aa", _aa_control),
     ("measure", _impossible_speed), ("measure", _pass),
@@ -323,14 +332,14 @@ def stages(options: RunOptions) -> list[Stage]:
 
 
 def execute(root: Path, options: RunOptions, *, facts: Facts,
-            stage: Callable[[str], None] = lambda s: None,
-            samples_path: Path | None = None) -> Result:
-    """Run the harness at ``root`` in this process and return its Result (not written).
+            stage: Callable[[str], None] = lambda s: None) -> tuple[Result, bytes | None]:
+    """Run the harness at ``root`` in this process; its Result (not written) and, when speed
+    was measured, the raw samples (the bytes of ``samples.npz``).
 
     ``facts`` is filled as the run goes (``stage_s`` too), so a caller that catches an error
     still has the environment and replay facts gathered before it.
     """
-    run = Run(root=Path(root), options=options, facts=facts, samples_path=samples_path)
+    run = Run(root=Path(root), options=options, facts=facts)
     if not options.checks:
         facts.checks = Checks(enabled=False)
     current, t0 = None, time.monotonic()
@@ -344,7 +353,8 @@ def execute(root: Path, options: RunOptions, *, facts: Facts,
             if outcome is not None:
                 _clock(facts, current, t0)
                 current = None
-                return outcome.replace(stage_s=facts.stage_s)
+                outcome = outcome.replace(stage_s=facts.stage_s)
+                return outcome, run.samples if outcome.speed is not None else None
         raise AssertionError("the last stage of a run returns its Result")
     finally:
         _clock(facts, current, t0)

@@ -119,6 +119,7 @@ class Result(Record, omit_defaults=True, kw_only=True):
     error: ErrorInfo | None = None
     environment: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None
+    sandbox: dict[str, Any] | None = None
     inputs_digest: str | None = None
     ref: Side | None = None
     opt: Side | None = None
@@ -221,8 +222,8 @@ def error_result(harness: str | Path, error: BaseException | str, *, stage: str 
     if traceback:
         info = msgspec.structs.replace(info, traceback=traceback)
     keep = {k: v for k, v in (facts or {}).items()
-            if k in ("started", "environment", "replay", "inputs_digest", "ref", "opt",
-                     "stage_s") and v is not None}
+            if k in ("started", "environment", "replay", "sandbox", "inputs_digest", "ref",
+                     "opt", "stage_s") and v is not None}
     keep.setdefault("started", utc_now())
     return Result.make(harness=str(harness), status="error", error=info, **keep)
 

@@ -127,6 +127,13 @@ class Device(ABC):
         and after the measurement: a speedup taken while clocks moved deserves a second look."""
         return None
 
+    def seal(self) -> dict | None:
+        """Confine this process before candidate code is loaded into it, where the backend's
+        candidates run as native code in it (host); returns what was installed (for
+        result.json), or None for backends whose candidates cannot touch host state (GPU
+        code objects run on the device)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional for backends with nothing to release
         """Release every mapping, module and buffer."""
 

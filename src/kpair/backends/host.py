@@ -19,7 +19,6 @@ import os
 import platform
 import struct
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -47,6 +46,10 @@ _CTYPES = {
     "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
     "f32": ctypes.c_float, "f64": ctypes.c_double,
 }
+
+
+#: memfds of every code object this process loaded (see HostDevice.load).
+_LOADED: list[int] = []
 
 
 def host_arch() -> str:
@@ -121,7 +124,6 @@ class HostDevice(Device):
         self._libc = _libc()
         self._maps: list[tuple[int, int]] = []
         self._staged: list[tuple[int, bytes]] = []
-        self._tmp = tempfile.TemporaryDirectory(prefix=f"kpair-host-{os.getpid()}-")
         self._libs: list[ctypes.CDLL] = []
         # Twice the last-level cache, so one pass evicts what the kernel left behind.
         self._flush_bytes = min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None \
@@ -152,8 +154,13 @@ class HostDevice(Device):
         if arch != self.arch():
             raise ArchitectureMismatch(f"code object is built for {arch}, this host is "
                                        f"{self.arch()}")
-        path = Path(self._tmp.name) / f"k{len(self._libs)}.so"
-        path.write_bytes(image)
+        # An anonymous in-memory file: loading writes nothing to disk, so it works sealed too.
+        # It stays open as long as the process: the library is never unloaded, and the
+        # dynamic loader would hand back the old library for a reused /proc/self/fd/N name.
+        fd = os.memfd_create(f"kpair-k{len(_LOADED)}", 0)
+        _LOADED.append(fd)
+        os.write(fd, image)
+        path = Path(f"/proc/self/fd/{fd}")
         try:
             lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as e:
@@ -279,10 +286,17 @@ class HostDevice(Device):
             self._libc.munmap(address, size)
         self._maps.clear()
 
+    def seal(self) -> dict:
+        from ._sandbox import SandboxUnavailable, seal
+
+        try:
+            return seal()
+        except SandboxUnavailable as e:
+            return {"mechanism": None, "why": str(e)}
+
     def close(self) -> None:
         self._unmap()
         self._staged.clear()
-        self._tmp.cleanup()
 
 
 def open_device(**options: object) -> HostDevice:

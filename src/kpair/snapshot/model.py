@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from ..dtypes import DTYPE_HINTS
 from ..errors import SnapshotFormatError
 from ..formats import Address, HexBytes, Invalid, Record, check_version, convert
 
@@ -35,9 +36,6 @@ SCALAR_FORMATS = {"i8": "<b", "u8": "<B", "i16": "<h", "u16": "<H", "i32": "<i",
                   "i64": "<q", "u64": "<Q", "f32": "<f", "f64": "<d", "pointer": "<Q"}
 SCALAR_SIZES = {kind: struct.calcsize(fmt) for kind, fmt in SCALAR_FORMATS.items()}
 
-#: Element types a region may declare (``Region.dtype``); reports decode values with them.
-DTYPE_HINTS = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-               "uint8", "uint16", "uint32", "uint64", "bool")
 
 CODE_FORMATS = ("elf-so", "cubin", "fatbin", "ptx", "hsaco")
 

@@ -1,0 +1,33 @@
+"""The package's layering (pyproject.toml, [tool.importlinter]) holds, and nothing imports in
+a cycle: checked with import-linter, as CI does."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_hold():
+    exe = shutil.which("lint-imports")
+    if exe is None:
+        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+    proc = subprocess.run([exe, str(ROOT / "pyproject.toml")], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_import_cycle():
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("kpair")
+    cycles = []
+    for importer in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(importer):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back:
+                cycles.append(" -> ".join((importer, *back)))
+    assert not cycles, "\n".join(cycles)
