@@ -31,7 +31,7 @@ SCHEMA_VERSION = 1
 MANIFEST = "MANIFEST.sha256"
 EXTENSIONS = {"elf-so": ".so", "cubin": ".cubin", "fatbin": ".fatbin", "ptx": ".ptx",
               "hsaco": ".co"}
-OUTPUTS = ("result.json", "samples.npz")
+OUTPUTS = ("result.json", "samples.npz", "worker.log")
 
 @dataclass(frozen=True)
 class Side:
