@@ -20,25 +20,25 @@ def test_demo_builds_verifies_and_reports_a_release(tmp_path, capsys):
     assert "DELIBERATELY WRONG" in printed and "excluded as intended" in printed
 
     idx = release.load_index(out)
-    rows = {r["name"]: r for r in idx["operators"]}
-    assert len(rows) >= 4 and {r["level"] for r in rows.values()} == {1, 2}
-    assert all(r["status"] == "pass" for r in rows.values())
-    modes = {r["correctness"]["mode"] for r in rows.values()}
-    criteria = {t["criterion"] for r in rows.values()
-                for t in r["correctness"].get("tolerances", [])}
+    rows = {r.name: r for r in idx.operators}
+    assert len(rows) >= 4 and {r.level for r in rows.values()} == {1, 2}
+    assert all(r.status == "pass" for r in rows.values())
+    modes = {r.correctness.mode for r in rows.values()}
+    criteria = {t.criterion for r in rows.values()
+                for t in r.correctness.tolerances or []}
     assert "byte-exact" in modes and {"cosine", "scalar_rtol"} <= criteria
-    frob = rows["37_FrobeniusNorm_"]["correctness"]["tolerances"][0]
-    assert frob["threshold"] == {"rtol": 1e-6} and frob["measured"] <= 1e-6
+    frob = rows["37_FrobeniusNorm_"].correctness.tolerances[0]
+    assert frob.threshold == {"rtol": 1e-6} and frob.measured <= 1e-6
     # Honest optimizations: every published opt measured faster, with its CI above 1.
     for r in rows.values():
-        assert r["harness"]["ci95"][0] > 1.0, (r["name"], r["harness"])
-        assert r["director"]["reference_only"] is True and r["director"]["speedup"] > 0
+        assert r.harness.ci95[0] > 1.0, (r.name, r.harness)
+        assert r.director.reference_only is True and r.director.speedup > 0
     # The deliberately wrong operator is refused and kept out of both geomeans.
-    (refused,) = idx["refused"]
-    assert refused["name"] == "21_Sigmoid" and refused["status"] == "fail"
-    s = idx["summary"]
-    assert s["harness_geomean_over"] == s["director_geomean_over"] == len(rows)
-    assert s["counts"]["excluded"] == 1
+    (refused,) = idx.refused
+    assert refused.name == "21_Sigmoid" and refused.status == "fail"
+    s = idx.summary
+    assert s.harness_geomean_over == s.director_geomean_over == len(rows)
+    assert s.counts.excluded == 1
     assert (out / "report.md").is_file()
     pytest.importorskip("matplotlib")
     assert "<svg" in (out / "report.html").read_text()

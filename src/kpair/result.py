@@ -102,7 +102,7 @@ class TrustEntry(Record, omit_defaults=True):
     reason: str | None = None
 
 
-class Result(Record, omit_defaults=True):
+class Result(Record):
     schema: Literal["kpair.result"] = SCHEMA
     schema_version: Literal[1] = SCHEMA_VERSION
     kpair_version: str = __version__
