@@ -6,8 +6,10 @@ import json
 import math
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from conftest import CSRC
@@ -135,8 +137,12 @@ def harnesses(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, Path]
     faults = {name: compile_shared(CSRC / "faulty.c", d / f"{name}.so", defines={"KP_FAULT": v})
               for name, v in (("crash", 1), ("hang", 2))}
     opts = {"fast": matmul_libs["fast"], "offbyone": matmul_libs["offbyone"], **faults}
-    return {name: create_harness(matmul_snapshot, d / name, opt=lib).root
-            for name, lib in opts.items()}
+    pairs = {name: create_harness(matmul_snapshot, d / name, opt=lib).root
+             for name, lib in opts.items()}
+    # Correct (the same additions in the same order) but slower: the fast build as ref.
+    pairs["slower"] = create_harness(matmul_snapshot, d / "slower", ref=matmul_libs["fast"],
+                                     opt=matmul_libs["naive"]).root
+    return pairs
 
 
 def _provenance(tmp_path: Path, speedup: float) -> Path:
@@ -186,6 +192,53 @@ def test_add_refuses_a_failing_pair_and_records_the_exclusion(harnesses, tmp_pat
     assert idx.summary.excluded[0].where == "refused by release add"
     assert idx.summary.harness_geomean_speedup is None
     assert idx.summary.director_geomean_speedup is None  # its 9.9x stays out
+
+
+def test_add_refuses_a_correct_opt_that_is_not_faster(harnesses, tmp_path, capsys):
+    root = tmp_path / "rel"
+    args = ["release", "add", str(root), str(harnesses["slower"]), "--level", "1", "--name",
+            "1_slow", *QUICK_ARGS]
+    assert kpair(args) == 1
+    assert "refused level1/1_slow" in capsys.readouterr().out
+    assert not (root / "level1" / "1_slow").exists()
+    assert Result.read(root / "excluded" / "level1" / "1_slow" / "result.json").status == "pass"
+    idx = release.load_index(root)
+    (row,) = idx.refused
+    assert row.status == "pass" and row.harness.ci95[0] <= 1.0
+    assert row.reason.startswith("not faster") and "--allow-slower" in row.reason
+    assert row.paths.harness is None
+    assert idx.operators == [] and idx.summary.harness_geomean_speedup is None
+    (excluded,) = idx.summary.excluded
+    assert excluded.where == "refused by release add" and excluded.reason == row.reason
+    # --allow-slower publishes it, and the refused row gives way to the published one.
+    assert kpair([*args, "--allow-slower"]) == 0
+    idx = release.load_index(root)
+    assert [r.name for r in idx.operators] == ["1_slow"] and idx.refused == []
+    assert idx.operators[0].reason is None
+
+
+def test_not_faster_needs_the_whole_interval_above_one():
+    speed = fake_row(1, "a", 1.2).harness
+    assert release.not_faster(speed) is None
+    for ci in ((0.9, 1.3), (1.0, 1.1), (0.5, 0.9)):
+        assert "not faster" in release.not_faster(msgspec.structs.replace(speed, ci95=ci))
+
+
+def test_writers_sweep_staging_left_by_dead_processes(harnesses, tmp_path):
+    root = tmp_path / "rel"
+    root.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = root / f".add-{dead.pid}-x1y2"
+    live = root / f".add-{os.getpid()}-a3b4"
+    unrelated = root / ".add-notapid"
+    for d in (stale, live, unrelated):
+        (d / "op").mkdir(parents=True)
+    release.add_operator(root, harnesses["fast"], level=1, name="1_mm", options=QUICK)
+    assert not stale.exists() and live.exists() and unrelated.exists()
+    stale.mkdir()
+    release.verify_release(root, QUICK)
+    assert not stale.exists() and live.exists()
 
 
 def test_add_never_replaces_without_replace(harnesses, tmp_path, capsys):
