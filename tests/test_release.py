@@ -109,6 +109,15 @@ def test_load_index_names_the_bad_field(tmp_path, mutate, field):
     assert e.value.field == field
 
 
+def test_index_is_the_registered_format_with_a_json_schema():
+    from kpair.formats import FORMATS, json_schema, load_format
+
+    assert FORMATS["index"][0] == release.INDEX and load_format("index") is release.Index
+    schema = json_schema(release.Index)
+    row = schema["$defs"]["Row"]
+    assert row["additionalProperties"] is False and "harness" in row["required"]
+
+
 def test_operator_names_must_be_safe_directories():
     for bad in ("", ".hidden", "-x", "a/b", "..", "a b"):
         with pytest.raises(UsageError):
