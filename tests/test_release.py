@@ -6,16 +6,21 @@ import json
 import math
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from conftest import CSRC, fake_row
+from conftest import CSRC
+from fake_release import fake_row
 from kpair import release
 from kpair.cli import main as kpair
 from kpair.errors import FormatError, UsageError
+from kpair.formats import encode
 from kpair.harness import create_harness
-from kpair.run import RunOptions
+from kpair.pipeline import RunOptions
+from kpair.result import Result
 from kpair.toolchain import compile_shared
 
 #: Enough blocks for a verdict, short enough for a test.
@@ -34,36 +39,50 @@ def test_summary_geomean_is_exp_mean_log_over_passing_only():
             fake_row(2, "5_crash", status="error", director=100.0)]
     refused = [fake_row(1, "6_wrong", status="fail")]
     s = release.summarize(rows, refused)
-    assert s["harness_geomean_speedup"] == pytest.approx(
+    assert s.harness_geomean_speedup == pytest.approx(
         math.exp((math.log(2) + math.log(8) + math.log(0.5)) / 3))  # = 2**(1/3)
-    assert s["harness_geomean_over"] == 3
+    assert s.harness_geomean_over == 3
     # Director numbers of failing operators stay out too, even when they look great.
-    assert s["director_geomean_speedup"] == pytest.approx(6.0) and s["director_geomean_over"] == 2
-    assert s["slot_bias_range"] == [0.995, 1.02]
-    assert s["slot_bias_outside_band"] == ["level2/3_c"]
-    c = s["counts"]
-    assert (c["published"], c["pass"], c["fail"], c["error"], c["refused"], c["excluded"]) == \
+    assert s.director_geomean_speedup == pytest.approx(6.0) and s.director_geomean_over == 2
+    assert s.slot_bias_range == (0.995, 1.02)
+    assert s.slot_bias_outside_band == ["level2/3_c"]
+    c = s.counts
+    assert (c.published, c.passed, c.fail, c.error, c.refused, c.excluded) == \
         (5, 3, 1, 1, 1, 3)
-    assert (c["byte_exact"], c["tolerance"]) == (2, 1)
-    assert c["by_level"] == {"level1": 2, "level2": 1}
-    assert {(e["name"], e["where"]) for e in s["excluded"]} == {
+    assert (c.byte_exact, c.tolerance) == (2, 1)
+    assert c.by_level == {"level1": 2, "level2": 1}
+    assert {(e.name, e.where) for e in s.excluded} == {
         ("4_bad", "published, fails verification"), ("5_crash", "published, fails verification"),
         ("6_wrong", "refused by release add")}
 
 
 def test_summary_of_nothing_passing_has_no_geomean():
     s = release.summarize([fake_row(1, "a", status="fail")], [])
-    assert s["harness_geomean_speedup"] is None and s["director_geomean_speedup"] is None
-    assert s["slot_bias_range"] is None
+    assert s.harness_geomean_speedup is None and s.director_geomean_speedup is None
+    assert s.slot_bias_range is None
 
 
 def test_index_sorts_by_level_then_problem_number(tmp_path):
     idx = release.build_index([fake_row(2, "1_x", 1.1), fake_row(1, "10_y", 1.2),
                                fake_row(1, "2_z", 1.3)], [])
-    assert [(r["level"], r["name"]) for r in idx["operators"]] == [
+    assert [(r.level, r.name) for r in idx.operators] == [
         (1, "2_z"), (1, "10_y"), (2, "1_x")]
-    release.write_index(tmp_path, idx)
-    assert release.load_index(tmp_path)["summary"] == idx["summary"]
+    idx.write(tmp_path / "index.json")
+    assert release.load_index(tmp_path) == idx
+
+
+def test_an_index_written_by_kpair_0_1_reads_and_writes_back_unchanged(tmp_path):
+    """tests/data/release_index_v1.json: `kpair demo` of the commit before the typed index."""
+    fixture = Path(__file__).parent / "data" / "release_index_v1.json"
+    idx = release.Index.read(fixture)
+    assert [r.name for r in idx.operators] == ["1_Square_matrix_multiplication_",
+                                               "23_Softmax", "37_FrobeniusNorm_",
+                                               "76_Gemm_Add_ReLU"]
+    assert idx.refused[0].name == "21_Sigmoid" and idx.refused[0].harness is None
+    assert idx.operators[1].correctness.tolerances[0].threshold == {"min_cosine": 0.9999}
+    assert json.loads(encode(idx)) == json.loads(fixture.read_text())
+    # Its summary is what today's arithmetic makes of its rows.
+    assert release.summarize(idx.operators, idx.refused) == idx.summary
 
 
 @pytest.mark.parametrize("mutate, field", [
@@ -72,14 +91,31 @@ def test_index_sorts_by_level_then_problem_number(tmp_path):
     (lambda i: i.update(operators={}), "operators"),
     (lambda i: i["operators"][0].update(status="maybe"), "operators[0].status"),
     (lambda i: i["operators"][0].update(name="../escape"), "operators[0]"),
+    (lambda i: i["operators"][0].update(level=0), "operators[0].level"),
+    (lambda i: i["operators"][0].update(status="fail"), "operators[0]"),  # a fail with a speed
+    (lambda i: i["operators"][0]["harness"].pop("ci95"), "operators[0].harness.ci95"),
+    (lambda i: i["operators"][0]["correctness"].update(mode="close"),
+     "operators[0].correctness.mode"),
+    (lambda i: i["operators"][0].update(extra=1), "operators[0].extra"),
+    (lambda i: i["summary"]["counts"].pop("pass"), "summary.counts.pass"),
+    (lambda i: i.pop("summary"), "summary"),
 ])
 def test_load_index_names_the_bad_field(tmp_path, mutate, field):
-    idx = release.build_index([fake_row(1, "a", 1.5)], [])
+    idx = release.build_index([fake_row(1, "a", 1.5)], []).to_json()
     mutate(idx)
     (tmp_path / "index.json").write_text(json.dumps(idx))
     with pytest.raises(FormatError) as e:
         release.load_index(tmp_path)
     assert e.value.field == field
+
+
+def test_index_is_the_registered_format_with_a_json_schema():
+    from kpair.formats import FORMATS, json_schema, load_format
+
+    assert FORMATS["index"][0] == release.INDEX and load_format("index") is release.Index
+    schema = json_schema(release.Index)
+    row = schema["$defs"]["Row"]
+    assert row["additionalProperties"] is False and "harness" in row["required"]
 
 
 def test_operator_names_must_be_safe_directories():
@@ -94,9 +130,9 @@ def test_operator_names_must_be_safe_directories():
 def test_malformed_director_file_is_a_row_problem_not_a_crash(tmp_path):
     (tmp_path / "director_validation.json").write_text('{"speedup": "fast"}')
     d = release.read_director(tmp_path, "x/director_validation.json")
-    assert d["speedup"] is None and "speedup" in d["error"] and d["reference_only"] is True
+    assert d.speedup is None and "speedup" in d.error and d.reference_only is True
     (tmp_path / "director_validation.json").write_text('{"speedup": 1.51}')
-    assert release.read_director(tmp_path, "x")["speedup"] == 1.51
+    assert release.read_director(tmp_path, "x").speedup == 1.51
     assert release.read_director(None, "x") is None
 
 
@@ -110,8 +146,12 @@ def harnesses(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, Path]
     faults = {name: compile_shared(CSRC / "faulty.c", d / f"{name}.so", defines={"KP_FAULT": v})
               for name, v in (("crash", 1), ("hang", 2))}
     opts = {"fast": matmul_libs["fast"], "offbyone": matmul_libs["offbyone"], **faults}
-    return {name: create_harness(matmul_snapshot, d / name, opt=lib).root
-            for name, lib in opts.items()}
+    pairs = {name: create_harness(matmul_snapshot, d / name, opt=lib).root
+             for name, lib in opts.items()}
+    # Correct (the same additions in the same order) but slower: the fast build as ref.
+    pairs["slower"] = create_harness(matmul_snapshot, d / "slower", ref=matmul_libs["fast"],
+                                     opt=matmul_libs["naive"]).root
+    return pairs
 
 
 def _provenance(tmp_path: Path, speedup: float) -> Path:
@@ -133,13 +173,13 @@ def test_add_publishes_a_passing_pair_with_provenance(harnesses, tmp_path):
     assert (op / "harness" / "result.json").is_file()
     assert (op / "provenance" / "attempts.jsonl").is_file()
     idx = release.load_index(root)
-    (row,) = idx["operators"]
-    assert row["status"] == "pass" and row["correctness"]["mode"] == "byte-exact"
-    assert row["director"]["speedup"] == 1.7 and row["director"]["reference_only"] is True
-    assert row["paths"]["harness"] == "level1/1_Square_matrix_multiplication_/harness"
-    assert idx["summary"]["harness_geomean_speedup"] == pytest.approx(row["harness"]["speedup"])
-    result = json.loads((op / "harness" / "result.json").read_text())
-    assert result["harness"] == str((op / "harness").resolve())
+    (row,) = idx.operators
+    assert row.status == "pass" and row.correctness.mode == "byte-exact"
+    assert row.director.speedup == 1.7 and row.director.reference_only is True
+    assert row.paths.harness == "level1/1_Square_matrix_multiplication_/harness"
+    assert idx.summary.harness_geomean_speedup == pytest.approx(row.harness.speedup)
+    result = Result.read(op / "harness" / "result.json")
+    assert result.harness == str((op / "harness").resolve())
     assert not [p for p in root.iterdir() if p.name.startswith(".add-")]  # staging cleaned
 
 
@@ -152,15 +192,62 @@ def test_add_refuses_a_failing_pair_and_records_the_exclusion(harnesses, tmp_pat
     assert "refused level1/1_wrong" in capsys.readouterr().out
     assert not (root / "level1" / "1_wrong").exists()
     kept = root / "excluded" / "level1" / "1_wrong"
-    assert json.loads((kept / "result.json").read_text())["status"] == "fail"
+    assert Result.read(kept / "result.json").status == "fail"
     assert (kept / "provenance" / "director_validation.json").is_file()
     idx = release.load_index(root)
-    assert idx["operators"] == []
-    (row,) = idx["refused"]
-    assert row["status"] == "fail" and row["reason"].startswith("FAIL") and row["harness"] is None
-    assert idx["summary"]["excluded"][0]["where"] == "refused by release add"
-    assert idx["summary"]["harness_geomean_speedup"] is None
-    assert idx["summary"]["director_geomean_speedup"] is None  # its 9.9x stays out
+    assert idx.operators == []
+    (row,) = idx.refused
+    assert row.status == "fail" and row.reason.startswith("FAIL") and row.harness is None
+    assert idx.summary.excluded[0].where == "refused by release add"
+    assert idx.summary.harness_geomean_speedup is None
+    assert idx.summary.director_geomean_speedup is None  # its 9.9x stays out
+
+
+def test_add_refuses_a_correct_opt_that_is_not_faster(harnesses, tmp_path, capsys):
+    root = tmp_path / "rel"
+    args = ["release", "add", str(root), str(harnesses["slower"]), "--level", "1", "--name",
+            "1_slow", *QUICK_ARGS]
+    assert kpair(args) == 1
+    assert "refused level1/1_slow" in capsys.readouterr().out
+    assert not (root / "level1" / "1_slow").exists()
+    assert Result.read(root / "excluded" / "level1" / "1_slow" / "result.json").status == "pass"
+    idx = release.load_index(root)
+    (row,) = idx.refused
+    assert row.status == "pass" and row.harness.ci95[0] <= 1.0
+    assert row.reason.startswith("not faster") and "--allow-slower" in row.reason
+    assert row.paths.harness is None
+    assert idx.operators == [] and idx.summary.harness_geomean_speedup is None
+    (excluded,) = idx.summary.excluded
+    assert excluded.where == "refused by release add" and excluded.reason == row.reason
+    # --allow-slower publishes it, and the refused row gives way to the published one.
+    assert kpair([*args, "--allow-slower"]) == 0
+    idx = release.load_index(root)
+    assert [r.name for r in idx.operators] == ["1_slow"] and idx.refused == []
+    assert idx.operators[0].reason is None
+
+
+def test_not_faster_needs_the_whole_interval_above_one():
+    speed = fake_row(1, "a", 1.2).harness
+    assert release.not_faster(speed) is None
+    for ci in ((0.9, 1.3), (1.0, 1.1), (0.5, 0.9)):
+        assert "not faster" in release.not_faster(msgspec.structs.replace(speed, ci95=ci))
+
+
+def test_writers_sweep_staging_left_by_dead_processes(harnesses, tmp_path):
+    root = tmp_path / "rel"
+    root.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = root / f".add-{dead.pid}-x1y2"
+    live = root / f".add-{os.getpid()}-a3b4"
+    unrelated = root / ".add-notapid"
+    for d in (stale, live, unrelated):
+        (d / "op").mkdir(parents=True)
+    release.add_operator(root, harnesses["fast"], level=1, name="1_mm", options=QUICK)
+    assert not stale.exists() and live.exists() and unrelated.exists()
+    stale.mkdir()
+    release.verify_release(root, QUICK)
+    assert not stale.exists() and live.exists()
 
 
 def test_add_never_replaces_without_replace(harnesses, tmp_path, capsys):
@@ -174,7 +261,7 @@ def test_add_never_replaces_without_replace(harnesses, tmp_path, capsys):
     assert "--replace" in capsys.readouterr().err
     assert (root / "index.json").read_text() == before
     assert kpair([*args, "--replace"]) == 0
-    assert len(release.load_index(root)["operators"]) == 1
+    assert len(release.load_index(root).operators) == 1
 
 
 def test_refused_replacement_keeps_the_published_operator(harnesses, tmp_path):
@@ -184,8 +271,8 @@ def test_refused_replacement_keeps_the_published_operator(harnesses, tmp_path):
                                options=QUICK)
     assert not out.added and out.exit_code == 1
     idx = release.load_index(root)
-    assert [r["status"] for r in idx["operators"]] == ["pass"]
-    assert [r["status"] for r in idx["refused"]] == ["fail"]
+    assert [r.status for r in idx.operators] == ["pass"]
+    assert [r.status for r in idx.refused] == ["fail"]
     assert (root / "level1" / "1_mm" / "harness" / "opt.so").read_bytes() == \
         (harnesses["fast"] / "opt.so").read_bytes()
 
@@ -213,7 +300,7 @@ def test_interrupted_add_leaves_the_old_index_and_tree(harnesses, tmp_path, monk
     monkeypatch.undo()
     assert (root / "index.json").read_bytes() == before
     idx = release.load_index(root)  # still valid
-    assert [r["name"] for r in idx["operators"]] == ["1_mm"]
+    assert [r.name for r in idx.operators] == ["1_mm"]
     assert not (root / "level1" / "2_other").exists()
     assert (root / "level1" / "1_mm" / "harness" / "harness.json").is_file()
     tree_after = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
@@ -244,17 +331,17 @@ def test_verify_isolates_crashes_and_hangs_and_goes_on(harnesses, tmp_path, caps
     assert code == 5
     err = capsys.readouterr().err
     assert "[3/3] level2/3_good: PASS" in err
-    rows = {r["name"]: r for r in release.load_index(root)["operators"]}
-    assert rows["1_crash"]["status"] == "error"
-    assert "SIGSEGV" in rows["1_crash"]["reason"] and "stage opt" in rows["1_crash"]["reason"]
-    assert rows["2_hang"]["status"] == "error" and "Timeout" in rows["2_hang"]["reason"]
-    assert rows["3_good"]["status"] == "pass"
+    rows = {r.name: r for r in release.load_index(root).operators}
+    assert rows["1_crash"].status == "error"
+    assert "SIGSEGV" in rows["1_crash"].reason and "stage opt" in rows["1_crash"].reason
+    assert rows["2_hang"].status == "error" and "Timeout" in rows["2_hang"].reason
+    assert rows["3_good"].status == "pass"
     for name in rows:
-        level = rows[name]["level"]
+        level = rows[name].level
         assert (root / f"level{level}" / name / "harness" / "result.json").is_file()
-    s = release.load_index(root)["summary"]
-    assert s["harness_geomean_over"] == 1 and s["director_geomean_speedup"] == 2.5
-    assert {e["name"] for e in s["excluded"]} == {"1_crash", "2_hang"}
+    s = release.load_index(root).summary
+    assert s.harness_geomean_over == 1 and s.director_geomean_speedup == 2.5
+    assert {e.name for e in s.excluded} == {"1_crash", "2_hang"}
 
 
 def test_verify_keeps_refused_rows_and_needs_operators(harnesses, tmp_path):
@@ -262,8 +349,8 @@ def test_verify_keeps_refused_rows_and_needs_operators(harnesses, tmp_path):
     release.add_operator(root, harnesses["offbyone"], level=1, name="9_wrong", options=QUICK)
     shutil.copytree(harnesses["fast"], root / "level1" / "1_mm" / "harness")
     idx = release.verify_release(root, QUICK)
-    assert [r["name"] for r in idx["operators"]] == ["1_mm"]
-    assert [r["name"] for r in idx["refused"]] == ["9_wrong"]
+    assert [r.name for r in idx.operators] == ["1_mm"]
+    assert [r.name for r in idx.refused] == ["9_wrong"]
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(UsageError, match="no operators"):

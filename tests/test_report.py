@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import fake_row
+from fake_release import fake_row
 from kpair import release
 from kpair.cli import main as kpair
 from kpair.errors import BackendUnavailable, UsageError
@@ -31,7 +31,7 @@ def root(tmp_path):
             fake_row(2, "99_Slower", 0.93, slot_bias=1.0),
             fake_row(2, "40_Broken", status="fail")]
     refused = [fake_row(1, "21_Sigmoid", status="fail")]
-    release.write_index(tmp_path, release.build_index(rows, refused))
+    release.build_index(rows, refused).write(tmp_path / "index.json")
     return tmp_path
 
 

@@ -1,5 +1,6 @@
 """Release reports: one self-contained HTML page and a markdown summary, from ``index.json``.
 
+Both render a typed ``kpair.release.Index`` (read by its strict reader).
 ``render_markdown(index)`` is pure text. ``render_html(index)`` draws two charts with
 matplotlib (the ``report`` extra, imported only here and only when called): Harness speedup
 per operator as bars with their 95% CI whiskers and the geomean line (Director speedups as
@@ -17,8 +18,9 @@ import os
 from pathlib import Path
 
 from . import __version__
+from ._util import write_text_atomic
 from .errors import BackendUnavailable, UsageError
-from .release import SLOT_BIAS_BAND, load_index
+from .release import SLOT_BIAS_BAND, Index, Row, load_index
 
 HTML_NAME, MD_NAME = "report.html", "report.md"
 _BAR, _GEO, _DIRECTOR, _BAND, _OUT = "#3b6ea5", "#c0392b", "#333333", "#d8ecd5", "#e67e22"
@@ -44,43 +46,46 @@ def _f(v: float | None, digits: int = 4) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
 
-def _label(row: dict) -> str:
-    return f"L{row['level']} {row['name']}"
+def _label(row: Row) -> str:
+    return f"L{row.level} {row.name}"
 
 
-def _passing(index: dict) -> list[dict]:
-    return [r for r in index["operators"] if r["status"] == "pass" and r.get("harness")]
+def _director(row: Row) -> float | None:
+    return row.director.speedup if row.director else None
 
 
-def _measured(row: dict) -> str:
-    c = row["correctness"]
+def _measured(row: Row) -> str:
     parts = []
-    for t in c.get("tolerances", []):
-        v = t.get("measured")
-        if not isinstance(v, (int, float)):
+    for t in row.correctness.tolerances or []:
+        v = t.measured
+        if v is None:
             continue
-        if t["metric"] == "cosine":  # 0.99999999999989 would print as 1: show the gap
+        if t.metric == "cosine":  # 0.99999999999989 would print as 1: show the gap
             parts.append(f"cosine 1 - {1 - v:.2g}" if v < 1 else "cosine 1 (exact)")
         else:
-            parts.append(f"{t['metric']} {v:.3g}")
+            parts.append(f"{t.metric} {v:.3g}")
     return ", ".join(parts)
 
 
-def _summary_lines(index: dict) -> list[tuple[str, str]]:
-    s, c = index["summary"], index["summary"]["counts"]
-    rng = s.get("slot_bias_range")
+def _ci(row: Row) -> str:
+    return f"[{row.harness.ci95[0]:.3f}, {row.harness.ci95[1]:.3f}]" if row.harness else "—"
+
+
+def _summary_lines(index: Index) -> list[tuple[str, str]]:
+    s, c = index.summary, index.summary.counts
+    rng = s.slot_bias_range
     return [
         ("Harness geomean speedup (recommended)",
-         f"{_x(s['harness_geomean_speedup'], 4)} over {s['harness_geomean_over']} passing "
+         f"{_x(s.harness_geomean_speedup, 4)} over {s.harness_geomean_over} passing "
          "operators"),
         ("Director geomean speedup (reference only)",
-         f"{_x(s['director_geomean_speedup'], 4)} over {s['director_geomean_over']} operators"
+         f"{_x(s.director_geomean_speedup, 4)} over {s.director_geomean_over} operators"
          " — the optimizer's own baseline and workload; not comparable with Harness"),
         ("slot_bias range", (f"{rng[0]:.4f} – {rng[1]:.4f} (band {SLOT_BIAS_BAND[0]} – "
                              f"{SLOT_BIAS_BAND[1]})") if rng else "—"),
-        ("Operators", f"{c['pass']} pass ({c['byte_exact']} byte-exact, {c['tolerance']} "
-                      f"tolerance), {c['excluded']} excluded ({c['fail']} fail, {c['error']} "
-                      f"error published, {c['refused']} refused by release add)"),
+        ("Operators", f"{c.passed} pass ({c.byte_exact} byte-exact, {c.tolerance} "
+                      f"tolerance), {c.excluded} excluded ({c.fail} fail, {c.error} "
+                      f"error published, {c.refused} refused by release add)"),
     ]
 
 
@@ -91,29 +96,27 @@ def _md_cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(index: dict) -> str:
+def render_markdown(index: Index) -> str:
     lines = ["# kpair release report", "",
-             f"Index updated {index.get('updated')} (kpair {index.get('kpair_version')}).", ""]
+             f"Index updated {index.updated} (kpair {index.kpair_version}).", ""]
     lines += [f"- **{k}**: {v}" for k, v in _summary_lines(index)]
     lines += ["", "## Operators", "",
               "| level | operator | backend/arch | correctness | Harness speedup [95% CI] "
               "| slot_bias | Director (ref. only) | status |",
               "|---|---|---|---|---|---|---|---|"]
-    for r in index["operators"]:
-        h = r.get("harness") or {}
-        ci = h.get("ci95")
-        speed = f"{_x(h.get('speedup'))} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "—"
-        corr = r["correctness"]["label"] + (f" ({_measured(r)})" if _measured(r) else "")
-        d = (r.get("director") or {}).get("speedup")
+    for r in index.operators:
+        h = r.harness
+        speed = f"{_x(h.speedup)} {_ci(r)}" if h else "—"
+        corr = r.correctness.label + (f" ({_measured(r)})" if _measured(r) else "")
         lines.append("| " + " | ".join(_md_cell(v) for v in (
-            r["level"], r["name"], f"{r['backend']}/{r['arch']}", corr, speed,
-            _f(h.get("slot_bias")), _x(d), r["status"])) + " |")
-    excluded = index["summary"]["excluded"]
+            r.level, r.name, f"{r.backend}/{r.arch}", corr, speed,
+            _f(h.slot_bias if h else None), _x(_director(r)), r.status)) + " |")
+    excluded = index.summary.excluded
     lines += ["", "## Excluded (kept out of both geometric means)", ""]
     if excluded:
         lines += ["| level | operator | status | where | reason |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(_md_cell(v) for v in (
-            e["level"], e["name"], e["status"], e["where"], e["reason"])) + " |"
+            e.level, e.name, e.status, e.where, e.reason)) + " |"
             for e in excluded]
     else:
         lines.append("None.")
@@ -138,23 +141,22 @@ def _height(n: int) -> float:
     return 1.3 + 0.38 * max(n, 1)
 
 
-def speedup_chart(index: dict) -> str:
+def speedup_chart(index: Index) -> str:
     plt = _matplotlib()
-    rows = _passing(index)[::-1]  # first operator at the top
+    rows = index.passing[::-1]  # first operator at the top
     fig, ax = plt.subplots(figsize=(8.5, _height(len(rows))), dpi=100)
     try:
         ys = range(len(rows))
-        sp = [r["harness"]["speedup"] for r in rows]
-        err = [[s - r["harness"]["ci95"][0] for s, r in zip(sp, rows, strict=True)],
-               [r["harness"]["ci95"][1] - s for s, r in zip(sp, rows, strict=True)]]
+        sp = [r.harness.speedup for r in rows]
+        err = [[s - r.harness.ci95[0] for s, r in zip(sp, rows, strict=True)],
+               [r.harness.ci95[1] - s for s, r in zip(sp, rows, strict=True)]]
         ax.barh(ys, sp, color=_BAR, height=0.6, xerr=err, ecolor="black", capsize=3,
                 label="Harness speedup, 95% CI")
-        d = [(y, r["director"]["speedup"]) for y, r in zip(ys, rows, strict=True)
-             if (r.get("director") or {}).get("speedup")]
+        d = [(y, _director(r)) for y, r in zip(ys, rows, strict=True) if _director(r)]
         if d:
             ax.scatter([v for _, v in d], [y for y, _ in d], marker="D", facecolors="white",
                        edgecolors=_DIRECTOR, zorder=3, label="Director (reference only)")
-        g = index["summary"]["harness_geomean_speedup"]
+        g = index.summary.harness_geomean_speedup
         if g:
             ax.axvline(g, color=_GEO, linestyle="--", linewidth=1.5,
                        label=f"Harness geomean {g:.3f}x")
@@ -176,17 +178,17 @@ def _legend_below(ax) -> None:
               ncol=3, fontsize=8, frameon=False)
 
 
-def slot_bias_chart(index: dict) -> str:
+def slot_bias_chart(index: Index) -> str:
     plt = _matplotlib()
-    rows = _passing(index)[::-1]
+    rows = index.passing[::-1]
     fig, ax = plt.subplots(figsize=(8.5, _height(len(rows))), dpi=100)
     try:
         lo, hi = SLOT_BIAS_BAND
         ax.axvspan(lo, hi, color=_BAND, label=f"[{lo}, {hi}]")
         ax.axvline(1.0, color="black", linewidth=0.8)
         ys = list(range(len(rows)))
-        b = [r["harness"]["slot_bias"] for r in rows]
-        ci = [r["harness"].get("slot_bias_ci95") or [v, v] for v, r in zip(b, rows, strict=True)]
+        b = [r.harness.slot_bias for r in rows]
+        ci = [r.harness.slot_bias_ci95 or (v, v) for v, r in zip(b, rows, strict=True)]
         ax.errorbar(b, ys, xerr=[[v - c[0] for v, c in zip(b, ci, strict=True)],
                                  [c[1] - v for v, c in zip(b, ci, strict=True)]],
                     fmt="o", color=_BAR, ecolor="black", capsize=3, label="slot_bias, 95% CI")
@@ -231,54 +233,50 @@ def _cell(v: object, cls: str = "") -> str:
     return f"<td{c}>{html.escape(str(v))}</td>"
 
 
-def _operators_table(index: dict) -> str:
+def _operators_table(index: Index) -> str:
     head = ("<tr><th>level</th><th>operator</th><th>backend/arch</th><th>correctness</th>"
             "<th>measured</th><th>Harness speedup</th><th>95% CI</th><th>slot_bias</th>"
             "<th>Director (ref. only)</th><th>status</th></tr>")
     body = []
-    for r in index["operators"]:
-        h = r.get("harness") or {}
-        ci = h.get("ci95")
+    for r in index.operators:
+        h = r.harness
         body.append("<tr>" + "".join((
-            _cell(r["level"]), _cell(r["name"]), _cell(f"{r['backend']}/{r['arch']}"),
-            _cell(r["correctness"]["label"]), _cell(_measured(r) or "—"),
-            _cell(_x(h.get("speedup")), "num"),
-            _cell(f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "—", "num"),
-            _cell(_f(h.get("slot_bias")), "num"),
-            _cell(_x((r.get("director") or {}).get("speedup")), "num"),
-            _cell(r["status"], r["status"]))) + "</tr>")
+            _cell(r.level), _cell(r.name), _cell(f"{r.backend}/{r.arch}"),
+            _cell(r.correctness.label), _cell(_measured(r) or "—"),
+            _cell(_x(h.speedup if h else None), "num"), _cell(_ci(r), "num"),
+            _cell(_f(h.slot_bias if h else None), "num"),
+            _cell(_x(_director(r)), "num"),
+            _cell(r.status, r.status))) + "</tr>")
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _excluded_table(index: dict) -> str:
-    excluded = index["summary"]["excluded"]
+def _excluded_table(index: Index) -> str:
+    excluded = index.summary.excluded
     if not excluded:
         return "<p>None: every operator passed.</p>"
     head = "<tr><th>level</th><th>operator</th><th>status</th><th>where</th><th>reason</th></tr>"
-    body = "".join("<tr>" + _cell(e["level"]) + _cell(e["name"]) + _cell(e["status"],
-                   e["status"]) + _cell(e["where"]) + _cell(e["reason"]) + "</tr>"
-                   for e in excluded)
+    body = "".join("<tr>" + _cell(e.level) + _cell(e.name) + _cell(e.status, e.status)
+                   + _cell(e.where) + _cell(e.reason) + "</tr>" for e in excluded)
     return f"<table>{head}{body}</table>"
 
 
-def render_html(index: dict) -> str:
-    s = index["summary"]
-    cards = [("Harness geomean (recommended)", _x(s["harness_geomean_speedup"], 4),
-              f"over {s['harness_geomean_over']} passing operators", ""),
-             ("Director geomean (reference only)", _x(s["director_geomean_speedup"], 4),
-              f"over {s['director_geomean_over']} operators", "ref"),
-             ("slot_bias range", "–".join(f"{v:.4f}" for v in s["slot_bias_range"])
-              if s.get("slot_bias_range") else "—",
+def render_html(index: Index) -> str:
+    s, c = index.summary, index.summary.counts
+    cards = [("Harness geomean (recommended)", _x(s.harness_geomean_speedup, 4),
+              f"over {s.harness_geomean_over} passing operators", ""),
+             ("Director geomean (reference only)", _x(s.director_geomean_speedup, 4),
+              f"over {s.director_geomean_over} operators", "ref"),
+             ("slot_bias range", "–".join(f"{v:.4f}" for v in s.slot_bias_range)
+              if s.slot_bias_range else "—",
               f"band {SLOT_BIAS_BAND[0]}–{SLOT_BIAS_BAND[1]}", ""),
-             ("Operators", f"{s['counts']['pass']} pass / {s['counts']['excluded']} excluded",
-              f"{s['counts']['byte_exact']} byte-exact, {s['counts']['tolerance']} tolerance",
-              "")]
+             ("Operators", f"{c.passed} pass / {c.excluded} excluded",
+              f"{c.byte_exact} byte-exact, {c.tolerance} tolerance", "")]
     cards_html = "".join(
         f'<div class="card {cls}"><div class="k">{html.escape(k)}</div>'
         f'<div class="v">{html.escape(v)}</div><div class="k">{html.escape(sub)}</div></div>'
         for k, v, sub, cls in cards)
     charts = ""
-    if _passing(index):
+    if index.passing:
         charts = (f'<h2>Speedup</h2><div class="chart">{speedup_chart(index)}</div>'
                   f'<p class="note">Bars: Harness speedup t_ref/t_opt on the captured dispatch '
                   f'(ABBA), whiskers its bootstrap 95% CI; dashed line: the geometric mean '
@@ -290,11 +288,11 @@ def render_html(index: dict) -> str:
 <title>kpair release report</title><style>{_CSS}</style></head>
 <body>
 <h1>kpair release report</h1>
-<div class="meta">index updated {html.escape(str(index.get('updated')))} · kpair
-{html.escape(str(index.get('kpair_version')))} · report by kpair {__version__}</div>
+<div class="meta">index updated {html.escape(index.updated)} · kpair
+{html.escape(index.kpair_version)} · report by kpair {__version__}</div>
 <div class="cards">{cards_html}</div>
 <p class="note">Harness: ABBA-interleaved replays of the captured dispatch; only ratios are
-reported. Director: {html.escape(s['director_note'])}.</p>
+reported. Director: {html.escape(s.director_note)}.</p>
 {charts}
 <h2>Operators and correctness modes</h2>{_operators_table(index)}
 <h2>Excluded operators (kept out of both geometric means)</h2>{_excluded_table(index)}
@@ -316,14 +314,9 @@ def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, 
     out = Path(out) if out is not None else root
     out.mkdir(parents=True, exist_ok=True)
     written = {"markdown": out / MD_NAME}
-    _write_text(written["markdown"], render_markdown(index))
+    write_text_atomic(written["markdown"], render_markdown(index))
     if html_page:
         written["html"] = out / HTML_NAME
-        _write_text(written["html"], render_html(index))
+        write_text_atomic(written["html"], render_html(index))
     return written
 
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

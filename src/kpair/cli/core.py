@@ -61,7 +61,7 @@ class Inspect(Command):
         p.add_argument("--no-verify", action="store_true", help="skip blob and hash checks")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..inspect import describe
+        from ..describe import describe
 
         info, text = describe(args.path, verify=not args.no_verify)
         print(json.dumps(info, indent=1) if args.json else text)

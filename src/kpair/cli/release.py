@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from .base import Command
+
+if TYPE_CHECKING:
+    from ..release import Index, Row
 
 
 class ProgressLine:
@@ -22,7 +25,7 @@ class ProgressLine:
         self.width = width
         self.started = time.monotonic()
 
-    def __call__(self, done: int, total: int, key: str, row: dict | None) -> None:
+    def __call__(self, done: int, total: int, key: str, row: Row | None) -> None:
         if row is None:
             if self.tty:
                 filled = self.width * done // max(total, 1)
@@ -37,34 +40,35 @@ class ProgressLine:
         self.stream.flush()
 
 
-def describe_row(row: dict) -> str:
-    h = row.get("harness")
-    if row["status"] == "pass" and h:
-        lo, hi = h["ci95"]
-        return (f"PASS {row['correctness']['label']}, {h['speedup']:.3f}x "
-                f"[{lo:.3f}, {hi:.3f}], slot_bias {h['slot_bias']:.4f}")
-    return f"{row['status'].upper()}: {row['reason']}"
+def describe_row(row: Row) -> str:
+    h = row.harness
+    if row.status == "pass" and h:
+        lo, hi = h.ci95
+        line = (f"PASS {row.correctness.label}, {h.speedup:.3f}x "
+                f"[{lo:.3f}, {hi:.3f}], slot_bias {h.slot_bias:.4f}")
+        return f"{line}; {row.reason}" if row.reason else line  # a refused pass says why
+    return f"{row.status.upper()}: {row.reason}"
 
 
-def describe_summary(index: dict) -> list[str]:
-    s, c = index["summary"], index["summary"]["counts"]
-    g, d = s["harness_geomean_speedup"], s["director_geomean_speedup"]
-    rng = s.get("slot_bias_range")
-    lines = [f"{c['pass']} pass ({c['byte_exact']} byte-exact, {c['tolerance']} tolerance), "
-             f"{c['excluded']} excluded",
-             f"Harness geomean {g:.4f}x over {s['harness_geomean_over']} (recommended)"
+def describe_summary(index: Index) -> list[str]:
+    s, c = index.summary, index.summary.counts
+    g, d = s.harness_geomean_speedup, s.director_geomean_speedup
+    rng = s.slot_bias_range
+    lines = [f"{c.passed} pass ({c.byte_exact} byte-exact, {c.tolerance} tolerance), "
+             f"{c.excluded} excluded",
+             f"Harness geomean {g:.4f}x over {s.harness_geomean_over} (recommended)"
              if g else "Harness geomean: no passing operator",
-             f"Director geomean {d:.4f}x over {s['director_geomean_over']} (reference only)"
+             f"Director geomean {d:.4f}x over {s.director_geomean_over} (reference only)"
              if d else "Director geomean: no director_validation.json in provenance"]
     if rng:
         lines.append(f"slot_bias {rng[0]:.4f} .. {rng[1]:.4f}")
-    lines += [f"excluded: level{e['level']}/{e['name']} ({e['status']}, {e['where']}): "
-              f"{e['reason']}" for e in s["excluded"]]
+    lines += [f"excluded: level{e.level}/{e.name} ({e.status}, {e.where}): {e.reason}"
+              for e in s.excluded]
     return lines
 
 
-def _verify_exit(rows: list[dict]) -> int:
-    statuses = {r["status"] for r in rows}
+def _verify_exit(rows: list[Row]) -> int:
+    statuses = {r.status for r in rows}
     return 5 if "error" in statuses else 1 if "fail" in statuses else 0
 
 
@@ -85,26 +89,28 @@ class Verify(Command):
         add_run_arguments(p)
 
     def run(self, args: argparse.Namespace) -> int:
+        from ..formats import encode
         from ..release import INDEX, verify_release
         from .run import options_from_args
 
         index = verify_release(args.root, options_from_args(args), progress=ProgressLine())
         if args.json:
-            print(json.dumps(index, indent=1))
+            print(encode(index), end="")
         else:
             print("\n".join(describe_summary(index)))
             print(f"index: {args.root / INDEX}")
             print(f"report: kpair report {args.root}")
-        return _verify_exit(index["operators"])
+        return _verify_exit(index.operators)
 
 
 class ReleaseCmd(Command):
     """Grow a release: ``kpair release add ROOT HARNESS --level N --name OP``.
 
     add verifies the harness first (in its own process) and publishes it only on a
-    correctness pass; a failing pair is refused and recorded as excluded. Exit status:
-    0 added, 1 refused (incorrect), 2 usage (e.g. it exists and --replace is missing),
-    5 refused (the run itself failed).
+    correctness pass whose speedup CI lies above 1.0 (--allow-slower: any pass); anything else
+    is refused and recorded as excluded. Exit status: 0 added, 1 refused (incorrect, or not
+    faster), 2 usage (e.g. it exists and --replace is missing), 5 refused (the run itself
+    failed).
     """
 
     name = "release"
@@ -125,9 +131,13 @@ class ReleaseCmd(Command):
                          help="replace an operator already in the release")
         add.add_argument("--provenance", type=Path,
                          help="directory of optimizer records (director_validation.json, ...)")
+        add.add_argument("--allow-slower", action="store_true",
+                         help="publish a correct opt even if its speedup CI does not lie "
+                              "above 1.0")
         add_run_arguments(add)
 
     def run(self, args: argparse.Namespace) -> int:
+        from ..formats import encode
         from ..release import INDEX, add_operator
         from .run import options_from_args
 
@@ -137,9 +147,9 @@ class ReleaseCmd(Command):
         print(f"verifying {args.harness} as {key} ...", file=sys.stderr)
         out = add_operator(args.root, args.harness, level=args.level, name=args.name,
                            replace=args.replace, provenance=args.provenance,
-                           options=options_from_args(args))
+                           options=options_from_args(args), allow_slower=args.allow_slower)
         if args.json:
-            print(json.dumps(out.row, indent=1))
+            print(encode(out.row), end="")
         elif out.added:
             print(f"added {key}: {describe_row(out.row)}")
         else:

@@ -7,8 +7,9 @@ with nvcc for cuda; selected by ``-DKP_OPT=0/1``), records a real call of ref on
 launches (its *Director* number, written to ``provenance/director_validation.json`` and
 labelled reference only, like the seed's optimizer-side baseline), pairs them under the
 operator's validation policy, and hands the harness to ``release add``, which verifies it in
-its own process and publishes it only on a pass. Then it writes the report. One operator's
-opt is wrong on purpose, to show an exclusion.
+its own process and publishes it only on a pass that is a real gain on this machine (its
+speedup CI lies above 1.0; an operator that is not faster here is excluded with that reason).
+Then it writes the report. One operator's opt is wrong on purpose, to show an exclusion.
 
 Everything intermediate (builds, snapshots, harness sources) lives in a temporary directory;
 ``--out`` receives only the release. Sizes and the measurement budget keep the whole run
@@ -190,7 +191,7 @@ def run_demo(out: str | os.PathLike = "kpair-demo", *, backend: str = "host",
     from ..harness import create_harness
     from ..pipeline import RunOptions
     from ..record import record_call
-    from ..release import INDEX, add_operator
+    from ..release import INDEX, add_operator, load_index
     from ..report import write_report
 
     out = Path(out)
@@ -245,27 +246,30 @@ def run_demo(out: str | os.PathLike = "kpair-demo", *, backend: str = "host",
         report = write_report(out, html_page=False)
         log(f"HTML report skipped ({e}); markdown written")
     wall = time.monotonic() - started
-    s = json.loads((out / INDEX).read_text())["summary"]
-    g, d = s["harness_geomean_speedup"], s["director_geomean_speedup"]
-    log(f"done in {wall:.1f} s: {s['counts']['pass']} operators published, "
-        f"{s['counts']['excluded']} excluded")
+    s = load_index(out).summary
+    g, d = s.harness_geomean_speedup, s.director_geomean_speedup
+    log(f"done in {wall:.1f} s: {s.counts.passed} operators published, "
+        f"{s.counts.excluded} excluded")
     if g:
         log(f"  Harness geomean {g:.3f}x (recommended), Director geomean {d:.3f}x "
-            "(reference only), slot_bias {:.4f} .. {:.4f}".format(*s["slot_bias_range"]))
+            "(reference only), slot_bias {:.4f} .. {:.4f}".format(*s.slot_bias_range))
     log(f"index:  {out / INDEX}")
     for kind, path in report.items():
         log(f"report: {path} ({kind})")
     log(f"re-check it: kpair verify {out}")
-    ok = all(added.added == (op.expect == "pass") for op, added in rows)
+    # Correctness must come out as intended; speed is the machine's: a correct opt that is not
+    # faster here is excluded with its reason, and that is not a failure of the demo.
+    ok = all((added.result.status == "pass") == (op.expect == "pass") for op, added in rows)
     return DemoResult(out, out / INDEX, report, [a.row for _, a in rows], wall, ok)
 
 
 def _outcome(added, op: DemoOperator) -> str:
     row = added.row
-    if added.added:
-        h = row["harness"]
-        lo, hi = h["ci95"]
-        return (f"published: {row['correctness']['label']}, {h['speedup']:.3f}x "
-                f"[{lo:.3f}, {hi:.3f}], slot_bias {h['slot_bias']:.4f}")
+    if row.harness is not None:
+        h = row.harness
+        lo, hi = h.ci95
+        line = (f"{row.correctness.label}, {h.speedup:.3f}x [{lo:.3f}, {hi:.3f}], "
+                f"slot_bias {h.slot_bias:.4f}")
+        return f"published: {line}" if added.added else f"excluded: {line}; {row.reason}"
     tag = "excluded as intended" if op.expect != "pass" else "UNEXPECTEDLY refused"
-    return f"{tag}: {row['status']}: {row['reason']}"
+    return f"{tag}: {row.status}: {row.reason}"

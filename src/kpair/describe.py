@@ -1,4 +1,8 @@
-"""Human and JSON summaries of snapshots and harnesses (``kpair inspect``)."""
+"""Human and JSON summaries of snapshots and harnesses (``kpair inspect``).
+
+``describe(path)`` returns both forms for a snapshot or a harness directory; a harness's last
+result.json, if any, is read through ``kpair.result.Result`` and shown as its one-line verdict.
+"""
 
 from __future__ import annotations
 
@@ -54,13 +58,15 @@ def describe(path: Path, verify: bool = True) -> tuple[dict, str]:
         head += [f"    {t.describe()}" for t in h.policy.tolerances]
         if verify:
             head.append("  inputs   every file matches MANIFEST.sha256")
-        result = path / "result.json"
-        if result.is_file():
-            import json
+        from .result import read_result
 
-            from .run import summarize
-
-            head.append(f"  last run {summarize(json.loads(result.read_text()))}")
+        try:
+            last = read_result(path / "result.json")
+        except FormatError as e:  # an output, not an input: describe the harness anyway
+            head.append(f"  last run unreadable: {e}")
+        else:
+            if last is not None:
+                head.append(f"  last run {last.summary()}")
         return info, "\n".join(head + lines)
     if (path / "snapshot.json").is_file():
         info, lines = describe_snapshot(Snapshot.open(path), verify)

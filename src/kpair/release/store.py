@@ -1,0 +1,290 @@
+"""The release writers: ``verify_release`` and ``add_operator``, under one lock.
+
+``verify_release`` re-runs every published harness, each in its own worker process
+(``kpair.isolation.run_isolated``), writes every result.json and then the index.
+``add_operator`` stages a copy of the harness inside the root (``.add-<pid>-<random>``),
+verifies the staged copy, and only on a pass that is a real gain (its speedup CI lies above
+1.0, unless ``allow_slower``) moves it into place with one directory rename and rewrites the
+index; anything else is recorded as refused under ``excluded/``. The index is always written
+through a temporary file and a rename, and a failed index write moves the directories back, so
+an interrupted command leaves the previous index and tree as they were.
+
+Both writers hold an exclusive ``flock`` on ``<root>/.kpair-release.lock`` for their whole run:
+two concurrent adds would otherwise each rewrite the index from the same old copy and lose one
+operator. Staging directories carry their owner's pid; each writer removes those whose owner
+is gone (a ``release add`` killed with SIGKILL cannot clean up after itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from .._util import pid_alive
+from ..errors import FormatError, UsageError
+from ..isolation import run_isolated
+from ..pipeline import RunOptions
+from ..result import Result, error_result
+from .index import (
+    EXCLUDED,
+    HARNESS,
+    INDEX,
+    PROVENANCE,
+    HarnessSpeed,
+    Index,
+    Row,
+    build_index,
+    check_key,
+    harness_speed,
+    is_operator_name,
+    load_index,
+    operator_row,
+    rel_dir,
+    sort_key,
+)
+
+LOCK = ".kpair-release.lock"
+STAGING_PREFIX = ".add-"
+EXIT_REFUSED = 1
+
+#: progress(done, total, "level1/op", row or None): None when an operator starts.
+Progress = Callable[[int, int, str, "Row | None"], None]
+
+
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Hold the release's writer lock; released by the kernel even if this process dies."""
+    with open(root / LOCK, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"another kpair command is writing {root} (lock {LOCK}); "
+                             "wait for it to finish") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def sweep_stale_staging(root: Path) -> list[Path]:
+    """Remove ``.add-<pid>-*`` directories whose owning process is gone. Called with the lock
+    held, so no live writer of this release owns one it does not know about."""
+    removed = []
+    for path in root.glob(f"{STAGING_PREFIX}*"):
+        m = re.match(rf"{re.escape(STAGING_PREFIX)}(\d+)-", path.name)
+        if m and path.is_dir() and not path.is_symlink() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def discover(root: Path) -> list[tuple[int, str]]:
+    """Every published operator: ``level<N>/<op>/harness/harness.json`` under ``root``."""
+    found = []
+    for level_dir in root.glob("level*"):
+        m = re.fullmatch(r"level([1-9][0-9]*)", level_dir.name)
+        if not m or not level_dir.is_dir():
+            continue
+        for op in level_dir.iterdir():
+            if is_operator_name(op.name) and (op / HARNESS / "harness.json").is_file():
+                found.append((int(m.group(1)), op.name))
+    return sorted(found, key=lambda k: sort_key(*k))
+
+
+def _run_one(harness_dir: Path, options: RunOptions) -> Result:
+    """run_isolated, and whatever goes wrong around the worker still becomes an error result."""
+    try:
+        return run_isolated(harness_dir, options)
+    except Exception as e:  # noqa: BLE001 - one operator's trouble must not end the batch
+        result = error_result(harness_dir, f"{type(e).__name__}: {e}", stage="run",
+                              kind=type(e).__name__)
+        with contextlib.suppress(OSError):
+            result.write(harness_dir / "result.json")
+        return result
+
+
+def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *,
+                   progress: Progress | None = None) -> Index:
+    """Run every published harness in its own process, write each result.json, then the index.
+
+    Refused pairs recorded by earlier adds are carried over (they have no harness to re-run),
+    unless an operator of the same level and name has since been published.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a directory")
+    options = options or RunOptions()
+    with locked(root):
+        sweep_stale_staging(root)
+        old = load_index(root)
+        ops = discover(root)
+        if not ops and old is None:
+            raise UsageError(f"no operators under {root} (expected "
+                             "level<N>/<op>/harness/harness.json)")
+        rows = []
+        for i, (level, name) in enumerate(ops):
+            key = rel_dir(level, name)
+            if progress:
+                progress(i, len(ops), key, None)
+            op = root / key
+            result = _run_one(op / HARNESS, options)
+            prov = op / PROVENANCE
+            rows.append(operator_row(level, name, result, harness_dir=op / HARNESS,
+                                     provenance_dir=prov if prov.is_dir() else None))
+            if progress:
+                progress(i + 1, len(ops), key, rows[-1])
+        published = set(ops)
+        refused = [r for r in (old.refused if old else []) if r.key not in published]
+        index = build_index(rows, refused)
+        index.write(root / INDEX)
+    return index
+
+
+@dataclass(frozen=True)
+class AddOutcome:
+    """What ``add_operator`` did: ``added`` only on a pass that is a gain; ``row`` is the new
+    index row (in ``operators`` if added, in ``refused`` if not)."""
+
+    added: bool
+    row: Row
+    result: Result
+    index: Index
+
+    @property
+    def exit_code(self) -> int:
+        if self.added or self.result.status != "pass":
+            return self.result.exit_code
+        return EXIT_REFUSED  # correct, but not shown to be faster
+
+
+def not_faster(speed: HarnessSpeed) -> str | None:
+    """Why a measured pass is no gain (its speedup CI does not lie entirely above 1.0)."""
+    lo, hi = speed.ci95
+    if lo > 1.0:
+        return None
+    return (f"not faster: speedup {speed.speedup:.3f}x, CI [{lo:.3f}, {hi:.3f}] does not "
+            "lie above 1.0 (--allow-slower publishes it)")
+
+
+def _copy_inputs(src: Path, dst: Path) -> None:
+    # A harness's outputs are not inputs: the add re-verifies and writes its own.
+    from ..harness import OUTPUTS
+
+    shutil.copytree(src, dst, symlinks=False, ignore=shutil.ignore_patterns(
+        *OUTPUTS, "__pycache__", ".*"))
+
+
+def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: int, name: str,
+                 replace: bool = False, provenance: str | os.PathLike | None = None,
+                 options: RunOptions | None = None, allow_slower: bool = False) -> AddOutcome:
+    """Verify ``harness`` and publish it as ``level<N>/<name>`` only if it passes and its
+    speedup CI lies above 1.0 (``allow_slower``: any pass).
+
+    Anything else is recorded in the index's ``refused`` list (with its result.json under
+    ``excluded/``) and nothing is published. An operator already in the release is replaced
+    only with ``replace=True``; a refused replacement leaves the published one in place.
+    """
+    level, name = check_key(level, name)
+    root, harness = Path(root), Path(harness)
+    if not (harness / "harness.json").is_file():
+        raise FormatError("no harness.json here: not a kpair harness", path=harness)
+    prov_src = Path(provenance) if provenance is not None else None
+    if prov_src is not None and not prov_src.is_dir():
+        raise UsageError(f"--provenance {prov_src} is not a directory")
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{root} exists and is not a directory")
+    root.mkdir(parents=True, exist_ok=True)
+    options = options or RunOptions()
+    key = rel_dir(level, name)
+    with locked(root):
+        sweep_stale_staging(root)
+        old = load_index(root)
+        old_ops, old_refused = (old.operators, old.refused) if old else ([], [])
+        dest = root / key
+        listed = any(r.key == (level, name) for r in old_ops)
+        if (dest.exists() or listed) and not replace:
+            raise UsageError(f"{key} is already in the release; pass --replace to replace it")
+        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=root))
+        try:
+            staged = staging / "op"
+            _copy_inputs(harness, staged / HARNESS)
+            if prov_src is not None:
+                shutil.copytree(prov_src, staged / PROVENANCE)
+            prov = staged / PROVENANCE if prov_src is not None else None
+            result = _run_one(staged / HARNESS, options)
+            speed = harness_speed(result)
+            why_not = None if allow_slower or speed is None else not_faster(speed)
+            passed = result.status == "pass" and why_not is None
+            row = operator_row(level, name, result, harness_dir=staged / HARNESS,
+                               provenance_dir=prov, published=passed)
+            if why_not:  # correct but no gain: refused, with its numbers and the reason
+                row = msgspec.structs.replace(row, reason=why_not)
+            others = [r for r in old_ops if r.key != (level, name)]
+            refused = [r for r in old_refused if r.key != (level, name)]
+            if passed:
+                result = msgspec.structs.replace(result,
+                                                 harness=str((dest / HARNESS).resolve()))
+                result.write(staged / HARNESS / "result.json")
+                _publish(root, staging, dest, build_index(others + [row], refused))
+            else:
+                kept = [r for r in old_ops if r.key == (level, name)]
+                _record_exclusion(root, staging, root / EXCLUDED / key,
+                                  build_index(others + kept, refused + [row]))
+            return AddOutcome(passed, row, result, load_index(root))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_in(new: Path, dest: Path, trash: Path) -> bool:
+    """Move ``new`` to ``dest``, the previous ``dest`` (if any) to ``trash``; True if there was
+    one. Each step is one rename, so nothing is ever half copied in the tree."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    had_old = dest.exists()
+    if had_old:
+        os.replace(dest, trash)
+    os.replace(new, dest)
+    return had_old
+
+
+def _swap_back(new: Path, dest: Path, trash: Path, had_old: bool) -> None:
+    os.replace(dest, new)
+    if had_old:
+        os.replace(trash, dest)
+
+
+def _publish(root: Path, staging: Path, dest: Path, index: Index) -> None:
+    had_old = _swap_in(staging / "op", dest, staging / "old")
+    try:
+        index.write(root / INDEX)
+    except BaseException:
+        # The index was not replaced: put the tree back the way that index describes it.
+        _swap_back(staging / "op", dest, staging / "old", had_old)
+        raise
+
+
+def _record_exclusion(root: Path, staging: Path, dest: Path, index: Index) -> None:
+    keep = staging / "excluded"
+    keep.mkdir()
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(staging / "op" / HARNESS / "result.json", keep / "result.json")
+    if (staging / "op" / PROVENANCE).is_dir():
+        os.replace(staging / "op" / PROVENANCE, keep / PROVENANCE)
+    had_old = _swap_in(keep, dest, staging / "old-excluded")
+    try:
+        index.write(root / INDEX)
+    except BaseException:
+        _swap_back(keep, dest, staging / "old-excluded", had_old)
+        raise
+
+
+__all__ = ["AddOutcome", "LOCK", "add_operator", "discover", "locked", "not_faster",
+           "sweep_stale_staging", "verify_release"]
