@@ -404,3 +404,23 @@ def test_kernarg_buffer_is_the_extra_array_hip_expects():
     assert (words[0], words[2], words[4]) == (1, 2, 3)      # HIP's END is 3, not CUDA's 0
     assert ctypes.string_at(words[1], 3) == b"\x01\x02\x03"
     assert ctypes.c_size_t.from_address(words[3]).value == 3
+
+
+@needs_llvm
+def test_record_call_on_hip_checks_the_layout(monkeypatch, cos, tmp_path):
+    from kpair.record import record_call
+    from kpair.snapshot import Snapshot
+
+    fake = StandInHip()
+    monkeypatch.setitem(sys.modules, "hip", types.SimpleNamespace(hip=fake))
+    co = tmp_path / "k.co"
+    co.write_bytes(cos["gfx942"])
+    x, y = np.arange(64, dtype=np.float32), np.ones(64, dtype=np.float32)
+    snap = record_call(co, "axpy", [x, y, np.float32(2), np.int32(64)], tmp_path / "s",
+                       backend="hip", launch=Launch((1, 1, 1), (64, 1, 1)))
+    m = Snapshot.open(tmp_path / "s").manifest
+    assert (m.backend, m.arch, m.code.format) == ("hip", "gfx942", "hsaco")
+    assert [(p.offset, p.size) for p in m.kernarg.params] == [(0, 8), (8, 8), (16, 4), (20, 4)]
+    assert fake.launched[-1]["kernarg"] == snap.kernarg()
+    with pytest.raises(AbiMismatch, match="axpy"):   # a Python int is packed as 8 bytes
+        record_call(co, "axpy", [x, y, np.float32(2), 64], tmp_path / "t", backend="hip")
