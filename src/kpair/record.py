@@ -5,8 +5,9 @@ freshly mapped arena on the device (so the captured regions form one compact spa
 between them for guard bands), launches the kernel there, stores the arena's pre- and
 post-state per array as regions and the scalars in the kernarg, and copies the results back
 into the caller's arrays — the call really happens. Any backend works: a C function in a
-shared object on ``host``, an nvcc-built cubin on ``cuda``. Used by tests, examples and
-``kpair demo``; real programs are captured with ``kpair capture`` instead.
+shared object on ``host``, an nvcc-built cubin on ``cuda``, a clang-built hsaco on ``hip``
+(its layout must match the code object's metadata: AbiMismatch otherwise). Used by tests,
+examples and ``kpair demo``; real programs are captured with ``kpair capture`` instead.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from . import __version__
 from ._util import utc_now
 from .backends import open_device
-from .errors import UsageError
+from .errors import AbiMismatch, UsageError
 from .snapshot import (
     DTYPE_HINTS,
     SCALAR_FORMATS,
@@ -105,6 +106,10 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
             params.append(Param(offset, size, kind, name))
             offset += size
         kernarg = bytes(kernarg)
+        layout = kernel.param_layout() if backend == "hip" else None
+        if layout is not None and layout != [(p.offset, p.size) for p in params]:
+            raise AbiMismatch(f"kernel {symbol!r} takes (offset, size) {layout}; the "
+                              f"arguments give {[(p.offset, p.size) for p in params]}")
 
         dev.launch(kernel, launch, kernarg, params)
         regions = []

@@ -1,4 +1,5 @@
-"""Building host code objects with the system C compiler (``cc``).
+"""Building code objects: host shared objects with ``cc``, cubins with nvcc, AMDGPU code
+objects with clang (``compile_amdgcn``).
 
 Used by tests, ``kpair demo`` and anyone who wants a host pair from C sources. Builds are
 deterministic flags-wise: ``-ffp-contract=off`` keeps the compiler from fusing a*b+c into
@@ -80,3 +81,54 @@ def compile_cubin(source: str | os.PathLike, out: str | os.PathLike, *, arch: st
                   flags: Sequence[str] = ("-O3",)) -> Path:
     """``nvcc -cubin -arch=<arch> -O3``: the cubin the cuda backend loads."""
     return compile_cuda(source, out, arch=arch, kind="cubin", flags=flags)
+
+
+# --------------------------------------------------------------------------- AMDGPU (LLVM)
+
+#: What installs the LLVM tools the AMD pieces use (Debian 12 and later have them in main).
+LLVM_INSTALL_HINT = "apt-get install clang-19 lld-19 llvm-19"
+#: Versioned names first: an unversioned ``clang`` may be older than AMDGPU code object v5.
+_LLVM_VERSIONS = ("-19", "-20", "-21", "-22", "")
+
+
+def find_llvm_tool(name: str) -> str:
+    """The path of an LLVM tool (``clang``, ``llvm-objdump``, ``llvm-readelf``, ``llvm-mc``,
+    ``ld.lld``) of LLVM 19 or later; ``KPAIR_LLVM_BIN`` names a directory to look in first
+    (ROCm's is /opt/rocm/llvm/bin)."""
+    where = os.environ.get("KPAIR_LLVM_BIN")
+    if where and shutil.which(name, path=where):
+        return shutil.which(name, path=where)  # type: ignore[return-value]
+    for suffix in _LLVM_VERSIONS:
+        found = shutil.which(name + suffix)
+        if found:
+            return found
+    found = shutil.which(name, path="/opt/rocm/llvm/bin")
+    if found:
+        return found
+    raise BackendUnavailable(f"{name} (LLVM 19 or later) was not found: {LLVM_INSTALL_HINT}, "
+                             "or set KPAIR_LLVM_BIN to a directory holding it")
+
+
+#: clang's language flags per source suffix: OpenCL C needs no device library when the
+#: kernels use amdgcn builtins (``__builtin_amdgcn_workitem_id_x`` ...) instead of libclc.
+_AMDGCN_LANGUAGES = {".cl": ("-x", "cl", "-cl-std=CL2.0", "-nogpulib"),
+                     ".s": ("-x", "assembler"), ".ll": ("-x", "ir")}
+
+
+def compile_amdgcn(source: str | os.PathLike, out: str | os.PathLike, *, mcpu: str = "gfx942",
+                   flags: Sequence[str] = ("-O2",), defines: dict | None = None) -> Path:
+    """Build an AMDGPU code object (hsaco) at ``out`` from OpenCL C, LLVM IR or assembly with
+    clang for ``amdgcn-amd-amdhsa``; ``mcpu`` is a target ID (``gfx942:sramecc+:xnack-``)."""
+    suffix = Path(source).suffix
+    if suffix not in _AMDGCN_LANGUAGES:
+        raise KpairError(f"cannot build {source}: expected one of "
+                         f"{', '.join(_AMDGCN_LANGUAGES)}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [find_llvm_tool("clang"), "-target", "amdgcn-amd-amdhsa", f"-mcpu={mcpu}",
+           *_AMDGCN_LANGUAGES[suffix], *flags,
+           *(f"-D{k}={v}" for k, v in (defines or {}).items()), "-o", str(out), str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KpairError(f"compiling {source} failed:\n$ {' '.join(cmd)}\n{proc.stderr}")
+    return out

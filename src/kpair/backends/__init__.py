@@ -16,6 +16,7 @@ from .base import Device, Kernel, Mapping
 BACKENDS = {
     "host": "kpair.backends.host",
     "cuda": "kpair.backends.cuda",
+    "hip": "kpair.backends.hip",
 }
 
 

@@ -12,6 +12,7 @@ import sys
 
 from .. import __version__
 from ..errors import KpairError
+from .asm import Asm
 from .base import Command
 from .capture import Capture
 from .core import Inspect, Pair
@@ -21,7 +22,7 @@ from .run import Run
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
 COMMANDS: list[type[Command]] = [Capture, Pair, Run, Inspect, PolicyCmd, ReleaseCmd,
-                                 Verify, Report, Demo]
+                                 Verify, Report, Demo, Asm]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,96 @@
+"""What the hip backend hands the HIP runtime: checked calls and the kernarg buffer.
+
+``Runtime`` wraps hip-python's ``hip`` module (imported lazily, by ``load_hip``) so every
+call is checked: a failure becomes ``DriverError(call, hipErrorName, explanation)``.
+hip-python returns a tuple per call with the ``hipError_t`` first and drops C out-parameters
+into the rest of the tuple, as cuda-bindings does.
+
+``KernargBuffer`` is the ``extra`` array of ``hipModuleLaunchKernel``:
+``[HIP_LAUNCH_PARAM_BUFFER_POINTER (1), buffer, HIP_LAUNCH_PARAM_BUFFER_SIZE (2), &size,
+HIP_LAUNCH_PARAM_END (3)]`` (HIP ends the list with 3 where CUDA uses 0), passed as an int
+address, which hip-python accepts for a pointer argument.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from ..errors import BackendUnavailable, DriverError
+
+INSTALL_HINT = "pip install 'kpair[hip]'"
+BUFFER_POINTER, BUFFER_SIZE, END = 1, 2, 3
+
+
+def load_hip():
+    """Import hip-python's ``hip`` module; BackendUnavailable with the install hint if absent."""
+    try:
+        from hip import hip
+    except ImportError as e:
+        raise BackendUnavailable(
+            f"the hip backend needs AMD's hip-python, which cannot be imported ({e}): "
+            f"{INSTALL_HINT} (its version must match the ROCm install's first three "
+            "numbers, e.g. hip-python~=6.2.0 for ROCm 6.2)") from None
+    return hip
+
+
+def _text(value: object) -> str:
+    """hip-python hands C strings back as bytes, sometimes inside a 1-tuple."""
+    if isinstance(value, tuple):
+        value = value[-1] if value else ""
+    if isinstance(value, (bytes, bytearray)):
+        return value.split(b"\0", 1)[0].decode(errors="replace")
+    return "" if value is None else str(value)
+
+
+class Runtime:
+    """Checked access: ``rt("hipMalloc", size)`` returns the call's values."""
+
+    def __init__(self, module):
+        self.mod = module
+        self.success = module.hipError_t.hipSuccess
+
+    def __call__(self, name: str, *args: object, context: str = ""):
+        out = getattr(self.mod, name)(*args)
+        if not isinstance(out, tuple):
+            out = (out,)
+        if out[0] != self.success:
+            raise self.error(f"{name}{context}", out[0])
+        return out[1] if len(out) == 2 else (out[1:] if len(out) > 2 else None)
+
+    def quiet(self, name: str, *args: object) -> object:
+        """Call without raising (cleanup after a sticky error); returns the hipError_t."""
+        try:
+            out = getattr(self.mod, name)(*args)
+            return out[0] if isinstance(out, tuple) else out
+        except Exception as e:  # noqa: BLE001 - cleanup must never mask the original error
+            return e
+
+    def error_name(self, err) -> tuple[str, str]:
+        name = getattr(err, "name", None) or f"hipError_t {int(err)}"
+        try:
+            name = _text(self.mod.hipGetErrorName(err)) or name
+            text = _text(self.mod.hipGetErrorString(err))
+        except Exception:  # noqa: BLE001 - an unknown code still gets reported
+            text = ""
+        return name, text
+
+    def error(self, call: str, err) -> DriverError:
+        name, text = self.error_name(err)
+        return DriverError(call, name, text)
+
+
+class KernargBuffer:
+    """The captured kernarg bytes in host memory and the ``extra`` array pointing at them.
+
+    ``address`` is what ``hipModuleLaunchKernel`` takes as ``extra``; the runtime copies
+    ``size`` bytes from the buffer into the dispatch's kernarg segment. Keep the object
+    alive until the launch call returns.
+    """
+
+    def __init__(self, kernarg: bytes):
+        self.size = len(kernarg)
+        self.blob = ctypes.create_string_buffer(bytes(kernarg), max(self.size, 1))
+        self._size = ctypes.c_size_t(self.size)
+        self._extra = (ctypes.c_void_p * 5)(BUFFER_POINTER, ctypes.addressof(self.blob),
+                                            BUFFER_SIZE, ctypes.addressof(self._size), END)
+        self.address = ctypes.addressof(self._extra)
