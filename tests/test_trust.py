@@ -195,7 +195,8 @@ def suite(tmp_path_factory):
         libs[name] = compile_shared(CSRC / "adversarial.c", d / f"{name}.so",
                                     flags=("-O2", "-pthread"), defines={"KP_CHEAT": k, **extra})
     muts = (Mutation("a", "float32", "permute", 2), Mutation("b", "float32", "resample", 2))
-    policies = {"exact": Policy(mutations=muts),
+    policies = {"exact": Policy(mutations=muts), "default": Policy(),
+                "off": Policy(mutations=()),
                 "cosine": Policy((Tolerance("c", 0, N * N * 4, "float32", "cosine",
                                             min_cosine=0.9999),), mutations=muts)}
     count = iter(range(1000))
@@ -267,6 +268,31 @@ def test_honest_opt_passes_every_check(suite, opt, policy):
         assert all(len(row["mean_signed_rel_err"]) == 1 for row in rows)
     saved = json.loads((Path(r["harness"]) / "result.json").read_text())
     assert saved["trust"] == trust
+
+
+@pytest.mark.parametrize("opt", ["stale", "hardcode"])
+def test_default_policy_derives_mutations_and_catches_specialised_opts(suite, opt):
+    """Users do not declare mutations: with the default policy kpair derives them from the
+    regions ref only reads, and a cached or hard-coded answer fails them."""
+    r = suite(opt, "default")
+    assert r["status"] == "fail" and r["correctness"]["failed_check"] == "differential"
+    found = r["trust"]["differential"]["finding"]
+    assert found["source"] == "derived"
+    assert found["mutations"] == ["resample a as float32", "permute a as float32",
+                                  "resample b as float32", "permute b as float32"]
+    assert "wrong on a mutated input" in summarize(r)
+
+
+def test_default_policy_passes_honest_opts_and_an_empty_list_turns_mutations_off(suite):
+    r = suite("fast", "default")
+    assert r["status"] == "pass", summarize(r)
+    d = r["trust"]["differential"]
+    assert d["passed"] is True and d["finding"]["source"] == "derived"
+    assert len(d["finding"]["runs"]) == 2 and all(x["changed_output"]
+                                                  for x in d["finding"]["runs"])
+    off = suite("stale", "off")  # the stale answer is caught by nothing else
+    assert off["status"] == "pass" and off["trust"]["differential"]["ran"] is False
+    assert any("mutations" in w and "[]" in w for w in off["warnings"]), off["warnings"]
 
 
 def test_without_checks_the_output_buffer_fools_the_harness(suite):

@@ -35,3 +35,13 @@ def decode(data: bytes | np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return raw.astype(np.float64)
+
+
+def encode(values: np.ndarray, dtype: str) -> bytes:
+    """Little-endian bytes of ``values`` stored as ``dtype`` (bfloat16: float32 bits >> 16,
+    rounded to nearest even)."""
+    if dtype == "bfloat16":
+        bits = np.asarray(values, np.float32).view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.astype("<u2").tobytes()
+    return np.asarray(values).astype(DTYPES[dtype]).tobytes()

@@ -29,7 +29,10 @@ from . import __version__
 from .backends import BACKENDS, arch_accepted
 from .errors import HarnessError, KpairError, UsageError
 from .formats import Record, read, write
-from .policy import Policy, load_policy, save_policy
+from .placement import patch_pointers, span_of
+from .policy import Mutation, Policy, load_policy, save_policy
+from .policy.lint import lint
+from .policy.mutation import derive
 from .snapshot import CODE_FORMATS, Launch, Snapshot, detect_format, sha256
 
 SCHEMA = "kpair.harness"
@@ -108,6 +111,22 @@ class Harness:
         except KpairError as e:
             raise HarnessError(str(e), path=spec_path, field="opt.launch_override") from None
         return cls(root, spec.backend, spec.ref, spec.opt, snapshot, policy, spec)
+
+    def planned_mutations(self) -> tuple[tuple[Mutation, ...], str]:
+        """The differential runs' mutations and their source ("declared", "off", "derived").
+        Derived ones are read off the snapshot (regions the captured launch left unchanged);
+        the run derives them again from ref's own runs, which normally agree."""
+        if self.policy.mutations is not None:
+            return self.policy.mutations, "declared" if self.policy.mutations else "off"
+        m, snap = self.snapshot.manifest, self.snapshot
+        ranges = [(r.address, r.end) for r in m.regions]
+        lo, hi = span_of(ranges) if ranges else (0, 0)
+        pre = {r.name: snap.pre(i) for i, r in enumerate(m.regions)}
+        read_only = [r.name for i, r in enumerate(m.regions) if pre[r.name] == snap.post(i)]
+        pointers = [r.name for r in m.regions
+                    if patch_pointers(pre[r.name], r.address, lo, hi, 1)[1]]
+        return derive([(r.name, r.size, r.dtype) for r in m.regions], read_only,
+                      pointers), "derived"
 
     def binary(self, side: Side) -> bytes:
         return (self.root / side.binary).read_bytes()
@@ -240,6 +259,8 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
     if not isinstance(policy, Policy):
         policy = load_policy(policy) if policy else Policy.byte_exact()
     policy.validate_against({r.name: r.size for r in m.regions})
+    lint(policy, {r.name: src.post(i) for i, r in enumerate(m.regions)
+                  if policy.for_region(r.name)})
     if opt_launch:
         m.launch.override(opt_launch)  # validates before anything is written
 

@@ -25,8 +25,11 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import selectors
 import signal
 import subprocess
@@ -41,6 +44,7 @@ from .pipeline import SAMPLES, Facts, RunOptions, execute
 from .result import Result, error_result
 
 LOG = "worker.log"
+LOG_CAP = 1 << 20          # bytes of worker output kept in the log
 _MAX_MESSAGE = 256 << 20  # a result with every mismatch listed stays far below this
 
 #: The check whose extra launches run in a trust stage (named when one of them crashes).
@@ -84,37 +88,37 @@ def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
 
 def _supervise(root: Path, options: RunOptions, scratch: Path, log_path: Path
                ) -> tuple[Result, bytes | None]:
-    read_fd, write_fd = os.pipe()
+    key = secrets.token_bytes(32)
+    channel_r, channel_w = os.pipe()
+    output_r, output_w = os.pipe()
     cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(root),
-           "--channel", str(write_fd), "--parent", str(os.getpid()),
+           "--channel", str(channel_w), "--parent", str(os.getpid()),
            "--options", json.dumps(options.to_json())]
-    stage: str | None = None
-    final: dict | None = None
-    with open(log_path, "wb") as log:
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=output_w, stderr=output_w,
+                                cwd=scratch, env=_worker_env(), pass_fds=(channel_w,),
+                                start_new_session=True)
+    finally:
+        os.close(channel_w)
+        os.close(output_w)
+    pump = _Pump(channel_r, output_r, log_path, key)
+    deadline = time.monotonic() + options.timeout_s
+    try:
+        proc.stdin.write(key)  # the key that signs the worker's messages, read first thing
+        proc.stdin.close()
+        pump.run(deadline)
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    cwd=scratch, env=_worker_env(), pass_fds=(write_fd,),
-                                    start_new_session=True)
-        finally:
-            os.close(write_fd)
-        try:
-            deadline = time.monotonic() + options.timeout_s
-            for message in _messages(read_fd, deadline):
-                if "stage" in message and isinstance(message["stage"], str):
-                    stage = message["stage"]
-                elif "result" in message:
-                    final = message
-            timed_out = time.monotonic() >= deadline and proc.poll() is None
-            if timed_out:
-                _kill_group(proc)
-            code = proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 5)
-        except BaseException:
-            _kill_group(proc)  # Ctrl-C, SIGTERM handlers, a bug: the worker never outlives us
-            raise
-        finally:
-            os.close(read_fd)
-            _kill_group(proc)  # anything the worker left in its group
-    if timed_out:
+            code: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            code = None
+    except BaseException:
+        _kill_group(proc)  # Ctrl-C, SIGTERM handlers, a bug: the worker never outlives us
+        raise
+    finally:
+        _kill_group(proc)  # the worker's group: anything it left behind
+        pump.close()
+    stage, final = pump.stage, pump.final
+    if code is None:
         return error_result(root, f"timed out after {options.timeout_s:g} s in stage "
                             f"{stage!r}; the worker was killed", stage=stage, kind="Timeout",
                             exit_code=WorkerFailed.exit_code), None
@@ -122,7 +126,7 @@ def _supervise(root: Path, options: RunOptions, scratch: Path, log_path: Path
         return error_result(root, _describe_exit(code, stage), stage=stage,
                             kind=WorkerFailed.__name__, exit_code=WorkerFailed.exit_code), None
     try:
-        result = Result.from_json(final["result"], path="worker message")
+        result = Result.from_json(final.get("result"), path="worker message")
         samples = base64.b64decode(final["samples"], validate=True) \
             if final.get("samples") is not None else None
     except (KpairError, ValueError, TypeError) as e:
@@ -131,30 +135,75 @@ def _supervise(root: Path, options: RunOptions, scratch: Path, log_path: Path
     return result, samples
 
 
-def _messages(fd: int, deadline: float):
-    """JSON objects, one per line, from ``fd`` until EOF or ``deadline``. Lines that are not
-    JSON objects are dropped: the channel is kpair's, but a candidate must not crash it."""
-    sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_READ)
-    buf = b""
-    try:
-        while (left := deadline - time.monotonic()) > 0:
-            if not sel.select(timeout=min(left, 1.0)):
+class _Pump:
+    """Reads the worker's channel and its output until both end (or a deadline).
+
+    Channel lines are ``<hmac-sha256 hex> <json>``, signed with the key the worker got on its
+    stdin; a line that does not verify is dropped (and counted), so output a candidate writes
+    to any file descriptor it finds cannot pass for kpair's. The output (the worker's stdout
+    and stderr, kernels' included) goes to the log file, at most ``LOG_CAP`` bytes of it.
+    """
+
+    def __init__(self, channel: int, output: int, log_path: Path, key: bytes):
+        self.channel, self.output, self.key = channel, output, key
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed by close()
+        self.logged = self.dropped = self.forged = 0
+        self.stage: str | None = None
+        self.final: dict | None = None
+        self._buf = b""
+
+    def run(self, deadline: float) -> None:
+        sel = selectors.DefaultSelector()
+        open_fds = {self.channel, self.output}
+        for fd in open_fds:
+            sel.register(fd, selectors.EVENT_READ)
+        try:
+            while open_fds and (left := deadline - time.monotonic()) > 0:
+                for k, _ in sel.select(timeout=min(left, 1.0)):
+                    chunk = os.read(k.fd, 1 << 20)
+                    if not chunk:
+                        sel.unregister(k.fd)
+                        open_fds.discard(k.fd)
+                    elif k.fd == self.output:
+                        self._to_log(chunk)
+                    else:
+                        self._from_channel(chunk)
+        finally:
+            sel.close()
+
+    def _to_log(self, chunk: bytes) -> None:
+        room = max(0, LOG_CAP - self.logged)
+        self.log.write(chunk[:room])
+        self.logged += min(room, len(chunk))
+        self.dropped += max(0, len(chunk) - room)
+
+    def _from_channel(self, chunk: bytes) -> None:
+        self._buf += chunk
+        if len(self._buf) > _MAX_MESSAGE:
+            self._buf = b""
+            self.forged += 1
+            return
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            mac, _, body = line.partition(b" ")
+            want = hmac.new(self.key, body, hashlib.sha256).hexdigest().encode()
+            if not hmac.compare_digest(mac, want):
+                self.forged += 1
                 continue
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-            if len(buf) > _MAX_MESSAGE:
-                break
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                with contextlib.suppress(ValueError):
-                    obj = json.loads(line)
-                    if isinstance(obj, dict):
-                        yield obj
-    finally:
-        sel.close()
+            message = json.loads(body)
+            if "stage" in message:
+                self.stage = message["stage"]
+            elif "result" in message:
+                self.final = message
+
+    def close(self) -> None:
+        if self.dropped or self.forged:
+            self.log.write(f"\n[kpair: {self.dropped} more bytes of output dropped; "
+                           f"{self.forged} unsigned channel lines ignored]\n".encode())
+        self.log.close()
+        for fd in (self.channel, self.output):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _import_path() -> list[str]:
@@ -215,13 +264,17 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--options", default="{}")
     args = p.parse_args(argv)
     _die_with_parent(args.parent)
-    channel = os.fdopen(args.channel, "w", buffering=1)
+    key = sys.stdin.buffer.read(32)
+    sys.stdin.close()
+    sys.dont_write_bytecode = True  # nothing written beside kpair's code from here on
+    channel = os.fdopen(args.channel, "wb", buffering=0)
     # Nothing printed by the worker or a kernel reaches the channel: it is a separate fd.
     os.set_inheritable(args.channel, False)
 
     def send(message: dict) -> None:
-        channel.write(json.dumps(message) + "\n")
-        channel.flush()
+        body = json.dumps(message).encode()
+        channel.write(hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b" " + body
+                      + b"\n")
 
     from ._util import utc_now
 

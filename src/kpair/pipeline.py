@@ -143,7 +143,7 @@ class Run:
             v = self.verdict.to_json()
             c = Correctness(passed=v["passed"], mode=v["mode"], regions=v["regions"],
                             policy=policy.to_json(), summary=v["summary"])
-        if failure is not None:
+        if failure is not None:  # a failed check explains the verdict better than the bytes
             c = Correctness(passed=False, mode=c.mode, regions=c.regions, policy=c.policy,
                             summary=f"FAIL [{failure.name}]: {failure.reason}",
                             failed_check=failure.name)
@@ -225,6 +225,7 @@ def _ref_repeated(run: Run) -> Result | None:
 
 def _fidelity(run: Run) -> None:
     from .policy import check
+    from .policy.lint import lint
 
     fidelity = check(run.harness.policy, run.replay.expected, run.ref_post,
                      dtype_hints=run.hints)
@@ -233,6 +234,9 @@ def _fidelity(run: Run) -> None:
         raise KpairError("the baseline (ref) does not reproduce the captured post-state "
                          f"under the policy, so the replay proves nothing: "
                          f"{fidelity.summary()}")
+    # A tolerance that a constant output meets judges nothing (refused at pairing too; a
+    # hand-made harness meets the same rule here).
+    lint(run.harness.policy, run.replay.expected)
 
 
 def _discover_poison(run: Run) -> None:

@@ -44,6 +44,12 @@ class Pair(Command):
                            policy=args.policy, opt_launch=launch)
         print(f"harness written to {h.root} ({h.policy.mode}; ref {h.ref.kernel}, "
               f"opt {h.opt.kernel})")
+        mutations, source = h.planned_mutations()
+        if mutations:
+            print(f"differential runs ({source}): " + "; ".join(m.describe() for m in mutations))
+        else:
+            print("differential runs: none (" + ("turned off by the policy" if source == "off"
+                                                 else "no input region to mutate") + ")")
         print(f"run it: kpair run {h.root}   or   cd {h.root} && python run_harness.py")
         return 0
 

@@ -14,13 +14,14 @@ Declared in ``validation_policy.json`` under ``mutations`` (contract in ``docs/f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from ..dtypes import DTYPES, dtype_size
+from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
 from ..errors import PolicyError
 from ..formats import Record
 
@@ -135,3 +136,27 @@ class Mutation:
         if end > regions[self.region] or end <= start:
             raise PolicyError(f"range [{start}, {end}) does not fit region {self.region!r} of "
                               f"{regions[self.region]} bytes", path=path, field=f"{field}.range")
+
+
+def derive(regions: Sequence[tuple[str, int, str | None]], read_only: Sequence[str],
+           holds_pointers: Sequence[str]) -> tuple[Mutation, ...]:
+    """The mutations kpair runs when a policy declares none.
+
+    ``regions``: (name, size, dtype hint) of every region; ``read_only``: those ref only reads;
+    ``holds_pointers``: those with pointer words in them (never mutated: moving a pointer
+    moves what the kernel reads, not a value). Floats get one resampled run and two permuted
+    ones; integers and untyped bytes (indices, sizes, flags) are only permuted within the
+    region, so every value stays one the kernel was given.
+    """
+    out = []
+    for name, size, hint in regions:
+        if name not in read_only or name in holds_pointers:
+            continue
+        dtype = hint if hint in DTYPES else ("uint32" if size % 4 == 0 else "uint8")
+        if size // dtype_size(dtype) < 2:
+            continue  # one element: no other order, no other sample
+        if dtype in FLOAT_DTYPES:
+            out += [Mutation(name, dtype, "resample", 1), Mutation(name, dtype, "permute", 2)]
+        else:
+            out.append(Mutation(name, dtype, "permute", 2))
+    return tuple(out)

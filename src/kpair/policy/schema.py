@@ -62,6 +62,7 @@ class PolicyDocument(Record, omit_defaults=True):
     tolerances: list[ToleranceDoc] = []
     mutations: list[MutationDoc] | None = None
     max_bias: float | None = None
+    allow_loose: bool = False
     note: str = ""
 
 
@@ -192,22 +193,30 @@ class Tolerance:
 class Policy:
     """The declared tolerances of one harness; everything else is compared byte-exactly.
 
-    ``mutations`` ask for differential runs on changed inputs (``kpair.policy.mutation``);
+    ``mutations`` ask for differential runs on changed inputs (``kpair.policy.mutation``):
+    None (not declared) lets kpair derive them from what ref reads, ``()`` turns them off.
     ``max_bias`` (None: one machine epsilon of the range's dtype) is the mean signed relative
-    error a cosine range may show before a significant one-sided error fails it."""
+    error a cosine range may show before a significant one-sided error fails it.
+    ``allow_loose`` keeps tolerances that a constant output would meet (``kpair.policy.lint``);
+    it needs a ``note`` saying why."""
 
     tolerances: tuple[Tolerance, ...] = ()
     note: str = ""
-    mutations: tuple[Mutation, ...] = ()
+    mutations: tuple[Mutation, ...] | None = None
     max_bias: float | None = None
+    allow_loose: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tolerances", tuple(self.tolerances))
-        object.__setattr__(self, "mutations", tuple(self.mutations))
+        if self.mutations is not None:
+            object.__setattr__(self, "mutations", tuple(self.mutations))
         _check_overlaps(self.tolerances)
         if self.max_bias is not None and (not _is_num(self.max_bias) or self.max_bias < 0):
             raise PolicyError(f"expected a finite number >= 0, got {self.max_bias!r}",
                               field="max_bias")
+        if self.allow_loose and not self.note.strip():
+            raise PolicyError("allow_loose needs a note saying why the loose tolerance is "
+                              "right", field="note")
 
     @classmethod
     def byte_exact(cls) -> Policy:
@@ -232,16 +241,18 @@ class Policy:
                 raise PolicyError(f"range [{t.start}, {t.end}) exceeds region {t.region!r} of "
                                   f"{regions[t.region]} bytes", path=path,
                                   field=f"tolerances[{i}].range")
-        for i, m in enumerate(self.mutations):
+        for i, m in enumerate(self.mutations or ()):
             m.validate_against(regions, field=f"mutations[{i}]", path=path)
 
     def to_json(self) -> dict:
         out = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "default": "byte-exact",
                "tolerances": [t.to_json() for t in self.tolerances]}
-        if self.mutations:
+        if self.mutations is not None:
             out["mutations"] = [m.to_json() for m in self.mutations]
         if self.max_bias is not None:
             out["max_bias"] = self.max_bias
+        if self.allow_loose:
+            out["allow_loose"] = True
         if self.note:
             out["note"] = self.note
         return out
@@ -253,12 +264,16 @@ class Policy:
         tols = tuple(Tolerance.from_doc(t, field=f"tolerances[{i}]", path=path)
                      for i, t in enumerate(doc.tolerances))
         _check_overlaps(tols, path)
-        mutations = tuple(Mutation.from_doc(m, field=f"mutations[{i}]", path=path)
-                          for i, m in enumerate(doc.mutations or ()))
+        mutations = None if doc.mutations is None else tuple(
+            Mutation.from_doc(m, field=f"mutations[{i}]", path=path)
+            for i, m in enumerate(doc.mutations))
         if doc.max_bias is not None and (not _is_num(doc.max_bias) or doc.max_bias < 0):
             raise PolicyError(f"expected a finite number >= 0, got {doc.max_bias!r}", path=path,
                               field="max_bias")
-        return cls(tols, doc.note, mutations, doc.max_bias)
+        try:
+            return cls(tols, doc.note, mutations, doc.max_bias, doc.allow_loose)
+        except PolicyError as e:
+            raise PolicyError(str(e).split(": ", 1)[-1], path=path, field=e.field) from None
 
 
 def load_policy(path: str | Path) -> Policy:

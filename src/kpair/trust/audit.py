@@ -22,7 +22,8 @@ from ..backends import Kernel
 from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
 from ..errors import KpairError, UsageError
 from ..placement import patch_pointers
-from ..policy import Policy, Verdict, check
+from ..policy import Mutation, Policy, Verdict, check
+from ..policy.mutation import derive
 from ..replay import Replay
 from ..snapshot import Launch
 from . import findings as trust
@@ -56,6 +57,8 @@ class Audit:
         self.diff_runs: list[OptRun] = []
         self.diff_changed: list[bool] = []
         self.diff_mutated: list[list[str]] = []
+        self.mutation_source: str | None = None   # set when the differential runs are chosen
+        self.mutation_list: tuple[Mutation, ...] = ()
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
@@ -160,9 +163,25 @@ class Audit:
         return next((x.verdict for x in self.opt_runs if not x.verdict.passed),
                     self.opt_runs[0].verdict)
 
+    def mutations(self) -> tuple[tuple[Mutation, ...], str]:
+        """The mutations of the differential runs and where they come from: "declared" by
+        the policy, "off" (the policy declares none: ``"mutations": []``) or "derived"."""
+        if self.policy.mutations is not None:
+            return self.policy.mutations, "declared" if self.policy.mutations else "off"
+        modified = self._modified()
+        r = self.replay
+        delta = r.info.mapping.delta
+        lo, hi = r.span[0] + delta, r.span[1] + delta
+        pointers = [reg.name for reg, a in zip(r.regions, r.addresses, strict=True)
+                    if patch_pointers(r.pre[reg.name], a, lo, hi, 1)[1]]
+        regions = [(reg.name, reg.size, self.hints.get(reg.name)) for reg in r.regions]
+        read_only = [n for n in r.pre if not modified[n] and n not in self.armor.plan]
+        return derive(regions, read_only, pointers), "derived"
+
     def differential(self, ref: Kernel, ref_launch: Launch, opt: Kernel, opt_launch: Launch
                      ) -> None:
-        muts = self.policy.mutations
+        muts, self.mutation_source = self.mutations()
+        self.mutation_list = muts
         if not muts or "differential" in self.skip:
             return
         r, normal = self.replay, self.ref_posts[0]
@@ -275,12 +294,15 @@ class Audit:
             f["opt_determinism"] = trust.opt_determinism(self.policy, self.opt_runs,
                                                          self.hints)
             f["bias"] = trust.bias([(r.label, [
-                trust.bias_stats(t, r.expected[t.region], r.post[t.region],
-                                 self.policy.max_bias)
+                dict(trust.bias_stats(t, r.expected[t.region], r.post[t.region],
+                                      self.policy.max_bias),
+                     criterion_passed=_range_passed(r.verdict, t))
                 for t in self.policy.tolerances if t.dtype in FLOAT_DTYPES]) for r in runs])
-        if self.opt_runs and (self.diff_runs or not self.policy.mutations):
-            f["differential"] = trust.differential(len(self.policy.mutations), self.diff_runs,
-                                                   self.diff_changed, self.diff_mutated)
+        if self.opt_runs and self.mutation_source is not None and \
+                (self.diff_runs or not self.mutation_list):
+            f["differential"] = trust.differential(self.mutation_source, self.mutation_list,
+                                                   self.diff_runs, self.diff_changed,
+                                                   self.diff_mutated)
         if self.windows["opt"]:
             tf = trust.timing_integrity(self.windows["ref"], self.windows["opt"])
             info = dict(tf.finding, timed_outputs_checked=self.timed["checked"],
@@ -301,3 +323,12 @@ class Audit:
 
     def failure(self) -> Finding | None:
         return trust.first_failure(self.findings())
+
+
+def _range_passed(verdict: Verdict, t) -> bool:
+    """Whether the declared range ``t`` met its own criterion in ``verdict``."""
+    for region in verdict.regions:
+        for c in region.checks:
+            if c.tolerance == t:
+                return c.passed
+    return True

@@ -274,13 +274,16 @@ def opt_determinism(policy: Policy, runs: Sequence[OptRun], hints: dict[str, str
         f"inputs{what}"))
 
 
-def differential(declared: int, runs: Sequence[OptRun], changed: Sequence[bool],
-                 mutated: Sequence[list[str]]) -> Finding:
-    """opt against ref on mutated inputs, under the same policy."""
-    if not declared:
-        return skipped("differential", "the policy declares no mutations: a kernel that "
-                       "hard-codes the captured answer or caches its first one is not caught "
-                       "(`kpair policy suggest` proposes them)")
+def differential(source: str, mutations: Sequence, runs: Sequence[OptRun],
+                 changed: Sequence[bool], mutated: Sequence[list[str]]) -> Finding:
+    """opt against ref on mutated inputs, under the same policy. ``source``: where the
+    mutations come from ("declared", "derived" or "off")."""
+    if not mutations:
+        why = ('the policy turns differential runs off ("mutations": [])' if source == "off"
+               else "no input region to mutate (ref reads none that holds values)")
+        return Finding("differential", False, None, {"skipped": why, "source": source},
+                       f"{why}: a kernel that hard-codes the captured answer or caches its "
+                       "first one is not caught")
     rows = []
     for run, ch, what in zip(runs, changed, mutated, strict=True):
         ranges = [c.to_json() for r in run.verdict.regions for c in r.checks]
@@ -288,7 +291,7 @@ def differential(declared: int, runs: Sequence[OptRun], changed: Sequence[bool],
                      "passed": run.verdict.passed, "summary": run.verdict.summary(),
                      "mean_signed_rel_err": {c["rule"]: c["detail"]["mean_signed_rel_err"]
                                              for c in ranges}})
-    info = {"runs": rows}
+    info = {"source": source, "mutations": [m.describe() for m in mutations], "runs": rows}
     bad = [r for r in rows if not r["passed"]]
     if bad:
         return Finding("differential", True, False, info, (
@@ -351,7 +354,8 @@ def bias(runs: Sequence[tuple[str, list[dict]]]) -> Finding:
     return Finding("bias", True, False, info, (
         f"one-sided systematic error in {s['range']} as {s['dtype']} ({s['run']}): mean "
         f"signed {kind} error {value:+.3g} (sign test z = {zv:+.1f}, allowed {s['max_bias']:.3g})"
-        f" — lower precision or a scaled result that {s['criterion']} cannot see"))
+        + (f" — lower precision or a scaled result that {s['criterion']} cannot see"
+           if s.get("criterion_passed", True) else f", beside its failed {s['criterion']}")))
 
 
 # ------------------------------------------------------------------ timing
