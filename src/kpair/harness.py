@@ -239,6 +239,21 @@ sys.exit(harness_main(Path(__file__).resolve().parent, sys.argv[1:]))
 '''
 
 
+def _read_binary(path: str | os.PathLike, what: str) -> bytes:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{what} {p}: no such file")
+    if not p.is_file():
+        raise UsageError(f"{what} {p}: not a regular file (a code object is one file)")
+    try:
+        image = p.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{what} {p}: cannot read ({e.strerror or e})") from None
+    if not image:
+        raise UsageError(f"{what} {p}: the file is empty")
+    return image
+
+
 def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
                    ref: str | os.PathLike | None = None, opt: str | os.PathLike,
                    ref_kernel: str | None = None, opt_kernel: str | None = None,
@@ -252,8 +267,8 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} exists and is not empty; refusing to overwrite it")
 
-    ref_image = Path(ref).read_bytes() if ref else src.code_object()
-    opt_image = Path(opt).read_bytes()
+    ref_image = _read_binary(ref, "--ref") if ref else src.code_object()
+    opt_image = _read_binary(opt, "--opt")
     ref_fmt = detect_format(ref_image) if ref else m.code.format
     opt_fmt = detect_format(opt_image)
     if not isinstance(policy, Policy):
