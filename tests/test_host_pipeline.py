@@ -170,6 +170,26 @@ def test_aa_control_contains_one(pair):
     assert abs(aa["speedup"] - 1) < 0.03, aa
 
 
+def test_identical_binary_shows_no_measurable_difference(matmul_snapshot, matmul_libs,
+                                                         tmp_path):
+    """opt = ref's own binary: the identical-binary control's offset is folded into the
+    interval, which then holds 1.0, and the verdict says so instead of faster or slower."""
+    from conftest import summarize
+
+    h = create_harness(matmul_snapshot, tmp_path / "same", opt=matmul_libs["naive"])
+    r = run_json(h.root, RunOptions(time_cap_s=2.0, timeout_s=120))
+    s = r["speed"]
+    assert r["status"] == "pass" and s["systematic"]["control"].startswith("identical binary")
+    lo, hi = s["combined_ci95"]
+    assert lo <= s["ci95"][0] and hi >= s["ci95"][1] and s["systematic"]["bound"] >= 1.0
+    assert s["difference"] == "none" and lo <= 1.0 <= hi, s
+    assert "no measurable difference" in summarize(r)
+    fast = run_json(create_harness(matmul_snapshot, tmp_path / "fast",
+                                   opt=matmul_libs["fast"]).root,
+                    RunOptions(time_cap_s=2.0, timeout_s=120, control=False))
+    assert "systematic" not in fast["speed"] and "combined_ci95" not in fast["speed"]
+
+
 def test_pair_refuses_to_overwrite(pair, matmul_snapshot, matmul_libs, tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")

@@ -468,3 +468,21 @@ def measure(
         if reason is not None:
             # analyze() of the final samples gives exactly this: the bootstrap ignores stopped_by.
             return replace(result, stopped_by=reason), replace(samples, stopped_by=reason)
+
+
+def combine(ci95: Sequence[float], control_ci95: Sequence[float]) -> tuple[float, float, float]:
+    """Fold the systematic offset an identical binary shows into a speedup interval.
+
+    ``control_ci95`` is the interval of ref against a separately loaded copy of itself, placed
+    and launched as opt is: whatever it spans away from 1.0 is what the meter would report
+    for no difference at all. Its larger log-distance from 1.0, ``bound``, widens both ends of
+    ``ci95`` (in log space). Returns (lo, hi, bound) with bound as a ratio (>= 1)."""
+    lo, hi = ci95
+    bound = math.exp(max(abs(math.log(control_ci95[0])), abs(math.log(control_ci95[1]))))
+    return lo / bound, hi * bound, bound
+
+
+def difference(combined_ci95: Sequence[float]) -> str:
+    """"faster", "slower", or "none" (no measurable difference: the interval holds 1.0)."""
+    lo, hi = combined_ci95
+    return "faster" if lo > 1.0 else "slower" if hi < 1.0 else "none"

@@ -14,7 +14,10 @@ only by the stages in their lists:
     opt                          opt judged under the policy (3x, freshly poisoned, if checked)
     trust:differential           ref and opt on mutated inputs (checked)
     trust:timing                 timer against wall-clock windows (checked)
-    measure (aa)                 the ABBA meter, poisoned and guarded when checked
+    measure                      the ABBA meter, poisoned and guarded when checked
+    control                      ref against a second load of itself: the systematic offset
+                                 folded into the reported interval (``--no-control``: off)
+    aa                           an A/A control, on request
     trust:speed                  impossible speed (checked)
 
 Exceptions (bad inputs, driver errors) leave ``execute``; the isolated runner
@@ -52,6 +55,7 @@ class RunOptions:
     time_cap_s: float | None = None
     seed: int | None = None
     timeout_s: float = 600.0
+    control: bool = True
     checks: bool = True
     skip_checks: tuple[str, ...] = ()
 
@@ -106,6 +110,7 @@ class Run:
     hints: dict[str, str] = field(default_factory=dict)
     ref: tuple = ()            # (Kernel, Launch)
     opt: tuple = ()
+    ctl: tuple = ()            # ref's binary loaded a second time: the identical-binary control
     audit: Any = None          # kpair.trust.audit.Audit on a checked run
     ref_post: dict | None = None
     verdict: Any = None        # kpair.policy.Verdict of opt
@@ -114,7 +119,7 @@ class Run:
     medians: tuple[float, float] = (0.0, 0.0)   # ref, opt: debug only, for trust:speed
 
     def time_one(self, which: str) -> float:
-        kernel, launch = self.ref if which == "ref" else self.opt
+        kernel, launch = {"ref": self.ref, "opt": self.opt, "ctl": self.ctl}[which]
         if self.audit is not None:
             return self.audit.time_one(kernel, launch, which)
         return self.replay.time_one(kernel, launch)
@@ -202,6 +207,10 @@ def _load(run: Run) -> None:
     run.replay.check_abi(ref, "ref")
     run.replay.check_abi(opt, "opt")
     run.ref, run.opt = (ref, h.launch(h.ref)), (opt, h.launch(h.opt))
+    if run.options.control:
+        # A second module of the same code, loaded last as opt was: what opt's place costs.
+        run.ctl = (device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format),
+                   h.launch(h.ref))
 
 
 def _arm(run: Run) -> None:
@@ -305,6 +314,20 @@ def _aa_control(run: Run) -> None:
     run.speed = run.speed.replace(aa_control=convert(aa.to_json(), Speed))
 
 
+def _control(run: Run) -> None:
+    from .measure import combine, difference, measure
+    from .result import Systematic
+
+    ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"), rule=_rule(run),
+                     seed=run.options.seed)
+    lo, hi, bound = combine(run.speed.ci95, ctl.ci95)
+    run.speed = run.speed.replace(
+        systematic=Systematic(control="identical binary (ref loaded twice)",
+                              speedup=ctl.speedup, ci95=ctl.ci95, slot_bias=ctl.slot_bias,
+                              blocks=ctl.blocks, bound=bound),
+        combined_ci95=(lo, hi), difference=difference((lo, hi)))
+
+
 def _impossible_speed(run: Run) -> Result | None:
     t_ref, t_opt = run.medians
     run.audit.speed(t_opt, t_ref)
@@ -318,13 +341,14 @@ def _pass(run: Run) -> Result:
 UNCHECKED: list[Stage] = [
     ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load),
     ("ref", _ref_once), ("ref", _fidelity), ("opt", _opt_once), ("measure", _measure),
-    ("aa", _aa_control), ("measure", _pass),
+    ("control", _control), ("aa", _aa_control), ("measure", _pass),
 ]
 CHECKED: list[Stage] = [
     ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load),
     ("load", _arm), ("ref", _ref_repeated), ("ref", _fidelity), ("trust:poison", _discover_poison),
     ("opt", _opt_repeated), ("trust:differential", _differential),
-    ("trust:timing", _timing), ("measure", _measure), ("aa", _aa_control),
+    ("trust:timing", _timing), ("measure", _measure), ("control", _control),
+    ("aa", _aa_control),
     ("measure", _impossible_speed), ("measure", _pass),
 ]
 
@@ -332,7 +356,8 @@ CHECKED: list[Stage] = [
 def stages(options: RunOptions) -> list[Stage]:
     """The stages a run with ``options`` goes through, in order."""
     chosen = CHECKED if options.checks else UNCHECKED
-    return [s for s in chosen if options.aa or s[1] is not _aa_control]
+    return [s for s in chosen if (options.aa or s[1] is not _aa_control)
+            and (options.control or s[1] is not _control)]
 
 
 def execute(root: Path, options: RunOptions, *, facts: Facts,

@@ -60,8 +60,24 @@ class Correctness(Record, omit_defaults=True):
     failed_check: str | None = None
 
 
+class Systematic(Record):
+    """The identical-binary control: ref against a separately loaded copy of ref, placed and
+    launched as opt is. ``bound`` (>= 1) is how far from 1.0 its interval reaches; it widens
+    the speedup interval into ``Speed.combined_ci95``."""
+
+    control: str
+    speedup: float
+    ci95: tuple[float, float]
+    slot_bias: float
+    blocks: int
+    bound: float
+
+
 class Speed(Record, omit_defaults=True):
-    """The ABBA measurement (``kpair.measure``) and how it was taken."""
+    """The ABBA measurement (``kpair.measure``) and how it was taken. With the identical-binary
+    control (the default), ``systematic`` and ``combined_ci95`` say how much of the interval a
+    difference between two loads of the same code could explain, and ``difference`` is the
+    verdict read from the combined interval: "faster", "slower" or "none"."""
 
     mode: str
     speedup: float
@@ -83,6 +99,14 @@ class Speed(Record, omit_defaults=True):
     cache: str | None = None
     clocks_mhz: dict[str, Any] | None = None
     aa_control: Speed | None = None
+    systematic: Systematic | None = None
+    combined_ci95: tuple[float, float] | None = None
+    difference: str | None = None
+
+    @property
+    def reported_ci95(self) -> tuple[float, float]:
+        """The interval a verdict is read from: the combined one when there is one."""
+        return self.combined_ci95 if self.combined_ci95 is not None else self.ci95
 
 
 class Checks(Record, omit_defaults=True):
@@ -197,10 +221,18 @@ class Result(Record, omit_defaults=True, kw_only=True):
             text = corr.summary or "opt is incorrect"
             return text if text.startswith("FAIL") else f"FAIL: {text}"
         s = self.speed
-        lo, hi = s.ci95
-        line = (f"PASS: {corr.mode}, {s.speedup:.3f}x faster, slot bias {s.slot_bias:.4f}, "
-                f"CI [{lo:.3f}, {hi:.3f}] ({s.blocks} blocks, stopped by {s.stopped_by}; "
-                f"replay {(self.replay or {}).get('mode')})")
+        lo, hi = s.reported_ci95
+        which = "CI" if s.combined_ci95 is None else \
+            f"CI with systematic +-{(s.systematic.bound - 1) * 100:.2f}%"
+        if s.difference == "none":
+            verdict = f"no measurable difference ({s.speedup:.3f}x)"
+        else:
+            verdict = f"{s.speedup:.3f}x " + ("slower" if s.difference == "slower" or
+                                              (s.difference is None and s.speedup < 1)
+                                              else "faster")
+        line = (f"PASS: {corr.mode}, {verdict}, slot bias {s.slot_bias:.4f}, "
+                f"{which} [{lo:.3f}, {hi:.3f}] ({s.blocks} blocks, stopped by "
+                f"{s.stopped_by}; replay {(self.replay or {}).get('mode')})")
         if self.trust:
             passed = [t for t in self.trust.values() if t.passed is True]
             line += f"; {len(passed)} trust checks passed"
@@ -237,4 +269,4 @@ def read_result(path: str | Path) -> Result | None:
 
 
 __all__ = ["Checks", "Correctness", "ErrorInfo", "FormatError", "Result", "STATUSES", "Side",
-           "Speed", "TrustEntry", "error_result", "read_result"]
+           "Speed", "Systematic", "TrustEntry", "error_result", "read_result"]

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 CUDA_SRC = Path(__file__).parents[1] / "cuda"
 N = 64
 MUTATIONS = (Mutation("A", "float32", "permute", 2), Mutation("B", "float32", "resample", 2))
-POLICIES = {"exact": Policy(mutations=MUTATIONS),
+POLICIES = {"exact": Policy(mutations=MUTATIONS), "default": Policy(),
             "cosine": Policy((Tolerance("C", 0, N * N * 4, "float32", "cosine",
                                         min_cosine=0.9999),), mutations=MUTATIONS)}
 
@@ -56,6 +56,8 @@ REJECTED = [
     ("cheat_oob", "exact", "guard_bands", "past the end of region C (offsets +16384..+16387"),
     ("cheat_input", "exact", "input_integrity", "modified input region A"),
     ("cheat_hardcode", "exact", "differential", "wrong on a mutated input"),
+    ("cheat_stale", "default", "differential", "wrong on a mutated input"),
+    ("cheat_hardcode", "default", "differential", "wrong on a mutated input"),
     ("cheat_nondet", "exact", "opt_determinism", "nondeterministic"),
     ("cheat_lowprec", "exact", None, "region C: "),
     ("cheat_lowprec", "cosine", "bias", "one-sided systematic error"),
@@ -79,6 +81,7 @@ def test_cuda_cheat_is_rejected_with_the_right_reason(cuda_suite, evidence, kern
 
 @pytest.mark.parametrize(("source", "kernel", "policy"),
                          [("gemm", "gemm_naive", "exact"), ("gemm", "gemm_tiled", "exact"),
+                          ("gemm", "gemm_naive", "default"),
                           ("adversarial", "honest_splitk", "cosine")])
 def test_cuda_honest_opt_passes_every_check(cuda_suite, evidence, source, kernel, policy):
     r = cuda_suite(kernel, policy, source)

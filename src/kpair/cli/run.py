@@ -14,6 +14,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from ..trust import CHECKS
 
     p.add_argument("--aa", action="store_true", help="also run an A/A control (ref vs ref)")
+    p.add_argument("--no-control", action="store_true",
+                   help="skip the identical-binary control (ref against a second load of "
+                   "itself) whose offset widens the reported interval: faster, less honest")
     p.add_argument("--warm", action="store_true", help="warm cache (default: flushed, cold)")
     p.add_argument("--relocate", action="store_true",
                    help="force relocation (test the pointer-patching path)")
@@ -38,7 +41,8 @@ def options_from_args(args: argparse.Namespace):
     return RunOptions(relocate=args.relocate, cache="warm" if args.warm else "cold",
                       aa=args.aa, min_blocks=args.min_blocks, max_blocks=args.max_blocks,
                       rel_ci=args.rel_ci, time_cap_s=args.time_cap, seed=args.seed,
-                      timeout_s=args.timeout, checks=not getattr(args, "no_checks", False),
+                      timeout_s=args.timeout, control=not getattr(args, "no_control", False),
+                      checks=not getattr(args, "no_checks", False),
                       skip_checks=tuple(getattr(args, "skip_check", None) or ()))
 
 

@@ -267,7 +267,7 @@ def _outcome(added, op: DemoOperator) -> str:
     row = added.row
     if row.harness is not None:
         h = row.harness
-        lo, hi = h.ci95
+        lo, hi = h.reported_ci95
         line = (f"{row.correctness.label}, {h.speedup:.3f}x [{lo:.3f}, {hi:.3f}], "
                 f"slot_bias {h.slot_bias:.4f}")
         return f"published: {line}" if added.added else f"excluded: {line}; {row.reason}"

@@ -94,8 +94,9 @@ class CorrectnessMode(Record, omit_defaults=True):
     error: str | None = None
 
 
-class HarnessSpeed(Record):
-    """The Harness measurement (recommended numbers), as in result.json's ``speed``."""
+class HarnessSpeed(Record, kw_only=True, omit_defaults=True):
+    """The Harness measurement (recommended numbers), as in result.json's ``speed``;
+    ``combined_ci95`` also holds the identical-binary control's systematic ``bound``."""
 
     speedup: float
     ci95: tuple[float, float]
@@ -105,6 +106,12 @@ class HarnessSpeed(Record):
     stopped_by: str
     rel_ci_halfwidth: float
     cache: str | None
+    combined_ci95: tuple[float, float] | None = None
+    systematic_bound: float | None = None
+
+    @property
+    def reported_ci95(self) -> tuple[float, float]:
+        return self.combined_ci95 if self.combined_ci95 is not None else self.ci95
 
 
 class Director(Record, omit_defaults=True):
@@ -317,7 +324,8 @@ def harness_speed(result: Result) -> HarnessSpeed | None:
     return HarnessSpeed(speedup=s.speedup, ci95=s.ci95, slot_bias=s.slot_bias,
                         slot_bias_ci95=s.slot_bias_ci95, blocks=s.blocks,
                         stopped_by=s.stopped_by, rel_ci_halfwidth=s.rel_ci_halfwidth,
-                        cache=s.cache)
+                        cache=s.cache, combined_ci95=s.combined_ci95,
+                        systematic_bound=s.systematic.bound if s.systematic else None)
 
 
 def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,

@@ -168,7 +168,7 @@ class AddOutcome:
 
 def not_faster(speed: HarnessSpeed) -> str | None:
     """Why a measured pass is no gain (its speedup CI does not lie entirely above 1.0)."""
-    lo, hi = speed.ci95
+    lo, hi = speed.reported_ci95
     if lo > 1.0:
         return None
     return (f"not faster: speedup {speed.speedup:.3f}x, CI [{lo:.3f}, {hi:.3f}] does not "
