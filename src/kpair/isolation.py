@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from ._util import private_tempdir, sweep_stale_tempdirs
@@ -48,8 +49,8 @@ LOG_CAP = 1 << 20          # bytes of worker output kept in the log
 _MAX_MESSAGE = 256 << 20  # a result with every mismatch listed stays far below this
 
 #: The check whose extra launches run in a trust stage (named when one of them crashes).
-_STAGE_CHECK = {"trust:poison": "poisoned_outputs", "trust:differential": "differential",
-                "trust:timing": "timing_integrity"}
+_STAGE_CHECK = {"trust:poison": "poisoned_outputs", "trust:mutate": "differential",
+                "trust:differential": "differential", "trust:timing": "timing_integrity"}
 
 
 # ====================================================================== parent
@@ -72,6 +73,15 @@ def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
     started = time.monotonic()
     with private_tempdir("run") as scratch:
         result, samples = _supervise(root, options, scratch, log_path)
+    if result.status == "error" and result.error.stage == "trust:mutate":
+        # ref itself cannot take a mutated input (it faulted, or hung): the mutation says
+        # nothing about opt, so the differential runs are dropped, with a warning.
+        why = result.error.message
+        options = replace(options, skip_checks=(*options.skip_checks, "differential"))
+        with private_tempdir("run") as scratch:
+            result, samples = _supervise(root, options, scratch, log_path)
+        result = result.replace(warnings=[*(result.warnings or []), (
+            f"differential: dropped, ref itself failed on a mutated input ({why})")])
     result = result.replace(wall_s=round(time.monotonic() - started, 3), log=LOG)
     if samples is not None and result.speed is not None:
         from .snapshot import sha256

@@ -12,7 +12,9 @@ only by the stages in their lists:
     fidelity                     ref must reproduce the captured post-state, or no verdict
     trust:poison                 which bytes ref writes whatever they held (checked)
     opt                          opt judged under the policy (3x, freshly poisoned, if checked)
-    trust:differential           ref and opt on mutated inputs (checked)
+    trust:mutate                 ref alone on mutated inputs (checked; a fault here drops the
+                                 differential runs, see kpair.isolation)
+    trust:differential           opt on the same inputs, judged against ref (checked)
     trust:timing                 timer against wall-clock windows (checked)
     measure                      the ABBA meter, poisoned and guarded when checked
     control                      ref against a second load of itself: the systematic offset
@@ -265,8 +267,12 @@ def _opt_repeated(run: Run) -> Result | None:
     return None if run.verdict.passed and run.failure() is None else run.fail()
 
 
+def _mutate(run: Run) -> None:
+    run.audit.mutate(*run.ref)
+
+
 def _differential(run: Run) -> Result | None:
-    run.audit.differential(*run.ref, *run.opt)
+    run.audit.differential(*run.opt)
     return run.fail() if run.failure() else None
 
 
@@ -346,7 +352,7 @@ UNCHECKED: list[Stage] = [
 CHECKED: list[Stage] = [
     ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load),
     ("load", _arm), ("ref", _ref_repeated), ("ref", _fidelity), ("trust:poison", _discover_poison),
-    ("opt", _opt_repeated), ("trust:differential", _differential),
+    ("opt", _opt_repeated), ("trust:mutate", _mutate), ("trust:differential", _differential),
     ("trust:timing", _timing), ("measure", _measure), ("control", _control),
     ("aa", _aa_control),
     ("measure", _impossible_speed), ("measure", _pass),

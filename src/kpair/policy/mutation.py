@@ -152,7 +152,11 @@ def derive(regions: Sequence[tuple[str, int, str | None]], read_only: Sequence[s
     for name, size, hint in regions:
         if name not in read_only or name in holds_pointers:
             continue
-        dtype = hint if hint in DTYPES else ("uint32" if size % 4 == 0 else "uint8")
+        # Untyped: the widest word that divides the region, so no element of any type up to
+        # 8 bytes is split (an int64 index keeps both halves together).
+        dtype = hint if hint in DTYPES else next(
+            d for w, d in ((8, "uint64"), (4, "uint32"), (2, "uint16"), (1, "uint8"))
+            if size % w == 0)
         if size // dtype_size(dtype) < 2:
             continue  # one element: no other order, no other sample
         if dtype in FLOAT_DTYPES:

@@ -59,6 +59,7 @@ class Audit:
         self.diff_mutated: list[list[str]] = []
         self.mutation_source: str | None = None   # set when the differential runs are chosen
         self.mutation_list: tuple[Mutation, ...] = ()
+        self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what)
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
@@ -178,8 +179,9 @@ class Audit:
         read_only = [n for n in r.pre if not modified[n] and n not in self.armor.plan]
         return derive(regions, read_only, pointers), "derived"
 
-    def differential(self, ref: Kernel, ref_launch: Launch, opt: Kernel, opt_launch: Launch
-                     ) -> None:
+    def mutate(self, ref: Kernel, ref_launch: Launch) -> None:
+        """ref on every mutated input, first and alone: a mutation ref itself cannot take
+        (it faults or hangs) ends this phase, where the runner can tell it from opt's fault."""
         muts, self.mutation_source = self.mutations()
         self.mutation_list = muts
         if not muts or "differential" in self.skip:
@@ -194,15 +196,21 @@ class Audit:
             label = f"differential run {j + 1}"
             expected = self._launch(ref, ref_launch, poison=False, state=state)
             if self.armor.last:  # the mutated input is not one ref can take: not a verdict
-                self.not_tested[f"{label}"] = "ref writes out of bounds on this mutated input"
+                self.not_tested[label] = "ref writes out of bounds on this mutated input"
                 continue
+            changed = any(expected[k] != normal[k] for k in expected if k not in state)
+            self._mutated.append((label, state, expected, changed, what))
+
+    def differential(self, opt: Kernel, opt_launch: Launch) -> None:
+        """opt on the inputs ``mutate`` prepared, judged against ref's outputs there."""
+        r = self.replay
+        for label, state, expected, changed, what in self._mutated:
             post = self._launch(opt, opt_launch, poison=True, state=state)
             v = check(self.policy, expected, post, dtype_hints=self.hints)
             self.diff_runs.append(OptRun(label, {**r.pre, **state}, expected, post, v,
                                          self.armor.poisoned_regions(),
                                          tuple(self._violations("opt"))))
-            self.diff_changed.append(any(expected[k] != normal[k] for k in expected
-                                         if k not in state))
+            self.diff_changed.append(changed)
             self.diff_mutated.append(what)
 
     def timing(self, ref: Kernel, ref_launch: Launch, opt: Kernel, opt_launch: Launch) -> None:
