@@ -79,6 +79,10 @@ def _dec_hook(kind: type, obj: Any) -> Any:
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, Address):
         return hex(obj)
+    # Subclasses of JSON's scalar types (torch's TorchVersion is a str) write as their base.
+    for base in (bool, int, float, str):
+        if isinstance(obj, base):
+            return base(obj)
     if isinstance(obj, bytes):
         return obj.hex()
     if isinstance(obj, Path):
