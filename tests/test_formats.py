@@ -12,6 +12,8 @@ from kpair import formats
 from kpair.errors import FormatError
 from kpair.formats import FORMATS, Address, HexBytes, Invalid, Record
 
+DATA = Path(__file__).parent / "data"
+
 SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
 
 
@@ -75,3 +77,18 @@ def test_errors_name_the_file_and_the_field_path():
 def test_a_rule_broken_in_code_is_a_format_error_too():
     with pytest.raises(FormatError, match="field at: null address"):
         Inner(Address(0))
+
+
+@pytest.mark.parametrize("status", ["pass", "fail", "error"])
+def test_a_result_written_before_the_typed_record_loads(status):
+    """result.json files written by kpair 0.1's untyped writer (tests/data/result_v1_*.json,
+    produced by commit e5d85e3) read through the strict Result reader unchanged."""
+    from kpair.result import Result
+
+    path = DATA / f"result_v1_{status}.json"
+    result = Result.read(path)
+    assert result.status == status and result.correct is {"pass": True, "fail": False,
+                                                          "error": None}[status]
+    original = json.loads(path.read_text())
+    assert result.to_json() == {k: v for k, v in original.items()}
+    assert result.summary().startswith({"pass": "PASS", "fail": "FAIL", "error": "ERROR"}[status])
