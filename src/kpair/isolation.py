@@ -43,9 +43,11 @@ from ._util import private_tempdir, sweep_stale_tempdirs
 from .errors import KpairError, WorkerFailed
 from .pipeline import SAMPLES, Facts, RunOptions, execute
 from .result import Result, error_result
+from .snapshot import sha256
 
 LOG = "worker.log"
 LOG_CAP = 1 << 20          # bytes of worker output kept in the log
+_GRACE_S = 5.0             # for a worker to exit once it has sent its result
 _MAX_MESSAGE = 256 << 20  # a result with every mismatch listed stays far below this
 
 #: The check whose extra launches run in a trust stage (named when one of them crashes).
@@ -67,86 +69,127 @@ def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
     root = Path(root).resolve()
     options = options or RunOptions()
     out_path = Path(out) if out else root / "result.json"
-    samples_path = out_path.with_name(SAMPLES)
-    log_path = out_path.with_name(LOG)
     sweep_stale_tempdirs()
     started = time.monotonic()
-    with private_tempdir("run") as scratch:
-        result, samples = _supervise(root, options, scratch, log_path)
+    result, samples = _run_once(root, options, out_path.with_name(LOG))
     if result.status == "error" and result.error.stage == "trust:mutate":
         # ref itself cannot take a mutated input (it faulted, or hung): the mutation says
         # nothing about opt, so the differential runs are dropped, with a warning.
         why = result.error.message
         options = replace(options, skip_checks=(*options.skip_checks, "differential"))
-        with private_tempdir("run") as scratch:
-            result, samples = _supervise(root, options, scratch, log_path)
+        result, samples = _run_once(root, options, out_path.with_name(LOG))
         result = result.replace(warnings=[*(result.warnings or []), (
             f"differential: dropped, ref itself failed on a mutated input ({why})")])
     result = result.replace(wall_s=round(time.monotonic() - started, 3), log=LOG)
-    if samples is not None and result.speed is not None:
-        from .snapshot import sha256
+    write_outcome(result, samples, out_path)
+    return result
 
-        if sha256(samples) != result.speed.samples_sha256:
-            result = error_result(root, "the worker's samples do not match the sha256 in its "
-                                  "result", stage="measure", kind="WorkerFailed",
-                                  exit_code=WorkerFailed.exit_code).replace(log=LOG)
-        else:
-            _write_bytes_atomic(samples_path, samples)
+
+def write_outcome(result: Result, samples: bytes | None, out_path: Path) -> Result:
+    """Write ``result.json`` and, for a timed result, ``samples.npz`` beside it."""
+    if samples is not None and result.speed is not None:
+        _write_bytes_atomic(out_path.with_name(SAMPLES), samples)
     result.write(out_path)
     return result
 
 
-def _supervise(root: Path, options: RunOptions, scratch: Path, log_path: Path
-               ) -> tuple[Result, bytes | None]:
-    key = secrets.token_bytes(32)
-    channel_r, channel_w = os.pipe()
-    output_r, output_w = os.pipe()
-    cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(root),
-           "--channel", str(channel_w), "--parent", str(os.getpid()),
-           "--options", json.dumps(options.to_json())]
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=output_w, stderr=output_w,
-                                cwd=scratch, env=_worker_env(), pass_fds=(channel_w,),
-                                start_new_session=True)
-    finally:
-        os.close(channel_w)
-        os.close(output_w)
-    pump = _Pump(channel_r, output_r, log_path, key)
-    deadline = time.monotonic() + options.timeout_s
-    try:
-        proc.stdin.write(key)  # the key that signs the worker's messages, read first thing
-        proc.stdin.close()
-        pump.run(deadline)
+def _run_once(root: Path, options: RunOptions, log_path: Path) -> tuple[Result, bytes | None]:
+    with private_tempdir("run") as scratch, _Worker(root, options, scratch, log_path) as w:
+        outcome = w.wait_result(time.monotonic() + options.timeout_s)
+        w.pump.run(time.monotonic() + _GRACE_S, want="")  # the rest of its output, to the log
+        return outcome
+
+
+class _Worker:
+    """One worker process, from the parent's side: started in ``scratch`` with its output to
+    ``log_path``, messages read through a ``_Pump``, and killed (with its whole process group)
+    when the parent leaves the ``with`` block by any way, an exception included."""
+
+    def __init__(self, root: Path, options: RunOptions, scratch: Path, log_path: Path, *,
+                 session: bool = False):
+        self.root, self.options = root, options
+        key = secrets.token_bytes(32)
+        channel_r, channel_w = os.pipe()
+        output_r, output_w = os.pipe()
+        cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(root),
+               "--channel", str(channel_w), "--parent", str(os.getpid()),
+               "--options", json.dumps(options.to_json())] + (["--session"] if session else [])
         try:
-            code: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            code = None
-    except BaseException:
-        _kill_group(proc)  # Ctrl-C, SIGTERM handlers, a bug: the worker never outlives us
-        raise
-    finally:
-        _kill_group(proc)  # the worker's group: anything it left behind
-        pump.close()
-    stage, final = pump.stage, pump.final
-    if code is None:
-        return error_result(root, f"timed out after {options.timeout_s:g} s in stage "
-                            f"{stage!r}; the worker was killed", stage=stage, kind="Timeout",
-                            exit_code=WorkerFailed.exit_code), None
-    if final is None:
-        return error_result(root, _describe_exit(code, stage), stage=stage,
-                            kind=WorkerFailed.__name__, exit_code=WorkerFailed.exit_code), None
-    try:
-        result = Result.from_json(final.get("result"), path="worker message")
-        samples = base64.b64decode(final["samples"], validate=True) \
-            if final.get("samples") is not None else None
-    except (KpairError, ValueError, TypeError) as e:
-        return error_result(root, f"the worker's result is not valid: {e}", stage=stage,
-                            kind=WorkerFailed.__name__, exit_code=WorkerFailed.exit_code), None
-    return result, samples
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=output_w,
+                                         stderr=output_w, cwd=scratch, env=_worker_env(),
+                                         pass_fds=(channel_w,), start_new_session=True)
+        finally:
+            os.close(channel_w)
+            os.close(output_w)
+        self.pump = _Pump(channel_r, output_r, log_path, key)
+        try:
+            self.proc.stdin.write(key)  # the key that signs the worker's messages
+            self.proc.stdin.flush()
+            if not session:
+                self.proc.stdin.close()
+        except OSError:
+            pass  # it died at once: wait_result says how
+
+    def __enter__(self) -> _Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        _kill_group(self.proc)  # the worker's group: anything it left behind
+        self.pump.close()
+
+    def send(self, message: dict) -> bool:
+        """A request to a session worker; False if it is gone."""
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def wait_result(self, deadline: float, *, key: str = "result"
+                    ) -> tuple[Result, bytes | None]:
+        """The next message carrying ``key`` (as a validated Result and its samples), or an
+        error Result saying why none came: the worker crashed, exited, or ran past
+        ``deadline`` (then it is killed)."""
+        message = self.pump.run(deadline, want=key)
+        stage = self.pump.stage
+        if message is None:
+            try:
+                code: int | None = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+                _kill_group(self.proc)
+            if code is None:
+                return error_result(self.root, f"timed out after {self.options.timeout_s:g} s "
+                                    f"in stage {stage!r}; the worker was killed", stage=stage,
+                                    kind="Timeout", exit_code=WorkerFailed.exit_code), None
+            return error_result(self.root, _describe_exit(code, stage), stage=stage,
+                                kind=WorkerFailed.__name__,
+                                exit_code=WorkerFailed.exit_code), None
+        if message.get(key) is None:  # a session's setup that needed no verdict
+            return None, None  # type: ignore[return-value]
+        try:
+            result = Result.from_json(message[key], path="worker message")
+            samples = base64.b64decode(message["samples"], validate=True) \
+                if message.get("samples") is not None else None
+        except (KpairError, ValueError, TypeError, KeyError) as e:
+            return error_result(self.root, f"the worker's result is not valid: {e}",
+                                stage=stage, kind=WorkerFailed.__name__,
+                                exit_code=WorkerFailed.exit_code), None
+        if samples is not None and (result.speed is None or
+                                    sha256(samples) != result.speed.samples_sha256):
+            return error_result(self.root, "the worker's samples do not match the sha256 in "
+                                "its result", stage="measure", kind=WorkerFailed.__name__,
+                                exit_code=WorkerFailed.exit_code), None
+        return result, samples
 
 
 class _Pump:
-    """Reads the worker's channel and its output until both end (or a deadline).
+    """Reads the worker's channel and its output, until a wanted message, both ends closing,
+    or a deadline.
 
     Channel lines are ``<hmac-sha256 hex> <json>``, signed with the key the worker got on its
     stdin; a line that does not verify is dropped (and counted), so output a candidate writes
@@ -159,21 +202,29 @@ class _Pump:
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed by close()
         self.logged = self.dropped = self.forged = 0
         self.stage: str | None = None
-        self.final: dict | None = None
+        self.messages: list[dict] = []
+        self.open_fds = {channel, output}
         self._buf = b""
 
-    def run(self, deadline: float) -> None:
+    def run(self, deadline: float, *, want: str) -> dict | None:
+        """Read until a message with key ``want`` arrives (returned), both pipes end, or the
+        deadline passes (None)."""
         sel = selectors.DefaultSelector()
-        open_fds = {self.channel, self.output}
-        for fd in open_fds:
+        for fd in self.open_fds:
             sel.register(fd, selectors.EVENT_READ)
         try:
-            while open_fds and (left := deadline - time.monotonic()) > 0:
+            while True:
+                for i, m in enumerate(self.messages):
+                    if want in m:
+                        return self.messages.pop(i)
+                left = deadline - time.monotonic()
+                if not self.open_fds or left <= 0:
+                    return None
                 for k, _ in sel.select(timeout=min(left, 1.0)):
                     chunk = os.read(k.fd, 1 << 20)
                     if not chunk:
                         sel.unregister(k.fd)
-                        open_fds.discard(k.fd)
+                        self.open_fds.discard(k.fd)
                     elif k.fd == self.output:
                         self._to_log(chunk)
                     else:
@@ -203,8 +254,8 @@ class _Pump:
             message = json.loads(body)
             if "stage" in message:
                 self.stage = message["stage"]
-            elif "result" in message:
-                self.final = message
+            else:
+                self.messages.append(message)
 
     def close(self) -> None:
         if self.dropped or self.forged:
@@ -272,10 +323,14 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--channel", type=int, required=True)
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--options", default="{}")
+    p.add_argument("--session", action="store_true",
+                   help="after setup, judge candidates read from stdin, one per line")
     args = p.parse_args(argv)
     _die_with_parent(args.parent)
-    key = sys.stdin.buffer.read(32)
-    sys.stdin.close()
+    requests = sys.stdin.buffer
+    key = requests.read(32)
+    if not args.session:
+        requests.close()
     sys.dont_write_bytecode = True  # nothing written beside kpair's code from here on
     channel = os.fdopen(args.channel, "wb", buffering=0)
     # Nothing printed by the worker or a kernel reaches the channel: it is a separate fd.
@@ -295,18 +350,62 @@ def worker_main(argv: list[str]) -> int:
         current["stage"] = name
         send({"stage": name})
 
-    samples = None
+    def guarded(job) -> tuple[Result, bytes | None, bool]:
+        """(result, samples, whether the process is still fit for the next job)."""
+        try:
+            result, samples = job()
+            return result, samples, True
+        except KpairError as e:
+            return error_result(args.harness, e, stage=current["stage"],
+                                facts=facts.keep()), None, False
+        except Exception as e:  # noqa: BLE001 - an unexpected bug still must not claim a verdict
+            return error_result(args.harness, f"{type(e).__name__}: {e}",
+                                stage=current["stage"], kind="InternalError",
+                                traceback=traceback.format_exc(), facts=facts.keep()), None, False
+
+    def reply(result: Result, samples: bytes | None, **extra: object) -> None:
+        send({"result": result.to_json(), **extra,
+              "samples": base64.b64encode(samples).decode() if samples is not None else None})
+
+    options = RunOptions.from_json(json.loads(args.options))
+    if not args.session:
+        result, samples, _ = guarded(lambda: execute(args.harness, options, facts=facts,
+                                                     stage=stage))
+        reply(result, samples)
+        return 0
+    return _serve(args.harness, options, facts, stage, guarded, reply, send, requests)
+
+
+def _serve(harness: Path, options: RunOptions, facts: Facts, stage, guarded, reply, send,
+           requests) -> int:
+    """A session worker: set the harness up once, then judge each candidate that arrives on
+    stdin (``{"id", "image", "kernel", "format", "launch_override", "label"}``, the image in
+    base64) and reply ``{"id", "result", "samples"}``. After an error the worker exits: the
+    parent starts a fresh one for the next candidate."""
+    from .pipeline import Candidate, close, evaluate, prepare
+
+    holder: dict = {}
+
+    def setup():
+        holder["run"], failed = prepare(harness, options, facts=facts, stage=stage)
+        return failed, None
+
+    failed, _, fit = guarded(setup)
+    send({"ready": failed.to_json() if failed is not None else None})
+    if failed is not None or not fit:
+        return 0
+    run = holder["run"]
     try:
-        options = RunOptions.from_json(json.loads(args.options))
-        result, samples = execute(args.harness, options, facts=facts, stage=stage)
-    except KpairError as e:
-        result = error_result(args.harness, e, stage=current["stage"], facts=facts.keep())
-    except Exception as e:  # noqa: BLE001 - an unexpected bug still must not claim a verdict
-        result = error_result(args.harness, f"{type(e).__name__}: {e}",
-                              stage=current["stage"], kind="InternalError",
-                              traceback=traceback.format_exc(), facts=facts.keep())
-    send({"result": result.to_json(),
-          "samples": base64.b64encode(samples).decode() if samples is not None else None})
+        for line in requests:
+            req = json.loads(line)
+            cand = Candidate(base64.b64decode(req["image"]), req["kernel"], req["format"],
+                             req.get("launch_override"), req.get("label", ""))
+            result, samples, fit = guarded(lambda c=cand: evaluate(run, c, stage))
+            reply(result, samples, id=req["id"])
+            if not fit:
+                return 0
+    finally:
+        close(run)
     return 0
 
 

@@ -99,9 +99,23 @@ class Facts:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """An opt to judge: a code object's bytes, the kernel in it, an optional launch override
+    (grid, block, dynamic shared memory) and where it came from (``label``: for people)."""
+
+    image: bytes
+    kernel: str
+    format: str
+    launch_override: dict | None = None
+    label: str = ""
+
+
 @dataclass
 class Run:
-    """What the stages of one run share. Stages read what earlier stages set."""
+    """What the stages of one run share. Stages read what earlier stages set. The setup
+    stages fill the harness-level part once; a session then evaluates candidates on it, each
+    resetting the candidate-level part (``begin``)."""
 
     root: Path
     options: RunOptions
@@ -119,6 +133,18 @@ class Run:
     speed: Speed | None = None
     samples: bytes | None = None  # the raw ABBA samples (.npz bytes) behind ``speed``
     medians: tuple[float, float] = (0.0, 0.0)   # ref, opt: debug only, for trust:speed
+    candidate: Candidate | None = None
+    systematic: Any = None     # the identical-binary control: measured once per placement
+    setup_stage_s: dict[str, float] = field(default_factory=dict)
+
+    def begin(self, candidate: Candidate) -> None:
+        """Forget the previous candidate; keep the placement, ref's runs, the baselines."""
+        self.candidate, self.opt, self.verdict = candidate, (), None
+        self.speed, self.samples, self.medians = None, None, (0.0, 0.0)
+        self.facts.stage_s = dict(self.setup_stage_s)
+        self.facts.opt = Side(kernel=candidate.kernel, binary=candidate.label)
+        if self.audit is not None:
+            self.audit.reset_candidate()
 
     def time_one(self, which: str) -> float:
         kernel, launch = {"ref": self.ref, "opt": self.opt, "ctl": self.ctl}[which]
@@ -181,7 +207,6 @@ def _verify(run: Run) -> None:
     h = run.harness = Harness.open(run.root)
     run.facts.inputs_digest = h.inputs_digest()
     run.facts.ref = Side(kernel=h.ref.kernel, binary=h.ref.binary)
-    run.facts.opt = Side(kernel=h.opt.kernel, binary=h.opt.binary)
 
 
 def _place(run: Run) -> None:
@@ -202,17 +227,26 @@ def _seal(run: Run) -> None:
     run.facts.sandbox = run.device.seal()
 
 
-def _load(run: Run) -> None:
+def _load_ref(run: Run) -> None:
     h, device = run.harness, run.device
     ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
-    opt = device.load(h.binary(h.opt), h.opt.kernel, fmt=h.opt.format)
     run.replay.check_abi(ref, "ref")
-    run.replay.check_abi(opt, "opt")
-    run.ref, run.opt = (ref, h.launch(h.ref)), (opt, h.launch(h.opt))
+    run.ref = (ref, h.launch(h.ref))
     if run.options.control:
-        # A second module of the same code, loaded last as opt was: what opt's place costs.
+        # A second module of the same code: the identical-binary control's "opt".
         run.ctl = (device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format),
                    h.launch(h.ref))
+
+
+def _load_opt(run: Run) -> None:
+    c, h = run.candidate, run.harness
+    try:
+        launch = h.snapshot.manifest.launch.override(c.launch_override or {})
+    except KpairError as e:
+        raise UsageError(f"launch override of {c.label or 'the candidate'}: {e}") from None
+    opt = run.device.load(c.image, c.kernel, fmt=c.format)
+    run.replay.check_abi(opt, "opt")
+    run.opt = (opt, launch)
 
 
 def _arm(run: Run) -> None:
@@ -268,7 +302,7 @@ def _opt_repeated(run: Run) -> Result | None:
 
 
 def _mutate(run: Run) -> None:
-    run.audit.mutate(*run.ref)
+    run.audit.mutate(*run.ref)  # ref alone: a mutation it cannot take ends setup, not a verdict
 
 
 def _differential(run: Run) -> Result | None:
@@ -324,14 +358,16 @@ def _control(run: Run) -> None:
     from .measure import combine, difference, measure
     from .result import Systematic
 
-    ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"), rule=_rule(run),
-                     seed=run.options.seed)
-    lo, hi, bound = combine(run.speed.ci95, ctl.ci95)
-    run.speed = run.speed.replace(
-        systematic=Systematic(control="identical binary (ref loaded twice)",
-                              speedup=ctl.speedup, ci95=ctl.ci95, slot_bias=ctl.slot_bias,
-                              blocks=ctl.blocks, bound=bound),
-        combined_ci95=(lo, hi), difference=difference((lo, hi)))
+    if run.systematic is None:  # once per placement: ref and its second load do not change
+        ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"),
+                         rule=_rule(run), seed=run.options.seed)
+        run.systematic = Systematic(control="identical binary (ref loaded twice)",
+                                    speedup=ctl.speedup, ci95=ctl.ci95,
+                                    slot_bias=ctl.slot_bias, blocks=ctl.blocks,
+                                    bound=combine((1.0, 1.0), ctl.ci95)[2])
+    lo, hi, _ = combine(run.speed.ci95, run.systematic.ci95)
+    run.speed = run.speed.replace(systematic=run.systematic, combined_ci95=(lo, hi),
+                                  difference=difference((lo, hi)))
 
 
 def _impossible_speed(run: Run) -> Result | None:
@@ -344,57 +380,105 @@ def _pass(run: Run) -> Result:
     return run.passed()
 
 
-UNCHECKED: list[Stage] = [
-    ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load),
-    ("ref", _ref_once), ("ref", _fidelity), ("opt", _opt_once), ("measure", _measure),
-    ("control", _control), ("aa", _aa_control), ("measure", _pass),
+#: Harness-level stages: run once per placement (a session then judges many candidates).
+SETUP_UNCHECKED: list[Stage] = [
+    ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load_ref),
+    ("ref", _ref_once), ("ref", _fidelity),
 ]
-CHECKED: list[Stage] = [
-    ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load),
-    ("load", _arm), ("ref", _ref_repeated), ("ref", _fidelity), ("trust:poison", _discover_poison),
-    ("opt", _opt_repeated), ("trust:mutate", _mutate), ("trust:differential", _differential),
+SETUP_CHECKED: list[Stage] = [
+    ("verify", _verify), ("place", _place), ("load", _seal), ("load", _load_ref),
+    ("load", _arm), ("ref", _ref_repeated), ("ref", _fidelity),
+    ("trust:poison", _discover_poison), ("trust:mutate", _mutate),
+]
+#: Candidate-level stages: run for every opt.
+CANDIDATE_UNCHECKED: list[Stage] = [
+    ("load", _load_opt), ("opt", _opt_once), ("measure", _measure), ("control", _control),
+    ("aa", _aa_control), ("measure", _pass),
+]
+CANDIDATE_CHECKED: list[Stage] = [
+    ("load", _load_opt), ("opt", _opt_repeated), ("trust:differential", _differential),
     ("trust:timing", _timing), ("measure", _measure), ("control", _control),
-    ("aa", _aa_control),
-    ("measure", _impossible_speed), ("measure", _pass),
+    ("aa", _aa_control), ("measure", _impossible_speed), ("measure", _pass),
 ]
 
 
-def stages(options: RunOptions) -> list[Stage]:
-    """The stages a run with ``options`` goes through, in order."""
-    chosen = CHECKED if options.checks else UNCHECKED
-    return [s for s in chosen if (options.aa or s[1] is not _aa_control)
-            and (options.control or s[1] is not _control)]
+def stages(options: RunOptions) -> tuple[list[Stage], list[Stage]]:
+    """The (setup, candidate) stages a run with ``options`` goes through, in order."""
+    setup, each = (SETUP_CHECKED, CANDIDATE_CHECKED) if options.checks else \
+        (SETUP_UNCHECKED, CANDIDATE_UNCHECKED)
+    return setup, [s for s in each if (options.aa or s[1] is not _aa_control)
+                   and (options.control or s[1] is not _control)]
 
 
-def execute(root: Path, options: RunOptions, *, facts: Facts,
-            stage: Callable[[str], None] = lambda s: None) -> tuple[Result, bytes | None]:
-    """Run the harness at ``root`` in this process; its Result (not written) and, when speed
-    was measured, the raw samples (the bytes of ``samples.npz``).
-
-    ``facts`` is filled as the run goes (``stage_s`` too), so a caller that catches an error
-    still has the environment and replay facts gathered before it.
-    """
-    run = Run(root=Path(root), options=options, facts=facts)
-    if not options.checks:
-        facts.checks = Checks(enabled=False)
+def _steps(run: Run, steps: list[Stage], stage: Callable[[str], None]) -> Result | None:
+    """Run ``steps`` in order, timing each stage; the Result that ends them early, if any."""
     current, t0 = None, time.monotonic()
     try:
-        for name, step in stages(options):
+        for name, step in steps:
             if name != current:
-                _clock(facts, current, t0)
+                _clock(run.facts, current, t0)
                 current, t0 = name, time.monotonic()
                 stage(name)
             outcome = step(run)
             if outcome is not None:
-                _clock(facts, current, t0)
-                current = None
-                outcome = outcome.replace(stage_s=facts.stage_s)
-                return outcome, run.samples if outcome.speed is not None else None
-        raise AssertionError("the last stage of a run returns its Result")
+                return outcome
+        return None
     finally:
-        _clock(facts, current, t0)
-        if run.device is not None:
-            run.device.close()
+        _clock(run.facts, current, t0)
+
+
+def prepare(root: Path, options: RunOptions, *, facts: Facts,
+            stage: Callable[[str], None] = lambda s: None) -> tuple[Run, Result | None]:
+    """Open, place and baseline the harness at ``root``: the Run candidates are judged on,
+    and a ``fail`` Result when the baseline itself fails a check (then no candidate can
+    pass). The caller owns the Run's device (``close``)."""
+    run = Run(root=Path(root), options=options, facts=facts)
+    if not options.checks:
+        facts.checks = Checks(enabled=False)
+    try:
+        failed = _steps(run, stages(options)[0], stage)
+    except BaseException:
+        close(run)
+        raise
+    run.setup_stage_s = dict(facts.stage_s)
+    return run, failed.replace(stage_s=dict(facts.stage_s)) if failed else None
+
+
+def evaluate(run: Run, candidate: Candidate, stage: Callable[[str], None] = lambda s: None
+             ) -> tuple[Result, bytes | None]:
+    """Judge one candidate on a prepared Run: its Result and raw samples (when timed)."""
+    run.begin(candidate)
+    outcome = _steps(run, stages(run.options)[1], stage)
+    if outcome is None:
+        raise AssertionError("the last stage of a run returns its Result")
+    outcome = outcome.replace(stage_s=dict(run.facts.stage_s))
+    return outcome, run.samples if outcome.speed is not None else None
+
+
+def close(run: Run) -> None:
+    if run.device is not None:
+        run.device.close()
+        run.device = None
+
+
+def execute(root: Path, options: RunOptions, *, facts: Facts,
+            stage: Callable[[str], None] = lambda s: None) -> tuple[Result, bytes | None]:
+    """Run the harness at ``root`` in this process — its setup, then its own opt as the one
+    candidate; its Result (not written) and, when speed was measured, the raw samples (the
+    bytes of ``samples.npz``).
+
+    ``facts`` is filled as the run goes (``stage_s`` too), so a caller that catches an error
+    still has the environment and replay facts gathered before it.
+    """
+    run, failed = prepare(root, options, facts=facts, stage=stage)
+    try:
+        if failed is not None:
+            return failed, None
+        h = run.harness
+        return evaluate(run, Candidate(h.binary(h.opt), h.opt.kernel, h.opt.format,
+                                       h.opt.launch_override, h.opt.binary), stage)
+    finally:
+        close(run)
 
 
 def _clock(facts: Facts, name: str | None, t0: float) -> None:

@@ -16,12 +16,13 @@ from .asm import Asm
 from .base import Command
 from .capture import Capture
 from .core import Inspect, Pair
+from .evaluate import Evaluate
 from .policy import PolicyCmd
 from .release import Demo, ReleaseCmd, Report, Verify
 from .run import Run
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
-COMMANDS: list[type[Command]] = [Capture, Pair, Run, Inspect, PolicyCmd, ReleaseCmd,
+COMMANDS: list[type[Command]] = [Capture, Pair, Run, Evaluate, Inspect, PolicyCmd, ReleaseCmd,
                                  Verify, Report, Demo, Asm]
 
 

@@ -67,6 +67,17 @@ class Audit:
         self._output_names: list[str] | None = None
         self._cache: tuple[tuple, dict[str, Finding]] | None = None
 
+    def reset_candidate(self) -> None:
+        """Forget everything observed of the last opt; keep ref's runs, the poison plan, the
+        mutated inputs and ref's outputs there (a session judges the next candidate on them).
+        """
+        self.found.pop("impossible_speed", None)
+        self.opt_runs, self.diff_runs = [], []
+        self.diff_changed, self.diff_mutated = [], []
+        self.windows = {"ref": [], "opt": []}
+        self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
+        self._cache = None
+
     # ---------------------------------------------------------------- phases
 
     def _launch(self, kernel: Kernel, launch: Launch, *, poison: bool,

@@ -1,0 +1,111 @@
+"""``kpair evaluate HARNESS CANDIDATE...``: judge many candidate opts in one session.
+
+With ``--jsonl`` the candidates come from stdin instead, one JSON object per line
+(``{"binary": PATH, "kernel": ..., "launch_override": {...}, "label": ..., "source": ...,
+"build": ..., "strategy": ..., "params": {...}}``; only ``binary`` is required), and each
+verdict goes to stdout as one JSON line (``{"n", "label", "status", "summary", "speedup",
+"ci95", "combined_ci95", "difference", "failed_check", "reason", "result"}``) — for external
+agents. Nothing a candidate prints reaches stdout: it goes to ``OUT/worker.log``. A request
+line that is not a JSON object with a ``binary`` gets ``{"error": ...}`` and the session goes
+on; no request field is ever executed or interpreted beyond these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import KpairError, UsageError
+from .base import Command
+from .run import add_run_arguments, options_from_args
+
+_FIELDS = {"binary", "kernel", "launch_override", "label", "source", "build", "strategy",
+           "params"}
+
+
+def _line(n: int, result, out: Path) -> dict:
+    s = result.speed
+    return {"n": n, "label": result.opt.binary if result.opt else None,
+            "status": result.status, "summary": result.summary(),
+            "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
+            "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
+            "difference": s.difference if s else None,
+            "failed_check": result.correctness.failed_check if result.correctness else None,
+            "reason": result.reason, "result": str(out / "results" / f"{n:04d}" / "result.json")}
+
+
+class Evaluate(Command):
+    """Judge candidate opts one after another on one harness, in one persistent worker."""
+
+    name = "evaluate"
+    help = "judge many candidate opts on one harness (a session)"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("harness", type=Path)
+        p.add_argument("candidates", nargs="*", type=Path, help="candidate code objects")
+        p.add_argument("-o", "--out", type=Path, default=Path("evaluations"),
+                       help="results, attempts.jsonl and worker.log (default ./evaluations)")
+        p.add_argument("--kernel", help="kernel name in the candidates (default: the "
+                       "harness's opt kernel)")
+        p.add_argument("--jsonl", action="store_true",
+                       help="read candidates from stdin and write verdicts to stdout, one "
+                       "JSON object per line")
+        add_run_arguments(p)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..session import Session
+
+        if not args.jsonl and not args.candidates:
+            raise UsageError("give candidate files, or --jsonl to read them from stdin")
+        worst = 0
+        with Session(args.harness, options_from_args(args), out=args.out) as session:
+            requests = self._requests(args) if args.jsonl else (
+                {"binary": str(c)} for c in args.candidates)
+            for req in requests:
+                if "error" in req:
+                    print(json.dumps(req), flush=True)
+                    worst = max(worst, 2)
+                    continue
+                try:
+                    result = session.evaluate(
+                        req["binary"], kernel=req.get("kernel") or args.kernel,
+                        launch_override=req.get("launch_override"), label=req.get("label"),
+                        source=req.get("source"), build=req.get("build"),
+                        strategy=req.get("strategy"), params=req.get("params"))
+                except KpairError as e:
+                    line = {"error": str(e), "binary": req["binary"]}
+                    print(json.dumps(line) if args.jsonl else f"ERROR: {e}", flush=True)
+                    worst = max(worst, e.exit_code)
+                    continue
+                n = session.evaluated
+                if args.jsonl:
+                    print(json.dumps(_line(n, result, args.out)), flush=True)
+                else:
+                    print(f"[{n}] {req['binary']}: {result.summary()}", flush=True)
+                worst = max(worst, result.exit_code)
+        if not args.jsonl:
+            print(f"attempts: {args.out / 'attempts.jsonl'}")
+        return worst
+
+    @staticmethod
+    def _requests(args: argparse.Namespace):
+        for raw in sys.stdin:
+            if not raw.strip():
+                continue
+            try:
+                req = json.loads(raw)
+            except json.JSONDecodeError as e:
+                yield {"error": f"not JSON: {e}"}
+                continue
+            if not isinstance(req, dict) or not isinstance(req.get("binary"), str):
+                yield {"error": "each line must be a JSON object with a string 'binary'"}
+                continue
+            unknown = sorted(set(req) - _FIELDS)
+            if unknown:
+                yield {"error": f"unknown field {unknown[0]!r} (fields: "
+                       f"{', '.join(sorted(_FIELDS))})"}
+                continue
+            yield req

@@ -1,0 +1,197 @@
+"""Evaluation sessions: one harness placed once, many candidate opts judged on it.
+
+``with Session(harness, out=DIR) as s: s.evaluate("cand.cubin")`` starts a persistent isolated
+worker (``kpair.isolation``, ``--session``) that opens the harness, places its regions, runs
+ref and every baseline the trust checks need (determinism, poison plan, ref on the mutated
+inputs, the identical-binary control) once, and then judges each candidate it is sent with
+the same checks and the ABBA meter as ``kpair run`` — without a new process, context and
+placement per candidate. A candidate that crashes or hangs the worker gets an ``error``
+Result; the next one gets a fresh worker (set up again). Candidates are untrusted as in
+``kpair run``: they run only in the worker, whose output goes to ``DIR/worker.log``.
+
+Every evaluation is appended to ``DIR/attempts.jsonl`` (``Attempt``: time, candidate sha256,
+source and build command when given, strategy and parameters, status, failed check and
+reason, speedup and intervals) and its result to ``DIR/results/NNNN/result.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ._util import private_tempdir, sweep_stale_tempdirs, utc_now
+from .errors import UsageError
+from .formats import Record, to_builtins
+from .isolation import LOG, _Worker, write_outcome
+from .pipeline import RunOptions
+from .result import Result, Side
+from .snapshot import detect_format, sha256
+
+ATTEMPTS = "attempts.jsonl"
+
+
+class Attempt(Record, omit_defaults=True, kw_only=True):
+    """One line of ``attempts.jsonl``: a candidate and what became of it."""
+
+    n: int
+    time: str
+    candidate_sha256: str
+    kernel: str
+    label: str = ""
+    source: str | None = None
+    build: str | None = None
+    strategy: str | None = None
+    params: dict[str, Any] | None = None
+    status: str
+    failed_check: str | None = None
+    reason: str | None = None
+    speedup: float | None = None
+    ci95: tuple[float, float] | None = None
+    combined_ci95: tuple[float, float] | None = None
+    difference: str | None = None
+    result: str | None = None
+    wall_s: float
+
+
+def read_attempts(path: str | os.PathLike) -> list[Attempt]:
+    from .formats import convert, parse
+
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            out.append(convert(parse(line, path=path), Attempt, path=path,
+                               field=f"line {i + 1}"))
+    return out
+
+
+class Session:
+    """Candidates judged one after another on one harness (see the module docstring)."""
+
+    def __init__(self, harness: str | os.PathLike, options: RunOptions | None = None, *,
+                 out: str | os.PathLike | None = None):
+        from .harness import Harness
+
+        self.root = Path(harness).resolve()
+        self.harness = Harness.open(self.root)  # verified here once; the worker does again
+        self.options = options or RunOptions()
+        self.out = Path(out) if out is not None else None
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self._stack = contextlib.ExitStack()
+        self._worker: _Worker | None = None
+        self._scratch: Path | None = None
+        self.setup_failed: Result | None = None
+        self.evaluated = 0
+        self.workers_started = 0
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop()
+        self._stack.close()
+
+    # ------------------------------------------------------------------ the worker
+
+    def _stop(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def _start(self) -> None:
+        if self._scratch is None:
+            sweep_stale_tempdirs()
+            self._scratch = self._stack.enter_context(private_tempdir("session"))
+        log = (self.out or self._scratch) / LOG
+        self._worker = _Worker(self.root, self.options, self._scratch, log, session=True)
+        self.workers_started += 1
+        failed, _ = self._worker.wait_result(time.monotonic() + self.options.timeout_s,
+                                             key="ready")
+        if failed is not None:  # the baseline itself: no candidate can pass on it
+            self.setup_failed = failed
+            self._stop()
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, binary: str | os.PathLike | bytes, *, kernel: str | None = None,
+                 launch_override: dict | None = None, label: str | None = None,
+                 source: str | None = None, build: str | None = None,
+                 strategy: str | None = None, params: dict | None = None) -> Result:
+        """Judge one candidate code object (a path or its bytes) against the harness's ref:
+        all trust checks and the ABBA meter, as ``kpair run`` does. ``kernel`` defaults to
+        the harness's opt kernel name; the rest is provenance for attempts.jsonl."""
+        if isinstance(binary, (bytes, bytearray)):
+            image, where = bytes(binary), label or "bytes"
+        else:
+            path = Path(binary)
+            if not path.is_file():
+                raise UsageError(f"candidate {path}: no such file")
+            image, where = path.read_bytes(), label or str(path)
+        if not image:
+            raise UsageError(f"candidate {where}: the file is empty")
+        kernel = kernel or self.harness.opt.kernel
+        started = time.monotonic()
+        self.evaluated += 1
+        n = self.evaluated
+        result, samples = self._judge(image, kernel, launch_override, where, n)
+        result = result.replace(wall_s=round(time.monotonic() - started, 3),
+                                opt=Side(kernel=kernel, binary=where))
+        path = None
+        if self.out is not None:
+            path = self.out / "results" / f"{n:04d}" / "result.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_outcome(result, samples, path)
+            self._record(Attempt(
+                n=n, time=utc_now(), candidate_sha256=sha256(image), kernel=kernel,
+                label=where, source=source, build=build, strategy=strategy, params=params,
+                status=result.status, failed_check=result.correctness.failed_check
+                if result.correctness else None, reason=result.reason,
+                speedup=result.speed.speedup if result.speed else None,
+                ci95=result.speed.ci95 if result.speed else None,
+                combined_ci95=result.speed.combined_ci95 if result.speed else None,
+                difference=result.speed.difference if result.speed else None,
+                result=str(path.relative_to(self.out)), wall_s=result.wall_s))
+        return result
+
+    def _judge(self, image: bytes, kernel: str, launch_override: dict | None, label: str,
+               n: int) -> tuple[Result, bytes | None]:
+        if self.setup_failed is None and self._worker is None:
+            self._start()
+        if self.setup_failed is not None:
+            return self.setup_failed, None
+        try:
+            fmt = detect_format(image)
+        except Exception as e:  # noqa: BLE001 - a bad candidate file is that candidate's error
+            from .result import error_result
+
+            return error_result(self.root, e, stage="load"), None
+        sent = self._worker.send({"id": n, "image": base64.b64encode(image).decode(),
+                                  "kernel": kernel, "format": fmt,
+                                  "launch_override": launch_override, "label": label})
+        result, samples = self._worker.wait_result(time.monotonic() + self.options.timeout_s) \
+            if sent else (None, None)
+        if result is None or result.status == "error":
+            self._stop()  # crashed, hung, or gave up after an error: a fresh one next time
+            if result is None:
+                from .errors import WorkerFailed
+                from .result import error_result
+
+                result = error_result(self.root, "the session worker was gone before the "
+                                      "candidate could be sent", kind="WorkerFailed",
+                                      exit_code=WorkerFailed.exit_code)
+        return result, samples
+
+    def _record(self, attempt: Attempt) -> None:
+        with open(self.out / ATTEMPTS, "a") as f:
+            f.write(json.dumps(to_builtins(attempt)) + "\n")
+
+
+__all__ = ["ATTEMPTS", "Attempt", "Session", "read_attempts"]

@@ -1,0 +1,95 @@
+"""Evaluation sessions (host backend): one placement, many candidates — honest, wrong,
+crashing, hanging — each judged as ``kpair run`` judges it, every attempt recorded; and the
+JSON-lines protocol for external agents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CSRC, record_matmul
+from kpair.harness import create_harness
+from kpair.pipeline import RunOptions
+from kpair.session import Session, read_attempts
+from kpair.toolchain import compile_shared
+
+QUICK = RunOptions(time_cap_s=0.5, min_blocks=4, max_blocks=16, timeout_s=20, seed=5,
+                   device_options={"flush_bytes": 1 << 20})
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory, matmul_libs):
+    d = tmp_path_factory.mktemp("session")
+    libs = dict(matmul_libs)
+    libs["crash"] = compile_shared(CSRC / "faulty.c", d / "crash.so", flags=("-O0",),
+                                   defines={"KP_FAULT": 1})
+    libs["hang"] = compile_shared(CSRC / "faulty.c", d / "hang.so", flags=("-O0",),
+                                  defines={"KP_FAULT": 2})
+    libs["flood"] = compile_shared(CSRC / "hostile.c", d / "flood.so",
+                                   defines={"KP_HOSTILE": 3})
+    snap = record_matmul(matmul_libs["naive"], d / "snap", n=48)
+    harness = create_harness(snap, d / "h", opt=matmul_libs["fast"]).root
+    return libs, harness, d
+
+
+def test_a_session_judges_candidates_in_turn_and_survives_crashes_and_hangs(kit, tmp_path):
+    libs, harness, _ = kit
+    order = ["fast", "offbyone", "crash", "fast", "hang", "naive"]
+    with Session(harness, QUICK, out=tmp_path / "ev") as s:
+        results = [s.evaluate(libs[name], strategy="test", params={"name": name})
+                   for name in order]
+        started = s.workers_started
+    status = [r.status for r in results]
+    assert status == ["pass", "fail", "error", "pass", "error", "pass"], \
+        [r.summary() for r in results]
+    assert "SIGSEGV" in results[2].error.message and results[4].error.type == "Timeout"
+    assert results[1].correctness.failed_check == "poisoned_outputs"
+    assert started == 3  # the first, then one after the crash and one after the hang
+    attempts = read_attempts(tmp_path / "ev" / "attempts.jsonl")
+    assert [a.status for a in attempts] == status
+    assert [a.params["name"] for a in attempts] == order
+    assert attempts[0].speedup and attempts[0].ci95 and attempts[0].strategy == "test"
+    assert attempts[1].failed_check == "poisoned_outputs" and attempts[1].reason
+    assert len({a.candidate_sha256 for a in attempts}) == 5
+    for a in attempts:  # each result written, and it is the session's own verdict
+        saved = json.loads((tmp_path / "ev" / a.result).read_text())
+        assert saved["status"] == a.status
+
+
+def test_setup_runs_once_for_a_series_of_candidates(kit, tmp_path):
+    libs, harness, _ = kit
+    with Session(harness, QUICK, out=tmp_path / "ev") as s:
+        for _ in range(3):
+            assert s.evaluate(libs["fast"]).status == "pass"
+        assert s.workers_started == 1
+    stage_s = json.loads((tmp_path / "ev" / "results" / "0003" / "result.json").read_text())[
+        "stage_s"]
+    assert {"verify", "place", "ref", "opt", "measure"} <= set(stage_s)
+
+
+def test_jsonl_protocol_answers_every_line_with_json(kit, tmp_path):
+    libs, harness, _ = kit
+    lines = [json.dumps({"binary": str(libs["fast"]), "label": "a", "strategy": "s"}),
+             "this is not json",
+             json.dumps({"binary": str(libs["flood"]), "label": "flood"}),
+             json.dumps({"binary": str(libs["fast"]), "run": "rm -rf /"}),
+             json.dumps({"binary": str(tmp_path / "missing.so")}),
+             json.dumps({"binary": str(libs["offbyone"])})]
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from kpair.cli import main; sys.exit(main())",
+         "evaluate", str(harness), "--jsonl", "-o", str(tmp_path / "ev"), "--time-cap", "0.5",
+         "--min-blocks", "4", "--max-blocks", "16", "--timeout", "60"],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=600)
+    out = [json.loads(line) for line in proc.stdout.splitlines()]  # every line is JSON
+    assert len(out) == 6, proc.stdout + proc.stderr
+    assert out[0]["status"] == "pass" and out[0]["label"] == "a"
+    assert "not JSON" in out[1]["error"]
+    assert out[2]["status"] == "fail" and out[2]["label"] == "flood"
+    assert "unknown field 'run'" in out[3]["error"]
+    assert "no such file" in out[4]["error"]
+    assert out[5]["status"] == "fail" and out[5]["failed_check"]
+    assert "99.000x" not in proc.stdout
+    assert len(read_attempts(tmp_path / "ev" / "attempts.jsonl")) == 3
