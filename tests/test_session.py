@@ -93,3 +93,26 @@ def test_jsonl_protocol_answers_every_line_with_json(kit, tmp_path):
     assert out[5]["status"] == "fail" and out[5]["failed_check"]
     assert "99.000x" not in proc.stdout
     assert len(read_attempts(tmp_path / "ev" / "attempts.jsonl")) == 3
+
+
+def test_replay_says_whether_a_snapshot_reproduces(kit, tmp_path, capsys):
+    from kpair.cli import main as kpair
+
+    libs, harness, d = kit
+    assert kpair(["replay", str(d / "snap"), "--runs", "3", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["status"] == "byte-exact" and rep["runs"] == 3 and rep["replay"]["mode"]
+    # Nondeterministic: the adversarial kernel that flips a bit on every second call.
+    nondet = compile_shared(CSRC / "adversarial.c", tmp_path / "nd.so", flags=("-O2",),
+                            defines={"KP_CHEAT": 7})
+    snap = record_matmul(nondet, tmp_path / "nd", n=16)
+    assert kpair(["replay", str(snap), "--runs", "4"]) == 1
+    assert capsys.readouterr().out.startswith("nondeterministic: kp_matmul (4 runs")
+    # A snapshot whose code object no longer matches its sha256: an error, saying so.
+    from kpair.snapshot import Snapshot
+
+    bad = record_matmul(libs["naive"], tmp_path / "bad", n=16)
+    (bad / Snapshot.open(bad).manifest.code.blob.path).write_bytes(b"")
+    assert kpair(["replay", str(bad)]) == 5
+    out = capsys.readouterr().out
+    assert out.startswith("error:") and "SnapshotFormatError" in out

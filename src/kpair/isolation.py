@@ -41,7 +41,9 @@ from pathlib import Path
 
 from ._util import private_tempdir, sweep_stale_tempdirs
 from .errors import KpairError, WorkerFailed
+from .formats import convert, to_builtins
 from .pipeline import SAMPLES, Facts, RunOptions, execute
+from .replay import Reproduction
 from .result import Result, error_result
 from .snapshot import sha256
 
@@ -106,14 +108,15 @@ class _Worker:
     when the parent leaves the ``with`` block by any way, an exception included."""
 
     def __init__(self, root: Path, options: RunOptions, scratch: Path, log_path: Path, *,
-                 session: bool = False):
+                 session: bool = False, extra: tuple[str, ...] = ()):
         self.root, self.options = root, options
         key = secrets.token_bytes(32)
         channel_r, channel_w = os.pipe()
         output_r, output_w = os.pipe()
         cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(root),
                "--channel", str(channel_w), "--parent", str(os.getpid()),
-               "--options", json.dumps(options.to_json())] + (["--session"] if session else [])
+               "--options", json.dumps(options.to_json()), *extra] + \
+            (["--session"] if session else [])
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=output_w,
                                          stderr=output_w, cwd=scratch, env=_worker_env(),
@@ -185,6 +188,30 @@ class _Worker:
                                 "its result", stage="measure", kind=WorkerFailed.__name__,
                                 exit_code=WorkerFailed.exit_code), None
         return result, samples
+
+
+def replay_isolated(snapshot: str | os.PathLike, runs: int = 3, *, timeout_s: float = 600.0,
+                    log: str | os.PathLike | None = None) -> Reproduction:
+    """Replay a snapshot's own code object ``runs`` times in an isolated worker and say
+    whether it reproduces the captured post-state (``kpair.replay.Reproduction``)."""
+    root = Path(snapshot).resolve()
+    sweep_stale_tempdirs()
+    options = RunOptions(timeout_s=timeout_s)
+    with private_tempdir("replay") as scratch:
+        log_path = Path(log) if log else scratch / LOG
+        with _Worker(root, options, scratch, log_path,
+                     extra=("--reproduce", str(runs))) as w:
+            message = w.pump.run(time.monotonic() + timeout_s, want="reproduction")
+            if message is not None:
+                try:
+                    return convert(message["reproduction"], Reproduction,
+                                   path="worker message")
+                except KpairError as e:
+                    why = f"the worker's report is not valid: {e}"
+            else:
+                why = _describe_exit(w.proc.poll(), w.pump.stage) \
+                    if w.proc.poll() is not None else f"timed out after {timeout_s:g} s"
+    return Reproduction(snapshot=str(root), kernel="", runs=runs, status="error", error=why)
 
 
 class _Pump:
@@ -325,6 +352,8 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--options", default="{}")
     p.add_argument("--session", action="store_true",
                    help="after setup, judge candidates read from stdin, one per line")
+    p.add_argument("--reproduce", type=int, metavar="RUNS",
+                   help="HARNESS is a snapshot: replay its own code object RUNS times")
     args = p.parse_args(argv)
     _die_with_parent(args.parent)
     requests = sys.stdin.buffer
@@ -367,6 +396,9 @@ def worker_main(argv: list[str]) -> int:
         send({"result": result.to_json(), **extra,
               "samples": base64.b64encode(samples).decode() if samples is not None else None})
 
+    if args.reproduce is not None:
+        send({"reproduction": to_builtins(_reproduce(args.harness, args.reproduce))})
+        return 0
     options = RunOptions.from_json(json.loads(args.options))
     if not args.session:
         result, samples, _ = guarded(lambda: execute(args.harness, options, facts=facts,
@@ -374,6 +406,21 @@ def worker_main(argv: list[str]) -> int:
         reply(result, samples)
         return 0
     return _serve(args.harness, options, facts, stage, guarded, reply, send, requests)
+
+
+def _reproduce(root: Path, runs: int):
+    from .backends import open_device
+    from .replay import Reproduction, reproduce
+    from .snapshot import Snapshot
+
+    try:
+        snapshot = Snapshot.open(root)
+        with open_device(snapshot.manifest.backend) as device:
+            device.seal()
+            return reproduce(device, snapshot, runs)
+    except KpairError as e:
+        return Reproduction(snapshot=str(root), kernel="", runs=runs, status="error",
+                            error=f"{type(e).__name__}: {e}")
 
 
 def _serve(harness: Path, options: RunOptions, facts: Facts, stage, guarded, reply, send,

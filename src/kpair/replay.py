@@ -24,6 +24,7 @@ from typing import Protocol
 
 from .backends import Device, Kernel, Mapping
 from .errors import AbiMismatch, ArchitectureMismatch
+from .formats import Record
 from .placement import patch_pointers, span_of
 from .snapshot import Launch, Snapshot
 
@@ -154,3 +155,34 @@ class Replay:
         if hooks is not None:
             hooks.after()
         return t, window
+
+
+class Reproduction(Record, omit_defaults=True, kw_only=True):
+    """Whether a captured dispatch replays to its captured post-state (``kpair replay``):
+    ``status`` is "byte-exact" (every run equals it), "nondeterministic" (runs differ from
+    each other), "mismatch" (runs agree, but not with the capture) or "error"."""
+
+    snapshot: str
+    kernel: str
+    runs: int
+    status: str
+    differing_regions: list[str] = []
+    unstable_regions: list[str] = []
+    replay: dict | None = None
+    error: str | None = None
+
+
+def reproduce(device: Device, snapshot: Snapshot, runs: int) -> Reproduction:
+    """Replay the snapshot's own code object ``runs`` times on its captured pre-state."""
+    m = snapshot.manifest
+    replay = Replay(device, snapshot)
+    kernel = device.load(snapshot.code_object(), m.code.kernel_name, fmt=m.code.format)
+    replay.check_abi(kernel, "captured")
+    posts = [replay.run(kernel) for _ in range(runs)]
+    names = [r.name for r in m.regions]
+    unstable = [n for n in names if any(p[n] != posts[0][n] for p in posts[1:])]
+    differs = [n for n in names if posts[0][n] != replay.expected[n]]
+    status = "nondeterministic" if unstable else "mismatch" if differs else "byte-exact"
+    return Reproduction(snapshot=str(snapshot.root), kernel=m.code.kernel_name, runs=runs,
+                        status=status, differing_regions=differs, unstable_regions=unstable,
+                        replay=replay.info.to_json())

@@ -1,0 +1,55 @@
+"""``kpair replay SNAPSHOT [--runs N]``: does a captured dispatch replay to its post-state?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+from .base import Command
+
+#: Exit status per outcome: reproduced, not reproduced, no verdict (a runtime failure).
+EXIT = {"byte-exact": 0, "nondeterministic": 1, "mismatch": 1, "error": 5}
+
+
+class Replay(Command):
+    """Replay a snapshot's own code object N times in an isolated worker and say whether it
+    reproduces the captured post-state: byte-exact, nondeterministic (runs differ from each
+    other), mismatch (runs agree, not with the capture) or error."""
+
+    name = "replay"
+    help = "replay a captured dispatch and check it reproduces its post-state"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("snapshot", type=Path)
+        p.add_argument("--runs", type=int, default=3, help="replays (default 3)")
+        p.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds before a hung worker is killed (default 600)")
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..formats import to_builtins
+        from ..isolation import replay_isolated
+
+        if args.runs < 1:
+            raise UsageError("--runs must be at least 1")
+        if not (args.snapshot / "snapshot.json").is_file():
+            raise UsageError(f"{args.snapshot} is not a snapshot (no snapshot.json)")
+        rep = replay_isolated(args.snapshot, args.runs, timeout_s=args.timeout)
+        if args.json:
+            print(json.dumps(to_builtins(rep), indent=1))
+        else:
+            line = f"{rep.status}: {rep.kernel or args.snapshot} ({rep.runs} runs"
+            if rep.replay:
+                line += f", replay {rep.replay.get('mode')}"
+            line += ")"
+            if rep.differing_regions:
+                line += f"; differs from the capture in {', '.join(rep.differing_regions)}"
+            if rep.unstable_regions:
+                line += f"; varies between runs in {', '.join(rep.unstable_regions)}"
+            if rep.error:
+                line += f"; {rep.error}"
+            print(line)
+        return EXIT[rep.status]
