@@ -162,12 +162,16 @@ def test_crashing_or_hanging_opt_is_an_error_and_the_caller_survives(
     assert r["error"]["stage"] not in (None, "verify", "place", "load", "ref")
 
 
-def test_aa_control_contains_one(pair):
+@pytest.mark.parametrize("loaded", [False, True], ids=["idle", "under-load"])
+def test_aa_control_contains_one(pair, request, loaded):
+    if loaded:
+        request.getfixturevalue("cpu_hogs")
     r = run_json(pair, RunOptions(aa=True, time_cap_s=2.0, timeout_s=120))
     aa = r["speed"]["aa_control"]
     assert aa["mode"] == "A/A"
     # ref against itself: no speedup beyond timing noise (a CI can miss 1 in 5% of runs).
     assert abs(aa["speedup"] - 1) < 0.03, aa
+    assert r["trust"]["timing_integrity"]["passed"] is True
 
 
 def test_pair_refuses_to_overwrite(pair, matmul_snapshot, matmul_libs, tmp_path):
