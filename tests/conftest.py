@@ -71,3 +71,20 @@ def summarize(result: dict) -> str:
     from kpair.result import Result
 
     return Result.from_json(result).summary()
+
+
+@pytest.fixture
+def cpu_hogs():
+    """Busy-loop processes, one more than the CPUs, for the length of a test: timing and its
+    checks must hold while other work competes for every core."""
+    import os
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range((os.cpu_count() or 1) + 1)]
+    yield procs
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()

@@ -295,6 +295,21 @@ def test_default_policy_passes_honest_opts_and_an_empty_list_turns_mutations_off
     assert any("mutations" in w and "[]" in w for w in off["warnings"]), off["warnings"]
 
 
+@pytest.mark.parametrize(("opt", "policy"), [("fast", "exact"), ("honest_split", "cosine"),
+                                             ("deferred", "exact")])
+def test_timing_integrity_holds_under_load(suite, cpu_hogs, opt, policy):
+    """Busy processes on every core: the honest opts still pass timing_integrity (host
+    timing reads CPU time, which preemption does not inflate), and work handed to a thread is
+    still caught (synchronize waits for a thread that is waiting for a CPU)."""
+    r = suite(opt, policy)
+    ti = r["trust"]["timing_integrity"]
+    assert ti["passed"] is (opt != "deferred"), (summarize(r), ti["finding"])
+    if opt == "deferred":
+        assert "timer misses work" in ti["reason"]
+    else:
+        assert r["status"] == "pass", summarize(r)
+
+
 def test_without_checks_the_output_buffer_fools_the_harness(suite):
     """Why poisoning matters: the output already held the answer, so a kernel that does
     nothing is "correct" unless the buffer is poisoned first."""

@@ -18,7 +18,6 @@ What the trust checks read of a placed replay is public here: ``regions`` and ``
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -141,17 +140,18 @@ class Replay:
 
     def time_window(self, kernel: Kernel, launch: Launch | None = None, *,
                     hooks: LaunchHooks | None = None) -> tuple[float, float]:
-        """(timer seconds, wall seconds) of one launch: the wall window opens just before the
-        launch and closes after the whole device has synchronized. No cache flush: what the
-        timer misses does not depend on it, and a flush is the costly part of a launch."""
+        """(timer seconds, window seconds) of one launch: the window opens just before the
+        launch and closes after the whole device has synchronized, on the device's
+        ``window_clock`` (wall time; CPU time on host). No cache flush: what the timer misses
+        does not depend on it, and a flush is the costly part of a launch."""
         self.device.restore()
         if hooks is not None:
             hooks.before()
-        w0 = time.perf_counter()
+        w0 = self.device.window_clock()
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)
         self.device.synchronize()
-        window = time.perf_counter() - w0
+        window = self.device.window_clock() - w0
         if hooks is not None:
             hooks.after()
         return t, window

@@ -10,6 +10,7 @@ address + ``Mapping.delta``). A device is used by one thread of one process.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,15 @@ class Device(ABC):
         The timing-integrity check brackets a timed launch with a wall clock that stops only
         after this returns, so work a kernel started where the timer cannot see it shows up.
         """
+
+    def window_clock(self) -> float:
+        """Seconds on the clock the timing-integrity window is read from (differences only).
+
+        Wall time by default. A backend whose ``timed_launch`` does not count time the
+        process spends preempted reads a clock that does not either (host: CPU time of the
+        process), so that other work on the machine widens neither the timer nor the window.
+        """
+        return time.perf_counter()
 
     def fill(self, address: int, size: int, word: int) -> None:
         """Fill ``size`` bytes at ``address`` with the little-endian 32-bit ``word`` repeated
