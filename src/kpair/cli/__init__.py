@@ -17,11 +17,12 @@ from .base import Command
 from .capture import Capture
 from .core import Inspect, Pair
 from .policy import PolicyCmd
+from .profile import ProfileCmd
 from .release import Demo, ReleaseCmd, Report, Verify
 from .run import Run
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
-COMMANDS: list[type[Command]] = [Capture, Pair, Run, Inspect, PolicyCmd, ReleaseCmd,
+COMMANDS: list[type[Command]] = [ProfileCmd, Capture, Pair, Run, Inspect, PolicyCmd, ReleaseCmd,
                                  Verify, Report, Demo, Asm]
 
 
