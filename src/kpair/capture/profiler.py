@@ -38,14 +38,20 @@ RUNNER = "kpair.capture.profiler"
 
 
 class KernelProfiler:
-    def __init__(self, cupti_path: str | None = None, driver=None):
+    """Kernel times of this process. ``driver`` and ``lib`` (a loaded ``Cupti``) are found
+    and loaded when not given; tests give stand-ins."""
+
+    def __init__(self, cupti_path: str | None = None, *, driver=None,
+                 lib: cupti.Cupti | None = None):
         from .cudadrv import CudaDriver
 
         self.driver = driver or CudaDriver()
-        version = self.driver.driver_version()
-        self.cupti_path = cupti_path or cupti.find_cupti(version // 1000 if version else None)
+        if lib is None:
+            version = self.driver.driver_version()
+            lib = cupti.Cupti(cupti_path or cupti.find_cupti(version // 1000 if version else None))
+        self.cupti_path = lib.path
         self.times = KernelTimes()
-        self.activity = KernelActivity(cupti.Cupti(self.cupti_path), self.times.add_records)
+        self.activity = KernelActivity(lib, self.times.add_records)
         self.started, self._t0 = utc_now(), time.monotonic()
 
     def start(self) -> KernelProfiler:
