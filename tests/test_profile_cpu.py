@@ -489,10 +489,13 @@ def test_kpair_profile_when_the_program_crashes_before_writing(fake_children, mo
 
     monkeypatch.setattr(profiler, "child_command", lambda command, **kw: [
         sys.executable, "-c", "import os; os._exit(9)"])
-    (fake_children.tmp / "profile.json").write_text("stale")
     assert main(["profile", "--", "python", "prog.py"]) == 9
     assert "no profile was written" in capsys.readouterr().err
-    assert not (fake_children.tmp / "profile.json").exists()  # a stale file is not reported
+    assert not (fake_children.tmp / "profile.json").exists()
+    (fake_children.tmp / "profile.json").write_text("mine")
+    assert main(["profile", "--", "python", "prog.py"]) == 2  # never overwritten
+    assert "exists; kpair does not overwrite" in capsys.readouterr().err
+    assert (fake_children.tmp / "profile.json").read_text() == "mine"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import __version__
 from .._util import utc_now
-from ..errors import KpairError, WorkerFailed
+from ..errors import KpairError, UsageError, WorkerFailed
 from ..formats import write
 from . import cupti
 from .activity import KernelActivity
@@ -131,9 +131,11 @@ def run_profile(command: list[str], out: str | os.PathLike) -> tuple[int, Profil
     Returns the program's exit status and the profile (None when the child wrote none: it
     could not start, or it died before the program returned)."""
     argv = child_command(command, runner=RUNNER, usage="kpair profile")
-    cupti.find_cupti()  # fail here, with the install hint, rather than inside the child
     out = Path(out).resolve()
-    out.unlink(missing_ok=True)  # a profile left from an earlier run must not pass for this one
+    if out.exists():
+        raise UsageError(f"{out} exists; kpair does not overwrite files (remove it or name "
+                         "another with -o)")
+    cupti.find_cupti()  # fail here, with the install hint, rather than inside the child
     env = child_environment(ENV, {"out": str(out), "command": list(command)})
     status = status_of(subprocess.run(argv, env=env).returncode)
     return status, read_profile(out) if out.exists() else None

@@ -20,7 +20,7 @@ class ProfileCmd(Command):
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("-o", "--out", type=Path, default=Path("profile.json"),
-                       help="the profile to write (default profile.json; replaced if it exists)")
+                       help="the profile to write (default profile.json; must not exist)")
         p.add_argument("--top", type=int, default=20, metavar="N",
                        help="rows of the table (default 20); profile.json holds every kernel")
         p.add_argument("command", nargs=argparse.REMAINDER,
@@ -33,8 +33,6 @@ class ProfileCmd(Command):
 
         if args.top < 1:
             raise UsageError(f"--top must be 1 or more, got {args.top}")
-        if args.out.is_dir():
-            raise UsageError(f"{args.out} is a directory; -o names the profile file to write")
         status, profile = run_profile(strip_separator(args.command), args.out)
         if profile is None:
             print(f"kpair profile: the program ended with status {status} and no profile was "
