@@ -205,6 +205,7 @@ def json_schema(kind: type) -> dict:
 FORMATS: dict[str, tuple[str, str]] = {
     "snapshot": ("snapshot.json", "kpair.snapshot.model:Manifest"),
     "capture": ("capture.json", "kpair.capture.summary:CaptureSummary"),
+    "profile": ("profile.json", "kpair.capture.profile:Profile"),
     "harness": ("harness.json", "kpair.harness:HarnessSpec"),
     "policy": ("validation_policy.json", "kpair.policy.schema:PolicyDocument"),
     "result": ("result.json", "kpair.result:Result"),

@@ -7,6 +7,11 @@ Two ways in:
 - inside a program: ``kpair.capture.install()`` before CUDA initialises, then
   ``with kpair.capture.capture("out", kernel=r"softmax", max=2) as session: ...``.
 
+Which dispatches are worth capturing: ``kpair profile -- python prog.py`` (or
+``profile_program(command)``) times every kernel of a run through CUPTI's activity records;
+``kpair capture --top K`` (or ``top_kernels(command, k)`` and ``names=``) takes the first
+dispatch of each of the K kernels with the most GPU time.
+
 Main abstractions: ``Tracer`` (the process's one CUPTI subscriber: module images, launch
 callbacks), ``CaptureSession`` (filter, snapshots, ``capture.json``), ``ModuleRegistry``
 (which code object holds a kernel) and the region planner (kernarg pointers narrowed to
@@ -21,8 +26,11 @@ import sys
 import warnings
 from collections.abc import Iterator
 
+from ..formats import convert
 from .filters import Filter
+from .profiler import KernelProfiler, profile_program, run_profile, top_kernels
 from .session import DEFAULT_MAX_REGION_BYTES, SUMMARY, CaptureSession
+from .summary import ProfileUse
 
 _tracer = None
 
@@ -55,13 +63,20 @@ def install(*, cupti_path: str | None = None):
 def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int = 1,
                   max: int | None = None, distinct: bool = False,
                   max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
-                  command: list[str] | None = None) -> CaptureSession:
-    """Open a session writing into ``out`` and attach it to the tracer (``install`` first)."""
+                  command: list[str] | None = None, names: list[str] | None = None,
+                  profile: dict | ProfileUse | None = None) -> CaptureSession:
+    """Open a session writing into ``out`` and attach it to the tracer (``install`` first).
+
+    ``names`` restricts capture to kernels of those exact names (mangled or demangled);
+    ``profile`` is what capture.json records about the profile they came from."""
     from .tracer import software_environment, torch_blocks
     from .triton_meta import triton_metadata
 
+    if isinstance(profile, dict):
+        profile = convert(profile, ProfileUse, field="profile")
+    filter = Filter(kernel, nth, max, distinct, names)
     tracer = install()
-    session = CaptureSession(out, Filter(kernel, nth, max, distinct), driver=tracer.driver,
+    session = CaptureSession(out, filter, driver=tracer.driver, profile=profile,
                              registry=tracer.registry, blocks=torch_blocks,
                              max_region_bytes=max_region_bytes, command=command,
                              environment=software_environment, metadata=triton_metadata)
@@ -80,19 +95,22 @@ def finish_session(session: CaptureSession, exit_status: int | None = None) -> d
 @contextlib.contextmanager
 def capture(out: str | os.PathLike, *, kernel: str | None = None, nth: int = 1,
             max: int | None = None, distinct: bool = False,
-            max_region_bytes: int = DEFAULT_MAX_REGION_BYTES) -> Iterator[CaptureSession]:
+            max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
+            names: list[str] | None = None) -> Iterator[CaptureSession]:
     """Capture the matching dispatches launched inside the ``with`` block into ``out``.
 
-    ``kernel`` is a regular expression searched in the mangled and demangled names; capture
-    starts at the ``nth`` match and takes at most ``max`` dispatches (None: all of them).
+    ``kernel`` is a regular expression searched in the mangled and demangled names; ``names``
+    a list of exact names (``top_kernels``' answer, say); capture starts at the ``nth`` match
+    and takes at most ``max`` dispatches (None: all of them).
     """
     session = start_session(out, kernel=kernel, nth=nth, max=max, distinct=distinct,
-                            max_region_bytes=max_region_bytes)
+                            max_region_bytes=max_region_bytes, names=names)
     try:
         yield session
     finally:
         finish_session(session)
 
 
-__all__ = ["SUMMARY", "CaptureSession", "Filter", "capture", "finish_session", "install",
-           "start_session"]
+__all__ = ["SUMMARY", "CaptureSession", "Filter", "KernelProfiler", "capture",
+           "finish_session", "install", "profile_program", "run_profile", "start_session",
+           "top_kernels"]

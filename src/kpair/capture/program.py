@@ -12,56 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import sys
-import traceback
+
+from .child import exit_status, run_program  # noqa: F401  (the runner's API, kept here too)
 
 ENV = "KPAIR_CAPTURE"
-
-
-def exit_status(e: SystemExit) -> int:
-    """The status ``python`` would exit with for ``SystemExit(e.code)``."""
-    code = e.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def run_program(argv: list[str]) -> int:
-    """Run ``argv`` (``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``-c CODE ARGS``) as __main__."""
-    if not argv:
-        raise SystemExit("kpair.capture.program: no program given")
-    try:
-        if argv[0] == "-c":
-            if len(argv) < 2:
-                raise SystemExit("kpair.capture.program: -c needs a code string")
-            sys.argv = ["-c", *argv[2:]]
-            sys.path.insert(0, "")
-            code = compile(argv[1], "<string>", "exec")
-            exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-        elif argv[0] == "-m":
-            if len(argv) < 2:
-                raise SystemExit("kpair.capture.program: -m needs a module name")
-            sys.argv = [argv[1], *argv[2:]]
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            script = argv[0]
-            sys.argv = list(argv)
-            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-            runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        return exit_status(e)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        return 130
-    except BaseException:
-        traceback.print_exc()
-        return 1
-    return 0
 
 
 def main() -> int:
@@ -79,7 +34,8 @@ def main() -> int:
                                 max=settings.get("max", 1),
                                 distinct=settings.get("distinct", False),
                                 max_region_bytes=settings.get("max_region_bytes", 2 << 30),
-                                command=settings.get("command") or argv)
+                                command=settings.get("command") or argv,
+                                names=settings.get("names"), profile=settings.get("profile"))
     except KpairError as e:
         print(f"kpair capture: {e}", file=sys.stderr)
         return e.exit_code

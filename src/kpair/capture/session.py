@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from msgspec import UNSET
+
 from .. import __version__
 from .._util import human_bytes, utc_now
 from ..errors import UsageError
@@ -44,7 +46,7 @@ from .modules import ModuleRegistry
 from .names import short_name
 from .regions import BlockTable, PlannedRegion, plan_regions, pointer_params, pointer_words
 from .regions import segment_bytes as segments_of
-from .summary import SUMMARY, CaptureFilter, CaptureSummary, Dispatch, Totals
+from .summary import SUMMARY, CaptureFilter, CaptureSummary, Dispatch, ProfileUse, Totals
 
 DEFAULT_MAX_REGION_BYTES = 2 << 30
 
@@ -86,7 +88,7 @@ class CaptureSession:
                  command: list[str] | None = None,
                  environment: Callable[[], dict] | None = None,
                  metadata: Callable[[int, str], dict | None] | None = None,
-                 level: int = 1):
+                 level: int = 1, profile: ProfileUse | None = None):
         self.out = Path(out)
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             raise UsageError(f"{self.out} exists and is not empty; capture writes into a new "
@@ -98,6 +100,7 @@ class CaptureSession:
         self.command = list(command if command is not None else sys.argv)
         self.extra_environment = environment
         self.metadata = metadata
+        self.profile = profile
         self.pool = BlobPool(self.out / "blobs", level=level)
         self.records: list[dict] = []
         self.seen: Counter[str] = Counter()
@@ -298,7 +301,8 @@ class CaptureSession:
             totals=Totals(**totals, pool_bytes=self.pool.stored_bytes), notes=list(self.notes),
             dispatches=[convert(r, Dispatch, field=f"dispatches[{i}]")
                         for i, r in enumerate(self.records)],
-            kernels_seen=dict(self.seen.most_common()))
+            kernels_seen=dict(self.seen.most_common()),
+            profile=self.profile if self.profile is not None else UNSET)
 
     def summary(self) -> dict:
         return self.summary_record().to_json()
@@ -318,8 +322,16 @@ class CaptureSession:
             if self.filter.matches == 0:
                 what = f"no launch matched --kernel {self.filter.kernel!r}" \
                     if self.filter.kernel else "no kernel launch was seen"
+                if self.filter.names is not None:
+                    what = "no launch of the chosen kernels was seen"
                 self.notes.append(f"{what} ({self.launches} launches of {len(self.seen)} "
                                   "distinct kernels seen)")
+            elif self.filter.names is not None and self.filter.distinct:
+                missing = set(self.filter.names) - self.filter.seen_names()
+                if missing:
+                    self.notes.append(f"{len(missing)} of the {len(self.filter.names)} chosen "
+                                      "kernels were not launched in this run: "
+                                      + ", ".join(sorted(missing)))
             elif self.filter.matches < self.filter.nth:
                 self.notes.append(f"only {self.filter.matches} launches matched; --nth "
                                   f"{self.filter.nth} was never reached")

@@ -33,6 +33,31 @@ class CaptureFilter(Record):
     nth: Positive
     max: Positive | None
     distinct: bool
+    names: list[str] | UnsetType = UNSET
+
+
+class ProfiledKernel(Record):
+    """One kernel ``--top`` chose, as the profile measured it."""
+
+    rank: Positive
+    name: str
+    demangled: str
+    launches: Positive
+    total_ns: Count
+    share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class ProfileUse(Record):
+    """The profile ``capture --top`` chose its kernels from: the file (beside capture.json),
+    its sha256, how the choice was made and the kernels chosen, most expensive first."""
+
+    file: str
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    top: Positive
+    kernel: str | None
+    exit_status: int | None
+    kernel_time_ns: Count
+    chosen: list[ProfiledKernel]
 
 
 class OmittedRegion(Record):
@@ -108,6 +133,7 @@ class CaptureSummary(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     notes: list[str]
     dispatches: list[Dispatch]
     kernels_seen: dict[str, int]
+    profile: ProfileUse | UnsetType = UNSET
 
 
 def read_summary(path: str | Path) -> CaptureSummary:

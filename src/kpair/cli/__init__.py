@@ -18,13 +18,14 @@ from .capture import Capture
 from .core import Inspect, Pair
 from .evaluate import Evaluate
 from .policy import PolicyCmd
+from .profile import ProfileCmd
 from .release import Demo, ReleaseCmd, Report, Verify
 from .replay import Replay
 from .run import Run
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
-COMMANDS: list[type[Command]] = [Capture, Replay, Pair, Run, Evaluate, Inspect, PolicyCmd,
-                                 ReleaseCmd, Verify, Report, Demo, Asm]
+COMMANDS: list[type[Command]] = [ProfileCmd, Capture, Replay, Pair, Run, Evaluate, Inspect,
+                                 PolicyCmd, ReleaseCmd, Verify, Report, Demo, Asm]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,20 +1,22 @@
-"""``kpair capture``: run a program and capture its kernel dispatches into snapshots."""
+"""``kpair capture``: run a program and capture its kernel dispatches into snapshots; with
+``--top K``, a profiling run first chooses the K kernels with the most GPU time."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from ..capture.child import child_command, child_environment, status_of, strip_separator
+from ..capture.program import ENV
 from ..errors import UsageError
 from .base import Command
 
-#: Interpreter options that take a value (``python -X dev prog.py``).
-_OPTIONS_WITH_VALUE = {"-X", "-W", "--check-hash-based-pycs"}
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 
 
@@ -25,55 +27,6 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 2GiB)")
     scale = 1024 ** " KMGT".index(m.group(2).upper() or " ")
     return int(float(m.group(1)) * scale)
-
-
-def is_python(word: str) -> bool:
-    name = os.path.basename(word)
-    return bool(re.fullmatch(r"python[\d.]*", name)) or (
-        os.path.isabs(word) and os.path.realpath(word) == os.path.realpath(sys.executable))
-
-
-def child_command(command: list[str]) -> list[str]:
-    """The command with ``-m kpair.capture.program`` inserted after the interpreter's options.
-
-    ``python -u prog.py a`` → ``python -u -m kpair.capture.program prog.py a``; the program part
-    (script, ``-m module`` or ``-c code``) and its arguments are passed on untouched.
-    """
-    if not command:
-        raise UsageError("no command given: kpair capture -o DIR -- python prog.py ARGS...")
-    if not is_python(command[0]):
-        raise UsageError(f"kpair capture runs Python programs: the command must start with a "
-                         f"Python interpreter (python, python3, ...), not {command[0]!r}. "
-                         "For other programs, capture from inside with kpair.capture.capture()")
-    i = 1
-    while i < len(command):
-        word = command[i]
-        if word in ("-m", "-c") or not word.startswith("-") or word == "-":
-            break
-        if word == "--":
-            i += 1
-            break
-        i += 2 if word in _OPTIONS_WITH_VALUE else 1
-    if i >= len(command):
-        raise UsageError("the Python command names no program (a script, -m MODULE or -c CODE)")
-    return [*command[:i], "-m", "kpair.capture.program", *command[i:]]
-
-
-def child_environment(settings: dict, module_loading: str) -> dict:
-    from ..capture.program import ENV
-
-    env = dict(os.environ)
-    env[ENV] = json.dumps(settings)
-    env["CUDA_MODULE_LOADING"] = module_loading.upper()
-    # The child may be another interpreter: make this kpair importable there too.
-    here = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), here) if p)
-    return env
-
-
-def status_of(returncode: int) -> int:
-    """A child's status as a shell reports it: 128 + signal number when it was killed."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class Capture(Command):
@@ -91,10 +44,14 @@ class Capture(Command):
                        help="capture kernels whose mangled or demangled name matches")
         p.add_argument("--nth", type=int, default=1, metavar="N",
                        help="start at the Nth matching launch (default 1)")
-        p.add_argument("--max", type=int, default=1, metavar="K",
+        p.add_argument("--max", type=int, default=None, metavar="K",
                        help="capture at most K dispatches; 0 = no limit (default 1)")
         p.add_argument("--distinct", action="store_true",
                        help="only the first launch of each kernel counts as a match")
+        p.add_argument("--top", type=int, metavar="K",
+                       help="run the program twice: a profiling run ranks kernels by total GPU "
+                       "time, then the first dispatch of each of the K most expensive (among "
+                       "those matching --kernel) is captured; profile.json is kept in DIR")
         p.add_argument("--max-region-bytes", type=parse_size, default=2 << 30, metavar="SIZE",
                        help="leave out regions larger than this and mark the snapshot "
                        "incomplete (default 2GiB)")
@@ -109,24 +66,75 @@ class Capture(Command):
         from ..capture.cupti import find_cupti
         from ..capture.session import SUMMARY
 
-        command = list(args.command)
-        if command and command[0] == "--":
-            command = command[1:]
+        command = strip_separator(args.command)
         argv = child_command(command)
-        if args.max < 0:
+        if args.max is not None and args.max < 0:
             raise UsageError(f"--max must be 0 (no limit) or more, got {args.max}")
         if args.nth < 1:
             raise UsageError(f"--nth must be 1 or more, got {args.nth}")
+        if args.top is not None:
+            if args.top < 1:
+                raise UsageError(f"--top must be 1 or more, got {args.top}")
+            if args.nth != 1 or args.max is not None or args.distinct:
+                raise UsageError("--top takes the first dispatch of each chosen kernel: it "
+                                 "does not combine with --nth, --max or --distinct")
         out = args.out
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise UsageError(f"{out} exists and is not empty; capture writes into a new or "
                              "empty directory")
         find_cupti()  # fail here, with the install hint, rather than inside the child
         settings = {"out": str(out.resolve()), "kernel": args.kernel, "nth": args.nth,
-                    "max": args.max or None, "distinct": args.distinct,
-                    "max_region_bytes": args.max_region_bytes, "command": command}
-        proc = subprocess.run(argv, env=child_environment(settings, args.module_loading))
+                    "max": 1 if args.max is None else args.max or None,
+                    "distinct": args.distinct, "max_region_bytes": args.max_region_bytes,
+                    "command": command}
+        if args.top is not None:
+            return self.run_top(args, argv, settings)
+        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading))
         status = status_of(proc.returncode)
+        report(out / SUMMARY, status)
+        return status
+
+    def run_top(self, args: argparse.Namespace, argv: list[str], settings: dict) -> int:
+        """The profiling run, then the capture run with the chosen names as the filter."""
+        from ..capture.profile import PROFILE, top
+        from ..capture.profiler import run_profile
+        from ..capture.session import SUMMARY
+
+        with tempfile.TemporaryDirectory(prefix="kpair-profile-") as tmp:
+            status, profile = run_profile(settings["command"], Path(tmp) / PROFILE)
+            data = (Path(tmp) / PROFILE).read_bytes() if profile is not None else b""
+        if profile is None:
+            print(f"kpair capture: the profiling run ended with status {status} and wrote no "
+                  "profile: nothing captured", file=sys.stderr)
+            return status or 5
+        chosen = top(profile, args.top, args.kernel)
+        if status:
+            print(f"kpair capture: note: the program ended with status {status} in the "
+                  "profiling run", file=sys.stderr)
+        if not chosen:
+            what = f" matched --kernel {args.kernel!r}" if args.kernel else " ran"
+            print(f"kpair capture: no kernel{what} in the profiling run "
+                  f"({len(profile.kernels)} kernels timed): nothing captured", file=sys.stderr)
+            return status
+        share = sum(t.share for t in chosen)
+        print(f"kpair capture: profiling run: the {len(chosen)} most expensive kernels take "
+              f"{share:.1%} of {profile.kernel_time_ns / 1e6:.2f} ms of kernel time; capturing "
+              "the first dispatch of each", file=sys.stderr)
+        settings.update(
+            kernel=None, nth=1, max=len(chosen), distinct=True,
+            names=[t.name for t in chosen],
+            profile={"file": PROFILE, "sha256": hashlib.sha256(data).hexdigest(),
+                     "top": args.top, "kernel": args.kernel,
+                     "exit_status": profile.exit_status,
+                     "kernel_time_ns": profile.kernel_time_ns,
+                     "chosen": [{"rank": i, "name": t.name, "demangled": t.demangled,
+                                 "launches": t.launches, "total_ns": t.total_ns,
+                                 "share": t.share} for i, t in enumerate(chosen, 1)]})
+        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading))
+        status = status_of(proc.returncode)
+        out = args.out
+        if out.is_dir():
+            (out / PROFILE).write_bytes(data)
         report(out / SUMMARY, status)
         return status
 
