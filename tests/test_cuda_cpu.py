@@ -392,8 +392,8 @@ def test_fake_device_trust_capabilities(fake):
     lo = 0x7F12_4000_0000
     dev.map([(lo, lo + 4096)])
     assert dev.mapped_ranges() == [(lo, lo + 2 * MIB)]
-    dev.fill(lo, 64, 0xDEADBEEF)
-    assert drv.calls[-2][:4] == ("cuMemsetD32Async", lo, 0xDEADBEEF, 16)
+    dev.fill(lo, 64, 0xDEADBEEF)        # stream-ordered: no wait of its own
+    assert drv.calls[-1][:4] == ("cuMemsetD32Async", lo, 0xDEADBEEF, 16)
     dev.fill(lo + 1, 6, 0xDEADBEEF)      # unaligned: through write()
     assert drv.calls[-1][0] == "cuMemcpyHtoD" and drv.calls[-1][2] == bytes.fromhex(
         "efbeaddeefbe")

@@ -7,6 +7,8 @@ poison pattern (``pattern``, ``poisoned_image``) and what of it a run left (``le
 calls one of its two hook sets per launch, ``armor.guarded`` (fresh canaries before, checked
 after) or ``armor.poisoned`` (the same, plus fresh poison in every planned write-only range).
 Which launches get poison is the caller's choice at each launch, never a mode of the armour.
+Canaries are checked where the memory is (``Device.check_fills``); a band is read back to
+the host only when it changed, to say where.
 """
 
 from __future__ import annotations
@@ -206,9 +208,14 @@ class Armor:
             self.poison_words[name] = word
 
     def _after(self) -> None:
+        # Checked where the memory is (Device.check_fills); only a band that changed is read.
         self.last = []
-        for b in self.bands:
-            v = band_violation(b, self.device.read(b.address, b.size), self.canary)
+        if not self.bands:
+            return
+        found = self.device.check_fills([(b.address, b.size) for b in self.bands], self.canary)
+        for b, (bad, _) in zip(self.bands, found, strict=True):
+            v = band_violation(b, self.device.read(b.address, b.size), self.canary) \
+                if bad else None
             if v is not None:
                 self.last.append(v)
 

@@ -231,9 +231,8 @@ class Audit:
                 outputs = self._outputs()
                 r = self.replay
                 only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
-                v = check(only, {k: r.expected[k] for k in outputs},
-                          {k: r.device.read(r.address_of(k), len(r.expected[k]))
-                           for k in outputs}, dtype_hints=self.hints)
+                v = check(only, {k: r.expected[k] for k in outputs}, r.read_back(outputs),
+                          dtype_hints=self.hints)
                 self.timed["checked"] += 1
                 if not v.passed:
                     self.timed["failed"].append({"launch": n, "summary": v.summary()})
