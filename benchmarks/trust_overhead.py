@@ -9,11 +9,17 @@ seconds (``result.json`` ``stage_s``). The checks' cost is the difference: their
 ``opt``, and the untimed poison/canary writes around every ABBA launch in ``measure``.
 
     python benchmarks/trust_overhead.py [--backend host|cuda] [--blocks 32] [--repeat 3]
-                                        [--out benchmarks/results/trust_overhead_host.json]
+                                        [--case NAME ...] [--out FILE.json]
 
 host: kp_matmul (tests/csrc/matmul.c, naive ref vs loop-reordered opt, byte-exact, with
 mutations of both inputs declared) at n = 64, 128, 256. cuda: A/A pairs of the axpy and
-tiled GEMM test kernels (tests/cuda; needs a GPU, cuda-bindings and nvcc).
+tiled GEMM test kernels (tests/cuda; needs a GPU, cuda-bindings and nvcc), and ``axpbyz_3x16M``:
+z = a*x + y over three 16 MiB regions (48 MiB), with the default policy (derived mutations).
+Each case reports ``checked_over_unchecked`` (checked wall / unchecked wall; the goal for
+>= 48 MiB of regions is <= 1.5). With ``--backend cuda`` the output also has
+``compare_speed``: one 16 MiB region compared on the device against a held copy
+(``Device.compare``), checked for a fill (``check_fills``) and read back to the host
+(``Device.read``), in GB/s of region bytes (median of repeated calls, wall clock).
 """
 
 from __future__ import annotations
@@ -84,7 +90,51 @@ def cuda_cases(tmp: Path) -> list[tuple[str, Path]]:
     policy = Policy(mutations=(Mutation("A", "float32", "permute", 2),))
     out.append(("gemm_tiled_1024", create_harness(snap.root, tmp / "h-gemm", opt=gemm,
                                                   policy=policy).root))
+    (tmp / "axpbyz.cu").write_text(AXPBYZ)
+    three = compile_cubin(tmp / "axpbyz.cu", tmp / "axpbyz.cubin", arch=arch)
+    n = 4 << 20                       # 4 Mi floats: 16 MiB per region
+    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    z = np.zeros(n, np.float32)
+    snap = record_call(three, "axpbyz", [x, y, z, np.float32(1.5), np.int32(n)],
+                       tmp / "axpbyz", backend="cuda",
+                       launch=Launch((n // 256, 1, 1), (256, 1, 1)),
+                       names=["x", "y", "z", "a", "n"])
+    out.append(("axpbyz_3x16M", create_harness(snap.root, tmp / "h-axpbyz", opt=three).root))
     return out
+
+
+#: Three 16 MiB regions: two inputs and one write-only output.
+AXPBYZ = """extern "C" __global__ void axpbyz(const float* x, const float* y, float* z, float a,
+                                   int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) z[i] = a * x[i] + y[i];
+}
+"""
+
+
+def compare_speed(size: int = 16 << 20, calls: int = 20) -> dict:
+    """GB/s of region bytes: compare on the device, fill check, and reading back."""
+    import time
+
+    def rate(fn) -> float:
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(size / statistics.median(times) / 1e9, 3)
+
+    with open_device("cuda") as dev:
+        base = dev.map([(0, size)], relocate=True).delta
+        data = np.random.default_rng(0).integers(0, 256, size, np.uint8).tobytes()
+        dev.write(base, data)
+        held = dev.keep(base, size)
+        assert dev.compare(base, size, held) == (0, None)
+        return {"region_bytes": size, "in_place": dev.compares_in_place,
+                "checks_in_place": dev.environment().get("checks_in_place"),
+                "device_compare_gbps": rate(lambda: dev.compare(base, size, held)),
+                "device_fill_check_gbps": rate(lambda: dev.check_fills([(base, size)], 7)),
+                "read_back_gbps": rate(lambda: dev.read(base, size))}
 
 
 def measure_case(harness: Path, blocks: int, repeat: int, seed: int) -> dict:
@@ -118,6 +168,7 @@ def measure_case(harness: Path, blocks: int, repeat: int, seed: int) -> dict:
         "check_stages_s": round(sum(on["stage_s"].get(k, 0.0) for k in CHECK_STAGES), 6),
         "per_stage_s": extra,
     }
+    out["checked_over_unchecked"] = round(on["wall_s"] / off["wall_s"], 3)
     return out
 
 
@@ -127,11 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=32)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--case", action="append", default=[],
+                   help="run only this case (repeatable; default: all of the backend's)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kpair-trust-bench-") as tmp:
         tmp = Path(tmp)
         cases = host_cases(tmp) if args.backend == "host" else cuda_cases(tmp)
+        if args.case:
+            unknown = set(args.case) - {name for name, _ in cases}
+            if unknown:
+                raise SystemExit(f"unknown case(s) {sorted(unknown)}; known: "
+                                 f"{', '.join(name for name, _ in cases)}")
+            cases = [(name, h) for name, h in cases if name in args.case]
         with open_device(args.backend) as dev:
             env = dev.environment()
         result = {"benchmark": "trust_overhead", "backend": args.backend,
@@ -140,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                           "with checks - without (RunOptions(checks=False))",
                   "cases": {name: measure_case(h, args.blocks, args.repeat, args.seed)
                             for name, h in cases}}
+        if args.backend == "cuda":
+            result["compare_speed"] = compare_speed()
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

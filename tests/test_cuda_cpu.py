@@ -15,6 +15,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kpair.backends import open_device
@@ -28,6 +29,7 @@ from kpair.backends._cuda_driver import (
     ptx_target,
     replayed_attributes,
 )
+from kpair.backends.base import byte_diff, digest64, fill_bytes
 from kpair.backends.cuda import CudaDevice
 from kpair.errors import (
     ArchitectureMismatch,
@@ -392,8 +394,8 @@ def test_fake_device_trust_capabilities(fake):
     lo = 0x7F12_4000_0000
     dev.map([(lo, lo + 4096)])
     assert dev.mapped_ranges() == [(lo, lo + 2 * MIB)]
-    dev.fill(lo, 64, 0xDEADBEEF)
-    assert drv.calls[-2][:4] == ("cuMemsetD32Async", lo, 0xDEADBEEF, 16)
+    dev.fill(lo, 64, 0xDEADBEEF)        # stream-ordered: no wait of its own
+    assert drv.calls[-1][:4] == ("cuMemsetD32Async", lo, 0xDEADBEEF, 16)
     dev.fill(lo + 1, 6, 0xDEADBEEF)      # unaligned: through write()
     assert drv.calls[-1][0] == "cuMemcpyHtoD" and drv.calls[-1][2] == bytes.fromhex(
         "efbeaddeefbe")
@@ -408,3 +410,248 @@ def test_c_strings_from_the_bindings_end_at_the_first_nul():
     assert c_string(b"NVIDIA H200" + b"\0" * 50 + b" " * 100) == "NVIDIA H200"
     assert c_string(b"0000:00:06.0\0" + b" " * 19) == "0000:00:06.0"
     assert c_string("plain") == "plain"
+
+
+# --------------------------------------------------------------------------- checks in place
+
+
+class MemoryDriver(FakeDriver):
+    """FakeDriver with memory: allocations and mapped spans hold bytes, copies and memsets
+    move them, and the check kernels (kp_diff, kp_copy) run as their host reference
+    (byte_diff, digest64): what the device does around them is then tested for real."""
+
+    def __init__(self, *, broken: bool = False):
+        super().__init__()
+        self.mem: dict[int, bytearray] = {}
+        self.next = 0x5000_0000_0000
+        self.broken = broken          # kp_diff miscounts: the self-test must notice
+        self.d2h = 0                  # bytes read back to the host
+        self.layouts.update({b"kp_diff": None, b"kp_copy": None})
+
+    def _at(self, address: int, size: int) -> memoryview:
+        for base, buf in self.mem.items():
+            if base <= address and address + size <= base + len(buf):
+                return memoryview(buf)[address - base:address - base + size]
+        raise AssertionError(f"unmapped access {hex(address)}+{size}")
+
+    def cuMemAlloc(self, size):
+        ptr, self.next = self.next, self.next + (-(-size // 4096) + 1) * 4096
+        self.mem[ptr] = bytearray(size)
+        return self._out("cuMemAlloc", ptr, size)
+
+    def cuMemFree(self, ptr):
+        del self.mem[ptr]
+        return self._out("cuMemFree", None, ptr)[:1]
+
+    def cuMemMap(self, address, size, offset, handle, flags):
+        self.mem[address] = bytearray(size)
+        return self._out("cuMemMap", None, address, size)[:1]
+
+    def cuMemcpyHtoD(self, dst, data, size):
+        self._at(dst, size)[:] = bytes(data)[:size]
+        return self._out("cuMemcpyHtoD", None, dst, bytes(data), size)[:1]
+
+    def cuMemcpyDtoH(self, out, src, size):
+        out[:size] = self._at(src, size)
+        self.d2h += size
+        return self._out("cuMemcpyDtoH", None, src, size)[:1]
+
+    def cuMemcpyDtoDAsync(self, dst, src, size, stream):
+        self._at(dst, size)[:] = bytes(self._at(src, size))
+        return self._out("cuMemcpyDtoDAsync", None, dst, src, size)[:1]
+
+    def cuMemsetD32Async(self, ptr, word, count, stream):
+        self._at(ptr, 4 * count)[:] = word.to_bytes(4, "little") * count
+        return self._out("cuMemsetD32Async", None, ptr, word, count)[:1]
+
+    def cuMemsetD8Async(self, ptr, value, count, stream):
+        self._at(ptr, count)[:] = bytes([value]) * count
+        return self._out("cuMemsetD8Async", None, ptr, value, count)[:1]
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        ptrs = (ctypes.c_void_p * 6).from_address(params)
+
+        def arg(i, ctype=ctypes.c_uint64):
+            return ctype.from_address(ptrs[i]).value
+
+        if f == b"kp_copy":
+            table = self._at(arg(0), 24 * gy)
+            for i in range(gy):
+                dst, src, n = struct.unpack_from("<QQQ", table, 24 * i)
+                if n:
+                    self._at(dst, n)[:] = bytes(self._at(src, n))
+        else:
+            a, b, word, n, key, out = (arg(0), arg(1), arg(2, ctypes.c_uint32), arg(3),
+                                       arg(4), arg(5))
+            got = bytes(self._at(a, n)) if n else b""
+            other = bytes(self._at(b, n)) if b and n else fill_bytes(word, n)
+            count, first = byte_diff(got, other)
+            count += self.broken
+            h = digest64(other if b else got, key)
+            c0, f0, h0 = struct.unpack_from("<QQQ", self._at(out, 24))
+            self._at(out, 24)[:] = struct.pack("<QQQ", c0 + count, min(f0, 2**64 - 1
+                                               if first is None else first), (h0 + h) % 2**64)
+        return self._out("cuLaunchKernel", None, f, gx, gy)[:1]
+
+
+def _memory_device(**kw):
+    drv = MemoryDriver(**kw)
+    return drv, CudaDevice(drv)
+
+
+def test_checks_in_place_compare_fill_digest_and_held_copies():
+    drv, dev = _memory_device()
+    try:
+        assert dev.compares_in_place
+        assert dev._checks_status == "kernels (kp_diff, kp_copy)"
+        lo = 0x7F12_4000_0000
+        dev.map([(lo, lo + 3 * MIB)])
+        data = bytes(range(256)) * 4096 + b"tail!"
+        a = lo + 3                                  # not 16-byte aligned
+        dev.write(a, data)
+        held = dev.keep(a, len(data))
+        assert dev.fetch(held) == data and dev.compare(a, len(data), held) == (0, None)
+        dev.write(a + 1000, b"\0\0")
+        assert dev.compare(a, len(data), held) == byte_diff(dev.read(a, len(data)), data)
+        assert dev.compare(a, len(data), held)[1] == 1000
+        dev.put(a, held)                            # device to device
+        assert dev.read(a, len(data)) == data
+        assert dev.digest(a, len(data), key=7) == digest64(data, 7)
+        # A held copy something overwrote: "unknown", never "equal".
+        drv._at(held.ptr, 1)[:] = bytes([data[0] ^ 1])
+        assert dev.compare(a, len(data), held) is None
+        dev.fill(a, 64, 0xDEADBEEF)
+        dev.write(a + 64, b"\xef\xbe\xad\xde\xef\x00")
+        assert dev.check_fills([(a, 64), (a, 70), (a + 4, 8)], 0xDEADBEEF) == \
+            [(0, None), (1, 69), (0, None)]
+        # Held buffers are reused once dropped; copies of host bytes too.
+        dev.drop(held)
+        again = dev.hold(data)
+        assert again.ptr == held.ptr and dev.fetch(again) == data
+    finally:
+        dev.close()
+
+
+def test_restore_copies_every_staged_region_in_one_launch():
+    drv, dev = _memory_device()
+    try:
+        lo = 0x7F12_4000_0000
+        dev.map([(lo, lo + 100), (lo + 4096 + 5, lo + 4096 + 5 + 33)])
+        dev.stage(lo, b"a" * 100)
+        dev.stage(lo + 4101, b"b" * 33)
+        dev.write(lo, b"x" * 100)
+        dev.write(lo + 4101, b"y" * 33)
+        assert dev.compares_in_place            # loads and self-tests the kernels
+        n = len(drv.calls)
+        dev.restore()
+        assert dev.read(lo, 100) == b"a" * 100 and dev.read(lo + 4101, 33) == b"b" * 33
+        restore = drv.calls[n:]
+        assert [c[0] for c in restore].count("cuLaunchKernel") == 1
+        assert not any(c[0] == "cuMemcpyDtoDAsync" for c in restore)
+    finally:
+        dev.close()
+
+
+def test_check_kernels_that_fail_their_self_test_or_load_are_not_used():
+    drv, dev = _memory_device(broken=True)
+    try:
+        assert not dev.compares_in_place
+        assert "self-test (compare)" in dev._checks_status or \
+            "self-test (digest)" in dev._checks_status
+        lo = 0x7F12_4000_0000
+        dev.map([(lo, lo + 64)])
+        held = dev.keep(lo, 64)                     # the read-back default
+        assert held.data == bytes(64) and dev.compare(lo, 64, held) == (0, None)
+    finally:
+        dev.close()
+    drv = MemoryDriver()
+    drv.fail["cuModuleLoadData"] = R.CUDA_ERROR_NO_BINARY_FOR_GPU
+    dev = CudaDevice(drv)
+    try:
+        assert not dev.compares_in_place
+        assert "cannot load" in dev._checks_status
+    finally:
+        dev.close()
+
+
+class KernelDriver(MemoryDriver):
+    """MemoryDriver that also runs two "cubin" kernels on the host: ``axpbyz`` (z = a*x + y
+    over float32) and ``nowrite`` (a cheat that leaves z alone)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layouts.update({b"axpbyz": [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4)],
+                             b"nowrite": [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4)]})
+
+    def cuLaunchKernelEx(self, config, f, params, extra):
+        ptrs = (ctypes.c_void_p * 5).from_address(params)
+        x, y, z = (ctypes.c_uint64.from_address(ptrs[i]).value for i in range(3))
+        a = ctypes.c_float.from_address(ptrs[3]).value
+        n = ctypes.c_int32.from_address(ptrs[4]).value
+        if f == b"axpbyz":
+            xs, ys = (np.frombuffer(bytes(self._at(p, 4 * n)), np.float32) for p in (x, y))
+            self._at(z, 4 * n)[:] = (np.float32(a) * xs + ys).astype(np.float32).tobytes()
+        return self._out("cuLaunchKernelEx", None, f)[:1]
+
+
+def _axpbyz_snapshot(tmp_path: Path, n: int = 16384) -> Path:
+    from kpair.snapshot import CodeObject, Kernarg, Manifest, Region, SnapshotWriter
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    z = (np.float32(1.5) * x + y).astype(np.float32)
+    lo = 0x7F12_4000_0000
+    at = {"x": lo, "y": lo + 8 * n, "z": lo + 16 * n}
+    w = SnapshotWriter(tmp_path / "snap")
+    pre = {"x": x.tobytes(), "y": y.tobytes(), "z": bytes(4 * n)}
+    post = {**pre, "z": z.tobytes()}
+    regions = tuple(Region(k, at[k], 4 * n, w.put(pre[k]), w.put(post[k]), "float32")
+                    for k in at)
+    params = (Param(0, 8, "pointer"), Param(8, 8, "pointer"), Param(16, 8, "pointer"),
+              Param(24, 4, "f32"), Param(28, 4, "i32"))
+    kernarg = struct.pack("<QQQfi", at["x"], at["y"], at["z"], 1.5, n)
+    w.finish(Manifest(backend="cuda", arch="sm_90", code=CodeObject(w.put(b"cubin"), "cubin",
+                                                                    "axpbyz"),
+                      launch=Launch((n // 256, 1, 1), (256, 1, 1)),
+                      kernarg=Kernarg(w.put(kernarg), params), regions=regions))
+    return tmp_path / "snap"
+
+
+@pytest.mark.parametrize("opt_name", ["axpbyz", "nowrite"])
+def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
+    from kpair.policy import Policy
+    from kpair.replay import Replay
+    from kpair.snapshot import Snapshot
+    from kpair.trust.audit import Audit
+
+    snap = Snapshot.open(_axpbyz_snapshot(tmp_path))
+    drv = KernelDriver()
+    dev = CudaDevice(drv)
+    try:
+        replay = Replay(dev, snap)
+        hints = {r.name: "float32" for r in snap.manifest.regions}
+        audit = Audit(replay, Policy(), hints, seed=3)
+        ref, opt = dev.load(b"cubin", "axpbyz"), dev.load(b"cubin", opt_name)
+        launch = snap.manifest.launch
+        audit.baseline(ref, launch)
+        audit.discover(ref, launch)
+        assert set(audit.armor.plan) == {"z"}
+        region = 4 * 16384
+        before = drv.d2h
+        verdict = audit.run_opt(opt, launch)
+        for _ in range(8):
+            audit.time_one(opt, launch, "opt")
+        found = audit.findings()
+        if opt_name == "nowrite":
+            assert found["poisoned_outputs"].failed and not verdict.passed
+            assert "still hold the poison" in found["poisoned_outputs"].reason
+            return
+        # An honest opt: three checked runs and four ABBA output checks, no region read.
+        assert verdict.passed and audit.timed["checked"] == 4 and not audit.timed["failed"]
+        assert drv.d2h - before < region // 4
+        audit.differential(ref, launch, opt, launch)
+        assert audit.diff_runs and all(r.verdict.passed for r in audit.diff_runs)
+        assert not audit.failure(), audit.failure()
+        assert all(f.passed is not False for f in audit.findings().values())
+    finally:
+        dev.close()

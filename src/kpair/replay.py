@@ -14,6 +14,15 @@ hooks waits for the whole device (``Device.synchronize``) before it reads anythi
 What the trust checks read of a placed replay is public here: ``regions`` and ``addresses``
 (in the same order), ``pre`` and ``expected`` (region name -> bytes, pointers patched),
 ``span`` (the captured [lo, hi) the pointers were patched against), ``info``, ``device``.
+
+Reading back: ``run`` returns every region's bytes, but most of a checked run's launches
+leave a region as bytes kpair already holds (the pre-state, the captured post-state, ref's
+last answer, a fill). ``Known`` keeps, per region, a few such host byte strings each with a
+device-side copy (``Device.keep``); ``read_back`` compares the region with them where the
+memory is (``Device.compare``, ``check_fills``) and returns the equal host bytes object, and
+reads the region to the host only when none is equal (then keeps that too). The result is
+the same bytes a full read gives, so every verdict is the same; on a GPU it costs a compare
+kernel instead of a device-to-host copy.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .backends import Device, Kernel, Mapping
+from .backends.base import Held, fill_bytes
 from .errors import AbiMismatch, ArchitectureMismatch
 from .formats import Record
 from .placement import patch_pointers, span_of
@@ -45,6 +55,50 @@ class ReplayInfo:
     def to_json(self) -> dict:
         return {**self.mapping.to_json(), "patched_kernarg_words": self.patched_kernarg_words,
                 "patched_region_words": self.patched_region_words}
+
+
+#: Held copies per region (the oldest is dropped): pre, post, and the last few answers.
+KNOWN_PER_REGION = 4
+
+
+class Known:
+    """Per region, host byte strings with a device-side copy of each, most recently matched
+    first; the pinned ones (pre- and post-state) stay, the others are dropped oldest first.
+
+    Invariant: a held copy equals its host bytes when kept (``Device.keep`` copies first and
+    the host bytes are read from that copy, never from the region a kernel may still write)."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.entries: dict[str, list[tuple[bytes, Held, bool]]] = {}
+
+    def add(self, name: str, data: bytes, held: Held | None, *, pin: bool = False) -> None:
+        if held is None:
+            return
+        entries = self.entries.setdefault(name, [])
+        entries.insert(0, (data, held, pin))
+        loose = [i for i, e in enumerate(entries) if not e[2]]
+        while len(loose) > KNOWN_PER_REGION:
+            self.device.drop(entries.pop(loose.pop())[1])
+
+    def find(self, name: str, data: bytes) -> Held | None:
+        """The held copy of exactly this bytes object, if any."""
+        return next((h for d, h, _ in self.entries.get(name, ()) if d is data), None)
+
+    def match(self, name: str, address: int, size: int) -> bytes | None:
+        """The host bytes of a held copy the region at ``address`` equals, or None."""
+        entries = self.entries.get(name, [])
+        for i, (data, held, _) in enumerate(entries):
+            got = self.device.compare(address, size, held)
+            if got is None:      # the copy was overwritten: forget it, trust only a read
+                self.device.drop(held)
+                del entries[i]
+                return None
+            if got[0] == 0:
+                if i:
+                    entries.insert(0, entries.pop(i))
+                return data
+        return None
 
 
 class Replay:
@@ -79,6 +133,15 @@ class Replay:
             self.pre[r.name], self.expected[r.name] = pre, post
             device.stage(self.addresses[i], pre)
         self.info = ReplayInfo(mapping, kernarg_words, region_words)
+        self.known = Known(device)
+        self._fills: dict[tuple[str, int], bytes] = {}
+        if device.compares_in_place:
+            device.restore()
+            for r, a in zip(m.regions, self.addresses, strict=True):
+                self.known.add(r.name, self.pre[r.name], device.keep(a, r.size), pin=True)
+                if self.expected[r.name] != self.pre[r.name]:
+                    self.known.add(r.name, self.expected[r.name],
+                                   device.hold(self.expected[r.name]), pin=True)
 
     def address_of(self, name: str) -> int:
         for r, a in zip(self.regions, self.addresses, strict=True):
@@ -100,6 +163,44 @@ class Replay:
         return {r.name: self.device.read(a, r.size)
                 for r, a in zip(self.regions, self.addresses, strict=True)}
 
+    def read_back(self, names: list[str] | None = None, fills: dict[str, int] | None = None
+                  ) -> dict[str, bytes]:
+        """The bytes of the named regions (all by default), as ``read_all`` gives them, read
+        to the host only where they equal no known bytes (see ``Known``). ``fills``: region ->
+        a 32-bit word it was filled with before the launch, also tried."""
+        d = self.device
+        if not d.compares_in_place:
+            return {r.name: d.read(a, r.size)
+                    for r, a in zip(self.regions, self.addresses, strict=True)
+                    if names is None or r.name in names}
+        out: dict[str, bytes] = {}
+        for r, a in zip(self.regions, self.addresses, strict=True):
+            if names is not None and r.name not in names:
+                continue
+            data = self.known.match(r.name, a, r.size)
+            if data is None and fills and r.name in fills:
+                word = fills[r.name]
+                if d.check_fills([(a, r.size)], word)[0][0] == 0:
+                    data = self._fills.get((r.name, word)) or fill_bytes(word, r.size)
+                    self._fills = {(r.name, word): data}   # the last one only: they are big
+            if data is None:
+                held = d.keep(a, r.size)
+                data = d.read(a, r.size) if held is None else d.fetch(held)
+                self.known.add(r.name, data, held)
+            out[r.name] = data
+        return out
+
+    def _put(self, name: str, data: bytes) -> None:
+        """Write ``data`` into region ``name``: from a held copy when there is one."""
+        d, address = self.device, self.address_of(name)
+        held = self.known.find(name, data) if d.compares_in_place else None
+        if held is not None:
+            d.put(address, held)
+            return
+        d.write(address, data)
+        if d.compares_in_place:   # a mutated input: ref and opt both run on it
+            self.known.add(name, data, d.keep(address, len(data)))
+
     def run(self, kernel: Kernel, launch: Launch | None = None, *,
             state: dict[str, bytes | int] | None = None,
             hooks: LaunchHooks | None = None) -> dict[str, bytes]:
@@ -109,12 +210,14 @@ class Replay:
         (a mutated input) or an int (the region filled with that 32-bit word, on the device).
         """
         self.device.restore()
+        fills = {}
         for name, data in (state or {}).items():
             if isinstance(data, int):
                 size = next(r.size for r in self.regions if r.name == name)
                 self.device.fill(self.address_of(name), size, data)
+                fills[name] = data
             else:
-                self.device.write(self.address_of(name), data)
+                self._put(name, data)
         if hooks is not None:
             hooks.before()
         self.device.launch(kernel, launch or self.snapshot.manifest.launch, self.kernarg,
@@ -122,7 +225,7 @@ class Replay:
         if hooks is not None:
             self.device.synchronize()
             hooks.after()
-        return self.read_all()
+        return self.read_back(fills=fills)
 
     def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
                  hooks: LaunchHooks | None = None) -> float:

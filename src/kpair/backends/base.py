@@ -6,6 +6,13 @@ relocated); ``device.load(image, kernel_name)`` gives a ``Kernel``; then any num
 ``stage``/``restore``/``launch``/``timed_launch``/``read`` calls; ``device.close()`` releases
 everything. Addresses passed to ``write``/``read``/``stage`` are *replay* addresses (captured
 address + ``Mapping.delta``). A device is used by one thread of one process.
+
+The trust checks compare memory far more often than they need its bytes, so a device may
+compare where the memory is: ``keep`` snapshots bytes into a ``Held`` copy (on the device for
+a GPU), ``compare`` tells whether memory still equals a held copy, ``check_fill`` whether it
+still holds a fill pattern, ``digest`` hashes it (``digest64``, keyed). The defaults here go
+through ``read``, so every backend has them; a GPU backend overrides them with kernels and
+then reads back only what a report needs.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..snapshot import Launch, Param
 
@@ -33,6 +42,47 @@ class Mapping:
 
 def _signed_hex(v: int) -> str:
     return f"-{hex(-v)}" if v < 0 else hex(v)
+
+
+class Held:
+    """A copy of ``size`` bytes kept by ``Device.keep`` (or ``hold``), valid until the device
+    closes or ``Device.drop`` releases it. The base class keeps the bytes on the host (``data``);
+    a backend's subclass keeps them where its memory is."""
+
+    def __init__(self, size: int, data: bytes | None = None):
+        self.size, self.data = size, data
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def digest64(data: bytes, key: int = 0) -> int:
+    """A keyed 64-bit digest: the sum mod 2**64 of splitmix64's finalizer over every 8-byte
+    little-endian word ``w[i]`` xor ``key + i * golden`` (the data zero-padded to 16 bytes).
+    Order-free, so a GPU computes it with one atomic per warp. Not cryptographic: it tells a
+    held copy that something overwrote it, under a key the writer does not know."""
+    raw = np.frombuffer(bytes(data) + bytes(-len(data) % 16), np.uint64)
+    with np.errstate(over="ignore"):
+        x = raw ^ (np.uint64(key % 2**64) + np.arange(raw.size, dtype=np.uint64) * _GOLDEN)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        return int(x.sum(dtype=np.uint64))
+
+
+def byte_diff(a: bytes, b: bytes) -> tuple[int, int | None]:
+    """(bytes that differ, first differing offset) of two equally long byte strings."""
+    if a == b:
+        return 0, None
+    bad = np.flatnonzero(np.frombuffer(a, np.uint8) != np.frombuffer(b, np.uint8))
+    return int(bad.size), int(bad[0])
+
+
+def fill_bytes(word: int, size: int) -> bytes:
+    """``size`` bytes of the little-endian 32-bit ``word`` repeated (``Device.fill``'s layout)."""
+    return ((word & 0xFFFFFFFF).to_bytes(4, "little") * -(-size // 4))[:size]
 
 
 class Kernel(ABC):
@@ -115,8 +165,50 @@ class Device(ABC):
         """Fill ``size`` bytes at ``address`` with the little-endian 32-bit ``word`` repeated
         (from ``address`` on). Poison and guard canaries are written with it, before every
         launch; the default goes through ``write``."""
-        reps = -(-size // 4)
-        self.write(address, (word.to_bytes(4, "little") * reps)[:size])
+        self.write(address, fill_bytes(word, size))
+
+    #: Whether keep/compare/check_fill/digest run where the memory is (no read to the host).
+    #: When False they are the defaults below, which read: callers may then just read.
+    compares_in_place: bool = False
+
+    def keep(self, address: int, size: int) -> Held | None:
+        """A copy of the ``size`` bytes at ``address`` as they are now, or None where the
+        device has no room for one (the caller then reads instead)."""
+        return Held(size, self.read(address, size))
+
+    def hold(self, data: bytes) -> Held | None:
+        """A copy of host bytes, kept the way ``keep`` keeps device bytes (or None)."""
+        return Held(len(data), bytes(data))
+
+    def fetch(self, held: Held) -> bytes:
+        """The bytes of a held copy (read from the copy, never from the memory it came from)."""
+        if held.data is None:
+            raise NotImplementedError("a backend that overrides keep() overrides fetch()")
+        return held.data
+
+    def put(self, address: int, held: Held) -> None:
+        """Write a held copy to ``address`` (device-to-device where the copy is on the device)."""
+        self.write(address, self.fetch(held))
+
+    def drop(self, held: Held) -> None:  # noqa: B027 - host copies are garbage-collected
+        """Release a held copy."""
+
+    def compare(self, address: int, size: int, held: Held) -> tuple[int, int | None] | None:
+        """(bytes that differ, first differing offset or None) between the memory at
+        ``address`` and ``held``; None if the held copy itself no longer holds what was kept
+        (something overwrote it): the caller must then read the memory to know."""
+        return byte_diff(self.read(address, size), self.fetch(held))
+
+    def check_fills(self, spans: Sequence[tuple[int, int]], word: int
+                    ) -> list[tuple[int, int | None]]:
+        """For each (address, size): (bytes that differ from ``word`` repeated from
+        ``address`` on, first such offset or None). Guard canaries are checked with it after
+        every launch."""
+        return [byte_diff(self.read(a, n), fill_bytes(word, n)) for a, n in spans]
+
+    def digest(self, address: int, size: int, key: int = 0) -> int:
+        """``digest64`` of the ``size`` bytes at ``address``."""
+        return digest64(self.read(address, size), key)
 
     def mapped_ranges(self) -> list[tuple[int, int]] | None:
         """The [start, end) replay-address ranges ``map`` made accessible, or None if unknown.

@@ -7,6 +7,8 @@ poison pattern (``pattern``, ``poisoned_image``) and what of it a run left (``le
 calls one of its two hook sets per launch, ``armor.guarded`` (fresh canaries before, checked
 after) or ``armor.poisoned`` (the same, plus fresh poison in every planned write-only range).
 Which launches get poison is the caller's choice at each launch, never a mode of the armour.
+Canaries are checked where the memory is (``Device.check_fills``); a band is read back to
+the host only when it changed, to say where.
 """
 
 from __future__ import annotations
@@ -30,8 +32,13 @@ _FILL_RUNS = 64     # more poison runs than this: read-modify-write the region i
 
 def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) runs of True in a boolean mask."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
-    return [(int(s), int(e)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
+    m = np.asarray(mask, bool)
+    if not m.size:
+        return []
+    bounds = np.concatenate(([0], np.flatnonzero(m[1:] != m[:-1]) + 1, [m.size]))
+    starts, ends = bounds[:-1], bounds[1:]
+    on = m[starts]
+    return list(zip(starts[on].tolist(), ends[on].tolist(), strict=True))
 
 
 def pattern(word: int, size: int) -> np.ndarray:
@@ -55,16 +62,25 @@ def left_mask(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actua
     never."""
     exp, act = np.frombuffer(expected, np.uint8), np.frombuffer(actual, np.uint8)
     out = np.zeros(exp.size, bool)
+    if actual == expected:   # a byte left as poisoned would be the answer itself
+        return out
     for s, e in runs:
         im = pattern(word, e - s)
         for lo, hi, width in ((s, s + (e - s) // 4 * 4, 4), (s + (e - s) // 4 * 4, e, None)):
             if hi <= lo:
                 continue
             w = width or hi - lo
-            same = (act[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
-            answer = (exp[lo:hi] == im[lo - s:hi - s]).reshape(-1, w).all(axis=1)
+            same = _whole(act[lo:hi] == im[lo - s:hi - s], w)
+            answer = _whole(exp[lo:hi] == im[lo - s:hi - s], w)
             out[lo:hi] = np.repeat(same & ~answer, w)
     return out
+
+
+def _whole(eq: np.ndarray, width: int) -> np.ndarray:
+    """Per ``width``-byte group of a byte-equality mask: all of its bytes equal."""
+    if width == 4:   # four True bytes read as one little-endian word: 0x01010101
+        return np.ascontiguousarray(eq).view(np.uint32) == 0x01010101
+    return eq.reshape(-1, width).all(axis=1)
 
 
 def poison_left(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
@@ -206,9 +222,14 @@ class Armor:
             self.poison_words[name] = word
 
     def _after(self) -> None:
+        # Checked where the memory is (Device.check_fills); only a band that changed is read.
         self.last = []
-        for b in self.bands:
-            v = band_violation(b, self.device.read(b.address, b.size), self.canary)
+        if not self.bands:
+            return
+        found = self.device.check_fills([(b.address, b.size) for b in self.bands], self.canary)
+        for b, (bad, _) in zip(self.bands, found, strict=True):
+            v = band_violation(b, self.device.read(b.address, b.size), self.canary) \
+                if bad else None
             if v is not None:
                 self.last.append(v)
 
