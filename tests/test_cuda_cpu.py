@@ -635,6 +635,7 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
         launch = snap.manifest.launch
         audit.baseline(ref, launch)
         audit.discover(ref, launch)
+        audit.mutate(ref, launch)
         assert set(audit.armor.plan) == {"z"}
         region = 4 * 16384
         before = drv.d2h
@@ -649,7 +650,7 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
         # An honest opt: three checked runs and four ABBA output checks, no region read.
         assert verdict.passed and audit.timed["checked"] == 4 and not audit.timed["failed"]
         assert drv.d2h - before < region // 4
-        audit.differential(ref, launch, opt, launch)
+        audit.differential(opt, launch)
         assert audit.diff_runs and all(r.verdict.passed for r in audit.diff_runs)
         assert not audit.failure(), audit.failure()
         assert all(f.passed is not False for f in audit.findings().values())
