@@ -656,3 +656,20 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
         assert all(f.passed is not False for f in audit.findings().values())
     finally:
         dev.close()
+
+
+def test_shipped_check_ptx_is_built_from_the_shipped_source(tmp_path):
+    """kernels/checks.ptx names the sha256 of the source it came from; with nvcc here, a
+    rebuild gives the same PTX."""
+    import hashlib
+    import subprocess
+
+    from kpair.backends import _cuda_checks as checks
+
+    assert checks.ptx_source_sha256() == hashlib.sha256(checks.source().encode()).hexdigest()
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: the rebuild is not checked")
+    cu = tmp_path / "checks.cu"
+    cu.write_text(checks.source())
+    subprocess.run([*checks.NVCC, str(cu), "-o", str(tmp_path / "c.ptx")], check=True)
+    assert (tmp_path / "c.ptx").read_text() == checks.ptx().split("\n", 1)[1]

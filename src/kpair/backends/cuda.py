@@ -496,10 +496,10 @@ class CudaDevice(Device):
     def _load_checks(self) -> None:
         """Load the check kernels and prove them on known bytes; on any failure, say why and
         leave the read-back defaults in charge."""
-        from ._cuda_checks import PTX
+        from ._cuda_checks import ptx
 
         try:
-            module = self.drv("cuModuleLoadData", PTX.encode() + b"\0")
+            module = self.drv("cuModuleLoadData", ptx().encode() + b"\0")
             self._modules.append(module)
             self._checks = (self.drv("cuModuleGetFunction", module, b"kp_diff"),
                             self.drv("cuModuleGetFunction", module, b"kp_copy"))

@@ -20,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from .._util import write_text_atomic
 from ..errors import SnapshotFormatError, UsageError
 from .model import BlobRef, Manifest
 
@@ -39,17 +40,7 @@ def sha256(data: bytes | memoryview) -> str:
 
 def write_json_atomic(path: Path, obj: object) -> None:
     """Write JSON to ``path`` through a temporary file and a rename: never a half file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=False, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
 # Decompressed bytes are gathered in pieces of this size, so memory follows what the blob

@@ -1,0 +1,81 @@
+// kpair's check kernels: byte compare, fill check and keyed digest in one pass;
+// batched copies.
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 kp_mix(u64 x) {  // splitmix64's finalizer
+  x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27; x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// 16 bytes from p + base (zero past n), as four little-endian 32-bit words.
+__device__ __forceinline__ void kp_load16(const unsigned char* p, u64 base, u64 n, unsigned w[4]) {
+  if (base + 16 <= n && ((u64)(p + base) & 15) == 0) {
+    uint4 v = *(const uint4*)(p + base);
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    return;
+  }
+  for (int k = 0; k < 4; k++) {
+    unsigned x = 0;
+    for (int j = 0; j < 4; j++) {
+      u64 i = base + 4 * k + j;
+      if (i < n) x |= (unsigned)p[i] << (8 * j);
+    }
+    w[k] = x;
+  }
+}
+
+// Over n bytes, in 16-byte chunks: out[0] += bytes where a differs from b (b null: from the
+// 32-bit word repeated from a's first byte), out[1] = min(out[1], first such offset),
+// out[2] += digest of b (of a when b is null) keyed by key. out is zeroed / ~0 by the caller.
+extern "C" __global__ void kp_diff(const unsigned char* a, const unsigned char* b,
+                                   unsigned word, u64 n, u64 key, u64* out) {
+  u64 count = 0, first = ~0ull, h = 0;
+  u64 chunks = (n + 15) / 16;
+  u64 stride = (u64)gridDim.x * blockDim.x;
+  for (u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+    u64 base = c * 16;
+    unsigned x[4], y[4];
+    kp_load16(a, base, n, x);
+    if (b) kp_load16(b, base, n, y);
+    else y[0] = y[1] = y[2] = y[3] = word;
+    for (int k = 0; k < 4; k++) {
+      unsigned d = x[k] ^ y[k];
+      u64 at = base + 4 * k;
+      if (at >= n) d = 0;
+      else if (at + 4 > n) d &= (1u << (8 * (unsigned)(n - at))) - 1u;
+      if (d) {
+        count += ((d & 0xffu) != 0) + ((d & 0xff00u) != 0) + ((d & 0xff0000u) != 0) +
+                 ((d >> 24) != 0);
+        if (first == ~0ull) first = at + (__ffs(d) - 1) / 8;
+      }
+    }
+    const unsigned* s = b ? y : x;
+    h += kp_mix(((u64)s[1] << 32 | s[0]) ^ (key + 2 * c * 0x9e3779b97f4a7c15ull));
+    h += kp_mix(((u64)s[3] << 32 | s[2]) ^ (key + (2 * c + 1) * 0x9e3779b97f4a7c15ull));
+  }
+  for (int off = 16; off; off >>= 1) {
+    count += __shfl_down_sync(0xffffffffu, count, off);
+    h += __shfl_down_sync(0xffffffffu, h, off);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (count) atomicAdd(&out[0], count);
+    atomicAdd(&out[2], h);
+  }
+  if (first != ~0ull) atomicMin(&out[1], first);
+}
+
+// Copies table[3i + 1] -> table[3i] (table[3i + 2] bytes) for entry i = blockIdx.y.
+extern "C" __global__ void kp_copy(const u64* table) {
+  unsigned char* dst = (unsigned char*)table[3 * blockIdx.y];
+  const unsigned char* src = (const unsigned char*)table[3 * blockIdx.y + 1];
+  u64 n = table[3 * blockIdx.y + 2];
+  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, stride = (u64)gridDim.x * blockDim.x;
+  if ((((u64)dst | (u64)src) & 15) == 0) {
+    u64 body = n / 16;
+    for (u64 i = tid; i < body; i += stride) ((uint4*)dst)[i] = ((const uint4*)src)[i];
+    for (u64 i = body * 16 + tid; i < n; i += stride) dst[i] = src[i];
+  } else {
+    for (u64 i = tid; i < n; i += stride) dst[i] = src[i];
+  }
+}
