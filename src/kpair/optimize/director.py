@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 FILE = "director_validation.json"
 
 
-class DirectorValidation(Record, kw_only=True, omit_defaults=True):
+class DirectorValidation(Record, kw_only=True):
     """The chosen candidate and the measurement that chose it."""
 
     schema: Literal["kpair.director_validation"] = SCHEMA
