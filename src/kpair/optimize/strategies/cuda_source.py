@@ -65,7 +65,7 @@ class CudaSource:
         arch = context.arch or harness.snapshot.manifest.arch
         flag_sets = [check_flags(f) for f in context.flag_sets] if context.flag_sets \
             else self.flag_sets
-        launches, _why_not = self.geometries(harness, context)
+        launches, why_not = self.geometries(harness, context)
         n = 0
         for defines in ({}, *context.variants):
             macros = {**src.defines, **defines}
@@ -76,6 +76,8 @@ class CudaSource:
                                   *(f"-D{k}={v}" for k, v in macros.items()), "-o", str(out),
                                   str(src.path)])
                 params = {"flags": list(flags), "defines": macros}
+                if why_not:  # the declared geometry was refused: say so in every attempt
+                    params["geometry_refused"] = why_not
                 label = " ".join([*(f"-D{k}={v}" for k, v in defines.items()), *flags])
                 try:
                     compile_cuda(src.path, out, arch=arch, flags=flags, defines=macros)
