@@ -210,6 +210,8 @@ FORMATS: dict[str, tuple[str, str]] = {
     "policy": ("validation_policy.json", "kpair.policy.schema:PolicyDocument"),
     "result": ("result.json", "kpair.result:Result"),
     "index": ("index.json", "kpair.release.index:Index"),
+    "director_validation": ("director_validation.json",
+                            "kpair.optimize.director:DirectorValidation"),
 }
 
 

@@ -17,6 +17,7 @@ from .base import Command
 from .capture import Capture
 from .core import Inspect, Pair
 from .evaluate import Evaluate
+from .optimize import Optimize
 from .policy import PolicyCmd
 from .profile import ProfileCmd
 from .release import Demo, ReleaseCmd, Report, Verify
@@ -25,7 +26,7 @@ from .run import Run
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
 COMMANDS: list[type[Command]] = [ProfileCmd, Capture, Replay, Pair, Run, Evaluate, Inspect,
-                                 PolicyCmd, ReleaseCmd, Verify, Report, Demo, Asm]
+                                 PolicyCmd, ReleaseCmd, Verify, Report, Demo, Optimize, Asm]
 
 
 def build_parser() -> argparse.ArgumentParser:

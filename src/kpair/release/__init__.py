@@ -39,6 +39,7 @@ from .store import (
     discover,
     locked,
     not_faster,
+    refuse_operator,
     sweep_stale_staging,
     verify_release,
 )
@@ -46,5 +47,5 @@ from .store import (
 __all__ = ["AddOutcome", "CorrectnessMode", "DIRECTOR_NOTE", "Director", "HarnessSpeed",
            "INDEX", "Index", "Row", "SLOT_BIAS_BAND", "Summary", "add_operator", "build_index",
            "check_key", "correctness_mode", "discover", "load_index", "locked", "not_faster",
-           "operator_row", "read_director", "rule_text", "summarize", "sweep_stale_staging",
-           "verify_release"]
+           "operator_row", "read_director", "refuse_operator", "rule_text", "summarize",
+           "sweep_stale_staging", "verify_release"]

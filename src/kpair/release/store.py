@@ -286,5 +286,43 @@ def _record_exclusion(root: Path, staging: Path, dest: Path, index: Index) -> No
         raise
 
 
+def refuse_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: int,
+                    name: str, result: Result, reason: str,
+                    provenance: str | os.PathLike | None = None) -> AddOutcome:
+    """Record ``level<N>/<name>`` as refused without running it again: an optimizer that
+    found nothing to publish says so here, with ``result`` (the run that showed it) and
+    ``reason``. The row and ``excluded/`` entry are those ``add_operator`` writes for a pair
+    it refuses; ``harness`` only supplies kernel names and the policy. A published operator
+    of that name is never replaced by a refusal."""
+    level, name = check_key(level, name)
+    root, harness = Path(root), Path(harness)
+    prov_src = Path(provenance) if provenance is not None else None
+    root.mkdir(parents=True, exist_ok=True)
+    key = rel_dir(level, name)
+    with locked(root):
+        sweep_stale_staging(root)
+        old = load_index(root)
+        old_ops, old_refused = (old.operators, old.refused) if old else ([], [])
+        if any(r.key == (level, name) for r in old_ops):
+            raise UsageError(f"{key} is published; a refusal does not replace it")
+        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=root))
+        try:
+            (staging / "op" / HARNESS).mkdir(parents=True)
+            result.write(staging / "op" / HARNESS / "result.json")
+            prov = None
+            if prov_src is not None:
+                prov = staging / "op" / PROVENANCE
+                shutil.copytree(prov_src, prov)
+            row = operator_row(level, name, result, harness_dir=harness, provenance_dir=prov,
+                               published=False)
+            row = msgspec.structs.replace(row, reason=reason)
+            refused = [r for r in old_refused if r.key != (level, name)]
+            _record_exclusion(root, staging, root / EXCLUDED / key,
+                              build_index(old_ops, refused + [row]))
+            return AddOutcome(False, row, result, load_index(root))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 __all__ = ["AddOutcome", "LOCK", "add_operator", "discover", "locked", "not_faster",
-           "sweep_stale_staging", "verify_release"]
+           "refuse_operator", "sweep_stale_staging", "verify_release"]

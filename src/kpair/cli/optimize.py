@@ -1,0 +1,133 @@
+"""``kpair optimize``: capture a program's expensive kernels, search faster builds of them,
+publish the winners into a release (``kpair.optimize.program``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UsageError
+from .base import Command
+
+
+class Optimize(Command):
+    """Profile and capture a program's top-K kernels (or take given snapshots or harnesses),
+    run the built-in strategies on each, and publish every winner with `release add`;
+    operators that did not improve or failed are recorded as exclusions with the reason.
+    Interrupted runs resume (operators already in the release are skipped)."""
+
+    name = "optimize"
+    help = "search faster kernels for a program's dispatches and publish them in a release"
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        from ..optimize.strategies import STRATEGIES
+
+        p.add_argument("-o", "--out", type=Path, required=True, help="the release directory")
+        p.add_argument("--work", type=Path,
+                       help="work directory: capture, harnesses, searches (default "
+                       "OUT.work, beside the release); keep it to resume")
+        src = p.add_argument_group("what to optimize (one of)")
+        src.add_argument("--top", type=int, default=5, metavar="K",
+                         help="with a program: capture the K kernels that take most GPU "
+                         "time (default 5)")
+        src.add_argument("--snapshot", type=Path, action="append", default=[],
+                         help="a snapshot, or a capture directory (capture.json), to "
+                         "optimize (repeatable)")
+        src.add_argument("--harness", type=Path, action="append", default=[],
+                         help="an existing harness: candidates are judged against its ref "
+                         "(repeatable)")
+        p.add_argument("--level", type=int, help="release level for --harness/--snapshot "
+                       "operators (default: 2 for fused kernels, else 1)")
+        p.add_argument("--name", help="operator name (one --harness or --snapshot only)")
+        st = p.add_argument_group("strategies")
+        st.add_argument("--strategy", action="append", choices=sorted(STRATEGIES),
+                        help="strategies to run (repeatable; default all that apply)")
+        st.add_argument("--source", type=Path, help="the kernel's C or CUDA C source")
+        st.add_argument("--kernel", help="the kernel's name in --source")
+        st.add_argument("--variant", action="append", default=[], metavar="NAME=V[,NAME=V]",
+                        help="a -D macro set to build --source with (repeatable)")
+        st.add_argument("--flags", action="append", metavar="'FLAGS'",
+                        help="a compiler flag set replacing the strategy's own, as "
+                        "--flags='-O3 -funroll-loops' (repeatable)")
+        st.add_argument("--native", action="store_true",
+                        help="host-c: also try -march=native (the binary then needs this "
+                        "CPU's instruction set)")
+        st.add_argument("--policy", type=Path,
+                        help="validation policy for harnesses made from snapshots "
+                        "(default byte-exact)")
+        st.add_argument("--keep", type=int, default=3,
+                        help="candidates confirmed with the full run (default 3)")
+        m = p.add_argument_group("measurement")
+        m.add_argument("--timeout", type=float, default=120.0,
+                       help="seconds before a candidate that hangs is killed (default 120)")
+        m.add_argument("--prune-max-blocks", type=int, default=16)
+        m.add_argument("--prune-time-cap", type=float, default=1.0)
+        m.add_argument("--time-cap", type=float,
+                       help="seconds of ABBA timing in the confirming and publishing runs")
+        m.add_argument("--min-blocks", type=int)
+        m.add_argument("--max-blocks", type=int)
+        m.add_argument("--seed", type=int)
+        p.add_argument("command", nargs=argparse.REMAINDER,
+                       help="-- python prog.py ARGS... (the program to capture)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..optimize.program import (
+            OptimizeOptions,
+            capture_program,
+            operator_from_harness,
+            operator_from_snapshot,
+            operators_from_capture,
+            optimize,
+        )
+        from ..optimize.strategies.host_c import parse_flags, parse_variant
+        from ..optimize.strategy import KernelSource
+        from ..pipeline import RunOptions
+
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        given = sum(bool(x) for x in (command, args.snapshot, args.harness))
+        if given != 1:
+            raise UsageError("give exactly one of: -- python prog.py, --snapshot, --harness")
+        if args.name and len(args.snapshot) + len(args.harness) != 1:
+            raise UsageError("--name names one operator: give one --snapshot or --harness")
+        if bool(args.source) != bool(args.kernel):
+            raise UsageError("--source and --kernel go together")
+        source = KernelSource.given(args.source, args.kernel) if args.source else None
+        timing = {"time_cap_s": args.time_cap, "min_blocks": args.min_blocks,
+                  "max_blocks": args.max_blocks, "seed": args.seed, "timeout_s": args.timeout}
+        opts = OptimizeOptions(
+            strategies=tuple(args.strategy) if args.strategy else OptimizeOptions().strategies,
+            source=source, variants=tuple(parse_variant(v) for v in args.variant),
+            flag_sets=tuple(parse_flags(f) for f in args.flags) if args.flags else None,
+            native=args.native, policy=args.policy, keep=args.keep,
+            prune=RunOptions(min_blocks=min(4, args.prune_max_blocks),
+                             max_blocks=args.prune_max_blocks,
+                             time_cap_s=args.prune_time_cap, control=False, seed=args.seed,
+                             timeout_s=args.timeout),
+            confirm=RunOptions(**timing), publish=RunOptions(**timing))
+        release = args.out
+        work = args.work or release.with_name(release.name + ".work")
+        if command:
+            capture = capture_program(command, work, top=args.top)
+            operators = operators_from_capture(capture)
+        else:
+            operators = []
+            for path in args.snapshot:
+                if (path / "capture.json").is_file():
+                    operators += operators_from_capture(path)
+                else:
+                    operators.append(operator_from_snapshot(path))
+            operators += [operator_from_harness(h) for h in args.harness]
+            if args.level or args.name:
+                from dataclasses import replace
+
+                operators = [replace(op, level=args.level or op.level,
+                                     name=args.name or op.name) for op in operators]
+        outcomes = optimize(operators, release, work, opts)
+        published = sum(o.status == "published" for o in outcomes)
+        refused = sum(o.status in ("refused", "failed") for o in outcomes)
+        print(f"kpair optimize: {published} published, {refused} excluded, "
+              f"{sum(o.status == 'skipped' for o in outcomes)} already in {release}")
+        return 0 if all(o.status != "failed" for o in outcomes) else 5

@@ -1,0 +1,26 @@
+"""Built-in optimizers around evaluation sessions: from captured dispatches to a release.
+
+``strategy``   what a strategy is (``Strategy``, ``Proposal``, ``Context``, ``KernelSource``)
+``strategies`` the built-in ones, one module each: ``host-c``, ``cuda-source``, ``triton``
+``geometry``   launch shapes a kernel declares it can take (``// kpair: block=... grid=...``)
+``search``     cheap first: prune in one session, confirm the best few, pick the winner
+``director``   ``director_validation.json``: the optimizer's own measurement of its choice
+``program``    ``kpair optimize``: capture, harnesses, search, publish or refuse, report
+"""
+
+from .director import DirectorValidation
+from .program import (
+    Operator,
+    OptimizeOptions,
+    operator_from_harness,
+    operator_from_snapshot,
+    operators_from_capture,
+    optimize,
+)
+from .search import SearchOutcome, search
+from .strategies import STRATEGIES
+from .strategy import Context, KernelSource, Proposal, Strategy
+
+__all__ = ["Context", "DirectorValidation", "KernelSource", "OptimizeOptions", "Operator",
+           "Proposal", "STRATEGIES", "SearchOutcome", "Strategy", "operator_from_harness",
+           "operator_from_snapshot", "operators_from_capture", "optimize", "search"]

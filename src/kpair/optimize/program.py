@@ -1,0 +1,398 @@
+"""``kpair optimize``: from a program (or snapshots, or harnesses) to a release.
+
+The flow is a list of stages per operator, each leaving its product in a work directory so
+that an interrupted run resumes where it stopped:
+
+    capture      ``kpair capture --top K`` on the program (a subprocess)     WORK/capture/
+    operators    one ``Operator`` per captured snapshot (level 2 for fused kernels)
+    base         an A/A harness per operator: ref = the captured code object  WORK/ops/<op>/base
+    search       the applicable strategies' proposals through
+                 ``kpair.optimize.search`` (prune, confirm)                WORK/ops/<op>/search
+    provenance   attempts.jsonl of both stages, director_validation.json  .../provenance
+    publish      the winner paired and handed to ``release add``; no winner: a refusal with
+                 the search's reason (``release.refuse_operator``)
+    report       report.md / report.html of the release
+
+Operators already in the release's index (published or refused) are skipped; a base harness
+or a finished search (``search.json``) in the work directory is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BackendUnavailable, KpairError, UsageError
+from ..formats import Record, read, to_builtins, write
+from ..pipeline import RunOptions
+from ..session import ATTEMPTS, read_attempts
+from .director import FILE as DIRECTOR_FILE
+from .director import METHOD, DirectorValidation
+from .search import KEEP, PRUNE, SearchOutcome, search
+from .strategies import STRATEGIES
+from .strategy import Context, KernelSource
+
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One thing to optimize: a snapshot (or an existing harness) and its release key."""
+
+    level: int
+    name: str
+    snapshot: Path | None = None
+    harness: Path | None = None
+
+    @property
+    def key(self) -> str:
+        return f"level{self.level}/{self.name}"
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """How to optimize: strategies, their inputs, and the three measurements (prune,
+    confirm, and ``release add``'s publish run)."""
+
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    source: KernelSource | None = None
+    variants: tuple[dict[str, Any], ...] = ()
+    flag_sets: tuple[tuple[str, ...], ...] | None = None
+    native: bool = False
+    policy: Path | None = None
+    keep: int = KEEP
+    triton_limit: int = 48
+    prune: RunOptions = PRUNE
+    confirm: RunOptions = field(default_factory=RunOptions)
+    publish: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise UsageError(f"unknown strategy {unknown[0]!r} (one of "
+                             f"{', '.join(STRATEGIES)})")
+
+    def make(self, name: str):
+        from .strategies import HostC, TritonRetune
+
+        if name == "host-c":
+            return HostC(self.flag_sets, native=self.native)
+        if name == "triton":
+            return TritonRetune(self.triton_limit)
+        return STRATEGIES[name](self.flag_sets)
+
+
+class SearchRecord(Record, kw_only=True, omit_defaults=True):
+    """``WORK/ops/<op>/search.json``: a finished search, so a resumed run can publish (or
+    refuse) without searching again."""
+
+    winner: dict[str, Any] | None = None
+    reason: str | None = None
+    best_result: str | None = None
+    evaluated: int = 0
+    skipped: list[dict[str, Any]] = []
+
+
+@dataclass(frozen=True)
+class OperatorOutcome:
+    operator: Operator
+    status: str           # "published", "refused", "skipped"
+    line: str
+
+
+# --------------------------------------------------------------------------- operators
+
+
+def operator_name(text: str) -> str:
+    """A release-safe operator name from a snapshot or kernel name."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("._-+") or "kernel"
+    return name[:120]
+
+
+def level_of(kernel: str) -> int:
+    """Level 2 for fused kernels (Inductor's ``triton_*_fused_*``), level 1 otherwise."""
+    return 2 if "fused" in kernel.lower() else 1
+
+
+def operator_from_snapshot(path: str | os.PathLike) -> Operator:
+    from ..snapshot import Snapshot
+
+    path = Path(path)
+    kernel = Snapshot.open(path).manifest.code.kernel_name
+    return Operator(level_of(kernel), operator_name(path.name), snapshot=path)
+
+
+def operators_from_capture(capture: Path) -> list[Operator]:
+    """Every captured dispatch of a ``kpair capture`` directory (capture.json)."""
+    summary = json.loads((capture / "capture.json").read_text())
+    out = []
+    for d in summary.get("dispatches", []):
+        if d.get("status") == "captured" and d.get("snapshot"):
+            out.append(operator_from_snapshot(capture / d["snapshot"]))
+    return out
+
+
+def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
+                          name: str | None = None) -> Operator:
+    from ..harness import Harness
+
+    path = Path(path)
+    h = Harness.open(path)
+    return Operator(level or level_of(h.ref.kernel), name or operator_name(path.name),
+                    harness=path)
+
+
+# --------------------------------------------------------------------------- capture
+
+
+def capture_program(command: Sequence[str], work: Path, *, top: int, log: Log = _stderr
+                    ) -> Path:
+    """``kpair capture -o WORK/capture --top K -- command`` (reused when it finished)."""
+    out = work / "capture"
+    summary = out / "capture.json"
+    if summary.is_file():
+        try:
+            done = json.loads(summary.read_text()).get("exit_status") is not None
+        except ValueError:
+            done = False
+        if done:
+            log(f"kpair optimize: reusing the capture in {out}")
+            return out
+    if out.exists():
+        shutil.rmtree(out)  # an interrupted capture: start it again
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--top", str(top), "--",
+           *command]
+    log(f"kpair optimize: profiling and capturing the top {top} kernels: "
+        f"{' '.join(command)}")
+    proc = subprocess.run(cmd)
+    if not summary.is_file():
+        raise KpairError(f"kpair capture wrote no capture.json (exit status "
+                         f"{proc.returncode}); nothing to optimize")
+    return out
+
+
+# --------------------------------------------------------------------------- one operator
+
+
+def _base_harness(op: Operator, work: Path, opts: OptimizeOptions):
+    """The harness candidates are judged on: the given one, or an A/A pair of the
+    snapshot's own code object (made once, reused on resume)."""
+    from ..harness import Harness, create_harness
+    from ..snapshot import Snapshot
+
+    if op.harness is not None:
+        return Harness.open(op.harness)
+    base = work / "base"
+    if (base / "harness.json").is_file():
+        try:
+            return Harness.open(base)
+        except KpairError:
+            shutil.rmtree(base)
+    if base.exists():
+        shutil.rmtree(base)
+    snap = Snapshot.open(op.snapshot)
+    image = work / "captured.bin"
+    image.write_bytes(snap.code_object())
+    return create_harness(op.snapshot, base, opt=image, policy=opts.policy)
+
+
+def _context(harness, work: Path, opts: OptimizeOptions) -> Context:
+    m = harness.snapshot.manifest
+    source = opts.source or KernelSource.from_provenance(m.provenance or {}, harness.ref.kernel)
+    return Context(work=work, source=source, variants=opts.variants,
+                   flag_sets=opts.flag_sets, arch=m.arch)
+
+
+def _proposals(harness, context: Context, opts: OptimizeOptions, log: Log):
+    for name in opts.strategies:
+        strategy = opts.make(name)
+        why_not = strategy.applies(harness, context)
+        if why_not:
+            log(f"    {name}: not applicable ({why_not})")
+            continue
+        log(f"    {name}: building candidates")
+        build = context.work / "builds" / name
+        build.mkdir(parents=True, exist_ok=True)
+        ctx = Context(work=build, source=context.source, variants=context.variants,
+                      flag_sets=context.flag_sets, arch=context.arch)
+        try:
+            for p in strategy.candidates(harness, ctx):
+                yield name, p
+        except BackendUnavailable as e:
+            log(f"    {name}: cannot build ({e})")
+
+
+def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None,
+                     chosen: dict | None) -> None:
+    """attempts.jsonl of both stages (numbered in one sequence; results copied beside) and,
+    with a winner, director_validation.json."""
+    from ..session import Attempt
+
+    if prov.exists():
+        shutil.rmtree(prov)
+    prov.mkdir(parents=True)
+    lines, n = [], 0
+    for stage in ("prune", "confirm"):
+        path = search_dir / stage / ATTEMPTS
+        if not path.is_file():
+            continue
+        for a in read_attempts(path):
+            n += 1
+            rel = f"{stage}/{a.result}" if a.result else None
+            if rel and (search_dir / rel).is_file():
+                (prov / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(search_dir / rel, prov / rel)
+            fixed: Attempt = a.replace(n=n, result=rel,
+                                       params={**(a.params or {}), "stage": stage})
+            lines.append(json.dumps(to_builtins(fixed)) + "\n")
+    (prov / ATTEMPTS).write_text("".join(lines))
+    if chosen is not None:
+        DirectorValidation(**chosen).write(prov / DIRECTOR_FILE)
+
+
+def _director(outcome: SearchOutcome, prune: RunOptions) -> dict:
+    e, w = outcome.chosen_by, outcome.winner
+    s, c = e.result.speed, w.result.speed
+    from ..snapshot import sha256
+
+    return {"speedup": s.speedup, "ci95": s.ci95, "slot_bias": s.slot_bias, "blocks": s.blocks,
+            "stopped_by": s.stopped_by, "method": METHOD, "options": prune.to_json(),
+            "candidate_sha256": sha256(Path(e.proposal.binary).read_bytes()),
+            "label": e.proposal.label, "strategy": e.strategy, "params": e.proposal.params,
+            "attempt": e.attempt, "confirmed_speedup": c.speedup,
+            "confirmed_ci95": c.reported_ci95,
+            "candidates": len(outcome.pruned)}
+
+
+def _record(outcome: SearchOutcome, search_dir: Path) -> SearchRecord:
+    winner = None
+    if outcome.winner is not None:
+        p = outcome.winner.proposal
+        winner = {"binary": str(p.binary), "kernel": p.kernel,
+                  "launch_override": p.launch_override, "label": p.label,
+                  "strategy": outcome.winner.strategy}
+    best = outcome.best
+    best_result = None
+    if best is not None:
+        best_result = str(search_dir / best.stage / "results" / f"{best.attempt:04d}"
+                          / "result.json")
+    return SearchRecord(winner=winner, reason=outcome.reason, best_result=best_result,
+                        evaluated=len(outcome.pruned) + len(outcome.confirmed),
+                        skipped=[{"strategy": s, "label": p.label, "reason": why}
+                                 for s, p, why in outcome.skipped])
+
+
+def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOptions,
+                      log: Log = _stderr) -> OperatorOutcome:
+    """Search one operator and publish its winner, or record why there is none."""
+    from ..harness import create_harness
+    from ..release import add_operator, refuse_operator
+    from ..result import Result, error_result
+
+    work.mkdir(parents=True, exist_ok=True)
+    base = _base_harness(op, work, opts)
+    search_dir, prov = work / "search", work / "provenance"
+    record_path = work / "search.json"
+    if record_path.is_file():
+        record = read(record_path, SearchRecord)
+        log("    search: finished earlier, reusing its outcome")
+    else:
+        if search_dir.exists():
+            shutil.rmtree(search_dir)  # an interrupted search: run it again
+        context = _context(base, work, opts)
+        outcome = search(base.root, _proposals(base, context, opts, log), search_dir,
+                         prune=opts.prune, confirm=opts.confirm, keep=opts.keep, log=log)
+        write_provenance(search_dir, prov, outcome,
+                         _director(outcome, opts.prune) if outcome.winner else None)
+        record = _record(outcome, search_dir)
+        write(record_path, record)
+    if record.winner is None:
+        result = Result.read(record.best_result) if record.best_result else error_result(
+            base.root, record.reason or "no candidate", kind="NotOptimized", stage="search")
+        added = refuse_operator(release, base.root, level=op.level, name=op.name,
+                                result=result, reason=record.reason or "no candidate",
+                                provenance=prov if prov.is_dir() else None)
+        return OperatorOutcome(op, "refused", f"excluded: {added.row.reason}")
+    w = record.winner
+    pair = work / "pair"
+    if pair.exists():
+        shutil.rmtree(pair)
+    spec = base.spec
+    create_harness(base.root / spec.snapshot, pair, ref=base.root / spec.ref.binary,
+                   opt=w["binary"], ref_kernel=spec.ref.kernel, opt_kernel=w["kernel"],
+                   policy=base.root / spec.policy, opt_launch=w["launch_override"] or None,
+                   measure=dict(spec.measure) or None)
+    added = add_operator(release, pair, level=op.level, name=op.name, provenance=prov,
+                         options=opts.publish)
+    h = added.row.harness
+    if added.added:
+        lo, hi = h.reported_ci95
+        return OperatorOutcome(op, "published", f"published ({w['strategy']} {w['label']}): "
+                               f"{h.speedup:.3f}x [{lo:.3f}, {hi:.3f}]")
+    return OperatorOutcome(op, "refused", f"excluded by release add: {added.row.reason}")
+
+
+# --------------------------------------------------------------------------- many
+
+
+def optimize(operators: Sequence[Operator], release: str | os.PathLike,
+             work: str | os.PathLike, opts: OptimizeOptions | None = None, *,
+             log: Log = _stderr, report: bool = True) -> list[OperatorOutcome]:
+    """Optimize every operator into ``release`` (resuming; see the module docstring)."""
+    from ..release import load_index
+
+    release, work = Path(release), Path(work)
+    opts = opts or OptimizeOptions()
+    if not operators:
+        raise UsageError("nothing to optimize: no operators were found")
+    names = [op.key for op in operators]
+    dup = next((k for k in names if names.count(k) > 1), None)
+    if dup:
+        raise UsageError(f"two operators would both be {dup}")
+    release.mkdir(parents=True, exist_ok=True)
+    index = load_index(release)
+    done = {r.key for r in (index.operators + index.refused)} if index else set()
+    outcomes = []
+    for i, op in enumerate(operators, 1):
+        head = f"[{i}/{len(operators)}] {op.key}"
+        if (op.level, op.name) in done:
+            outcomes.append(OperatorOutcome(op, "skipped", "already in the release"))
+            log(f"{head}: already in the release, skipped")
+            continue
+        log(f"{head}: searching")
+        try:
+            outcome = optimize_operator(op, release, work / "ops" / f"level{op.level}-"
+                                        f"{op.name}", opts, log)
+        except KpairError as e:  # one operator's trouble does not end the run
+            outcome = OperatorOutcome(op, "failed", f"not optimized: {e}")
+        outcomes.append(outcome)
+        log(f"{head}: {outcome.line}")
+    if report and load_index(release) is not None:
+        from ..report import write_report
+
+        try:
+            written = write_report(release)
+        except BackendUnavailable:
+            written = write_report(release, html_page=False)
+        for path in written.values():
+            log(f"report: {path}")
+    return outcomes
+
+
+__all__ = ["OptimizeOptions", "Operator", "OperatorOutcome", "SearchRecord",
+           "capture_program", "level_of", "operator_from_harness", "operator_from_snapshot",
+           "operator_name", "operators_from_capture", "optimize", "optimize_operator",
+           "write_provenance"]

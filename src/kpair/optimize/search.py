@@ -1,0 +1,170 @@
+"""Search that is cheap first: prune every proposal with a short measurement, confirm the
+best few with the full checked run, pick the winner.
+
+Both stages are ``kpair.session.Session`` s on the same harness (``OUT/prune``,
+``OUT/confirm``), so every evaluation lands in that stage's ``attempts.jsonl`` with its
+strategy, parameters, source and build command. The prune stage runs the trust checks but
+no identical-binary control and few ABBA blocks; the ``keep`` best passes whose speedup is
+above 1.0 — candidates that keep ref's floating-point order first — go on to the confirming
+run (the caller's options, by default ``RunOptions()``: checks and control). The winner is
+the first of those, in that order, whose reported interval lies above 1.0: the rule
+``release add`` applies. A candidate that may reorder floating-point operations
+(``Proposal.reorders_fp``) is evaluated on a tolerance harness only when its policy has a
+note saying why the tolerance is right.
+
+``SearchOutcome`` is what comes back: every evaluation, what was skipped and why, the
+winner or the reason there is none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..pipeline import RunOptions
+from ..result import Result
+from ..session import Session
+from .strategy import Proposal
+
+#: The prune stage's measurement: short, checked, no identical-binary control.
+PRUNE = RunOptions(min_blocks=4, max_blocks=16, time_cap_s=1.0, control=False)
+KEEP = 3
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One proposal, the strategy that made it, and its verdict in one stage."""
+
+    strategy: str
+    proposal: Proposal
+    result: Result
+    attempt: int
+    stage: str
+
+    @property
+    def speedup(self) -> float:
+        s = self.result.speed
+        return s.speedup if self.result.status == "pass" and s else 0.0
+
+    @property
+    def faster(self) -> bool:
+        s = self.result.speed
+        return self.result.status == "pass" and s is not None and s.reported_ci95[0] > 1.0
+
+
+@dataclass
+class SearchOutcome:
+    pruned: list[Evaluated] = field(default_factory=list)
+    confirmed: list[Evaluated] = field(default_factory=list)
+    skipped: list[tuple[str, Proposal, str]] = field(default_factory=list)
+    winner: Evaluated | None = None
+    chosen_by: Evaluated | None = None     # the winner's prune-stage evaluation
+    reason: str | None = None
+
+    @property
+    def best(self) -> Evaluated | None:
+        """The evaluation that best shows what the search found (for a refusal's row)."""
+        for group in (self.confirmed, self.pruned):
+            passes = sorted((e for e in group if e.result.status == "pass"),
+                            key=lambda e: -e.speedup)
+            if passes:
+                return passes[0]
+        return self.pruned[0] if self.pruned else None
+
+
+def _rank(e: Evaluated) -> tuple:
+    return (e.proposal.reorders_fp, -e.speedup)
+
+
+def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]],
+           out: str | os.PathLike, *, prune: RunOptions = PRUNE,
+           confirm: RunOptions | None = None, keep: int = KEEP,
+           log: Callable[[str], None] = lambda s: None) -> SearchOutcome:
+    """Evaluate ``(strategy name, proposal)`` pairs on ``harness`` (see the module docstring)."""
+    out = Path(out)
+    outcome = SearchOutcome()
+    with Session(harness, prune, out=out / "prune") as session:
+        policy = session.harness.policy
+        for strategy, p in proposals:
+            if p.build_error is not None:
+                outcome.skipped.append((strategy, p, f"not built: {p.build_error}"))
+                log(f"    skipped {p.label}: not built")
+                continue
+            if p.reorders_fp and policy.mode == "tolerance" and not policy.note.strip():
+                outcome.skipped.append((strategy, p, "may reorder floating-point operations, "
+                                        "and the tolerance policy has no note saying why "
+                                        "that is acceptable"))
+                continue
+            result = session.evaluate(p.binary, kernel=p.kernel,
+                                      launch_override=p.launch_override, label=p.label,
+                                      source=p.source, build=p.build, strategy=strategy,
+                                      params=p.params)
+            e = Evaluated(strategy, p, result, session.evaluated, "prune")
+            outcome.pruned.append(e)
+            log(f"    [{e.attempt}] {strategy} {p.label}: {_short(result)}")
+            if session.setup_failed is not None:
+                outcome.reason = f"ref itself does not run on this harness: {result.reason}"
+                return outcome
+    if not outcome.pruned:
+        outcome.reason = "no candidate to evaluate" + (
+            f" ({len(outcome.skipped)} skipped: {outcome.skipped[0][2]})"
+            if outcome.skipped else "")
+        return outcome
+    passed = [e for e in outcome.pruned if e.result.status == "pass"]
+    if not passed:
+        counts = {s: sum(e.result.status == s for e in outcome.pruned) for s in ("fail", "error")}
+        outcome.reason = (f"none of {len(outcome.pruned)} candidates passed "
+                          f"({counts['fail']} failed, {counts['error']} errors); first: "
+                          f"{outcome.pruned[0].result.reason}")
+        return outcome
+    seen, finalists = set(), []
+    for e in sorted((e for e in passed if e.speedup > 1.0), key=_rank):
+        key = (_digest(e.proposal), repr(e.proposal.launch_override))  # same build twice
+        if key not in seen:
+            seen.add(key)
+            finalists.append(e)
+    finalists = finalists[:keep]
+    if not finalists:
+        best = max(passed, key=lambda e: e.speedup)
+        outcome.reason = (f"no candidate beat ref: {len(passed)} of {len(outcome.pruned)} "
+                          f"passed, the best measured {best.speedup:.3f}x in the prune stage "
+                          f"({best.proposal.label})")
+        return outcome
+    with Session(harness, confirm or RunOptions(), out=out / "confirm") as session:
+        for first in finalists:
+            p = first.proposal
+            result = session.evaluate(p.binary, kernel=p.kernel,
+                                      launch_override=p.launch_override, label=p.label,
+                                      source=p.source, build=p.build, strategy=first.strategy,
+                                      params=p.params)
+            e = Evaluated(first.strategy, p, result, session.evaluated, "confirm")
+            outcome.confirmed.append(e)
+            log(f"    confirm {first.strategy} {p.label}: {_short(result)}")
+            if e.faster and outcome.winner is None:
+                outcome.winner, outcome.chosen_by = e, first
+                break  # finalists are in preference order: the first confirmed one wins
+    if outcome.winner is None:
+        best = outcome.best
+        outcome.reason = (f"no candidate beat ref in the confirming run: "
+                          f"{len(outcome.confirmed)} confirmed, best "
+                          f"{_short(best.result) if best else '-'}")
+    return outcome
+
+
+def _digest(p: Proposal) -> str:
+    from ..snapshot import sha256
+
+    return sha256(Path(p.binary).read_bytes())
+
+
+def _short(result: Result) -> str:
+    s = result.speed
+    if result.status == "pass" and s:
+        lo, hi = s.reported_ci95
+        return f"pass {s.speedup:.3f}x [{lo:.3f}, {hi:.3f}]"
+    return f"{result.status}: {result.reason}"
+
+
+__all__ = ["Evaluated", "KEEP", "PRUNE", "SearchOutcome", "search"]

@@ -1,0 +1,352 @@
+"""``triton``: a captured Triton kernel recompiled with other launch and block configs.
+
+``kpair capture`` records, for a Triton launch, the kernel's Python source, its signature,
+constexpr values, specialisation attributes and compile metadata (``kpair.capture.
+triton_meta``; snapshot provenance key ``triton``). This strategy recompiles that source with
+other ``num_warps``, ``num_stages``, ``maxnreg`` and block-size constexprs, with the same
+signature and specialisation, so the kernarg layout is unchanged and the captured dispatch
+replays as it is. What a config changes about the launch goes into the launch override:
+``block`` = 32 x num_warps, ``dynamic_shared_bytes`` = the new kernel's shared memory, and
+the grid when a block size sets it:
+
+* Inductor kernels (``xnumel``/``ynumel`` parameters, ``XBLOCK``/``YBLOCK`` constexprs):
+  grid = (cdiv(xnumel, XBLOCK), cdiv(ynumel, YBLOCK), 1); ``RBLOCK``/``R0_BLOCK`` is a loop
+  tile (no grid change) and is changed only where the source loops over it (a persistent
+  reduction needs its whole row in one block);
+* any kernel whose source declares ``# kpair: grid=EXPR`` over its constexprs and scalar
+  parameters (``kpair.optimize.geometry`` syntax).
+
+Either formula must reproduce the captured grid at the captured constants, or block sizes are
+left alone. Configs are enumerated cheap-first (one knob changed, then two, ...) up to a
+limit. Everything up to compiling is pure and tested on recorded metadata; compiling needs
+Triton (imported lazily; ``pip install triton``) and runs on the machine with the GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import itertools
+import re
+import struct
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...errors import BackendUnavailable, KpairError, UsageError
+from ..geometry import evaluate
+from ..strategy import Context, Proposal
+
+PROVENANCE_KEY = "triton"
+_BLOCK = re.compile(r"^(?:[XYZ]BLOCK|R\d?_?BLOCK|BLOCK_[A-Z0-9_]+|[A-Z0-9_]*BLOCK_SIZE[A-Z0-9_]*)$")
+_GRID_DECL = re.compile(r"#\s*kpair:\s*grid=(.*)$", re.MULTILINE)
+_SIG_FORMATS = {"i1": "<b", "i8": "<b", "u8": "<B", "i16": "<h", "u16": "<H", "i32": "<i",
+                "u32": "<I", "i64": "<q", "u64": "<Q", "fp32": "<f", "fp64": "<d"}
+_REDUCES = ("tl.sum", "tl.reduce", "tl.max", "tl.min", "tl.dot", "tl.cumsum", "RBLOCK",
+            "R0_BLOCK", "tl.atomic")
+DEFAULT_LIMIT = 48
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What capture recorded about one Triton kernel, normalised."""
+
+    function: str
+    source: str
+    signature: dict[str, str]
+    constants: dict[str, Any]       # constexpr name -> value
+    raw_constants: dict[str, Any]   # as recorded (keys may be "(3,)" paths)
+    attrs: dict[str, Any]
+    metadata: dict[str, Any]
+    inductor: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def params(self) -> list[str]:
+        """The names of the kernarg parameters, in order (constexprs are compiled in)."""
+        return [n for n, t in self.signature.items()
+                if t != "constexpr" and n not in self.constants]
+
+    @property
+    def reduces(self) -> bool:
+        return any(word in self.source for word in _REDUCES)
+
+
+def _key_name(key: str, names: list[str]) -> str | None:
+    if key in names:
+        return key
+    try:
+        path = ast.literal_eval(key)
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(path, tuple) and len(path) == 1 and isinstance(path[0], int) \
+            and path[0] < len(names):
+        return names[path[0]]
+    return None
+
+
+def kernel_info(provenance: dict) -> KernelInfo | None:
+    """The Triton metadata of a snapshot's provenance, or None if there is none to use."""
+    meta = provenance.get(PROVENANCE_KEY)
+    if not isinstance(meta, dict) or not isinstance(meta.get("source"), str) \
+            or meta.get("source_truncated"):
+        return None
+    tmeta = meta.get("triton_meta") if isinstance(meta.get("triton_meta"), dict) else {}
+    signature = meta.get("signature") or tmeta.get("signature")
+    if not isinstance(signature, dict):
+        return None
+    names = list(signature)
+    raw = meta.get("constants") or tmeta.get("constants") or {}
+    constants = {}
+    for k, v in (raw.items() if isinstance(raw, dict) else ()):
+        name = _key_name(str(k), names)
+        if name is not None:
+            constants[name] = v
+    m = re.search(r"def\s+(\w+)\s*\(", meta["source"])
+    function = meta.get("function") or (m.group(1) if m else None)
+    if not function:
+        return None
+    return KernelInfo(function=function, source=meta["source"], signature=dict(signature),
+                      constants=constants, raw_constants=dict(raw) if isinstance(raw, dict)
+                      else {}, attrs=meta.get("attrs") or {},
+                      metadata=meta.get("metadata") or {},
+                      inductor="inductor_meta" in meta or "triton_meta" in meta,
+                      extra={k: meta[k] for k in ("configs", "inductor_meta") if k in meta})
+
+
+def scalars(info: KernelInfo, manifest, kernarg: bytes) -> dict[str, int | float]:
+    """Scalar kernarg values by their Triton parameter names."""
+    out: dict[str, int | float] = {}
+    params = list(manifest.kernarg.params)
+    for name, param in zip(info.params, params, strict=False):
+        fmt = _SIG_FORMATS.get(info.signature.get(name, ""))
+        if fmt and struct.calcsize(fmt) <= param.size:
+            out[name] = struct.unpack_from(fmt, kernarg, param.offset)[0]
+    return out
+
+
+def grid_formula(info: KernelInfo) -> str | None:
+    """The grid as an expression over constexprs and scalars (None: not known)."""
+    m = _GRID_DECL.search(info.source)
+    if m:
+        return m.group(1).strip()
+    if info.inductor and "xnumel" in info.signature and "XBLOCK" in info.constants:
+        if "ynumel" in info.signature and "YBLOCK" in info.constants:
+            return "(cdiv(xnumel, XBLOCK), cdiv(ynumel, YBLOCK))"
+        return "cdiv(xnumel, XBLOCK)"
+    return None
+
+
+def grid_for(formula: str, constants: dict, values: dict) -> tuple[int, int, int]:
+    got = evaluate(formula, {**values, **{k: v for k, v in constants.items()
+                                          if isinstance(v, (int, float))
+                                          and not isinstance(v, bool)}})
+    dims = [int(d) for d in (got if isinstance(got, tuple) else (got,))]
+    if any(d < 1 for d in dims) or not 1 <= len(dims) <= 3:
+        raise UsageError(f"grid {formula!r} gives {dims}")
+    return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
+
+
+def tunable_blocks(info: KernelInfo, grid_known: bool) -> list[str]:
+    """Block-size constexprs this kernel's configs may change."""
+    out = []
+    looped = re.search(r"for\s+r\d?_?offset\s+in\s+(?:tl\.)?range", info.source) is not None
+    for name, value in info.constants.items():
+        if not _BLOCK.match(name) or not isinstance(value, int) or isinstance(value, bool) \
+                or value < 1 or value & (value - 1):
+            continue
+        if name.startswith("R") and name[1:2] in ("B", "0", "_"):  # RBLOCK / R0_BLOCK
+            if looped:
+                out.append(name)
+        elif grid_known:
+            out.append(name)
+    return out
+
+
+def _around(value: int, lo: int, hi: int) -> list[int]:
+    return [v for v in (value, value // 2, value * 2) if lo <= v <= hi]
+
+
+def configs(info: KernelInfo, *, grid_known: bool, limit: int = DEFAULT_LIMIT
+            ) -> list[dict[str, Any]]:
+    """Configs to try, fewest changes from the captured one first; the captured one is left
+    out (it is ref). Each: {"num_warps", "num_stages", "maxnreg", "constants": {...}}."""
+    meta = info.metadata
+    warps = int(meta.get("num_warps") or 4)
+    stages = int(meta.get("num_stages") or 3)
+    maxnreg = meta.get("maxnreg")
+    knobs: dict[str, list] = {
+        "num_warps": _around(warps, 1, 32),
+        "num_stages": [stages] + [s for s in (1, 2, 3, 4) if s != stages],
+        "maxnreg": [maxnreg] + [r for r in (None, 128, 64) if r != maxnreg],
+    }
+    blocks = tunable_blocks(info, grid_known)
+    for name in blocks:
+        knobs[name] = _around(info.constants[name], 1, 4096)
+    names = list(knobs)
+    out = []
+    for values in itertools.product(*knobs.values()):
+        changed = sum(v != knobs[n][0] for n, v in zip(names, values, strict=True))
+        if changed:
+            out.append((changed, values))
+    out.sort(key=lambda cv: cv[0])  # stable: product order within one number of changes
+    result = []
+    for _, values in out[:limit]:
+        c = dict(zip(names, values, strict=True))
+        result.append({"num_warps": c["num_warps"], "num_stages": c["num_stages"],
+                       "maxnreg": c["maxnreg"], "constants": {n: c[n] for n in blocks}})
+    return result
+
+
+def launch_override(info: KernelInfo, config: dict, *, shared: int, formula: str | None,
+                    values: dict) -> dict:
+    """The launch the recompiled kernel needs on the captured dispatch."""
+    out: dict[str, Any] = {"block": [32 * config["num_warps"], 1, 1],
+                           "dynamic_shared_bytes": shared}
+    if formula and config["constants"]:
+        out["grid"] = list(grid_for(formula, {**info.constants, **config["constants"]},
+                                    values))
+    return out
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+def _triton():
+    try:
+        import triton
+    except ImportError:
+        raise BackendUnavailable("the triton strategy recompiles Triton kernels and needs "
+                                 "Triton: pip install triton") from None
+    return triton
+
+
+_HEADER = """import triton
+import triton.language as tl
+"""
+_INDUCTOR_HEADER = """from torch._inductor.runtime import triton_helpers
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+"""
+
+
+def load_function(info: KernelInfo, where: Path):
+    """The kernel's JITFunction, from its recorded source written to a module file (Triton
+    reads a function's source back from its file)."""
+    triton = _triton()
+    path = where / f"kpair_triton_{info.function}.py"
+    body = info.source if info.source.lstrip().startswith("@") else \
+        "@triton.jit\n" + info.source
+    path.write_text(_HEADER + (_INDUCTOR_HEADER if info.inductor else "") + body + "\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, info.function)
+    if not isinstance(fn, triton.runtime.JITFunction):
+        raise KpairError(f"{info.function} did not load as a triton.jit function")
+    return fn
+
+
+def compile_config(info: KernelInfo, fn, config: dict, arch: str) -> dict:
+    """Compile one config: {"cubin": bytes, "name", "shared", "global_scratch_size"}."""
+    triton = _triton()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(info.signature)
+    constexprs: dict = {}
+    for k, v in info.raw_constants.items():
+        name = _key_name(str(k), names)
+        if name is not None:
+            constexprs[(names.index(name),)] = v
+    for name, v in config["constants"].items():
+        constexprs[(names.index(name),)] = v
+    attrs = {}
+    for k, v in (info.attrs or {}).items():
+        try:
+            key = ast.literal_eval(k) if isinstance(k, str) else k
+        except (ValueError, SyntaxError):
+            continue
+        attrs[key if isinstance(key, tuple) else (key,)] = [tuple(a) for a in v]
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    if config.get("maxnreg"):
+        options["maxnreg"] = config["maxnreg"]
+    if info.metadata.get("enable_fp_fusion") is False:
+        options["enable_fp_fusion"] = False
+    capability = int(re.sub(r"\D", "", arch) or 90)
+    src = ASTSource(fn, dict(info.signature), constexprs, attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
+    meta = compiled.metadata
+    return {"cubin": compiled.asm["cubin"], "name": meta.name, "shared": int(meta.shared),
+            "global_scratch_size": int(getattr(meta, "global_scratch_size", 0) or 0),
+            "profile_scratch_size": int(getattr(meta, "profile_scratch_size", 0) or 0)}
+
+
+class TritonRetune:
+    """Recompile a captured Triton kernel with other configs (see the module docstring)."""
+
+    name = "triton"
+
+    def __init__(self, limit: int = DEFAULT_LIMIT):
+        self.limit = limit
+
+    def applies(self, harness, context: Context) -> str | None:
+        if harness.backend != "cuda":
+            return f"the harness runs on {harness.backend}; Triton kernels run on cuda"
+        if kernel_info(harness.snapshot.manifest.provenance or {}) is None:
+            return "the snapshot holds no usable Triton metadata (not a Triton launch, or " \
+                   "its source was not recorded whole)"
+        return None
+
+    def plan(self, harness) -> tuple[KernelInfo, list[dict], str | None, dict]:
+        """(info, configs, grid formula or None, scalar values): everything before compiling."""
+        m = harness.snapshot.manifest
+        info = kernel_info(m.provenance or {})
+        values = scalars(info, m, harness.snapshot.kernarg())
+        formula = grid_formula(info)
+        if formula is not None:
+            try:
+                if grid_for(formula, info.constants, values) != tuple(m.launch.grid):
+                    formula = None  # it does not describe this dispatch: blocks stay
+            except UsageError:
+                formula = None
+        return info, configs(info, grid_known=formula is not None, limit=self.limit), \
+            formula, values
+
+    def candidates(self, harness, context: Context) -> Iterator[Proposal]:
+        info, todo, formula, values = self.plan(harness)
+        arch = context.arch or harness.snapshot.manifest.arch
+        fn = load_function(info, Path(context.work))
+        captured_scratch = int(info.metadata.get("global_scratch_size") or 0)
+        for n, config in enumerate(todo, 1):
+            label = " ".join(f"{k}={v}" for k, v in
+                             [*((k, config[k]) for k in ("num_warps", "num_stages", "maxnreg")),
+                              *config["constants"].items()])
+            common = dict(label=label, source=f"{info.function} (captured Triton source)",
+                          build=f"triton.compile({info.function}, {label})",
+                          params={**{k: config[k] for k in ("num_warps", "num_stages",
+                                                            "maxnreg")},
+                                  "constants": config["constants"]},
+                          reorders_fp=info.reduces and (
+                              bool(config["constants"]) or
+                              config["num_warps"] != info.metadata.get("num_warps")))
+            try:
+                built = compile_config(info, fn, config, arch)
+            except Exception as e:  # noqa: BLE001 - a config Triton cannot build is skipped
+                yield Proposal(binary=None, build_error=f"{type(e).__name__}: "
+                               f"{str(e).strip().splitlines()[-1][:300] if str(e) else ''}",
+                               **common)
+                continue
+            if built["global_scratch_size"] > captured_scratch:
+                yield Proposal(binary=None, build_error="needs global scratch memory the "
+                               "captured dispatch did not provide", **common)
+                continue
+            out = Path(context.work) / f"triton-{n:03d}.cubin"
+            out.write_bytes(built["cubin"])
+            yield Proposal(binary=out, kernel=built["name"],
+                           launch_override=launch_override(info, config,
+                                                           shared=built["shared"],
+                                                           formula=formula, values=values),
+                           **common)

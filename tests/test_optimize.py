@@ -1,0 +1,264 @@
+"""kpair optimize on the host backend: recorded snapshots to a release through a search over
+C compiler options and -D source variants, with a candidate that crashes and one that hangs
+in the middle of the session; attempts.jsonl, director_validation.json, the index's Director
+and Harness numbers, an exclusion with its reason, and resuming. Plus the pure parts of the
+strategies: launch-geometry declarations and Triton config and grid arithmetic on recorded
+metadata."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import CSRC
+from kpair.cli import main as kpair
+from kpair.errors import UsageError
+from kpair.optimize.director import DirectorValidation
+from kpair.optimize.geometry import evaluate, launch_options, parse_geometry
+from kpair.optimize.strategies import triton as tr
+from kpair.optimize.strategies.host_c import HostC, parse_flags, parse_variant
+from kpair.optimize.strategy import KernelSource
+from kpair.release import load_index
+from kpair.session import read_attempts
+
+SOURCE = CSRC / "matmul_variants.c"
+#: Small budgets: a busy 2-core machine; assertions are on statuses and structure.
+BUDGET = ["--timeout", "10", "--prune-max-blocks", "8", "--prune-time-cap", "0.5",
+          "--time-cap", "1", "--min-blocks", "4", "--max-blocks", "24", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory):
+    from kpair.record import record_call
+    from kpair.toolchain import compile_shared
+
+    d = tmp_path_factory.mktemp("opt")
+    ref = compile_shared(SOURCE, d / "ref.so")
+    rng = np.random.default_rng(0)
+    n = 128
+    a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
+    c = np.zeros((n, n), np.float32)
+    record_call(ref, "kp_matmul", [a, b, c, np.int32(n)], d / "1_matmul",
+                names=["a", "b", "c", "n"],
+                provenance=KernelSource.given(SOURCE, "kp_matmul").provenance())
+    return d / "1_matmul"
+
+
+def test_optimize_publishes_a_winner_and_excludes_what_never_beat_ref(snapshot, tmp_path,
+                                                                       capsys):
+    from kpair.harness import create_harness
+
+    rel, work = tmp_path / "rel", tmp_path / "work"
+    # The source comes from the snapshot's provenance (record_call declared it).
+    args = ["optimize", "-o", str(rel), "--work", str(work), "--snapshot", str(snapshot),
+            "--strategy", "host-c", "--flags=-O2", "--keep", "1",
+            "--variant", "KP_VARIANT=3", "--variant", "KP_VARIANT=1",
+            "--variant", "KP_VARIANT=4", "--variant", "KP_VARIANT=2", *BUDGET]
+    assert kpair(args) == 0, capsys.readouterr().err
+    # An existing harness, with variants that never beat ref: -O0 builds and a wrong one.
+    h = create_harness(snapshot, tmp_path / "h", opt=work / "ops" / "level1-1_matmul" /
+                       "captured.bin")
+    assert kpair(["optimize", "-o", str(rel), "--work", str(work), "--harness", str(h.root),
+                  "--name", "2_never_faster", "--source", str(SOURCE), "--kernel",
+                  "kp_matmul", "--flags=-O0", "--variant", "KP_VARIANT=2", *BUDGET]) == 0
+    err = capsys.readouterr().err
+    assert "[1/1] level1/2_never_faster: excluded: no candidate beat ref" in err, err
+
+    index = load_index(rel)
+    (row,) = index.operators
+    assert row.name == "1_matmul" and row.status == "pass"
+    assert row.harness.speedup > 1 and row.director.speedup > 1
+    assert row.correctness.mode == "byte-exact"
+    (refused,) = index.refused
+    assert refused.name == "2_never_faster" and "no candidate beat ref" in refused.reason
+    assert index.summary.excluded[0].reason == refused.reason
+    assert (rel / "report.md").is_file()
+
+    prov = rel / "level1" / "1_matmul" / "provenance"
+    director = DirectorValidation.read(prov / "director_validation.json")
+    assert director.strategy == "host-c" and director.params["defines"] == {"KP_VARIANT": "1"}
+    assert director.options["control"] is False and director.blocks >= 4
+    assert director.confirmed_speedup and director.candidates == 5
+    attempts = read_attempts(prov / "attempts.jsonl")
+    prune = [a for a in attempts if a.params["stage"] == "prune"]
+    by_variant = {a.params["defines"].get("KP_VARIANT", "0"): a for a in prune}
+    assert [a.params["defines"].get("KP_VARIANT", "0") for a in prune] == \
+        ["0", "3", "1", "4", "2"]
+    assert by_variant["3"].status == "error" and "SIGSEGV" in by_variant["3"].reason
+    assert by_variant["4"].status == "error" and "Timeout" in by_variant["4"].reason
+    assert by_variant["2"].status == "fail" and by_variant["2"].failed_check
+    assert by_variant["1"].status == "pass" and by_variant["1"].speedup > 1
+    assert all(a.strategy == "host-c" and a.build and "-DKP_VARIANT" in a.build
+               for a in prune[1:])
+    assert [a.n for a in attempts] == list(range(1, len(attempts) + 1))
+    confirm = [a for a in attempts if a.params["stage"] == "confirm"]
+    assert confirm and confirm[0].status == "pass" and confirm[0].combined_ci95
+    for a in attempts:  # every attempt's result travels with the provenance
+        assert json.loads((prov / a.result).read_text())["status"] == a.status
+    ex = rel / "excluded" / "level1" / "2_never_faster"
+    assert (ex / "provenance" / "attempts.jsonl").is_file() and (ex / "result.json").is_file()
+    assert not (ex / "provenance" / "director_validation.json").exists()
+
+    # Resuming: both operators are in the release; nothing is searched again.
+    assert kpair(args) == 0
+    assert "already in the release, skipped" in capsys.readouterr().err
+    assert load_index(rel).operators[0].verified == row.verified
+
+
+def test_host_c_refuses_flags_that_change_floating_point_results():
+    with pytest.raises(UsageError, match="-ffast-math changes floating-point"):
+        parse_flags("-O3 -ffast-math")
+    with pytest.raises(UsageError, match="-Ofast"):
+        HostC([["-Ofast"]])
+    assert parse_variant("KP_VARIANT=1,TILE=32") == {"KP_VARIANT": "1", "TILE": "32"}
+    assert ("-O2", "-march=native") in HostC([["-O2"]], native=True).flag_sets
+
+
+def test_director_validation_reads_back_strictly(tmp_path):
+    d = DirectorValidation(speedup=1.5, ci95=(1.4, 1.6), slot_bias=1.0, blocks=8,
+                           stopped_by="max_blocks", method="m", options={}, label="x",
+                           candidate_sha256="0" * 64, strategy="host-c", attempt=2,
+                           candidates=3)
+    d.write(tmp_path / "d.json")
+    back = DirectorValidation.read(tmp_path / "d.json")
+    assert back.speedup == 1.5 and back.reference_only is True and back.written
+    raw = json.loads((tmp_path / "d.json").read_text())
+    raw["surprise"] = 1
+    (tmp_path / "d.json").write_text(json.dumps(raw))
+    with pytest.raises(Exception, match="surprise"):
+        DirectorValidation.read(tmp_path / "d.json")
+
+
+# --------------------------------------------------------------------- launch geometry
+
+
+class _Launch:
+    def __init__(self, grid, block):
+        self.grid, self.block = grid, block
+
+
+class _Manifest:
+    def __init__(self, params, grid, block, provenance=None):
+        from types import SimpleNamespace
+
+        self.kernarg = SimpleNamespace(params=params)
+        self.launch = _Launch(grid, block)
+        self.provenance = provenance or {}
+
+
+def test_declared_geometry_is_checked_against_the_dispatch():
+    from kpair.snapshot import Param
+
+    src = "// kpair: kernel=kp_sigmoid block=128,256,512 grid=ceil(n/bx)\n__global__ ..."
+    g = parse_geometry(src, "kp_sigmoid")
+    assert g.blocks == ((128, 1, 1), (256, 1, 1), (512, 1, 1))
+    assert parse_geometry(src, "other") is None
+    params = (Param(0, 8, "pointer", "x"), Param(8, 8, "i64", "n"))
+    kernarg = bytes(8) + (1000).to_bytes(8, "little")
+    overrides, why = launch_options(g, _Manifest(params, (4, 1, 1), (256, 1, 1)), kernarg)
+    assert why is None
+    assert overrides == [None, {"grid": [8, 1, 1], "block": [128, 1, 1]},
+                         {"grid": [2, 1, 1], "block": [512, 1, 1]}]
+    # A declaration that does not reproduce the captured grid changes nothing.
+    overrides, why = launch_options(g, _Manifest(params, (5, 1, 1), (256, 1, 1)), kernarg)
+    assert overrides == [None] and "does not describe it" in why
+    two_d = parse_geometry("// kpair: block=32x8 grid=(cdiv(cols, bx), cdiv(rows, by))", "k")
+    assert two_d.grid_for((32, 8, 1), {"cols": 100, "rows": 17}) == (4, 3, 1)
+    for bad in ("__import__('os')", "n.real", "open(n)"):
+        with pytest.raises(UsageError):
+            evaluate(bad, {"n": 1})
+
+
+# --------------------------------------------------------------------- Triton configs
+
+INDUCTOR_SRC = """def triton_poi_fused_add_0(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:]
+    xmask = xindex < xnumel
+    tmp0 = tl.load(in_ptr0 + (xindex), xmask)
+    tl.store(out_ptr0 + (xindex), tmp0 + 1.0, xmask)
+"""
+PERSISTENT_SRC = """def triton_per_fused_sum_1(in_ptr0, out_ptr0, xnumel, rnumel,
+        XBLOCK : tl.constexpr, RBLOCK : tl.constexpr):
+    rindex = tl.arange(0, RBLOCK)[None, :]
+    tmp = tl.sum(tl.load(in_ptr0 + rindex), 1)
+"""
+
+
+def _inductor_meta(source=INDUCTOR_SRC, **extra):
+    return {"triton": {
+        "launched_by": "CachingAutotuner", "source": source, "function": None,
+        "triton_meta": {"signature": {"in_ptr0": "*fp32", "out_ptr0": "*fp32",
+                                      "xnumel": "i32", "XBLOCK": "constexpr"},
+                        "constants": {}},
+        "constants": {"(3,)": 1024},
+        "metadata": {"num_warps": 4, "num_stages": 1, "maxnreg": None, "shared": 0},
+        **extra}}
+
+
+def test_triton_inductor_pointwise_configs_and_grid():
+    from kpair.snapshot import Param
+
+    prov = _inductor_meta()
+    info = tr.kernel_info(prov)
+    assert info.function == "triton_poi_fused_add_0" and info.constants == {"XBLOCK": 1024}
+    assert info.params == ["in_ptr0", "out_ptr0", "xnumel"] and not info.reduces
+    params = (Param(0, 8, "bytes", "arg0"), Param(8, 8, "bytes", "arg1"),
+              Param(16, 4, "bytes", "arg2"), Param(24, 8, "bytes", "arg3"))
+    kernarg = bytes(16) + (100_000).to_bytes(4, "little") + bytes(12)
+    m = _Manifest(params, (98, 1, 1), (128, 1, 1), prov)
+    values = tr.scalars(info, m, kernarg)
+    assert values == {"xnumel": 100_000}
+    formula = tr.grid_formula(info)
+    assert tr.grid_for(formula, info.constants, values) == (98, 1, 1)  # the captured grid
+    todo = tr.configs(info, grid_known=True, limit=500)
+    assert todo and all(c != {"num_warps": 4, "num_stages": 1, "maxnreg": None,
+                               "constants": {"XBLOCK": 1024}} for c in todo)
+    changes = [sum([c["num_warps"] != 4, c["num_stages"] != 1, c["maxnreg"] is not None,
+                    c["constants"]["XBLOCK"] != 1024]) for c in todo]
+    assert changes == sorted(changes) and changes[0] == 1  # one knob first
+    assert {c["constants"]["XBLOCK"] for c in todo} == {512, 1024, 2048}
+    assert len(tr.configs(info, grid_known=True, limit=5)) == 5
+    config = {"num_warps": 8, "num_stages": 1, "maxnreg": None, "constants": {"XBLOCK": 512}}
+    assert tr.launch_override(info, config, shared=64, formula=formula, values=values) == \
+        {"block": [256, 1, 1], "dynamic_shared_bytes": 64, "grid": [196, 1, 1]}
+    # No grid formula: block sizes are left alone, warps and stages still searched.
+    assert all(not c["constants"] for c in tr.configs(info, grid_known=False))
+
+
+def test_triton_persistent_reduction_keeps_its_rblock_and_hand_written_grids():
+    prov = _inductor_meta(PERSISTENT_SRC)
+    prov["triton"]["triton_meta"]["signature"] = {
+        "in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "rnumel": "i32",
+        "XBLOCK": "constexpr", "RBLOCK": "constexpr"}
+    prov["triton"]["constants"] = {"XBLOCK": 1, "RBLOCK": 64}
+    info = tr.kernel_info(prov)
+    assert info.reduces and tr.tunable_blocks(info, grid_known=True) == ["XBLOCK"]
+    looped = PERSISTENT_SRC.replace("rindex =", "for roffset in range(0, rnumel, RBLOCK):\n"
+                                    "        rindex =")
+    info = tr.kernel_info(_inductor_meta(looped) | {})
+    info = tr.KernelInfo(**{**info.__dict__, "constants": {"XBLOCK": 1, "RBLOCK": 64}})
+    assert tr.tunable_blocks(info, grid_known=False) == ["RBLOCK"]
+    # A hand-written kernel declares its grid; jsonified constexpr keys are paths.
+    hand = {"triton": {"launched_by": "triton.CompiledKernel", "function": "add_kernel",
+                       "source": "def add_kernel(x, y, out, n, BLOCK_SIZE: tl.constexpr):\n"
+                                 "    # kpair: grid=cdiv(n, BLOCK_SIZE)\n    pass\n",
+                       "signature": {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32",
+                                     "BLOCK_SIZE": "constexpr"},
+                       "constants": {"(4,)": 256}, "attrs": {"(0,)": [["tt.divisibility", 16]]},
+                       "metadata": {"num_warps": 4, "num_stages": 3}}}
+    info = tr.kernel_info(hand)
+    assert info.constants == {"BLOCK_SIZE": 256} and tr.grid_formula(info) == \
+        "cdiv(n, BLOCK_SIZE)"
+    assert tr.grid_for("cdiv(n, BLOCK_SIZE)", {"BLOCK_SIZE": 512}, {"n": 4096}) == (8, 1, 1)
+    assert tr.kernel_info({"triton": {"source": "x", "source_truncated": True}}) is None
+
+
+def test_triton_absent_names_the_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "triton", None)
+    with pytest.raises(Exception, match="pip install triton"):
+        tr._triton()
