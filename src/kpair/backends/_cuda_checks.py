@@ -12,7 +12,14 @@ compute_75; its first line names the sha256 of the source it was built from, and
 from __future__ import annotations
 
 import hashlib
+import struct
+from collections.abc import Sequence
 from importlib import resources
+
+from ..errors import DriverError, UsageError
+from ..snapshot import Param
+from ._cuda_driver import ParamArray
+from .base import Held, byte_diff, digest64
 
 #: nvcc command that produces the PTX from the source.
 NVCC = ("nvcc", "-arch=compute_75", "-ptx")
@@ -30,6 +37,191 @@ def ptx() -> str:
 def ptx_source_sha256() -> str:
     """The sha256 of the source the shipped PTX says it was built from."""
     return ptx().split("sha256 ", 1)[1].split(")", 1)[0]
+
+
+#: Threads per block, and the most blocks, of a check kernel (it strides over the rest).
+_CHECK_BLOCK, _CHECK_BLOCKS_PER_SM = 256, 8
+#: Fill checks batched into one read of their counters.
+_CHECK_BATCH = 64
+_NONE = 2**64 - 1
+#: kp_diff(a, b, word, n, key, out) and kp_copy(table) parameter layouts.
+_DIFF_PARAMS = [Param(0, 8), Param(8, 8), Param(16, 4), Param(24, 8), Param(32, 8),
+                Param(40, 8)]
+_COPY_PARAMS = [Param(0, 8)]
+
+
+class CudaHeld(Held):
+    """A held copy in a ``cuMemAlloc`` buffer (``ptr``) and its keyed digest at keep time."""
+
+    def __init__(self, size: int, ptr: int, digest: int):
+        super().__init__(size)
+        self.ptr, self.digest = ptr, digest
+
+
+
+class DeviceChecks:
+    """The device-side checks of ``CudaDevice`` (a mixin: it uses the device's driver,
+    stream and allocator): held copies, compare, fill checks and digests run by the check
+    kernels, each falling back to ``Device``'s read-based default when the kernels are not
+    loaded."""
+
+    @property
+    def compares_in_place(self) -> bool:  # type: ignore[override]
+        if self._checks is None and self._checks_status == "not loaded":
+            self._load_checks()
+        return self._checks is not None
+
+    def _load_checks(self) -> None:
+        """Load the check kernels and prove them on known bytes; on any failure, say why and
+        leave the read-back defaults in charge."""
+        from ._cuda_checks import ptx
+
+        try:
+            module = self.drv("cuModuleLoadData", ptx().encode() + b"\0")
+            self._modules.append(module)
+            self._checks = (self.drv("cuModuleGetFunction", module, b"kp_diff"),
+                            self.drv("cuModuleGetFunction", module, b"kp_copy"))
+            self._counters = self._alloc(24 * _CHECK_BATCH)
+            problem = self._self_test()
+        except DriverError as e:
+            problem = f"cannot load them: {e}"
+        if problem:
+            self._checks = None
+            self._checks_status = f"read back to the host (check kernels {problem})"
+        else:
+            self._checks_status = "kernels (kp_diff, kp_copy)"
+
+    def _self_test(self) -> str | None:
+        """Compare, fill check, digest and batched copy on bytes whose answers are known."""
+        import numpy as np
+
+        rng = np.random.default_rng(self._key % 2**32)
+        n = 4096 + 37
+        a = bytearray(rng.integers(0, 256, n, np.uint8).tobytes())
+        b = bytearray(a)
+        for at in (5, 2048, n - 1):
+            b[at] ^= 0x5A
+        pa, pb = self._alloc(n + 16), self._alloc(n + 16)
+        try:
+            for off in (0, 3):   # aligned, then an address 3 bytes past 16-byte alignment
+                self.write(pa + off, bytes(a))
+                self.write(pb, bytes(b))
+                held = CudaHeld(n, pb, self._diff([(pa + off, pb, 0, n)])[0][2])
+                if held.digest != digest64(bytes(b), self._key):
+                    return "failed their self-test (digest)"
+                if self.compare(pa + off, n, held) != byte_diff(bytes(a), bytes(b)):
+                    return "failed their self-test (compare)"
+                self.write(pa + off, (0xA1B2C3D4).to_bytes(4, "little") * (n // 4))
+                if self.check_fills([(pa + off, n // 4 * 4), (pa + off, n)], 0xA1B2C3D4) != \
+                        [(0, None), byte_diff(bytes(self.read(pa + off, n)),
+                                              ((0xA1B2C3D4).to_bytes(4, "little") * 1100)[:n])]:
+                    return "failed their self-test (fill check)"
+                self.write(pa + off, bytes(a))
+                staged = self._staged
+                self._staged, self._table_stale = [(pb + off, pa + off, n - off),
+                                                   (pb, pa, 0)], True
+                try:
+                    self._restore_batched()
+                finally:
+                    self._staged, self._table_stale = staged, True
+                if self.read(pb + off, n - off) != bytes(a[:n - off]):
+                    return "failed their self-test (batched copy)"
+        finally:
+            for p in (pa, pb):
+                self._allocs.remove(p)
+                self.drv("cuMemFree", p)
+        return None
+
+    def _blocks(self, size: int) -> int:
+        return max(1, min(-(-size // (16 * _CHECK_BLOCK)), self.sm_count * _CHECK_BLOCKS_PER_SM))
+
+    def _run_check(self, function, blocks: int, rows: int, args: bytes) -> None:
+        pa = ParamArray(args, _COPY_PARAMS if len(args) == 8 else _DIFF_PARAMS)
+        self.drv("cuLaunchKernel", function, blocks, rows, 1, _CHECK_BLOCK, 1, 1, 0,
+                 self.stream, pa.address, 0, context=" (a check kernel)")
+
+    def _diff(self, items: Sequence[tuple[int, int, int, int]], key: int | None = None
+              ) -> list[tuple[int, int | None, int]]:
+        """kp_diff over (a, b or 0, word, size) items: (differing bytes, first, digest) each."""
+        out: list[tuple[int, int | None, int]] = []
+        for at in range(0, len(items), _CHECK_BATCH):
+            batch = items[at:at + _CHECK_BATCH]
+            self.write(self._counters, struct.pack("<QQQ", 0, _NONE, 0) * len(batch))
+            for i, (a, b, word, size) in enumerate(batch):
+                self._run_check(self._checks[0], self._blocks(size), 1, struct.pack(
+                    "<QQI4xQQQ", a, b, word & 0xFFFFFFFF, size,
+                    self._key if key is None else key % 2**64,
+                    self._counters + 24 * i))
+            raw = self.read(self._counters, 24 * len(batch))
+            for i in range(len(batch)):
+                count, first, h = struct.unpack_from("<QQQ", raw, 24 * i)
+                out.append((count, first if count else None, h))
+        return out
+
+    def _take(self, size: int) -> int | None:
+        spare = self._spare.get(size)
+        if spare:
+            return spare.pop()
+        try:
+            return self._alloc(max(size, 16))
+        except DriverError as e:
+            if e.code == "CUDA_ERROR_OUT_OF_MEMORY":
+                return None
+            raise
+
+    def keep(self, address: int, size: int) -> Held | None:
+        if not self.compares_in_place:
+            return super().keep(address, size)
+        ptr = self._take(size)
+        if ptr is None:
+            return None
+        if size:
+            self.drv("cuMemcpyDtoDAsync", ptr, address, size, self.stream)
+        return CudaHeld(size, ptr, self._diff([(ptr, ptr, 0, size)])[0][2])
+
+    def hold(self, data: bytes) -> Held | None:
+        if not self.compares_in_place:
+            return super().hold(data)
+        ptr = self._take(len(data))
+        if ptr is None:
+            return None
+        self.write(ptr, data)
+        return CudaHeld(len(data), ptr, self._diff([(ptr, ptr, 0, len(data))])[0][2])
+
+    def fetch(self, held: Held) -> bytes:
+        if not isinstance(held, CudaHeld):
+            return super().fetch(held)
+        return self.read(held.ptr, held.size)
+
+    def put(self, address: int, held: Held) -> None:
+        if not isinstance(held, CudaHeld):
+            super().put(address, held)
+        elif held.size:
+            self.drv("cuMemcpyDtoDAsync", address, held.ptr, held.size, self.stream)
+
+    def drop(self, held: Held) -> None:
+        if isinstance(held, CudaHeld):
+            self._spare.setdefault(held.size, []).append(held.ptr)
+
+    def compare(self, address: int, size: int, held: Held) -> tuple[int, int | None] | None:
+        if not isinstance(held, CudaHeld):
+            return super().compare(address, size, held)
+        if size != held.size:
+            raise UsageError(f"compare of {size} bytes against a held copy of {held.size}")
+        count, first, h = self._diff([(address, held.ptr, 0, size)])[0]
+        return None if h != held.digest else (count, first)
+
+    def check_fills(self, spans: Sequence[tuple[int, int]], word: int
+                    ) -> list[tuple[int, int | None]]:
+        if not self.compares_in_place:
+            return super().check_fills(spans, word)
+        return [(c, f) for c, f, _ in self._diff([(a, 0, word, n) for a, n in spans])]
+
+    def digest(self, address: int, size: int, key: int = 0) -> int:
+        if not self.compares_in_place:
+            return super().digest(address, size, key)
+        return self._diff([(address, address, 0, size)], key)[0][2]
+
 
 
 def _regenerate() -> None:  # pragma: no cover - a maintainer's tool, needs nvcc
