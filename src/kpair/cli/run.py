@@ -42,7 +42,8 @@ def options_from_args(args: argparse.Namespace):
     from ..pipeline import RunOptions
 
     return RunOptions(device=getattr(args, "device", None), relocate=args.relocate,
-                      cache="warm" if args.warm else "cold", aa=args.aa, min_blocks=args.min_blocks, max_blocks=args.max_blocks,
+                      cache="warm" if args.warm else "cold", aa=args.aa,
+                      min_blocks=args.min_blocks, max_blocks=args.max_blocks,
                       rel_ci=args.rel_ci, time_cap_s=args.time_cap, seed=args.seed,
                       timeout_s=args.timeout, control=not getattr(args, "no_control", False),
                       checks=not getattr(args, "no_checks", False),
