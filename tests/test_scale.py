@@ -252,3 +252,77 @@ def test_evaluate_over_two_slots_writes_one_attempts_file(pairs, matmul_libs, tm
         r = Result.read(out / a["result"])
         assert r.status == a["status"] and a["result"].startswith(f"devices/{a['device']}/")
     assert "(device " in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ Ray (local cluster)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="the Ray tests need pip install 'kpair[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_verifies_a_release_like_a_local_run(pairs, tmp_path, ray_cluster):
+    from kpair.scale.ray import RayRunner
+
+    local = release.verify_release(make_release(pairs, tmp_path / "local"), QUICK)
+    root = make_release(pairs, tmp_path / "ray")
+    index = release.verify_release(root, QUICK, runner=RayRunner())
+    assert verdicts(index) == verdicts(local)
+    for name in OPS:
+        h = root / "level1" / name / "harness"
+        r = Result.read(h / "result.json")
+        assert r.harness == str(h.resolve()) and (h / "worker.log").is_file()
+        assert r.environment["ray"]["gpu_ids"] == []
+        assert (h / "samples.npz").is_file() == (r.status == "pass")
+
+
+def test_ray_ships_a_harness_that_is_not_on_the_node(pairs, ray_cluster, tmp_path):
+    from kpair.scale.ray import pack, run_task
+    from kpair.snapshot import sha256
+
+    h = pairs["fast"]
+    digest = sha256((h / "MANIFEST.sha256").read_bytes())
+    out = run_task(str(tmp_path / "elsewhere"), digest, [ray_cluster.put(pack(h))],
+                   QUICK.to_json())
+    assert out["where"]["shipped"] and Result.from_json(out["result"]).status == "pass"
+    with pytest.raises(Exception, match="not shipped"):
+        run_task(str(tmp_path / "elsewhere"), digest, [], QUICK.to_json())
+
+
+def _ray_tasks_running() -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(
+                    b"ray::kpair_verify"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_ray_task_killed_midway_is_retried_and_nothing_is_lost(pairs, tmp_path,
+                                                                 ray_cluster):
+    from kpair.scale.ray import RayRunner
+
+    root = make_release(pairs, tmp_path / "rel")
+    slow = RunOptions(time_cap_s=2.0, min_blocks=8, max_blocks=100000, rel_ci=1e-9,
+                      timeout_s=120)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault(
+        "index", release.verify_release(root, slow, runner=RayRunner())))
+    t.start()
+    deadline = time.monotonic() + 120
+    while not (pids := _ray_tasks_running()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pids, "no Ray task started"
+    time.sleep(0.5)
+    os.kill(pids[0], signal.SIGKILL)  # the Ray worker process, with its harness in flight
+    t.join(300)
+    index = out["index"]
+    assert [r.name for r in index.operators] == list(OPS)  # each once: nothing duplicated
+    assert [r.status for r in index.operators] == ["pass", "fail", "pass", "pass"]

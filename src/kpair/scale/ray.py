@@ -113,8 +113,7 @@ class RayRunner:
         ray = load_ray()
         if not ray.is_initialized():
             ray.init(address=self.address, log_to_driver=False)
-        task = ray.remote(_task).options(name=TASK_NAME, max_retries=self.max_retries,
-                                         retry_exceptions=False)
+        task = ray.remote(_task)
         window = self.window or max(2, 2 * int(sum(ray.cluster_resources().get(k, 0)
                                                    for k in ("CPU", "GPU"))))
         options = replace(options, device=None, device_options={
@@ -138,8 +137,9 @@ class RayRunner:
         # In a list, so that Ray hands the task the reference, not the bytes: a task reading
         # shared storage never fetches them.
         shipped = [ray.put(pack(job.harness))] if self.ship else []
-        return task.options(**need).remote(str(job.harness.resolve()), digest, shipped,
-                                           options.to_json())
+        return task.options(name=TASK_NAME, max_retries=self.max_retries,
+                            retry_exceptions=False, **need).remote(
+            str(job.harness.resolve()), digest, shipped, options.to_json())
 
     def _gather(self, ray, job: HarnessJob, ref, options: RunOptions
                 ) -> tuple[HarnessJob, int, Result]:
