@@ -82,9 +82,16 @@ def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
         result, samples = _run_once(root, options, out_path.with_name(LOG))
         result = result.replace(warnings=[*(result.warnings or []), (
             f"differential: dropped, ref itself failed on a mutated input ({why})")])
-    result = result.replace(wall_s=round(time.monotonic() - started, 3), log=LOG)
+    result = result.replace(wall_s=round(time.monotonic() - started, 3), log=LOG,
+                            environment=with_device_index(result.environment, options))
     write_outcome(result, samples, out_path)
     return result
+
+
+def with_device_index(environment: dict | None, options: RunOptions) -> dict:
+    """The environment with the device a run was given, also when the worker died before it
+    could say (a crash, a hang): every result names the device it belongs to."""
+    return {"device_index": options.ordinal, **(environment or {})}
 
 
 def write_outcome(result: Result, samples: bytes | None, out_path: Path) -> Result:

@@ -45,9 +45,14 @@ SAMPLES = "samples.npz"
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to run a harness. Measurement defaults come from harness.json's ``measure``."""
+    """How to run a harness. Measurement defaults come from harness.json's ``measure``.
+
+    ``device`` is the backend's device ordinal (``--device N``; cuda and hip: the GPU as the
+    driver numbers the visible ones; host: a worker slot, recorded only). None means 0 unless
+    ``device_options`` names one."""
 
     device_options: dict | None = None
+    device: int | None = None
     relocate: bool = False
     cache: str = "cold"
     aa: bool = False
@@ -70,6 +75,19 @@ class RunOptions:
             raise UsageError(f"unknown check {unknown[0]!r} (one of {', '.join(CHECKS)})")
         if self.cache not in ("cold", "warm"):
             raise UsageError(f"cache must be 'cold' or 'warm', not {self.cache!r}")
+        if self.device is not None and (isinstance(self.device, bool)
+                                        or not isinstance(self.device, int) or self.device < 0):
+            raise UsageError(f"device must be an ordinal >= 0, not {self.device!r}")
+        named = (self.device_options or {}).get("device")
+        if self.device is not None and named is not None and named != self.device:
+            raise UsageError(f"device {self.device} and device_options device {named} disagree")
+
+    @property
+    def ordinal(self) -> int:
+        """The device ordinal this run opens (0 unless chosen)."""
+        if self.device is not None:
+            return self.device
+        return int((self.device_options or {}).get("device", 0))
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()
@@ -214,8 +232,12 @@ def _place(run: Run) -> None:
     from .replay import Replay
 
     h = run.harness
-    run.device = open_device(h.backend, **(run.options.device_options or {}))
-    run.facts.environment = run.device.environment()
+    ordinal = run.options.ordinal
+    run.device = open_device(h.backend, **{**(run.options.device_options or {}),
+                                           "device": ordinal})
+    # Every backend's environment says which device ran it: a verdict must not depend on it,
+    # and per-device comparisons need to know.
+    run.facts.environment = {**run.device.environment(), "device_index": ordinal}
     run.replay = Replay(run.device, h.snapshot, relocate=run.options.relocate,
                         cache=run.options.cache)
     run.facts.replay = run.replay.info.to_json()

@@ -96,6 +96,29 @@ def _md_cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _per_device(index: Index) -> tuple[list[int], list[tuple[str, list[str]]]]:
+    """The devices of a release verified with ``--each`` and, per operator, each device's
+    verdict with its speedup and interval (empty when no row has per-device runs)."""
+    devices = sorted({d.device_index for r in index.operators for d in r.per_device or []})
+    table = []
+    for r in index.operators:
+        if not r.per_device:
+            continue
+        by = {d.device_index: d for d in r.per_device}
+        cells = []
+        for i in devices:
+            d = by.get(i)
+            if d is None:
+                cells.append("—")
+            elif d.speedup is not None:
+                lo, hi = d.combined_ci95 or d.ci95
+                cells.append(f"{d.speedup:.3f}x [{lo:.3f}, {hi:.3f}]")
+            else:
+                cells.append(d.status)
+        table.append((f"level{r.level}/{r.name}", cells))
+    return devices, table
+
+
 def render_markdown(index: Index) -> str:
     lines = ["# kpair release report", "",
              f"Index updated {index.updated} (kpair {index.kpair_version}).", ""]
@@ -111,6 +134,13 @@ def render_markdown(index: Index) -> str:
         lines.append("| " + " | ".join(_md_cell(v) for v in (
             r.level, r.name, f"{r.backend}/{r.arch}", corr, speed,
             _f(h.slot_bias if h else None), _x(_director(r)), r.status)) + " |")
+    devices, table = _per_device(index)
+    if table:
+        lines += ["", "## Per device (verified on every device; the verdict must agree)", "",
+                  "| operator | " + " | ".join(f"device {d}" for d in devices) + " |",
+                  "|---|" + "---|" * len(devices)]
+        lines += ["| " + " | ".join(_md_cell(v) for v in (op, *cells)) + " |"
+                  for op, cells in table]
     excluded = index.summary.excluded
     lines += ["", "## Excluded (kept out of both geometric means)", ""]
     if excluded:
@@ -250,6 +280,18 @@ def _operators_table(index: Index) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
+def _devices_table(index: Index) -> str:
+    devices, table = _per_device(index)
+    if not table:
+        return ""
+    head = "<tr><th>operator</th>" + "".join(f"<th>device {d}</th>" for d in devices) + "</tr>"
+    body = "".join("<tr>" + _cell(op) + "".join(_cell(c, "num") for c in cells) + "</tr>"
+                   for op, cells in table)
+    return (f"<h2>Per device</h2><p class=\"note\">Each operator verified on every device: "
+            f"Harness speedup [95% CI] per device; a verdict that differs is an error.</p>"
+            f"<table>{head}{body}</table>")
+
+
 def _excluded_table(index: Index) -> str:
     excluded = index.summary.excluded
     if not excluded:
@@ -295,6 +337,7 @@ def render_html(index: Index) -> str:
 reported. Director: {html.escape(s.director_note)}.</p>
 {charts}
 <h2>Operators and correctness modes</h2>{_operators_table(index)}
+{_devices_table(index)}
 <h2>Excluded operators (kept out of both geometric means)</h2>{_excluded_table(index)}
 </body></html>
 """

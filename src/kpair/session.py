@@ -56,6 +56,7 @@ class Attempt(Record, omit_defaults=True, kw_only=True):
     difference: str | None = None
     result: str | None = None
     wall_s: float
+    device: int | None = None
 
 
 def read_attempts(path: str | os.PathLike) -> list[Attempt]:
@@ -73,13 +74,14 @@ class Session:
     """Candidates judged one after another on one harness (see the module docstring)."""
 
     def __init__(self, harness: str | os.PathLike, options: RunOptions | None = None, *,
-                 out: str | os.PathLike | None = None):
+                 out: str | os.PathLike | None = None, record: bool = True):
         from .harness import Harness
 
         self.root = Path(harness).resolve()
         self.harness = Harness.open(self.root)  # verified here once; the worker does again
         self.options = options or RunOptions()
         self.out = Path(out) if out is not None else None
+        self.record = record  # False: the caller writes the attempts (a pool's one file)
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         self._stack = contextlib.ExitStack()
@@ -128,6 +130,16 @@ class Session:
         """Judge one candidate code object (a path or its bytes) against the harness's ref:
         all trust checks and the ABBA meter, as ``kpair run`` does. ``kernel`` defaults to
         the harness's opt kernel name; the rest is provenance for attempts.jsonl."""
+        return self.attempt(binary, kernel=kernel, launch_override=launch_override,
+                            label=label, source=source, build=build, strategy=strategy,
+                            params=params)[0]
+
+    def attempt(self, binary: str | os.PathLike | bytes, *, kernel: str | None = None,
+                launch_override: dict | None = None, label: str | None = None,
+                source: str | None = None, build: str | None = None,
+                strategy: str | None = None, params: dict | None = None
+                ) -> tuple[Result, Attempt | None]:
+        """``evaluate``, and the attempts.jsonl line it made (None without ``out``)."""
         if isinstance(binary, (bytes, bytearray)):
             image, where = bytes(binary), label or "bytes"
         else:
@@ -144,12 +156,12 @@ class Session:
         result, samples = self._judge(image, kernel, launch_override, where, n)
         result = result.replace(wall_s=round(time.monotonic() - started, 3),
                                 opt=Side(kernel=kernel, binary=where))
-        path = None
+        path = attempt = None
         if self.out is not None:
             path = self.out / "results" / f"{n:04d}" / "result.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_outcome(result, samples, path)
-            self._record(Attempt(
+            attempt = Attempt(
                 n=n, time=utc_now(), candidate_sha256=sha256(image), kernel=kernel,
                 label=where, source=source, build=build, strategy=strategy, params=params,
                 status=result.status, failed_check=result.correctness.failed_check
@@ -158,8 +170,11 @@ class Session:
                 ci95=result.speed.ci95 if result.speed else None,
                 combined_ci95=result.speed.combined_ci95 if result.speed else None,
                 difference=result.speed.difference if result.speed else None,
-                result=str(path.relative_to(self.out)), wall_s=result.wall_s))
-        return result
+                result=str(path.relative_to(self.out)), wall_s=result.wall_s,
+                device=self.options.device)
+            if self.record:
+                self._record(attempt)
+        return result, attempt
 
     def _judge(self, image: bytes, kernel: str, launch_override: dict | None, label: str,
                n: int) -> tuple[Result, bytes | None]:

@@ -42,5 +42,12 @@ def open_device(name: str, **options: object) -> Device:
     return module.open_device(**options)
 
 
+def device_count(name: str) -> int:
+    """How many devices of backend ``name`` this process can open (ordinals 0..n-1)."""
+    if name not in BACKENDS:
+        raise UsageError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}")
+    return importlib.import_module(BACKENDS[name]).device_count()
+
+
 __all__ = ["ARCHITECTURES", "BACKENDS", "Device", "Kernel", "Mapping", "arch_accepted",
-           "open_device"]
+           "device_count", "open_device"]

@@ -517,6 +517,21 @@ class CudaDevice(DeviceChecks, Device):
         self._ctx = None
 
 
+def device_count() -> int:
+    """How many CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` applies); no context
+    is created."""
+    d = load_driver()
+    drv = Driver(d)
+    try:
+        err = d.cuInit(0)[0]
+    except RuntimeError as e:
+        raise BackendUnavailable(f"no NVIDIA driver: {e}") from None
+    if err != drv.success:
+        name, text = drv.error_name(err)
+        raise BackendUnavailable(f"cuInit failed: {name} ({text})")
+    return int(drv("cuDeviceGetCount"))
+
+
 def open_device(**options: object) -> CudaDevice:
     """Open a CUDA device: options ``device`` (ordinal), ``flush_bytes``, ``gate``."""
     unknown = set(options) - {"device", "flush_bytes", "gate"}

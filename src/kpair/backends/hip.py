@@ -430,6 +430,20 @@ def _version(v: int) -> str:
     return f"{v // 10_000_000}.{v // 100_000 % 100}.{v % 100_000}"
 
 
+def device_count() -> int:
+    """How many HIP devices this process sees (``HIP_VISIBLE_DEVICES`` applies)."""
+    h = load_hip()
+    rt = Runtime(h)
+    try:
+        err = h.hipInit(0)[0]
+    except RuntimeError as e:
+        raise BackendUnavailable(f"no ROCm runtime: {e}") from None
+    if err != rt.success:
+        name, text = rt.error_name(err)
+        raise BackendUnavailable(f"hipInit failed: {name} ({text})")
+    return int(rt("hipGetDeviceCount"))
+
+
 def open_device(**options: object) -> HipDevice:
     """Open a HIP device: options ``device`` (ordinal) and ``flush_bytes``."""
     unknown = set(options) - {"device", "flush_bytes"}

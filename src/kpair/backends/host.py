@@ -163,7 +163,10 @@ class HostKernel(Kernel):
 class HostDevice(Device):
     backend = "host"
 
-    def __init__(self, *, flush_bytes: int | None = None):
+    def __init__(self, *, device: int = 0, flush_bytes: int | None = None):
+        # One host, one "device": the ordinal names a worker slot of a pool (``--workers``),
+        # recorded in the environment; the slots share the CPUs.
+        self.ordinal = int(device)
         self._libc = _libc()
         self._maps: list[tuple[int, int]] = []
         self._staged: list[tuple[int, bytes]] = []
@@ -348,6 +351,11 @@ class HostDevice(Device):
     def close(self) -> None:
         self._unmap()
         self._staged.clear()
+
+
+def device_count() -> int:
+    """One host device; a pool on it takes its worker slots from ``--workers``."""
+    return 1
 
 
 def open_device(**options: object) -> HostDevice:

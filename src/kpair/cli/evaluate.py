@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import KpairError, UsageError
 from .base import Command
-from .run import add_run_arguments, options_from_args
+from .run import add_pool_arguments, add_run_arguments, options_from_args, pool_devices
 
 _FIELDS = {"binary", "kernel", "launch_override", "label", "source", "build", "strategy",
            "params"}
@@ -54,12 +54,16 @@ class Evaluate(Command):
                        help="read candidates from stdin and write verdicts to stdout, one "
                        "JSON object per line")
         add_run_arguments(p)
+        add_pool_arguments(p)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..session import Session
 
         if not args.jsonl and not args.candidates:
             raise UsageError("give candidate files, or --jsonl to read them from stdin")
+        devices = pool_devices(args, _backend(args.harness))
+        if devices is not None:
+            return self._pooled(args, devices)
         worst = 0
         with Session(args.harness, options_from_args(args), out=args.out) as session:
             requests = self._requests(args) if args.jsonl else (
@@ -90,6 +94,43 @@ class Evaluate(Command):
             print(f"attempts: {args.out / 'attempts.jsonl'}")
         return worst
 
+    def _pooled(self, args: argparse.Namespace, devices: tuple[int, ...]) -> int:
+        """One session per device, candidates dealt out; verdicts in completion order."""
+        from ..scale.evaluate import evaluate_on
+
+        bad: list[dict] = []
+
+        def valid():  # read by the pool as devices become free (stdin is a stream)
+            requests = self._requests(args) if args.jsonl else (
+                {"binary": str(c)} for c in args.candidates)
+            for req in requests:
+                if "error" in req:
+                    print(json.dumps(req), flush=True)
+                    bad.append(req)
+                else:
+                    yield req
+
+        worst = 0
+        for e in evaluate_on(args.harness, valid(), options_from_args(args), devices,
+                             args.out):
+            binary = e.request.get("binary")
+            if e.error is not None:
+                line = {"error": str(e.error), "binary": binary, "device": e.device}
+                print(json.dumps(line) if args.jsonl else f"ERROR: {e.error}", flush=True)
+                worst = max(worst, getattr(e.error, "exit_code", 5))
+                continue
+            if args.jsonl:
+                line = _line(e.n, e.result, args.out) | {"device": e.device}
+                line["result"] = str(args.out / e.attempt.result) if e.attempt else None
+                print(json.dumps(line), flush=True)
+            else:
+                print(f"[{e.n}] {binary} (device {e.device}): {e.result.summary()}",
+                      flush=True)
+            worst = max(worst, e.result.exit_code)
+        if not args.jsonl:
+            print(f"attempts: {args.out / 'attempts.jsonl'}")
+        return max(worst, 2) if bad else worst
+
     @staticmethod
     def _requests(args: argparse.Namespace):
         for raw in sys.stdin:
@@ -109,3 +150,11 @@ class Evaluate(Command):
                        f"{', '.join(sorted(_FIELDS))})"}
                 continue
             yield req
+
+
+def _backend(harness: Path) -> str:
+    try:
+        spec = json.loads((harness / "harness.json").read_text())
+    except (OSError, ValueError):
+        return "host"  # the session's own open says what is wrong with it
+    return spec.get("backend", "host") if isinstance(spec, dict) else "host"

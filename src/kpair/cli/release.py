@@ -34,7 +34,9 @@ class ProgressLine:
                 self.stream.flush()
             self.started = time.monotonic()
             return
-        took = time.monotonic() - self.started
+        # Since the previous line: one harness's time in a serial run; in a pool, the gap
+        # between completions.
+        took, self.started = time.monotonic() - self.started, time.monotonic()
         line = f"[{done}/{total}] {key}: {describe_row(row)} ({took:.1f} s)"
         self.stream.write(("\r\x1b[K" if self.tty else "") + line + "\n")
         self.stream.flush()
@@ -75,6 +77,10 @@ def _verify_exit(rows: list[Row]) -> int:
 class Verify(Command):
     """Re-run every harness of a release, each in its own process, and rewrite index.json.
 
+    With --gpus (or --workers on the host backend) the harnesses are spread over a pool of
+    devices, one in flight per device; --each runs every harness on every device and puts
+    the devices' verdicts side by side; --ray runs them as tasks of a Ray cluster. A run that
+    was interrupted is resumed (finished results are kept; --fresh runs everything again).
     Exit status: 0 every operator passes, 1 some fail correctness, 5 some could not be run.
     """
 
@@ -83,17 +89,43 @@ class Verify(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from .run import add_run_arguments
+        from .run import add_pool_arguments, add_run_arguments
 
         p.add_argument("root", type=Path, help="release directory")
         add_run_arguments(p)
+        add_pool_arguments(p)
+        p.add_argument("--each", action="store_true",
+                       help="run every harness on every device of the pool: per-device "
+                       "verdicts and speedups side by side (a verdict that differs is an error)")
+        p.add_argument("--fresh", action="store_true",
+                       help="run every harness, even if an interrupted run finished it")
+        p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                       help="run the harnesses as Ray tasks (one GPU, or one CPU for host, "
+                       "each) on the cluster at ADDRESS (default: RAY_ADDRESS, a running "
+                       "local cluster, or a new one); needs pip install 'kpair[ray]'")
+        p.add_argument("--no-ship", action="store_true",
+                       help="with --ray: the release is on storage every node shares; do not "
+                       "ship harness copies with the tasks")
 
     def run(self, args: argparse.Namespace) -> int:
         from ..formats import encode
         from ..release import INDEX, verify_release
-        from .run import options_from_args
+        from .run import options_from_args, pool_devices
 
-        index = verify_release(args.root, options_from_args(args), progress=ProgressLine())
+        options = options_from_args(args)
+        runner = None
+        if args.ray is not None:
+            if args.gpus is not None or args.workers is not None or args.each:
+                raise UsageError("--ray takes its devices from the cluster: no --gpus, "
+                                 "--workers or --each")
+            from ..scale.ray import RayRunner
+
+            runner = RayRunner(args.ray or None, ship=not args.no_ship)
+        devices = pool_devices(args, release_backend(args.root))
+        if args.each and (devices is None or len(devices) < 2):
+            raise UsageError("--each needs a pool of two or more devices (--gpus, --workers)")
+        index = verify_release(args.root, options, progress=ProgressLine(), devices=devices,
+                               each=args.each, fresh=args.fresh, runner=runner)
         if args.json:
             print(encode(index), end="")
         else:
@@ -101,6 +133,27 @@ class Verify(Command):
             print(f"index: {args.root / INDEX}")
             print(f"report: kpair report {args.root}")
         return _verify_exit(index.operators)
+
+
+def release_backend(root: Path) -> str:
+    """The backend of a release's harnesses (a pool is of one kind of device)."""
+    import json
+
+    from ..release import discover
+
+    backends = set()
+    for level, name in discover(root) if root.is_dir() else []:
+        try:
+            spec = json.loads((root / f"level{level}" / name / "harness" / "harness.json")
+                              .read_text())
+        except (OSError, ValueError):
+            continue  # that harness's own run says what is wrong with it
+        backends.add(spec.get("backend") if isinstance(spec, dict) else None)
+    backends.discard(None)
+    if len(backends) > 1:
+        raise UsageError(f"{root} mixes backends {sorted(backends)}: verify each on its own "
+                         "devices")
+    return backends.pop() if backends else "host"
 
 
 class ReleaseCmd(Command):

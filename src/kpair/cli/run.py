@@ -18,6 +18,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the identical-binary control (ref against a second load of "
                    "itself) whose offset widens the reported interval: faster, less honest")
     p.add_argument("--warm", action="store_true", help="warm cache (default: flushed, cold)")
+    p.add_argument("--device", type=int, metavar="N",
+                   help="device ordinal to run on (the backend's numbering of the devices "
+                   "this process sees; default 0); recorded as environment.device_index")
     p.add_argument("--relocate", action="store_true",
                    help="force relocation (test the pointer-patching path)")
     p.add_argument("--min-blocks", type=int)
@@ -38,8 +41,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace):
     from ..pipeline import RunOptions
 
-    return RunOptions(relocate=args.relocate, cache="warm" if args.warm else "cold",
-                      aa=args.aa, min_blocks=args.min_blocks, max_blocks=args.max_blocks,
+    return RunOptions(device=getattr(args, "device", None), relocate=args.relocate,
+                      cache="warm" if args.warm else "cold", aa=args.aa,
+                      min_blocks=args.min_blocks, max_blocks=args.max_blocks,
                       rel_ci=args.rel_ci, time_cap_s=args.time_cap, seed=args.seed,
                       timeout_s=args.timeout, control=not getattr(args, "no_control", False),
                       checks=not getattr(args, "no_checks", False),
@@ -95,4 +99,26 @@ def harness_main(root: Path, argv: list[str]) -> int:
     return report(result, args.json, root / "result.json")
 
 
-__all__ = ["Run", "add_run_arguments", "harness_main", "options_from_args", "report"]
+def add_pool_arguments(p: argparse.ArgumentParser) -> None:
+    """``--gpus`` / ``--workers``: spread the work over a pool of devices of this host."""
+    p.add_argument("--gpus", metavar="all|0,1,...",
+                   help="spread the work over these GPUs, one harness in flight per GPU "
+                   "(all: every GPU this process sees)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="host backend: N worker slots sharing the CPUs (the pool without GPUs)")
+
+
+def pool_devices(args: argparse.Namespace, backend: str) -> tuple[int, ...] | None:
+    """The pool's ordinals from --gpus/--workers (None: neither given, one device)."""
+    from ..errors import UsageError
+    from ..scale import resolve_devices
+
+    if args.gpus is None and args.workers is None:
+        return None
+    if args.device is not None:
+        raise UsageError("--device picks one device; --gpus/--workers pick a pool: not both")
+    return resolve_devices(backend, args.gpus, args.workers)
+
+
+__all__ = ["Run", "add_pool_arguments", "add_run_arguments", "harness_main",
+           "options_from_args", "pool_devices", "report"]

@@ -34,6 +34,8 @@ SCHEMA = "kpair.release_index"
 SCHEMA_VERSION = 1
 INDEX = "index.json"
 HARNESS, PROVENANCE, EXCLUDED = "harness", "provenance", "excluded"
+#: ``level<N>/<op>/devices/<d>/``: results of ``verify --each`` on devices other than the first.
+DEVICES = "devices"
 DIRECTOR_FILE = "director_validation.json"
 LAYOUT = "level<N>/<op>/harness, level<N>/<op>/provenance"
 #: The band inside which slot_bias says "the slot position does not matter" (seed: 0.9914-1.0089).
@@ -138,8 +140,24 @@ class Paths(Record):
     provenance: str | None
 
 
-class Row(Record):
-    """One operator: a published harness, or a pair ``release add`` refused."""
+class DeviceRun(Record, kw_only=True):
+    """One device's verdict on an operator (``verify --each``): its status, and on a pass the
+    Harness speedup with its intervals, side by side with the other devices'."""
+
+    device_index: int
+    device: str | None
+    status: Status
+    reason: str | None
+    speedup: float | None
+    ci95: tuple[float, float] | None
+    combined_ci95: tuple[float, float] | None
+    result: str
+
+
+class Row(Record, omit_defaults=True):
+    """One operator: a published harness, or a pair ``release add`` refused. ``per_device``
+    (absent unless the release was verified on several devices with ``--each``) holds every
+    device's verdict; the row's own numbers are the first device's."""
 
     level: Level
     name: str
@@ -156,6 +174,7 @@ class Row(Record):
     replay: str | None
     inputs_digest: str | None
     verified: str | None
+    per_device: list[DeviceRun] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -362,6 +381,34 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
         verified=result.started or None)
 
 
+def device_run(device: int, result: Result, path: str) -> DeviceRun:
+    """One device's verdict from its result (``path``: its result.json, relative to the root)."""
+    speed = harness_speed(result)
+    return DeviceRun(device_index=device, device=(result.environment or {}).get("device"),
+                     status=result.status, reason=result.reason,
+                     speedup=speed.speedup if speed else None, ci95=speed.ci95 if speed else None,
+                     combined_ci95=speed.combined_ci95 if speed else None, result=path)
+
+
+def with_devices(row: Row, runs: list[DeviceRun]) -> Row:
+    """``row`` (made from the first device's result) with every device's verdict. The verdict
+    must not depend on where it ran: a device that could not run it, or correctness verdicts
+    that differ between devices, make the row an ``error`` that says which device and why."""
+    errors = [r for r in runs if r.status == "error"]
+    statuses = {r.status for r in runs}
+    if errors:
+        why = "; ".join(f"device {r.device_index}: {r.reason}" for r in errors)
+        reason = f"not verified on every device ({why})"
+    elif len(statuses) > 1:
+        said = ", ".join(f"{r.status} on device {r.device_index}" for r in runs)
+        fails = "; ".join(f"device {r.device_index}: {r.reason}" for r in runs
+                          if r.status == "fail")
+        reason = f"verdicts differ between devices: {said} ({fails})"
+    else:
+        return row.replace(per_device=runs)
+    return row.replace(status="error", reason=reason, harness=None, per_device=runs)
+
+
 # --------------------------------------------------------------------------- index math
 
 
@@ -415,8 +462,9 @@ def build_index(operators: list[Row], refused: list[Row]) -> Index:
                  summary=summarize(operators, refused))
 
 
-__all__ = ["CorrectnessMode", "Counts", "DIRECTOR_NOTE", "Director", "Exclusion",
+__all__ = ["CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE", "DeviceRun", "Director",
+           "Exclusion",
            "FormatError", "HarnessSpeed", "INDEX", "Index", "Kernels", "Paths", "Row",
            "SLOT_BIAS_BAND", "Summary", "ToleranceRow", "build_index", "check_key",
            "correctness_mode", "harness_speed", "load_index", "operator_row", "read_director",
-           "rule_text", "summarize"]
+           "rule_text", "summarize", "device_run", "with_devices"]

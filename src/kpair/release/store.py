@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +31,11 @@ import msgspec
 
 from .._util import pid_alive
 from ..errors import FormatError, UsageError
-from ..isolation import run_isolated
 from ..pipeline import RunOptions
-from ..result import Result, error_result
+from ..result import Result
+from ..scale.jobs import HarnessJob, Journal, finished, run_job, run_local
 from .index import (
+    DEVICES,
     EXCLUDED,
     HARNESS,
     INDEX,
@@ -44,12 +45,14 @@ from .index import (
     Row,
     build_index,
     check_key,
+    device_run,
     harness_speed,
     is_operator_name,
     load_index,
     operator_row,
     rel_dir,
     sort_key,
+    with_devices,
 )
 
 LOCK = ".kpair-release.lock"
@@ -102,19 +105,37 @@ def discover(root: Path) -> list[tuple[int, str]]:
 
 def _run_one(harness_dir: Path, options: RunOptions) -> Result:
     """run_isolated, and whatever goes wrong around the worker still becomes an error result."""
-    try:
-        return run_isolated(harness_dir, options)
-    except Exception as e:  # noqa: BLE001 - one operator's trouble must not end the batch
-        result = error_result(harness_dir, f"{type(e).__name__}: {e}", stage="run",
-                              kind=type(e).__name__)
-        with contextlib.suppress(OSError):
-            result.write(harness_dir / "result.json")
-        return result
+    return run_job(HarnessJob(str(harness_dir), harness_dir, harness_dir / "result.json"),
+                   options, options.ordinal)
+
+
+#: Runs harness jobs somewhere and yields ``(job, device, result)`` in completion order, each
+#: result already written to ``job.out``: ``kpair.scale.run_local`` or ``kpair.scale.ray``.
+Runner = Callable[[list[HarnessJob], RunOptions], Iterator[tuple[HarnessJob, int, Result]]]
+
+
+def device_result_path(root: Path, level: int, name: str, device: int,
+                       primary: int) -> Path:
+    """Where ``verify --each`` keeps the result of one device: the primary device's is the
+    harness's own result.json; every other device's is ``level<N>/<op>/devices/<d>/``."""
+    op = root / rel_dir(level, name)
+    if device == primary:
+        return op / HARNESS / "result.json"
+    return op / DEVICES / str(device) / "result.json"
 
 
 def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *,
-                   progress: Progress | None = None) -> Index:
+                   progress: Progress | None = None, devices: Sequence[int] | None = None,
+                   each: bool = False, fresh: bool = False,
+                   runner: Runner | None = None) -> Index:
     """Run every published harness in its own process, write each result.json, then the index.
+
+    ``devices`` (default: ``options.device``, or 0) is the pool the harnesses are spread over,
+    one in flight per device; ``each`` runs every harness on every device instead, and the
+    row carries ``per_device`` verdicts (a correctness verdict that differs between devices is
+    an error row). ``runner`` runs the jobs elsewhere (``kpair.scale.ray``). A batch that was
+    interrupted is resumed: results it finished are kept (the rule: ``kpair.scale.jobs``)
+    unless ``fresh``. The index is written once, at the end.
 
     Refused pairs recorded by earlier adds are carried over (they have no harness to re-run),
     unless an operator of the same level and name has since been published.
@@ -123,6 +144,10 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
     if not root.is_dir():
         raise UsageError(f"{root} is not a directory")
     options = options or RunOptions()
+    devices = tuple(devices) if devices else (options.ordinal,)
+    if runner is None:
+        def runner(jobs, opts):
+            return run_local(jobs, opts, devices)
     with locked(root):
         sweep_stale_staging(root)
         old = load_index(root)
@@ -130,23 +155,63 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
         if not ops and old is None:
             raise UsageError(f"no operators under {root} (expected "
                              "level<N>/<op>/harness/harness.json)")
-        rows = []
-        for i, (level, name) in enumerate(ops):
-            key = rel_dir(level, name)
+        jobs = [HarnessJob(key=rel_dir(level, name), harness=root / rel_dir(level, name) / HARNESS,
+                           out=device_result_path(root, level, name, d, devices[0]),
+                           device=d) for level, name in ops for d in devices] if each else \
+            [HarnessJob(key=rel_dir(level, name), harness=root / rel_dir(level, name) / HARNESS,
+                        out=root / rel_dir(level, name) / HARNESS / "result.json")
+             for level, name in ops]
+        settings = {"options": {k: v for k, v in options.to_json().items() if k != "device"},
+                    "each": list(devices) if each else None}
+        journal, resuming = Journal.begin(root, settings, fresh=fresh)
+        results: dict[tuple[str, int | None], Result] = {}
+        todo = []
+        for job in jobs:
+            kept = finished(job, journal) if resuming else None
+            if kept is None:
+                todo.append(job)
+            else:
+                results[job.key, job.device] = kept
+        label = (lambda job, d: f"{job.key} on device {d}") if len(devices) > 1 else \
+            (lambda job, d: job.key)
+        done = len(jobs) - len(todo)
+        for job, device, result in runner(todo, options):
+            results[job.key, job.device] = result
+            done += 1
             if progress:
-                progress(i, len(ops), key, None)
-            op = root / key
-            result = _run_one(op / HARNESS, options)
-            prov = op / PROVENANCE
-            rows.append(operator_row(level, name, result, harness_dir=op / HARNESS,
-                                     provenance_dir=prov if prov.is_dir() else None))
-            if progress:
-                progress(i + 1, len(ops), key, rows[-1])
+                level, name = _key_of(job.key)
+                progress(done, len(jobs), label(job, device),
+                         _row(root, level, name, {device: result}, (device,)))
+        rows = [_row(root, level, name, {d: results[rel_dir(level, name), d] for d in devices}
+                     if each else {devices[0]: results[rel_dir(level, name), None]},
+                     devices if each else (devices[0],))
+                for level, name in ops]
         published = set(ops)
         refused = [r for r in (old.refused if old else []) if r.key not in published]
         index = build_index(rows, refused)
         index.write(root / INDEX)
+        journal.end()
     return index
+
+
+def _key_of(key: str) -> tuple[int, str]:
+    level, name = key.split("/", 1)
+    return int(level.removeprefix("level")), name
+
+
+def _row(root: Path, level: int, name: str, results: dict[int, Result],
+         devices: tuple[int, ...]) -> Row:
+    """The operator's row: from its one result, or (several devices) from the first device's,
+    with every device's verdict side by side and a disagreement made an error."""
+    op = root / rel_dir(level, name)
+    prov = op / PROVENANCE
+    row = operator_row(level, name, results[devices[0]], harness_dir=op / HARNESS,
+                       provenance_dir=prov if prov.is_dir() else None)
+    if len(devices) == 1:
+        return row
+    runs = [device_run(d, results[d], device_result_path(root, level, name, d, devices[0])
+                       .relative_to(root).as_posix()) for d in devices]
+    return with_devices(row, runs)
 
 
 @dataclass(frozen=True)
@@ -324,5 +389,5 @@ def refuse_operator(root: str | os.PathLike, harness: str | os.PathLike, *, leve
             shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["AddOutcome", "LOCK", "add_operator", "discover", "locked", "not_faster",
-           "refuse_operator", "sweep_stale_staging", "verify_release"]
+__all__ = ["AddOutcome", "LOCK", "Runner", "add_operator", "device_result_path", "discover",
+           "locked", "not_faster", "refuse_operator", "sweep_stale_staging", "verify_release"]
