@@ -44,7 +44,6 @@ from ..errors import (
     ArchitectureMismatch,
     BackendUnavailable,
     DriverError,
-    PlacementError,
     SymbolNotFound,
     UsageError,
 )
@@ -52,19 +51,17 @@ from ..snapshot import Launch, Param
 from ._cuda_checks import DeviceChecks
 from ._cuda_driver import (
     ATTRIBUTE_BYTES,
-    GIB,
     Driver,
     ParamArray,
-    SpanPlan,
     attribute_bytes,
     c_string,
     cubin_arch,
     load_driver,
     nvml_facts,
-    plan_span,
     ptx_target,
     replayed_attributes,
 )
+from ._vmm import SpanPlacement
 from .base import Device, Kernel, Mapping
 
 #: Above this much dynamic shared memory a kernel must opt in (MAX_DYNAMIC_SHARED_SIZE_BYTES).
@@ -91,7 +88,7 @@ class CudaKernel(Kernel):
         return self._layout
 
 
-class CudaDevice(DeviceChecks, Device):
+class CudaDevice(DeviceChecks, SpanPlacement, Device):
     backend = "cuda"
 
     def __init__(self, driver_module, *, device: int = 0, flush_bytes: int | None = None,
@@ -273,52 +270,16 @@ class CudaDevice(DeviceChecks, Device):
 
     # ------------------------------------------------------------------ placement
 
+    _VMM_API = "cuMemAddressReserve"
+
     def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
-        plan = plan_span(ranges, self.granularity)
-        if relocate:
-            got = self._reserve(plan, 0)
-            if got == plan.base:  # handed the captured address anyway: take another one
-                again = self._reserve(plan, 0)
-                self._release_reservation(got)
-                got = again
-            reason = "forced"
-        else:
-            try:
-                got = self._reserve(plan, plan.base)
-            except DriverError:
-                got = self._reserve(plan, 0)
-            reason = (f"the driver granted {hex(got)} for the requested {hex(plan.base)}"
-                      if got != plan.base else None)
-        delta = got - plan.base
-        try:
-            for lo, hi in plan.spans:
-                self._map_span(lo + delta, hi - lo)
-        except DriverError as e:
-            raise PlacementError(f"cannot back the captured ranges with "
-                                 f"{plan.mapped_bytes} bytes of device memory: {e}") from None
-        lo = min(r[0] for r in ranges)
-        self._span, self._delta = (lo, max(r[1] for r in ranges)), delta
-        detail = {"reserved": hex(got), "reserved_bytes": plan.size,
-                  "spans": len(plan.spans), "mapped_bytes": plan.mapped_bytes,
-                  "granularity": self.granularity}
-        if not delta:
-            return Mapping("captured", 0, detail)
-        return Mapping("relocated", delta, {**detail, "reason": reason})
+        return self._place_span(ranges, relocate)
 
-    def _reserve(self, plan: SpanPlan, address: int) -> int:
-        got = int(self.drv("cuMemAddressReserve", plan.size, GIB, address, 0))
-        self._reservations.append((got, plan.size))
-        if got % GIB:
-            raise PlacementError(f"cuMemAddressReserve returned {hex(got)}, not aligned to "
-                                 "the 1 GiB that was asked for")
-        return got
+    def _vmm_reserve(self, size: int, align: int, address: int) -> int:
+        return self.drv("cuMemAddressReserve", size, align, address, 0)
 
-    def _release_reservation(self, address: int) -> None:
-        for i, (base, size) in enumerate(self._reservations):
-            if base == address:
-                self.drv("cuMemAddressFree", base, size)
-                del self._reservations[i]
-                return
+    def _vmm_free(self, base: int, size: int) -> None:
+        self.drv("cuMemAddressFree", base, size)
 
     def _map_span(self, address: int, size: int) -> None:
         handle = self.drv("cuMemCreate", size, self._prop, 0)

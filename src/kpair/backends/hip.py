@@ -41,15 +41,14 @@ from ..errors import (
     ArchitectureMismatch,
     BackendUnavailable,
     DriverError,
-    PlacementError,
     SymbolNotFound,
     UsageError,
 )
 from ..snapshot import Launch, Param
 
 # plan_span is pure placement arithmetic shared with the cuda backend (no driver import).
-from ._cuda_driver import GIB, SpanPlan, plan_span
 from ._hip_runtime import KernargBuffer, Runtime, load_hip
+from ._vmm import SpanPlacement
 from .base import Device, Kernel, Mapping
 
 MIB = 1 << 20
@@ -80,7 +79,7 @@ def _enum(mod, group: str, member: str):
     return getattr(getattr(mod, group), member)
 
 
-class HipDevice(Device):
+class HipDevice(SpanPlacement, Device):
     backend = "hip"
 
     def __init__(self, hip_module, *, device: int = 0, flush_bytes: int | None = None):
@@ -218,55 +217,21 @@ class HipDevice(Device):
 
     # ------------------------------------------------------------------ placement
 
+    _VMM_API = "hipMemAddressReserve"
+
     def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
         if not self.granularity:
             return self._map_relocated(ranges, "no virtual memory API on this device")
-        plan = plan_span(ranges, self.granularity)
         try:
-            if relocate:
-                got = self._reserve(plan, 0)
-                if got == plan.base:  # handed the captured address anyway: take another one
-                    again = self._reserve(plan, 0)
-                    self._release_reservation(got)
-                    got = again
-                reason = "forced"
-            else:
-                try:
-                    got = self._reserve(plan, plan.base)
-                except DriverError:
-                    got = self._reserve(plan, 0)
-                reason = (f"the runtime granted {hex(got)} for the requested {hex(plan.base)}"
-                          if got != plan.base else None)
+            return self._place_span(ranges, relocate)
         except DriverError as e:
             return self._map_relocated(ranges, f"hipMemAddressReserve refused: {e}")
-        delta = got - plan.base
-        try:
-            for lo, hi in plan.spans:
-                self._map_span(lo + delta, hi - lo)
-        except DriverError as e:
-            raise PlacementError(f"cannot back the captured ranges with {plan.mapped_bytes} "
-                                 f"bytes of device memory: {e}") from None
-        self._span, self._delta = (min(r[0] for r in ranges), max(r[1] for r in ranges)), delta
-        detail = {"reserved": hex(got), "reserved_bytes": plan.size, "spans": len(plan.spans),
-                  "mapped_bytes": plan.mapped_bytes, "granularity": self.granularity}
-        if not delta:
-            return Mapping("captured", 0, detail)
-        return Mapping("relocated", delta, {**detail, "reason": reason})
 
-    def _reserve(self, plan: SpanPlan, address: int) -> int:
-        got = int(self.rt("hipMemAddressReserve", plan.size, GIB, address, 0))
-        self._reservations.append((got, plan.size))
-        if got % GIB:
-            raise PlacementError(f"hipMemAddressReserve returned {hex(got)}, not aligned to "
-                                 "the 1 GiB that was asked for")
-        return got
+    def _vmm_reserve(self, size: int, align: int, address: int) -> int:
+        return self.rt("hipMemAddressReserve", size, align, address, 0)
 
-    def _release_reservation(self, address: int) -> None:
-        for i, (base, size) in enumerate(self._reservations):
-            if base == address:
-                self.rt("hipMemAddressFree", base, size)
-                del self._reservations[i]
-                return
+    def _vmm_free(self, base: int, size: int) -> None:
+        self.rt("hipMemAddressFree", base, size)
 
     def _map_span(self, address: int, size: int) -> None:
         handle = self.rt("hipMemCreate", size, self._prop, 0)
