@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-
-from .errors import FormatError
 
 
 def utc_now() -> str:
@@ -27,33 +24,22 @@ def human_bytes(n: float) -> str:
     return str(n)
 
 
-def read_versioned_json(path: Path, schema: str, version: int,
-                        error: type[FormatError] = FormatError) -> dict:
-    """Read a kpair JSON file, refusing another schema or an unknown version by name."""
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise error(f"not readable JSON ({e})", path=path) from None
-    if not isinstance(obj, dict) or obj.get("schema") != schema:
-        raise error(f"expected schema {schema!r}", path=path, field="schema")
-    if obj.get("schema_version") != version:
-        raise error(f"schema_version {obj.get('schema_version')!r} is not supported "
-                    f"(this kpair reads {version})", path=path, field="schema_version")
-    return obj
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never a half file."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename: never a half file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())
 
 
 _TEMP_PREFIX = "kpair-"

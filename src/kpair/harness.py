@@ -29,7 +29,7 @@ from . import __version__
 from .backends import BACKENDS, arch_accepted
 from .errors import HarnessError, KpairError, UsageError
 from .formats import Record, read, write
-from .placement import patch_pointers, span_of
+from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
 from .policy.lint import lint
 from .policy.mutation import derive
@@ -124,7 +124,7 @@ class Harness:
         pre = {r.name: snap.pre(i) for i, r in enumerate(m.regions)}
         read_only = [r.name for i, r in enumerate(m.regions) if pre[r.name] == snap.post(i)]
         pointers = [r.name for r in m.regions
-                    if patch_pointers(pre[r.name], r.address, lo, hi, 1)[1]]
+                    if holds_pointers(pre[r.name], r.address, lo, hi)]
         return derive([(r.name, r.size, r.dtype) for r in m.regions], read_only,
                       pointers), "derived"
 

@@ -39,7 +39,7 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
-from ._util import private_tempdir, sweep_stale_tempdirs
+from ._util import private_tempdir, sweep_stale_tempdirs, write_bytes_atomic
 from .errors import KpairError, WorkerFailed
 from .formats import convert, to_builtins
 from .pipeline import SAMPLES, Facts, RunOptions, execute
@@ -97,7 +97,7 @@ def with_device_index(environment: dict | None, options: RunOptions) -> dict:
 def write_outcome(result: Result, samples: bytes | None, out_path: Path) -> Result:
     """Write ``result.json`` and, for a timed result, ``samples.npz`` beside it."""
     if samples is not None and result.speed is not None:
-        _write_bytes_atomic(out_path.with_name(SAMPLES), samples)
+        write_bytes_atomic(out_path.with_name(SAMPLES), samples)
     result.write(out_path)
     return result
 
@@ -332,16 +332,6 @@ def _describe_exit(code: int | None, stage: str | None) -> str:
             name = f"signal {-code}"
         return f"the worker was killed by {name}{where} (a kernel crashed the process)"
     return f"the worker exited with status {code}{where} without sending a result"
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 # ====================================================================== child

@@ -54,3 +54,9 @@ def patch_pointers(data: bytes, base: int, lo: int, hi: int, delta: int) -> tupl
     patched[hit] += np.uint64(delta % 2**64)
     out[skip:skip + 8 * n] = patched.tobytes()
     return bytes(out), count
+
+
+def holds_pointers(data: bytes, base: int, lo: int, hi: int) -> bool:
+    """Whether ``data`` (a region at ``base``) holds an 8-byte word that points into
+    [lo, hi): such a region is neither filled, poisoned nor mutated."""
+    return patch_pointers(data, base, lo, hi, 1)[1] > 0

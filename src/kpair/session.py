@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ._util import private_tempdir, sweep_stale_tempdirs, utc_now
-from .errors import UsageError
+from .errors import UsageError, WorkerFailed
 from .formats import Record, to_builtins
 from .isolation import LOG, _Worker, write_outcome
 from .pipeline import RunOptions
-from .result import Result, Side
+from .result import Result, Side, error_result
 from .snapshot import detect_format, sha256
 
 ATTEMPTS = "attempts.jsonl"
@@ -185,8 +185,6 @@ class Session:
         try:
             fmt = detect_format(image)
         except Exception as e:  # noqa: BLE001 - a bad candidate file is that candidate's error
-            from .result import error_result
-
             return error_result(self.root, e, stage="load"), None
         sent = self._worker.send({"id": n, "image": base64.b64encode(image).decode(),
                                   "kernel": kernel, "format": fmt,
@@ -196,9 +194,6 @@ class Session:
         if result is None or result.status == "error":
             self._stop()  # crashed, hung, or gave up after an error: a fresh one next time
             if result is None:
-                from .errors import WorkerFailed
-                from .result import error_result
-
                 result = error_result(self.root, "the session worker was gone before the "
                                       "candidate could be sent", kind="WorkerFailed",
                                       exit_code=WorkerFailed.exit_code)

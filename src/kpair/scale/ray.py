@@ -143,7 +143,8 @@ class RayRunner:
 
     def _gather(self, ray, job: HarnessJob, ref, options: RunOptions
                 ) -> tuple[HarnessJob, int, Result]:
-        from ..isolation import LOG, _write_bytes_atomic, with_device_index, write_outcome
+        from .._util import write_bytes_atomic
+        from ..isolation import LOG, with_device_index, write_outcome
 
         try:
             out = ray.get(ref)
@@ -153,7 +154,7 @@ class RayRunner:
             env = {**(result.environment or {}), "ray": where}
             result = result.replace(harness=str(job.harness.resolve()), environment=env)
             job.out.parent.mkdir(parents=True, exist_ok=True)
-            _write_bytes_atomic(job.out.with_name(LOG), out["log"])
+            write_bytes_atomic(job.out.with_name(LOG), out["log"])
             write_outcome(result, out["samples"], job.out)
         except Exception as e:  # noqa: BLE001 - a task that failed past its retries is a row
             device = 0

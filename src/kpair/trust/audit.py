@@ -21,7 +21,7 @@ import numpy as np
 from ..backends import Kernel
 from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
 from ..errors import KpairError, UsageError
-from ..placement import patch_pointers
+from ..placement import holds_pointers
 from ..policy import Mutation, Policy, Verdict, check
 from ..policy.mutation import derive
 from ..replay import Replay
@@ -124,8 +124,8 @@ class Audit:
             list(zip(r.regions, r.addresses, strict=True))
         for region, address in regions:
             name = region.name
-            if patch_pointers(r.pre[name], address, lo, hi, 1)[1] or \
-                    patch_pointers(normal[name], address, lo, hi, 1)[1]:
+            if holds_pointers(r.pre[name], address, lo, hi) or \
+                    holds_pointers(normal[name], address, lo, hi):
                 self.not_tested[name] = "holds pointers into the captured regions"
                 continue
             if not modified[name] and self.hints.get(name) not in FLOAT_DTYPES:
@@ -185,7 +185,7 @@ class Audit:
         delta = r.info.mapping.delta
         lo, hi = r.span[0] + delta, r.span[1] + delta
         pointers = [reg.name for reg, a in zip(r.regions, r.addresses, strict=True)
-                    if patch_pointers(r.pre[reg.name], a, lo, hi, 1)[1]]
+                    if holds_pointers(r.pre[reg.name], a, lo, hi)]
         regions = [(reg.name, reg.size, self.hints.get(reg.name)) for reg in r.regions]
         read_only = [n for n in r.pre if not modified[n] and n not in self.armor.plan]
         return derive(regions, read_only, pointers), "derived"
