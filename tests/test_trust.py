@@ -160,6 +160,22 @@ def test_mutations_keep_the_values_and_round_trip_in_the_policy():
         Policy.from_json({**doc, "mutations": [], "max_bias": -1})
 
 
+def test_large_mutations_move_every_tile_and_keep_the_values():
+    # Past EXACT elements the order is drawn per tile; a tail that fills no tile is kept too.
+    from kpair.policy.mutation import EXACT, TILE
+
+    n = EXACT * 2 + 5
+    data = np.arange(n, dtype="<i4").tobytes()
+    rng = np.random.default_rng(2)
+    perm = np.frombuffer(Mutation("a", "int32", "permute").apply(data, rng), "<i4")
+    assert (np.sort(perm) == np.arange(n)).all() and (perm != np.arange(n)).mean() > 0.9
+    tiles = perm[:n // TILE * TILE].reshape(-1, TILE) // TILE   # each tile from one tile
+    assert (tiles == tiles[:, :1]).all()
+    res = np.frombuffer(Mutation("a", "int32", "resample", 1).apply(data, rng), "<i4")
+    assert ((res >= 0) & (res < n)).all() and len(np.unique(res)) < n
+    assert (res != np.arange(n)).mean() > 0.9
+
+
 def test_run_options_name_the_checks():
     assert RunOptions.from_json(RunOptions(skip_checks=["bias"]).to_json()).skip_checks == \
         ("bias",)
