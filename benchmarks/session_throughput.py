@@ -3,7 +3,7 @@
     python benchmarks/session_throughput.py [--backend cuda|host] [--candidates 8]
                                             [--json out.json]
 
-For a ~10 us and a ~100 us dispatch (cuda: axpy over 1M floats and a tiled 512^3 GEMM from
+For a ~10 us and a ~100 us dispatch (cuda: axpy over 1M floats and a tiled 640^3 GEMM from
 tests/cuda; host: a 24^3 and a 96^3 matmul), the same candidate list (the harness's own opt,
 loaded anew each time) is judged two ways at the default stopping rule, trust checks and the
 identical-binary control on: ``run_isolated`` per candidate (a new process, context and
@@ -60,13 +60,13 @@ def cases(backend: str, tmp: Path) -> list[tuple[str, Path]]:
                        backend="cuda", launch=Launch((n // 256, 1, 1), (256, 1, 1)),
                        names=["x", "y", "a", "n"])
     out = [("axpy_1M", create_harness(snap.root, tmp / "h-axpy", opt=axpy).root)]
-    m = 512
+    m = 640   # ~90 us on an H200
     a, b = rng.standard_normal((m, m), np.float32), rng.standard_normal((m, m), np.float32)
     snap = record_call(gemm, "gemm_tiled", [a, b, np.zeros((m, m), np.float32)] +
                        [np.int32(m)] * 3, tmp / "gemm", backend="cuda",
                        launch=Launch((m // 16, m // 16, 1), (16, 16, 1)),
                        names=["A", "B", "C", "M", "N", "K"])
-    out.append(("gemm_tiled_512", create_harness(snap.root, tmp / "h-gemm", opt=gemm).root))
+    out.append((f"gemm_tiled_{m}", create_harness(snap.root, tmp / "h-gemm", opt=gemm).root))
     return out
 
 
@@ -96,6 +96,9 @@ def one_case(name: str, harness: Path, count: int, out: Path) -> dict:
         "kernel_median_us": float(np.median(medians)) if medians else None,
         "candidates": count, "statuses_separate": [r.status for r in separate],
         "statuses_session": [r.status for r in results], "session_workers": started,
+        "not_passed": [{"how": how, "n": i, "status": r.status, "reason": r.reason}
+                       for how, rs in (("separate", separate), ("session", results))
+                       for i, r in enumerate(rs, 1) if r.status != "pass"],
         "separate_s_per_candidate": t_sep / count, "session_s_per_candidate": t_ses / count,
         "separate_per_min": 60 * count / t_sep, "session_per_min": 60 * count / t_ses,
         "session_speedup": t_sep / t_ses,

@@ -107,6 +107,26 @@ def test_optimize_publishes_a_winner_and_excludes_what_never_beat_ref(snapshot, 
     assert load_index(rel).operators[0].verified == row.verified
 
 
+def test_search_evaluates_the_same_code_and_launch_once(snapshot, tmp_path):
+    import shutil
+
+    from kpair.harness import create_harness
+    from kpair.optimize.search import search
+    from kpair.optimize.strategy import Proposal
+    from kpair.pipeline import RunOptions
+
+    h = create_harness(snapshot, tmp_path / "h", opt=snapshot.parent / "ref.so")
+    twin = tmp_path / "twin.so"
+    shutil.copyfile(snapshot.parent / "ref.so", twin)
+    proposals = [("host-c", Proposal("first", snapshot.parent / "ref.so", "kp_matmul")),
+                 ("host-c", Proposal("twin", twin, "kp_matmul"))]
+    quick = RunOptions(min_blocks=4, max_blocks=4, control=False, seed=1, timeout_s=30)
+    outcome = search(h.root, proposals, tmp_path / "s", prune=quick, confirm=quick)
+    assert [e.proposal.label for e in outcome.pruned] == ["first"]
+    ((strategy, p, why),) = outcome.skipped
+    assert p.label == "twin" and why == "the same code and launch as first"
+
+
 def test_host_c_refuses_flags_that_change_floating_point_results():
     with pytest.raises(UsageError, match="-ffast-math changes floating-point"):
         parse_flags("-O3 -ffast-math")

@@ -4,6 +4,7 @@ publish the winners into a release (``kpair.optimize.program``)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UsageError
@@ -31,6 +32,9 @@ class Optimize(Command):
         src.add_argument("--top", type=int, default=5, metavar="K",
                          help="with a program: capture the K kernels that take most GPU "
                          "time (default 5)")
+        src.add_argument("--kernel-filter", metavar="REGEX",
+                         help="with a program: rank only kernels whose name matches, e.g. "
+                         "'^triton_' for the kernels the triton strategy can retune")
         src.add_argument("--snapshot", type=Path, action="append", default=[],
                          help="a snapshot, or a capture directory (capture.json), to "
                          "optimize (repeatable)")
@@ -40,6 +44,9 @@ class Optimize(Command):
         p.add_argument("--level", type=int, help="release level for --harness/--snapshot "
                        "operators (default: 2 for fused kernels, else 1)")
         p.add_argument("--name", help="operator name (one --harness or --snapshot only)")
+        p.add_argument("--prefix", default="",
+                       help="put before every operator name, e.g. 'llama.' when several "
+                       "programs publish into one release")
         st = p.add_argument_group("strategies")
         st.add_argument("--strategy", action="append", choices=sorted(STRATEGIES),
                         help="strategies to run (repeatable; default all that apply)")
@@ -58,6 +65,9 @@ class Optimize(Command):
                         "(default byte-exact)")
         st.add_argument("--keep", type=int, default=3,
                         help="candidates confirmed with the full run (default 3)")
+        st.add_argument("--triton-limit", type=int, default=48, metavar="N",
+                        help="triton: configs built per kernel, fewest changes first "
+                        "(default 48)")
         m = p.add_argument_group("measurement")
         m.add_argument("--timeout", type=float, default=120.0,
                        help="seconds before a candidate that hangs is killed (default 120)")
@@ -77,6 +87,7 @@ class Optimize(Command):
             capture_program,
             operator_from_harness,
             operator_from_snapshot,
+            operator_name,
             operators_from_capture,
             optimize,
         )
@@ -102,6 +113,7 @@ class Optimize(Command):
             source=source, variants=tuple(parse_variant(v) for v in args.variant),
             flag_sets=tuple(parse_flags(f) for f in args.flags) if args.flags else None,
             native=args.native, policy=args.policy, keep=args.keep,
+            triton_limit=args.triton_limit,
             prune=RunOptions(min_blocks=min(4, args.prune_max_blocks),
                              max_blocks=args.prune_max_blocks,
                              time_cap_s=args.prune_time_cap, control=False, seed=args.seed,
@@ -110,7 +122,8 @@ class Optimize(Command):
         release = args.out
         work = args.work or release.with_name(release.name + ".work")
         if command:
-            capture = capture_program(command, work, top=args.top)
+            capture = capture_program(command, work, top=args.top,
+                                      kernel=args.kernel_filter)
             operators = operators_from_capture(capture)
         else:
             operators = []
@@ -121,10 +134,11 @@ class Optimize(Command):
                     operators.append(operator_from_snapshot(path))
             operators += [operator_from_harness(h) for h in args.harness]
             if args.level or args.name:
-                from dataclasses import replace
-
                 operators = [replace(op, level=args.level or op.level,
                                      name=args.name or op.name) for op in operators]
+        if args.prefix:
+            operators = [replace(op, name=operator_name(args.prefix + op.name))
+                         for op in operators]
         outcomes = optimize(operators, release, work, opts)
         published = sum(o.status == "published" for o in outcomes)
         refused = sum(o.status in ("refused", "failed") for o in outcomes)

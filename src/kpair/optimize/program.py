@@ -157,9 +157,10 @@ def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
 # --------------------------------------------------------------------------- capture
 
 
-def capture_program(command: Sequence[str], work: Path, *, top: int, log: Log = _stderr
-                    ) -> Path:
-    """``kpair capture -o WORK/capture --top K -- command`` (reused when it finished)."""
+def capture_program(command: Sequence[str], work: Path, *, top: int, kernel: str | None = None,
+                    log: Log = _stderr) -> Path:
+    """``kpair capture -o WORK/capture --top K [--kernel REGEX] -- command`` (reused when it
+    finished)."""
     out = work / "capture"
     summary = out / "capture.json"
     if summary.is_file():
@@ -173,9 +174,10 @@ def capture_program(command: Sequence[str], work: Path, *, top: int, log: Log = 
     if out.exists():
         shutil.rmtree(out)  # an interrupted capture: start it again
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--top", str(top), "--",
-           *command]
-    log(f"kpair optimize: profiling and capturing the top {top} kernels: "
+    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--top", str(top),
+           *(["--kernel", kernel] if kernel else []), "--", *command]
+    log(f"kpair optimize: profiling and capturing the top {top} kernels"
+        f"{f' matching {kernel!r}' if kernel else ''}: "
         f"{' '.join(command)}")
     proc = subprocess.run(cmd)
     if not summary.is_file():

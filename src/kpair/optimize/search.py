@@ -1,5 +1,6 @@
 """Search that is cheap first: prune every proposal with a short measurement, confirm the
-best few with the full checked run, pick the winner.
+best few with the full checked run, pick the winner. A proposal whose code and launch are
+those of one already evaluated is skipped (say ``num_stages`` of a kernel with no loop).
 
 Both stages are ``kpair.session.Session`` s on the same harness (``OUT/prune``,
 ``OUT/confirm``), so every evaluation lands in that stage's ``attempts.jsonl`` with its
@@ -85,6 +86,7 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
     """Evaluate ``(strategy name, proposal)`` pairs on ``harness`` (see the module docstring)."""
     out = Path(out)
     outcome = SearchOutcome()
+    seen: dict[tuple, str] = {}   # (code digest, launch) -> the first proposal's label
     with Session(harness, prune, out=out / "prune") as session:
         policy = session.harness.policy
         for strategy, p in proposals:
@@ -92,6 +94,12 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
                 outcome.skipped.append((strategy, p, f"not built: {p.build_error}"))
                 log(f"    skipped {p.label}: not built")
                 continue
+            key = (_digest(p), repr(p.launch_override))
+            if key in seen:  # e.g. num_stages of a kernel with no loop: the same machine code
+                outcome.skipped.append((strategy, p, f"the same code and launch as "
+                                        f"{seen[key]}"))
+                continue
+            seen[key] = p.label
             if p.reorders_fp and policy.mode == "tolerance" and not policy.note.strip():
                 outcome.skipped.append((strategy, p, "may reorder floating-point operations, "
                                         "and the tolerance policy has no note saying why "
@@ -119,13 +127,7 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
                           f"({counts['fail']} failed, {counts['error']} errors); first: "
                           f"{outcome.pruned[0].result.reason}")
         return outcome
-    seen, finalists = set(), []
-    for e in sorted((e for e in passed if e.speedup > 1.0), key=_rank):
-        key = (_digest(e.proposal), repr(e.proposal.launch_override))  # same build twice
-        if key not in seen:
-            seen.add(key)
-            finalists.append(e)
-    finalists = finalists[:keep]
+    finalists = sorted((e for e in passed if e.speedup > 1.0), key=_rank)[:keep]
     if not finalists:
         best = max(passed, key=lambda e: e.speedup)
         outcome.reason = (f"no candidate beat ref: {len(passed)} of {len(outcome.pruned)} "
