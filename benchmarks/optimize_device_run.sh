@@ -7,8 +7,9 @@
 #   bash benchmarks/optimize_device_run.sh start SECONDS   # start the job, then wait
 #   bash benchmarks/optimize_device_run.sh wait SECONDS    # wait again (the next call)
 #
-# $OUT gets release.tgz (the release without snapshot blobs and raw samples, and each
-# program's capture.json and profile.json) and job.log. Set TOP, LIMIT for smaller runs.
+# $OUT gets release.tgz (the release without snapshot blobs and raw samples; each program's
+# capture.json, profile.json and snapshot manifests; the first build errors, if any) and
+# job.log. Set TOP, LIMIT for smaller runs.
 set -u
 OUT=${OUT:?set OUT to the folder that comes back}
 W=${W:-/tmp/kopt}
@@ -18,7 +19,7 @@ export PYTHONUNBUFFERED=1
 
 job() {
   common=(--top "${TOP:-12}" --kernel-filter '^triton_' --strategy triton
-          --triton-limit "${LIMIT:-24}" --keep 2 --prune-max-blocks 12 --prune-time-cap 0.5
+          --triton-limit "${LIMIT:-16}" --keep 2 --prune-max-blocks 12 --prune-time-cap 0.5
           --time-cap 2 --timeout 60 --seed 1)
   date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, transformers, torchvision as tv; print('torch', \
@@ -43,7 +44,9 @@ while [ ! -f "$W/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
 [ -f "$W/done" ] && echo "job finished" || echo "job still running"
 cp "$W/job.log" "$OUT/job.log"
 files=()
-for d in "$W"/rel "$W"/work-*/capture/capture.json "$W"/work-*/capture/profile.json; do
+for d in "$W"/rel "$W"/work-*/capture/capture.json "$W"/work-*/capture/profile.json \
+         "$W"/work-*/capture/*/snapshot.json \
+         $(ls "$W"/work-*/ops/*/builds/triton/*.error.txt 2>/dev/null | head -n 4); do
   [ -e "$d" ] && files+=("${d#$W/}")
 done
 [ ${#files[@]} -gt 0 ] && tar czf "$OUT/release.tgz" -C "$W" --exclude=blobs \

@@ -248,6 +248,34 @@ def test_triton_inductor_pointwise_configs_and_grid():
     assert all(not c["constants"] for c in tr.configs(info, grid_known=False))
 
 
+def test_triton_autotuner_launch_is_settled_by_the_dispatch_geometry():
+    # An Inductor launch recorded through its autotuner: no compiled metadata, only the
+    # configs it compiled; the block and the grid tell which one ran.
+    from kpair.snapshot import Param
+
+    prov = _inductor_meta()
+    t = prov["triton"]
+    del t["constants"], t["metadata"]
+    t["triton_meta"]["configs"] = [{"(0,)": [["tt.divisibility", 16]]}]
+    t["launcher_configs"] = [
+        {"kwargs": {"XBLOCK": 1024}, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+        {"kwargs": {"XBLOCK": 512}, "num_warps": 8, "num_stages": 1, "maxnreg": None},
+        {"kwargs": {"XBLOCK": 256}, "num_warps": 8, "num_stages": 1, "maxnreg": None}]
+    info = tr.kernel_info(prov)
+    assert info.constants == {} and info.attrs == {"(0,)": [["tt.divisibility", 16]]}
+    params = (Param(0, 8, "bytes", "arg0"), Param(8, 8, "bytes", "arg1"),
+              Param(16, 4, "bytes", "arg2"), Param(24, 8, "bytes", "arg3"))
+    kernarg = bytes(16) + (100_000).to_bytes(4, "little") + bytes(12)
+    ran = tr.resolve(info, _Manifest(params, (196, 1, 1), (256, 1, 1), prov), kernarg)
+    assert ran.constants == {"XBLOCK": 512} and ran.metadata["num_warps"] == 8
+    assert tr.resolve(info, _Manifest(params, (98, 1, 1), (128, 1, 1), prov),
+                      kernarg).constants == {"XBLOCK": 1024}
+    why = tr.resolve(info, _Manifest(params, (7, 1, 1), (256, 1, 1), prov), kernarg)
+    assert isinstance(why, str) and "0 of the 3 recorded autotuner configs" in why
+    t["launched_config"] = t["launcher_configs"][2]   # the compiled kernel was reachable
+    assert tr.kernel_info(prov).constants == {"XBLOCK": 256}
+
+
 def test_triton_persistent_reduction_keeps_its_rblock_and_hand_written_grids():
     prov = _inductor_meta(PERSISTENT_SRC)
     prov["triton"]["triton_meta"]["signature"] = {

@@ -61,7 +61,15 @@ def _from_compiled(obj: Any, handle: int) -> dict | None:
     return info
 
 
-def _from_autotuner(obj: Any, name: str) -> dict | None:
+def _config(cfg: Any) -> dict:
+    """A ``triton.Config`` as data: its constexpr kwargs and compile options."""
+    out = {"kwargs": _jsonable(dict(getattr(cfg, "kwargs", None) or {}))}
+    for key in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+        out[key] = _jsonable(getattr(cfg, key, None))
+    return out
+
+
+def _from_autotuner(obj: Any, name: str, handle: int) -> dict | None:
     fn = getattr(obj, "fn", None)
     if fn is None or not hasattr(obj, "triton_meta") or getattr(fn, "__name__", None) != name:
         return None
@@ -72,9 +80,20 @@ def _from_autotuner(obj: Any, name: str) -> dict | None:
         if isinstance(value, dict):
             info[key] = _jsonable(value)
     launchers = getattr(obj, "launchers", None) or []
-    configs = [str(getattr(launcher, "config", "")) for launcher in launchers]
-    if configs:
-        info["configs"] = configs
+    configs = [getattr(launcher, "config", None) for launcher in launchers]
+    if any(c is not None for c in configs):
+        info["configs"] = [str(c) for c in configs if c is not None]
+        # The compiled configs; after autotuning only the chosen one is left. Which one ran
+        # is told by the compiled kernel when it is reachable, else by the launch geometry.
+        info["launcher_configs"] = [_config(c) for c in configs if c is not None]
+    for launcher in launchers:
+        for attr in ("bin", "binary", "kernel"):
+            compiled = _from_compiled(getattr(launcher, attr, None), handle)
+            if compiled:
+                info.update({k: v for k, v in compiled.items()
+                             if k in ("constants", "signature", "attrs", "metadata")})
+                info["launched_config"] = _config(getattr(launcher, "config", None))
+                return info
     return info
 
 
@@ -92,7 +111,7 @@ def triton_metadata(handle: int, name: str) -> dict | None:
             values = []
         for value in values:
             try:
-                info = _from_compiled(value, handle) or _from_autotuner(value, name)
+                info = _from_compiled(value, handle) or _from_autotuner(value, name, handle)
             except Exception:  # metadata is optional, never fatal
                 info = None
             if info:

@@ -87,20 +87,29 @@ def _key_name(key: str, names: list[str]) -> str | None:
     return None
 
 
+def _as_dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def kernel_info(provenance: dict) -> KernelInfo | None:
-    """The Triton metadata of a snapshot's provenance, or None if there is none to use."""
+    """The Triton metadata of a snapshot's provenance, or None if there is none to use.
+
+    Constexpr values are those Inductor's ``triton_meta`` fixes, then those the launch
+    recorded; an Inductor launch recorded with its compiled kernel's config
+    (``launched_config``) has that config applied here, one recorded only with its
+    autotuner's configs (``launcher_configs``) is settled by ``resolve`` on the dispatch."""
     meta = provenance.get(PROVENANCE_KEY)
     if not isinstance(meta, dict) or not isinstance(meta.get("source"), str) \
             or meta.get("source_truncated"):
         return None
-    tmeta = meta.get("triton_meta") if isinstance(meta.get("triton_meta"), dict) else {}
+    tmeta = _as_dict(meta.get("triton_meta"))
     signature = meta.get("signature") or tmeta.get("signature")
     if not isinstance(signature, dict):
         return None
     names = list(signature)
-    raw = meta.get("constants") or tmeta.get("constants") or {}
+    raw = {**_as_dict(tmeta.get("constants")), **_as_dict(meta.get("constants"))}
     constants = {}
-    for k, v in (raw.items() if isinstance(raw, dict) else ()):
+    for k, v in raw.items():
         name = _key_name(str(k), names)
         if name is not None:
             constants[name] = v
@@ -108,12 +117,65 @@ def kernel_info(provenance: dict) -> KernelInfo | None:
     function = meta.get("function") or (m.group(1) if m else None)
     if not function:
         return None
-    return KernelInfo(function=function, source=meta["source"], signature=dict(signature),
-                      constants=constants, raw_constants=dict(raw) if isinstance(raw, dict)
-                      else {}, attrs=meta.get("attrs") or {},
-                      metadata=meta.get("metadata") or {},
+    tattrs = tmeta.get("configs")
+    attrs = meta.get("attrs") or (tattrs[0] if isinstance(tattrs, list) and tattrs
+                                  and isinstance(tattrs[0], dict) else {})
+    info = KernelInfo(function=function, source=meta["source"], signature=dict(signature),
+                      constants=constants, raw_constants=raw, attrs=attrs,
+                      metadata=_as_dict(meta.get("metadata")),
                       inductor="inductor_meta" in meta or "triton_meta" in meta,
-                      extra={k: meta[k] for k in ("configs", "inductor_meta") if k in meta})
+                      extra={k: meta[k] for k in ("configs", "inductor_meta",
+                                                  "launcher_configs") if k in meta})
+    launched = meta.get("launched_config")
+    return with_config(info, launched) if isinstance(launched, dict) else info
+
+
+def with_config(info: KernelInfo, config: dict) -> KernelInfo:
+    """``info`` with a recorded ``triton.Config`` (``{"kwargs", "num_warps", ...}``) applied:
+    its constexprs and, where the compiled kernel's own metadata is absent, its options."""
+    kwargs = {k: v for k, v in _as_dict(config.get("kwargs")).items() if k in info.signature}
+    metadata = dict(info.metadata)
+    for key in ("num_warps", "num_stages", "maxnreg"):
+        if key not in metadata and config.get(key) is not None:
+            metadata[key] = config[key]
+    return KernelInfo(**{**info.__dict__, "constants": {**info.constants, **kwargs},
+                         "raw_constants": {**info.raw_constants, **kwargs},
+                         "metadata": metadata})
+
+
+def resolve(info: KernelInfo, manifest, kernarg: bytes) -> KernelInfo | str:
+    """The info of the config that made this dispatch, or why it is not known.
+
+    A launch recorded with its compiled kernel is known already. Otherwise the autotuner's
+    configs that could have made it — ``32 * num_warps`` threads a block and, where the grid
+    formula is known, the captured grid — must agree on one."""
+    if "num_warps" in info.metadata:
+        return info
+    recorded = [c for c in info.extra.get("launcher_configs") or [] if isinstance(c, dict)]
+    if not recorded:
+        return info if not info.inductor else \
+            "the autotuner's configs were not recorded, so the config that ran is unknown"
+    block = tuple(manifest.launch.block)
+    fits = []
+    for c in recorded:
+        candidate = with_config(info, c)
+        if 32 * int(candidate.metadata.get("num_warps") or 4) != block[0]:
+            continue
+        formula = grid_formula(candidate)
+        if formula is not None:
+            try:
+                if grid_for(formula, candidate.constants, scalars(candidate, manifest, kernarg)
+                            ) != tuple(manifest.launch.grid):
+                    continue
+            except UsageError:
+                continue
+        fits.append(candidate)
+    distinct = {repr((c.constants, c.metadata)) for c in fits}
+    if len(distinct) != 1:
+        return (f"{len(fits)} of the {len(recorded)} recorded autotuner configs fit the "
+                f"dispatch (block {list(block)}, grid {list(manifest.launch.grid)}): the "
+                "config that ran is unknown")
+    return fits[0]
 
 
 def scalars(info: KernelInfo, manifest, kernarg: bytes) -> dict[str, int | float]:
@@ -295,15 +357,20 @@ class TritonRetune:
     def applies(self, harness, context: Context) -> str | None:
         if harness.backend != "cuda":
             return f"the harness runs on {harness.backend}; Triton kernels run on cuda"
-        if kernel_info(harness.snapshot.manifest.provenance or {}) is None:
+        m = harness.snapshot.manifest
+        info = kernel_info(m.provenance or {})
+        if info is None:
             return "the snapshot holds no usable Triton metadata (not a Triton launch, or " \
                    "its source was not recorded whole)"
-        return None
+        info = resolve(info, m, harness.snapshot.kernarg())
+        return info if isinstance(info, str) else None
 
     def plan(self, harness) -> tuple[KernelInfo, list[dict], str | None, dict]:
         """(info, configs, grid formula or None, scalar values): everything before compiling."""
         m = harness.snapshot.manifest
-        info = kernel_info(m.provenance or {})
+        info = resolve(kernel_info(m.provenance or {}), m, harness.snapshot.kernarg())
+        if isinstance(info, str):
+            raise KpairError(info)
         values = scalars(info, m, harness.snapshot.kernarg())
         formula = grid_formula(info)
         if formula is not None:
@@ -335,9 +402,14 @@ class TritonRetune:
             try:
                 built = compile_config(info, fn, config, arch)
             except Exception as e:  # noqa: BLE001 - a config Triton cannot build is skipped
-                yield Proposal(binary=None, build_error=f"{type(e).__name__}: "
-                               f"{str(e).strip().splitlines()[-1][:300] if str(e) else ''}",
-                               **common)
+                import traceback
+
+                log = Path(context.work) / f"triton-{n:03d}.error.txt"
+                log.write_text("".join(traceback.format_exception(e)))
+                lines = str(e).strip().splitlines() or [""]
+                what = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+                yield Proposal(binary=None, build_error=f"{type(e).__name__}: {what[:400]} "
+                               f"(traceback: {log.name})", **common)
                 continue
             if built["global_scratch_size"] > captured_scratch:
                 yield Proposal(binary=None, build_error="needs global scratch memory the "
