@@ -240,6 +240,7 @@ def test_triton_inductor_pointwise_configs_and_grid():
                     c["constants"]["XBLOCK"] != 1024]) for c in todo]
     assert changes == sorted(changes) and changes[0] == 1  # one knob first
     assert {c["constants"]["XBLOCK"] for c in todo} == {512, 1024, 2048}
+    assert {c["num_stages"] for c in todo} == {1}   # no loop: pipelining changes nothing
     assert len(tr.configs(info, grid_known=True, limit=5)) == 5
     config = {"num_warps": 8, "num_stages": 1, "maxnreg": None, "constants": {"XBLOCK": 512}}
     assert tr.launch_override(info, config, shared=64, formula=formula, values=values) == \

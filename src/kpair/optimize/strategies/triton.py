@@ -70,6 +70,11 @@ class KernelInfo:
                 if t != "constexpr" and n not in self.constants]
 
     @property
+    def loops(self) -> bool:
+        """The source has a loop (``num_stages`` can change the code)."""
+        return re.search(r"^\s*for\s", self.source, re.MULTILINE) is not None
+
+    @property
     def reduces(self) -> bool:
         return any(word in self.source for word in _REDUCES)
 
@@ -241,7 +246,9 @@ def configs(info: KernelInfo, *, grid_known: bool, limit: int = DEFAULT_LIMIT
     maxnreg = meta.get("maxnreg")
     knobs: dict[str, list] = {
         "num_warps": _around(warps, 1, 32),
-        "num_stages": [stages] + [s for s in (1, 2, 3, 4) if s != stages],
+        # Software pipelining applies to loops; without one every depth builds the same code.
+        "num_stages": [stages] + ([s for s in (1, 2, 3, 4) if s != stages]
+                                  if info.loops else []),
         "maxnreg": [maxnreg] + [r for r in (None, 128, 64) if r != maxnreg],
     }
     blocks = tunable_blocks(info, grid_known)
