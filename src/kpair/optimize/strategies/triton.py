@@ -17,8 +17,8 @@ the grid when a block size sets it:
   parameters (``kpair.optimize.geometry`` syntax).
 
 Either formula must reproduce the captured grid at the captured constants, or block sizes are
-left alone. Configs are enumerated cheap-first (one knob changed, then two, ...) up to a
-limit. Everything up to compiling is pure and tested on recorded metadata; compiling needs
+left alone. Configs are enumerated cheap-first (one knob changed, then two, ...; at each
+count a register cap last; no pipelining depths for a kernel without a loop) up to a limit. Everything up to compiling is pure and tested on recorded metadata; compiling needs
 Triton (imported lazily; ``pip install triton``) and runs on the machine with the GPU.
 """
 
@@ -257,10 +257,11 @@ def configs(info: KernelInfo, *, grid_known: bool, limit: int = DEFAULT_LIMIT
     names = list(knobs)
     out = []
     for values in itertools.product(*knobs.values()):
-        changed = sum(v != knobs[n][0] for n, v in zip(names, values, strict=True))
-        if changed:
-            out.append((changed, values))
-    out.sort(key=lambda cv: cv[0])  # stable: product order within one number of changes
+        moved = [n for n, v in zip(names, values, strict=True) if v != knobs[n][0]]
+        if moved:
+            # A register cap seldom changes short kernels' code: after the other knobs.
+            out.append(((len(moved), "maxnreg" in moved), values))
+    out.sort(key=lambda cv: cv[0])  # stable: product order within one rank
     result = []
     for _, values in out[:limit]:
         c = dict(zip(names, values, strict=True))
