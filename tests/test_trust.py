@@ -386,3 +386,25 @@ def test_a_derived_mutation_ref_cannot_take_is_dropped_with_a_warning(tmp_path):
     assert r["trust"]["differential"]["ran"] is False
     assert any(w.startswith("differential: dropped, ref itself failed on a mutated input")
                and "SIGABRT" in w for w in r["warnings"]), r["warnings"]
+
+
+def test_write_only_bytes_that_a_mutated_input_reads_are_not_poisoned(tmp_path):
+    """On the captured input the masked elements of out are write-only and get poison; a
+    permuted mask makes the kernel read some of them. ref itself then changes its answer under
+    poison, so opt's run on that input is not poisoned, and an honest opt passes."""
+    lib = compile_shared(CSRC / "relu_backward.c", tmp_path / "relu.so")
+    n = 4096
+    rng = np.random.default_rng(0)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    g = rng.standard_normal(n).astype(np.float32)
+    out = rng.standard_normal(n).astype(np.float32)
+    snap = record_call(lib, "kp_relu_backward", [mask, g, out, np.int32(n)], tmp_path / "s",
+                       names=["mask", "g", "out", "n"])
+    h = create_harness(snap.root, tmp_path / "h", opt=lib)
+    r = run_json(h.root, QUICK)
+    assert r["status"] == "pass", summarize(r)
+    poison = r["trust"]["poisoned_outputs"]["finding"]
+    assert poison["regions"]["out"]["bytes"] == int(mask.sum()) * 4   # the masked elements
+    runs = r["trust"]["differential"]["finding"]["runs"]
+    unpoisoned = [row["run"] for row in runs if not row["poisoned"]]
+    assert unpoisoned and all("not poisoned" in poison["not_tested"][k] for k in unpoisoned)

@@ -59,7 +59,8 @@ class Audit:
         self.diff_mutated: list[list[str]] = []
         self.mutation_source: str | None = None   # set when the differential runs are chosen
         self.mutation_list: tuple[Mutation, ...] = ()
-        self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what)
+        self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what,
+        #                                    poison opt?)
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
@@ -210,13 +211,25 @@ class Audit:
                 self.not_tested[label] = "ref writes out of bounds on this mutated input"
                 continue
             changed = any(expected[k] != normal[k] for k in expected if k not in state)
-            self._mutated.append((label, state, expected, changed, what))
+            # Bytes write-only on the captured input may be read on this one (a mask that
+            # chooses between writing and updating): poison there would change ref's own
+            # answer, so opt runs on this input unpoisoned unless ref's is unchanged by it.
+            poison = bool(self.armor.plan)
+            if poison:
+                under = self._launch(ref, ref_launch, poison=True, state=state)
+                if self.armor.last or not check(self.policy, expected, under,
+                                                dtype_hints=self.hints).passed:
+                    poison = False
+                    self.not_tested[label] = ("on this mutated input ref reads bytes that are "
+                                              "write-only on the captured one: opt's run on "
+                                              "it is not poisoned")
+            self._mutated.append((label, state, expected, changed, what, poison))
 
     def differential(self, opt: Kernel, opt_launch: Launch) -> None:
         """opt on the inputs ``mutate`` prepared, judged against ref's outputs there."""
         r = self.replay
-        for label, state, expected, changed, what in self._mutated:
-            post = self._launch(opt, opt_launch, poison=True, state=state)
+        for label, state, expected, changed, what, poison in self._mutated:
+            post = self._launch(opt, opt_launch, poison=poison, state=state)
             v = check(self.policy, expected, post, dtype_hints=self.hints)
             self.diff_runs.append(OptRun(label, {**r.pre, **state}, expected, post, v,
                                          self.armor.poisoned_regions(),

@@ -298,6 +298,7 @@ def differential(source: str, mutations: Sequence, runs: Sequence[OptRun],
     for run, ch, what in zip(runs, changed, mutated, strict=True):
         ranges = [c.to_json() for r in run.verdict.regions for c in r.checks]
         rows.append({"run": run.label, "mutated": what, "changed_output": ch,
+                     "poisoned": bool(run.poison),
                      "passed": run.verdict.passed, "summary": run.verdict.summary(),
                      "mean_signed_rel_err": {c["rule"]: c["detail"]["mean_signed_rel_err"]
                                              for c in ranges}})
