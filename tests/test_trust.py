@@ -28,6 +28,7 @@ from kpair.trust.armor import (
     left_mask,
     mask_runs,
     pattern,
+    poisoned_image,
 )
 from kpair.trust.findings import (
     baseline_determinism,
@@ -82,6 +83,37 @@ def test_poison_left_is_judged_per_word_not_per_byte():
     actual[8:12] = b"\x34\x12\x00\x00"                    # two bytes match the poison by chance
     left = left_mask([(0, 32)], word, expected, bytes(actual))
     assert left.sum() == 24 and not left[4:12].any()
+
+
+def test_poison_arithmetic_over_many_fragmented_runs_matches_the_run_by_run_rule():
+    # A data-dependent write pattern: thousands of runs of 1-9 bytes at any alignment.
+    rng = np.random.default_rng(5)
+    size = 1 << 16
+    runs = mask_runs(rng.random(size) < 0.5)
+    assert len(runs) > 10_000 and runs.nbytes == sum(e - s for s, e in runs)
+    word = 0x7FC0ABCD
+    image = poisoned_image(runs, word, size)
+    expected = rng.integers(0, 256, size, np.uint8)
+    actual = expected.copy()
+    inside = np.zeros(size, bool)
+    for s, e in runs:
+        inside[s:e] = True
+        assert (image[s:e] == pattern(word, e - s)).all()
+    assert not image[~inside].any()
+    # opt leaves poison in a random half of the runs, whole or in part.
+    for s, e in runs:
+        if rng.random() < 0.5:
+            actual[s:e] = pattern(word, e - s)
+            if e - s > 4 and rng.random() < 0.5:
+                actual[s] ^= 0xFF          # its first word was written after all
+    left = left_mask(runs, word, expected.tobytes(), actual.tobytes())
+    want = np.zeros(size, bool)
+    for s, e in runs:
+        for lo in range(s, e, 4):          # whole words from the run's start; the tail is one
+            hi = min(lo + 4, e)
+            im = pattern(word, e - s)[lo - s:hi - s]
+            want[lo:hi] = (actual[lo:hi] == im).all() and not (expected[lo:hi] == im).all()
+    assert (left == want).all() and want.any()
 
 
 def test_write_only_mask_separates_outputs_from_inputs():

@@ -30,15 +30,59 @@ SAFE_GAP = 4096
 _FILL_RUNS = 64     # more poison runs than this: read-modify-write the region instead
 
 
-def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) runs of True in a boolean mask."""
+class Runs:
+    """Sorted, disjoint ``[start, end)`` byte runs of one region, held as arrays (a
+    data-dependent write pattern has millions of them); iterating yields ``(start, end)``.
+    All arithmetic over them is vectorised: no Python loop per run."""
+
+    def __init__(self, starts, ends):
+        self.starts = np.asarray(starts, np.int64)
+        self.ends = np.asarray(ends, np.int64)
+        self._layout: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return int(self.starts.size)
+
+    def __iter__(self):
+        return zip(self.starts.tolist(), self.ends.tolist(), strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (Runs, list, tuple)) \
+            else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Runs({list(self)[:4]}{'...' if len(self) > 4 else ''})"
+
+    @property
+    def nbytes(self) -> int:
+        return int((self.ends - self.starts).sum())
+
+    def layout(self) -> tuple[np.ndarray, np.ndarray]:
+        """(byte index, offset from its run's start) of every byte in a run."""
+        if self._layout is None:
+            lengths = self.ends - self.starts
+            before = np.repeat(np.cumsum(lengths) - lengths, lengths)
+            off = np.arange(int(lengths.sum()), dtype=np.int64) - before
+            self._layout = (np.repeat(self.starts, lengths) + off, off)
+        return self._layout
+
+
+def mask_runs(mask: np.ndarray) -> Runs:
+    """The runs of True in a boolean mask."""
     m = np.asarray(mask, bool)
     if not m.size:
-        return []
+        return Runs([], [])
     bounds = np.concatenate(([0], np.flatnonzero(m[1:] != m[:-1]) + 1, [m.size]))
     starts, ends = bounds[:-1], bounds[1:]
     on = m[starts]
-    return list(zip(starts[on].tolist(), ends[on].tolist(), strict=True))
+    return Runs(starts[on], ends[on])
+
+
+def _runs(runs: Runs | Sequence[tuple[int, int]]) -> Runs:
+    if isinstance(runs, Runs):
+        return runs
+    pairs = list(runs)
+    return Runs([s for s, _ in pairs], [e for _, e in pairs])
 
 
 def pattern(word: int, size: int) -> np.ndarray:
@@ -46,16 +90,17 @@ def pattern(word: int, size: int) -> np.ndarray:
     return np.tile(np.frombuffer(word.to_bytes(4, "little"), np.uint8), -(-size // 4))[:size]
 
 
-def poisoned_image(runs: Sequence[tuple[int, int]], word: int, size: int) -> np.ndarray:
+def poisoned_image(runs: Runs | Sequence[tuple[int, int]], word: int, size: int
+                   ) -> np.ndarray:
     """A region's poison: each run filled with ``word`` from the run's start."""
     out = np.zeros(size, np.uint8)
-    for s, e in runs:
-        out[s:e] = pattern(word, e - s)
+    idx, off = _runs(runs).layout()
+    out[idx] = pattern(word, 4)[off % 4]
     return out
 
 
-def left_mask(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
-              ) -> np.ndarray:
+def left_mask(runs: Runs | Sequence[tuple[int, int]], word: int, expected: bytes,
+              actual: bytes) -> np.ndarray:
     """Bytes of whole poison words (4 bytes from each run's start; a run's tail counts as one)
     that opt left exactly as poisoned, where the answer is not the poison itself. Whole words:
     a written value matches one poison *byte* by chance once in 256 bytes, a word practically
@@ -64,27 +109,21 @@ def left_mask(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actua
     out = np.zeros(exp.size, bool)
     if actual == expected:   # a byte left as poisoned would be the answer itself
         return out
-    for s, e in runs:
-        im = pattern(word, e - s)
-        for lo, hi, width in ((s, s + (e - s) // 4 * 4, 4), (s + (e - s) // 4 * 4, e, None)):
-            if hi <= lo:
-                continue
-            w = width or hi - lo
-            same = _whole(act[lo:hi] == im[lo - s:hi - s], w)
-            answer = _whole(exp[lo:hi] == im[lo - s:hi - s], w)
-            out[lo:hi] = np.repeat(same & ~answer, w)
+    idx, off = _runs(runs).layout()
+    if not idx.size:
+        return out
+    im = pattern(word, 4)[off % 4]
+    # Words: from each run's start every 4 bytes; a run's tail (< 4 bytes) is one more.
+    first = np.flatnonzero(off % 4 == 0)
+    sizes = np.diff(np.append(first, idx.size))
+    same = np.logical_and.reduceat(act[idx] == im, first)
+    answer = np.logical_and.reduceat(exp[idx] == im, first)
+    out[idx] = np.repeat(same & ~answer, sizes)
     return out
 
 
-def _whole(eq: np.ndarray, width: int) -> np.ndarray:
-    """Per ``width``-byte group of a byte-equality mask: all of its bytes equal."""
-    if width == 4:   # four True bytes read as one little-endian word: 0x01010101
-        return np.ascontiguousarray(eq).view(np.uint32) == 0x01010101
-    return eq.reshape(-1, width).all(axis=1)
-
-
-def poison_left(runs: Sequence[tuple[int, int]], word: int, expected: bytes, actual: bytes
-                ) -> tuple[int, int | None]:
+def poison_left(runs: Runs | Sequence[tuple[int, int]], word: int, expected: bytes,
+                actual: bytes) -> tuple[int, int | None]:
     """(bytes, first offset) of the poison opt left as it was."""
     if actual == expected:  # a memcmp: a byte left as poisoned would be the answer itself
         return 0, None
@@ -187,7 +226,7 @@ class Armor:
 
     def __init__(self, device: Device, bands: list[Band], rng: np.random.Generator):
         self.device, self.bands, self.rng = device, bands, rng
-        self.plan: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
+        self.plan: dict[str, tuple[int, int, Runs]] = {}
         self.poison_words: dict[str, int] = {}   # of the last launch
         self.last: list[dict] = []                 # guard violations of the last launch
         self.canary, self._n = 0, 0
@@ -215,11 +254,8 @@ class Armor:
                     self.device.fill(address + s, e - s, word)
             else:
                 cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
-                image = poisoned_image(runs, word, size)
-                mask = np.zeros(size, bool)
-                for s, e in runs:
-                    mask[s:e] = True
-                cur[mask] = image[mask]
+                idx, off = runs.layout()
+                cur[idx] = pattern(word, 4)[off % 4]
                 self.device.write(address, cur.tobytes())
             self.poison_words[name] = word
 
@@ -235,6 +271,6 @@ class Armor:
             if v is not None:
                 self.last.append(v)
 
-    def poisoned_regions(self) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+    def poisoned_regions(self) -> dict[str, tuple[int, Runs]]:
         """region -> (word, runs) of the poison written before the last launch."""
         return {n: (w, self.plan[n][2]) for n, w in self.poison_words.items()}

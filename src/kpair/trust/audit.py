@@ -287,8 +287,8 @@ class Audit:
             for post in {id(p[name]): p[name] for p in self.ref_posts}.values():
                 if post != pre:
                     need |= np.frombuffer(post, np.uint8) != np.frombuffer(pre, np.uint8)
-            for s, e in self.armor.plan.get(name, (0, 0, []))[2]:
-                need[s:e] = True
+            if name in self.armor.plan:
+                need[self.armor.plan[name][2].layout()[0]] = True
             total += int(need.sum())
         return total
 

@@ -18,8 +18,9 @@ the grid when a block size sets it:
 
 Either formula must reproduce the captured grid at the captured constants, or block sizes are
 left alone. Configs are enumerated cheap-first (one knob changed, then two, ...; at each
-count a register cap last; no pipelining depths for a kernel without a loop) up to a limit. Everything up to compiling is pure and tested on recorded metadata; compiling needs
-Triton (imported lazily; ``pip install triton``) and runs on the machine with the GPU.
+count a register cap last; no pipelining depths for a kernel without a loop) up to a limit.
+Everything up to compiling is pure and tested on recorded metadata; compiling needs Triton
+(imported lazily; ``pip install triton``) and runs on the machine with the GPU.
 """
 
 from __future__ import annotations
