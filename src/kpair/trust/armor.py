@@ -33,12 +33,13 @@ _FILL_RUNS = 64     # more poison runs than this: read-modify-write the region i
 class Runs:
     """Sorted, disjoint ``[start, end)`` byte runs of one region, held as arrays (a
     data-dependent write pattern has millions of them); iterating yields ``(start, end)``.
-    All arithmetic over them is vectorised: no Python loop per run."""
+    The arithmetic over them works on whole-region byte arrays, never a Python loop per run,
+    and never an index per byte (a region can hold hundreds of MB)."""
 
     def __init__(self, starts, ends):
         self.starts = np.asarray(starts, np.int64)
         self.ends = np.asarray(ends, np.int64)
-        self._layout: tuple[np.ndarray, np.ndarray] | None = None
+        self._layout: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return int(self.starts.size)
@@ -57,14 +58,21 @@ class Runs:
     def nbytes(self) -> int:
         return int((self.ends - self.starts).sum())
 
-    def layout(self) -> tuple[np.ndarray, np.ndarray]:
-        """(byte index, offset from its run's start) of every byte in a run."""
-        if self._layout is None:
-            lengths = self.ends - self.starts
-            before = np.repeat(np.cumsum(lengths) - lengths, lengths)
-            off = np.arange(int(lengths.sum()), dtype=np.int64) - before
-            self._layout = (np.repeat(self.starts, lengths) + off, off)
-        return self._layout
+    def layout(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(in a run, offset from the run's start mod 4) for every byte of a ``size``-byte
+        region: a bool and a uint8 array (cached for the last size)."""
+        if self._layout is None or self._layout[0] != size:
+            edge = np.zeros(size + 1, np.int8)
+            edge[self.starts] += 1
+            edge[self.ends] -= 1
+            inside = np.cumsum(edge[:-1], dtype=np.int8).astype(bool)
+            lengths = (self.ends - self.starts)
+            first = np.repeat((self.starts & 3).astype(np.uint8), lengths)
+            here = np.tile(np.arange(4, dtype=np.uint8), -(-size // 4))[:size]
+            phase = np.zeros(size, np.uint8)
+            phase[inside] = (here[inside] - first) & 3
+            self._layout = (size, inside, phase)
+        return self._layout[1], self._layout[2]
 
 
 def mask_runs(mask: np.ndarray) -> Runs:
@@ -90,12 +98,17 @@ def pattern(word: int, size: int) -> np.ndarray:
     return np.tile(np.frombuffer(word.to_bytes(4, "little"), np.uint8), -(-size // 4))[:size]
 
 
+def poison_into(buf: np.ndarray, runs: Runs, word: int) -> None:
+    """Write ``word`` into ``buf`` (a region's bytes) over every run, from each run's start."""
+    inside, phase = runs.layout(buf.size)
+    np.copyto(buf, pattern(word, 4)[phase], where=inside)
+
+
 def poisoned_image(runs: Runs | Sequence[tuple[int, int]], word: int, size: int
                    ) -> np.ndarray:
     """A region's poison: each run filled with ``word`` from the run's start."""
     out = np.zeros(size, np.uint8)
-    idx, off = _runs(runs).layout()
-    out[idx] = pattern(word, 4)[off % 4]
+    poison_into(out, _runs(runs), word)
     return out
 
 
@@ -106,20 +119,26 @@ def left_mask(runs: Runs | Sequence[tuple[int, int]], word: int, expected: bytes
     a written value matches one poison *byte* by chance once in 256 bytes, a word practically
     never."""
     exp, act = np.frombuffer(expected, np.uint8), np.frombuffer(actual, np.uint8)
-    out = np.zeros(exp.size, bool)
     if actual == expected:   # a byte left as poisoned would be the answer itself
+        return np.zeros(exp.size, bool)
+    inside, phase = _runs(runs).layout(exp.size)
+    im = pattern(word, 4)[phase]
+    # A word starts where a run's offset is 0 mod 4; byte k of it is in it when it lies in a
+    # run with offset k mod 4 (a run starting in between has offset 0 there).
+    head = inside & (phase == 0)
+    member = [inside[k:] & (phase[k:] == k) for k in (1, 2, 3)]
+
+    def whole(eq: np.ndarray) -> np.ndarray:
+        out = head & eq
+        for k, m in zip((1, 2, 3), member, strict=True):
+            out[:-k] &= ~m | eq[k:]
         return out
-    idx, off = _runs(runs).layout()
-    if not idx.size:
-        return out
-    im = pattern(word, 4)[off % 4]
-    # Words: from each run's start every 4 bytes; a run's tail (< 4 bytes) is one more.
-    first = np.flatnonzero(off % 4 == 0)
-    sizes = np.diff(np.append(first, idx.size))
-    same = np.logical_and.reduceat(act[idx] == im, first)
-    answer = np.logical_and.reduceat(exp[idx] == im, first)
-    out[idx] = np.repeat(same & ~answer, sizes)
-    return out
+
+    start = whole(act == im) & ~whole(exp == im)
+    left = start.copy()
+    for k, m in zip((1, 2, 3), member, strict=True):
+        left[k:] |= start[:-k] & m
+    return left
 
 
 def poison_left(runs: Runs | Sequence[tuple[int, int]], word: int, expected: bytes,
@@ -254,8 +273,7 @@ class Armor:
                     self.device.fill(address + s, e - s, word)
             else:
                 cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
-                idx, off = runs.layout()
-                cur[idx] = pattern(word, 4)[off % 4]
+                poison_into(cur, runs, word)
                 self.device.write(address, cur.tobytes())
             self.poison_words[name] = word
 

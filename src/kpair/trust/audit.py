@@ -288,7 +288,7 @@ class Audit:
                 if post != pre:
                     need |= np.frombuffer(post, np.uint8) != np.frombuffer(pre, np.uint8)
             if name in self.armor.plan:
-                need[self.armor.plan[name][2].layout()[0]] = True
+                need |= self.armor.plan[name][2].layout(need.size)[0]
             total += int(need.sum())
         return total
 
