@@ -45,6 +45,17 @@ def test_markdown_has_summary_table_and_exclusions(root):
     assert "refused by release add" in excluded
 
 
+def test_the_table_shows_the_interval_widened_by_the_control(tmp_path):
+    # A row measured with the identical-binary control: its reported interval is the
+    # combined one, the one release add judged; the raw ABBA CI alone would claim more.
+    row = fake_row(2, "k", 1.03)
+    row = row.replace(harness=row.harness.replace(ci95=(1.025, 1.035),
+                                                  combined_ci95=(1.012, 1.048)))
+    release.build_index([row], []).write(tmp_path / "index.json")
+    md = render_markdown(release.load_index(tmp_path))
+    assert "| 1.030x [1.012, 1.048] |" in md and "[1.025, 1.035]" not in md
+
+
 def test_html_is_self_contained(root):
     pytest.importorskip("matplotlib")
     written = write_report(root)
