@@ -8,6 +8,7 @@ metadata."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -275,6 +276,33 @@ def test_triton_autotuner_launch_is_settled_by_the_dispatch_geometry():
     assert isinstance(why, str) and "0 of the 3 recorded autotuner configs" in why
     t["launched_config"] = t["launcher_configs"][2]   # the compiled kernel was reachable
     assert tr.kernel_info(prov).constants == {"XBLOCK": 256}
+
+
+def test_triton_plan_from_a_real_inductor_capture():
+    """The record of an Inductor kernel launched on the H200 (no compiled kernel reachable,
+    one autotuner config): the config that ran is settled by the dispatch, and the block-size
+    candidates get grids that cover the same elements."""
+    from kpair.snapshot import Param
+
+    data = json.loads((Path(__file__).parent / "data" / "inductor_launch_h200.json").read_text())
+    prov = {"triton": data["triton"]}
+    params = tuple(Param(p["offset"], p["size"], p["kind"], p["name"]) for p in data["params"])
+    grid, block = data["launch"]["grid"], data["launch"]["block"]
+    xnumel = 2097152                  # the kernel's static size: grid 4096 x XBLOCK 512
+    kernarg = bytes(16) + xnumel.to_bytes(4, "little") + bytes(20)
+    info = tr.kernel_info(prov)
+    assert info.inductor and "XBLOCK" not in info.constants   # not known from the record
+    assert info.metadata == {"enable_fp_fusion": True}        # Inductor's compile option
+    ran = tr.resolve(info, _Manifest(params, grid, block, prov), kernarg)
+    assert ran.constants == {"XBLOCK": 512} and ran.metadata["num_warps"] == 8
+    assert tr.scalars(ran, _Manifest(params, grid, block), kernarg) == {"xnumel": xnumel}
+    formula = tr.grid_formula(ran)
+    todo = tr.configs(ran, grid_known=True, limit=12)
+    assert len(todo) == 12 and {c["num_stages"] for c in todo} == {1}
+    for c in todo:
+        g = tr.launch_override(ran, c, shared=0, formula=formula,
+                               values={"xnumel": xnumel})["grid"]
+        assert g[0] * c["constants"]["XBLOCK"] == xnumel
 
 
 def test_triton_persistent_reduction_keeps_its_rblock_and_hand_written_grids():

@@ -126,9 +126,12 @@ def kernel_info(provenance: dict) -> KernelInfo | None:
     tattrs = tmeta.get("configs")
     attrs = meta.get("attrs") or (tattrs[0] if isinstance(tattrs, list) and tattrs
                                   and isinstance(tattrs[0], dict) else {})
+    metadata = _as_dict(meta.get("metadata"))
+    if "enable_fp_fusion" in tmeta and "enable_fp_fusion" not in metadata:
+        metadata = {**metadata, "enable_fp_fusion": tmeta["enable_fp_fusion"]}  # Inductor's
     info = KernelInfo(function=function, source=meta["source"], signature=dict(signature),
                       constants=constants, raw_constants=raw, attrs=attrs,
-                      metadata=_as_dict(meta.get("metadata")),
+                      metadata=metadata,
                       inductor="inductor_meta" in meta or "triton_meta" in meta,
                       extra={k: meta[k] for k in ("configs", "inductor_meta",
                                                   "launcher_configs") if k in meta})
