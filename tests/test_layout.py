@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_contracts_hold():
-    exe = shutil.which("lint-imports")
+    # The environment running the tests (its bin/ need not be on PATH), else PATH.
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or \
+        shutil.which("lint-imports")
     if exe is None:
         pytest.skip("import-linter is not installed (pip install -e '.[test]')")
     proc = subprocess.run([exe, str(ROOT / "pyproject.toml")], cwd=ROOT,
