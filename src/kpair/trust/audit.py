@@ -59,8 +59,9 @@ class Audit:
         self.diff_mutated: list[list[str]] = []
         self.mutation_source: str | None = None   # set when the differential runs are chosen
         self.mutation_list: tuple[Mutation, ...] = ()
-        self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what,
-        #                                    poison opt?)
+        self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what)
+        self._mutating_ref: tuple = ()
+        self._poison_ok: dict[int, bool] = {}   # mutated input -> poison keeps ref's answer
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
@@ -211,26 +212,34 @@ class Audit:
                 self.not_tested[label] = "ref writes out of bounds on this mutated input"
                 continue
             changed = any(expected[k] != normal[k] for k in expected if k not in state)
-            # Bytes write-only on the captured input may be read on this one (a mask that
-            # chooses between writing and updating): poison there would change ref's own
-            # answer, so opt runs on this input unpoisoned unless ref's is unchanged by it.
-            poison = bool(self.armor.plan)
-            if poison:
-                under = self._launch(ref, ref_launch, poison=True, state=state)
-                if self.armor.last or not check(self.policy, expected, under,
-                                                dtype_hints=self.hints).passed:
-                    poison = False
-                    self.not_tested[label] = ("on this mutated input ref reads bytes that are "
-                                              "write-only on the captured one: opt's run on "
-                                              "it is not poisoned")
-            self._mutated.append((label, state, expected, changed, what, poison))
+            self._mutated.append((label, state, expected, changed, what))
+        self._mutating_ref = (ref, ref_launch)
+
+    def _poison_holds(self, j: int) -> bool:
+        """Whether ref's answer on mutated input ``j`` survives the poison (computed once).
+        Bytes write-only on the captured input may be read on a mutated one (a mask that
+        chooses between writing and updating): poison there changes ref's own answer."""
+        if j not in self._poison_ok:
+            label, state, expected, _, _ = self._mutated[j]
+            under = self._launch(*self._mutating_ref, poison=True, state=state)
+            self._poison_ok[j] = not self.armor.last and check(
+                self.policy, expected, under, dtype_hints=self.hints).passed
+            if not self._poison_ok[j]:
+                self.not_tested[label] = ("on this mutated input ref reads bytes that are "
+                                          "write-only on the captured one: opt's run on it "
+                                          "is not poisoned")
+        return self._poison_ok[j]
 
     def differential(self, opt: Kernel, opt_launch: Launch) -> None:
-        """opt on the inputs ``mutate`` prepared, judged against ref's outputs there."""
+        """opt on the inputs ``mutate`` prepared, judged against ref's outputs there; poisoned,
+        unless it fails where the poison changes ref's own answer (then it runs again without)."""
         r = self.replay
-        for label, state, expected, changed, what, poison in self._mutated:
-            post = self._launch(opt, opt_launch, poison=poison, state=state)
+        for j, (label, state, expected, changed, what) in enumerate(self._mutated):
+            post = self._launch(opt, opt_launch, poison=True, state=state)
             v = check(self.policy, expected, post, dtype_hints=self.hints)
+            if not v.passed and self.armor.plan and not self._poison_holds(j):
+                post = self._launch(opt, opt_launch, poison=False, state=state)
+                v = check(self.policy, expected, post, dtype_hints=self.hints)
             self.diff_runs.append(OptRun(label, {**r.pre, **state}, expected, post, v,
                                          self.armor.poisoned_regions(),
                                          tuple(self._violations("opt"))))
