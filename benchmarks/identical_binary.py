@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _bench import emit
+
 
 def one(snapshot: Path, work: Path, rel_ci: float) -> dict:
     from kpair.harness import create_harness
@@ -73,10 +75,7 @@ def main() -> int:
     judged = [r for r in rows if r.get("status") == "pass" and 5 <= r["median_us"] <= 300]
     out = {"kernels": len(judged), "holds_1": sum(r["holds_1"] for r in judged),
            "raw_ci_holds_1": sum(r["raw_ci_holds_1"] for r in judged), "rows": rows}
-    text = json.dumps(out, indent=1)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    emit(out, args.json)
     return 0
 
 

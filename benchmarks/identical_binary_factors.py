@@ -25,30 +25,23 @@ variation that one bootstrap CI does not contain. JSON on stdout (and --json).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from _bench import cuda_test_kernels, emit
 
-ROOT = Path(__file__).resolve().parents[1]
 FACTORS = ("aa_same_handle", "m1_vs_m2", "m2_vs_m1", "m1_vs_m3", "m1_vs_m2_warm")
 
 
 def made_harnesses(tmp: Path) -> list[Path]:
-    from kpair.backends import open_device
     from kpair.harness import create_harness
     from kpair.record import record_call
     from kpair.snapshot import Launch
-    from kpair.toolchain import compile_cubin
 
-    with open_device("cuda") as dev:
-        arch = dev.arch()
-    src = ROOT / "tests" / "cuda"
-    axpy = compile_cubin(src / "elementwise.cu", tmp / "elementwise.cubin", arch=arch)
-    gemm = compile_cubin(src / "gemm.cu", tmp / "gemm.cubin", arch=arch)
+    _, axpy, gemm = cuda_test_kernels(tmp)
     rng = np.random.default_rng(0)
     n = 1 << 20
     x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
@@ -128,10 +121,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="kpair-ibf-") as tmp:
             rows = [one_harness(r, args.blocks, args.repeat, args.seed)
                     for r in made_harnesses(Path(tmp))]
-    text = json.dumps({"benchmark": "identical_binary_factors", "rows": rows}, indent=1)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    emit({"benchmark": "identical_binary_factors", "rows": rows}, args.json)
     return 0
 
 

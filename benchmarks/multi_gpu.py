@@ -21,7 +21,6 @@ GPUs) to check the script; its ratios say nothing about GPUs.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _bench import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,10 +170,7 @@ def main() -> int:
                             tmp / "evN")
         report["evaluate"] = {"one": one_ev, "all": all_ev,
                               "throughput_ratio": one_ev["seconds"] / all_ev["seconds"]}
-    text = json.dumps(report, indent=1)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    emit(report, args.json)
     return 0
 
 

@@ -15,13 +15,13 @@ separate runs, and <= 0.5 s per candidate for the ~10 us kernel.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _bench import cuda_test_kernels, emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,14 +46,7 @@ def cases(backend: str, tmp: Path) -> list[tuple[str, Path]]:
                                names=["a", "b", "c", "n"])
             out.append((f"matmul_n{n}", create_harness(snap.root, tmp / f"h{n}", opt=opt).root))
         return out
-    from kpair.backends import open_device
-    from kpair.toolchain import compile_cubin
-
-    with open_device("cuda") as dev:
-        arch = dev.arch()
-    src = ROOT / "tests" / "cuda"
-    axpy = compile_cubin(src / "elementwise.cu", tmp / "elementwise.cubin", arch=arch)
-    gemm = compile_cubin(src / "gemm.cu", tmp / "gemm.cubin", arch=arch)
+    _, axpy, gemm = cuda_test_kernels(tmp)
     n = 1 << 20
     x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
     snap = record_call(axpy, "axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "axpy",
@@ -117,10 +110,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kpair-tput-") as tmp:
         tmp = Path(tmp)
         rows = [one_case(name, h, args.candidates, tmp) for name, h in cases(args.backend, tmp)]
-    text = json.dumps({"backend": args.backend, "cases": rows}, indent=1)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    emit({"backend": args.backend, "cases": rows}, args.json)
     return 0
 
 

@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from _bench import cuda_test_kernels
 
 from kpair.backends import open_device
 from kpair.harness import create_harness
@@ -68,11 +69,7 @@ def cuda_cases(tmp: Path) -> list[tuple[str, Path]]:
     from kpair.snapshot import Launch
     from kpair.toolchain import compile_cubin
 
-    with open_device("cuda") as dev:
-        arch = dev.arch()
-    src = ROOT / "tests" / "cuda"
-    axpy = compile_cubin(src / "elementwise.cu", tmp / "elementwise.cubin", arch=arch)
-    gemm = compile_cubin(src / "gemm.cu", tmp / "gemm.cubin", arch=arch)
+    arch, axpy, gemm = cuda_test_kernels(tmp)
     rng = np.random.default_rng(0)
     out = []
     n = 8 << 20
