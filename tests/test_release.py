@@ -277,9 +277,12 @@ def test_refused_replacement_keeps_the_published_operator(harnesses, tmp_path):
         (harnesses["fast"] / "opt.so").read_bytes()
 
 
-@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize(("replace", "pair"), [(False, "fast"), (True, "fast"),
+                                               (False, "offbyone")])
 def test_interrupted_add_leaves_the_old_index_and_tree(harnesses, tmp_path, monkeypatch,
-                                                       replace):
+                                                       replace, pair):
+    """Published (fast) or refused (offbyone: its exclusion is written under excluded/),
+    an add interrupted before its index lands leaves the tree as it was."""
     root = tmp_path / "rel"
     release.add_operator(root, harnesses["fast"], level=1, name="1_mm", options=QUICK)
     before = (root / "index.json").read_bytes()
@@ -295,7 +298,7 @@ def test_interrupted_add_leaves_the_old_index_and_tree(harnesses, tmp_path, monk
     monkeypatch.setattr(os, "replace", dies_on_index)
     name = "1_mm" if replace else "2_other"
     with pytest.raises(KeyboardInterrupt):
-        release.add_operator(root, harnesses["fast"], level=1, name=name, replace=replace,
+        release.add_operator(root, harnesses[pair], level=1, name=name, replace=replace,
                              options=QUICK)
     monkeypatch.undo()
     assert (root / "index.json").read_bytes() == before

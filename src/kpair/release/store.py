@@ -309,30 +309,37 @@ def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: 
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _swap_in(new: Path, dest: Path, trash: Path) -> bool:
-    """Move ``new`` to ``dest``, the previous ``dest`` (if any) to ``trash``; True if there was
-    one. Each step is one rename, so nothing is ever half copied in the tree."""
+def _swap_in(new: Path, dest: Path, trash: Path) -> tuple[bool, list[Path]]:
+    """Move ``new`` to ``dest``, the previous ``dest`` (if any) to ``trash``: whether there was
+    one, and the folders above ``dest`` made for it. Each step is one rename, so nothing is
+    ever half copied in the tree."""
+    made = [p for p in reversed(dest.parents) if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     had_old = dest.exists()
     if had_old:
         os.replace(dest, trash)
     os.replace(new, dest)
-    return had_old
+    return had_old, made
 
 
-def _swap_back(new: Path, dest: Path, trash: Path, had_old: bool) -> None:
+def _swap_back(new: Path, dest: Path, trash: Path, swapped: tuple[bool, list[Path]]) -> None:
+    """Undo ``_swap_in``: the tree as it was, the folders it made for ``dest`` removed too."""
+    had_old, made = swapped
     os.replace(dest, new)
     if had_old:
         os.replace(trash, dest)
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _publish(root: Path, staging: Path, dest: Path, index: Index) -> None:
-    had_old = _swap_in(staging / "op", dest, staging / "old")
+    swapped = _swap_in(staging / "op", dest, staging / "old")
     try:
         index.write(root / INDEX)
     except BaseException:
         # The index was not replaced: put the tree back the way that index describes it.
-        _swap_back(staging / "op", dest, staging / "old", had_old)
+        _swap_back(staging / "op", dest, staging / "old", swapped)
         raise
 
 
@@ -343,11 +350,11 @@ def _record_exclusion(root: Path, staging: Path, dest: Path, index: Index) -> No
         os.replace(staging / "op" / HARNESS / "result.json", keep / "result.json")
     if (staging / "op" / PROVENANCE).is_dir():
         os.replace(staging / "op" / PROVENANCE, keep / PROVENANCE)
-    had_old = _swap_in(keep, dest, staging / "old-excluded")
+    swapped = _swap_in(keep, dest, staging / "old-excluded")
     try:
         index.write(root / INDEX)
     except BaseException:
-        _swap_back(keep, dest, staging / "old-excluded", had_old)
+        _swap_back(keep, dest, staging / "old-excluded", swapped)
         raise
 
 
