@@ -1,6 +1,6 @@
 """Search that is cheap first: prune every proposal with a short measurement, confirm the
 best few with the full checked run, pick the winner. A proposal whose code and launch are
-those of one already evaluated is skipped (say ``num_stages`` of a kernel with no loop).
+those of one already evaluated is skipped (say a register cap the kernel never reaches).
 
 Both stages are ``kpair.session.Session`` s on the same harness (``OUT/prune``,
 ``OUT/confirm``), so every evaluation lands in that stage's ``attempts.jsonl`` with its
@@ -95,7 +95,7 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
                 log(f"    skipped {p.label}: not built")
                 continue
             key = (_digest(p), repr(p.launch_override))
-            if key in seen:  # e.g. num_stages of a kernel with no loop: the same machine code
+            if key in seen:  # e.g. a register cap it never reaches: the same machine code
                 outcome.skipped.append((strategy, p, f"the same code and launch as "
                                         f"{seen[key]}"))
                 continue

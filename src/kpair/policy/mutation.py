@@ -35,28 +35,20 @@ EXACT = 1 << 16
 TILE = 64
 
 
-def permute(values: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> None:
-    """``values`` in another order, into ``out`` (see ``EXACT``)."""
+def _draw(values: np.ndarray, rng: np.random.Generator, out: np.ndarray, replace: bool
+          ) -> None:
+    """``values`` reordered (``replace``: drawn with replacement) into ``out``; past
+    ``EXACT`` elements tile by tile (see ``EXACT``)."""
     n = values.size
+    pick = (lambda k: rng.integers(0, k, k)) if replace else rng.permutation
     if n <= EXACT:
-        out[:] = values[rng.permutation(n)]
+        out[:] = values[pick(n)]
         return
     tiles, whole = n // TILE, n // TILE * TILE
-    np.take(values[:whole].reshape(tiles, TILE)[rng.permutation(tiles)],
-            rng.permutation(TILE), axis=1, out=out[:whole].reshape(tiles, TILE))
-    out[whole:] = values[whole:][rng.permutation(n - whole)]
-
-
-def resample(values: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> None:
-    """Values drawn with replacement from ``values``, into ``out`` (see ``EXACT``)."""
-    n = values.size
-    if n <= EXACT:
-        out[:] = values[rng.integers(0, n, n)]
-        return
-    tiles, whole = n // TILE, n // TILE * TILE
-    np.take(values[:whole].reshape(tiles, TILE)[rng.integers(0, tiles, tiles)],
-            rng.permutation(TILE), axis=1, out=out[:whole].reshape(tiles, TILE))
-    out[whole:] = values[rng.integers(0, n, n - whole)]
+    np.take(values[:whole].reshape(tiles, TILE)[pick(tiles)], rng.permutation(TILE), axis=1,
+            out=out[:whole].reshape(tiles, TILE))
+    out[whole:] = values[rng.integers(0, n, n - whole)] if replace else \
+        values[whole:][rng.permutation(n - whole)]
 
 
 class MutationDoc(Record, omit_defaults=True):
@@ -125,10 +117,7 @@ class Mutation:
                                offset=start)
         out = bytearray(data)
         target = np.frombuffer(out, dtype, count=values.size, offset=start)
-        if self.method == "permute":
-            permute(values, rng, out=target)
-        else:
-            resample(values, rng, out=target)
+        _draw(values, rng, target, replace=self.method == "resample")
         return bytes(out)
 
     def describe(self) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 from ..dtypes import EPS, decode
 from ..policy import Policy, Tolerance, Verdict, check, check_region
 from ..policy.judge import _plain
-from .armor import Band, _runs, describe_violation, left_mask, poison_left
+from .armor import Band, Runs, describe_violation, left_mask, poison_left
 
 #: Every check, in the order its failure is reported first.
 CHECKS = ("baseline_determinism", "guard_bands", "input_integrity", "poisoned_outputs",
@@ -193,7 +193,7 @@ class OptRun:
     violations: tuple = ()
 
 
-def poisoned_outputs(plan: dict[str, list[tuple[int, int]]], not_tested: dict[str, str],
+def poisoned_outputs(plan: dict[str, Runs], not_tested: dict[str, str],
                      runs: Sequence[OptRun], control: str) -> Finding:
     """opt must write every byte ref writes whatever it held: poisoned bytes left as poison
     mean opt relied on what the output buffer already held."""
@@ -204,7 +204,7 @@ def poisoned_outputs(plan: dict[str, list[tuple[int, int]]], not_tested: dict[st
             if n:
                 left.append({"run": run.label, "region": name, "bytes": n,
                              "first_offset": first, "poison": f"0x{word:08x}"})
-    info = {"regions": {n: {"bytes": _runs(r).nbytes, "runs": len(r)}
+    info = {"regions": {n: {"bytes": r.nbytes, "runs": len(r)}
                         for n, r in plan.items()},
             "not_tested": not_tested, "control": control,
             "opt_runs_poisoned": sum(1 for r in runs if r.poison), "left": left}

@@ -32,7 +32,7 @@ import re
 import struct
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +147,8 @@ def with_config(info: KernelInfo, config: dict) -> KernelInfo:
     for key in ("num_warps", "num_stages", "maxnreg"):
         if key not in metadata and config.get(key) is not None:
             metadata[key] = config[key]
-    return KernelInfo(**{**info.__dict__, "constants": {**info.constants, **kwargs},
-                         "raw_constants": {**info.raw_constants, **kwargs},
-                         "metadata": metadata})
+    return replace(info, constants={**info.constants, **kwargs},
+                   raw_constants={**info.raw_constants, **kwargs}, metadata=metadata)
 
 
 def resolve(info: KernelInfo, manifest, kernarg: bytes) -> KernelInfo | str:
@@ -170,14 +169,9 @@ def resolve(info: KernelInfo, manifest, kernarg: bytes) -> KernelInfo | str:
         candidate = with_config(info, c)
         if 32 * int(candidate.metadata.get("num_warps") or 4) != block[0]:
             continue
-        formula = grid_formula(candidate)
-        if formula is not None:
-            try:
-                if grid_for(formula, candidate.constants, scalars(candidate, manifest, kernarg)
-                            ) != tuple(manifest.launch.grid):
-                    continue
-            except UsageError:
-                continue
+        if grid_formula(candidate) is not None and \
+                dispatch_formula(candidate, manifest, kernarg) is None:
+            continue
         fits.append(candidate)
     distinct = {repr((c.constants, c.metadata)) for c in fits}
     if len(distinct) != 1:
@@ -208,6 +202,18 @@ def grid_formula(info: KernelInfo) -> str | None:
             return "(cdiv(xnumel, XBLOCK), cdiv(ynumel, YBLOCK))"
         return "cdiv(xnumel, XBLOCK)"
     return None
+
+
+def dispatch_formula(info: KernelInfo, manifest, kernarg: bytes) -> str | None:
+    """The grid formula, if it gives this dispatch's grid at its constants and scalars."""
+    formula = grid_formula(info)
+    if formula is None:
+        return None
+    try:
+        grid = grid_for(formula, info.constants, scalars(info, manifest, kernarg))
+    except UsageError:
+        return None
+    return formula if grid == tuple(manifest.launch.grid) else None
 
 
 def grid_for(formula: str, constants: dict, values: dict) -> tuple[int, int, int]:
@@ -383,14 +389,9 @@ class TritonRetune:
         info = resolve(kernel_info(m.provenance or {}), m, harness.snapshot.kernarg())
         if isinstance(info, str):
             raise KpairError(info)
-        values = scalars(info, m, harness.snapshot.kernarg())
-        formula = grid_formula(info)
-        if formula is not None:
-            try:
-                if grid_for(formula, info.constants, values) != tuple(m.launch.grid):
-                    formula = None  # it does not describe this dispatch: blocks stay
-            except UsageError:
-                formula = None
+        kernarg = harness.snapshot.kernarg()
+        values = scalars(info, m, kernarg)
+        formula = dispatch_formula(info, m, kernarg)  # None: blocks stay as they are
         return info, configs(info, grid_known=formula is not None, limit=self.limit), \
             formula, values
 
