@@ -79,11 +79,9 @@ def one_case(name: str, harness: Path, count: int, out: Path) -> dict:
     t_sep = time.perf_counter() - t0
     t0 = time.perf_counter()
     with Session(harness, RunOptions(), out=out / f"{name}-session") as s:
-        setup_and_first = time.perf_counter()
         results = [s.evaluate(candidate) for _ in range(count)]
         started = s.workers_started
     t_ses = time.perf_counter() - t0
-    del setup_and_first
     medians = [r.speed.debug_only.get("ref_median_us") for r in separate if r.speed]
     row.update({
         "kernel_median_us": float(np.median(medians)) if medians else None,

@@ -130,7 +130,11 @@ def test_cuda_source_on_the_demo_matmul(kit, tmp_path):
     row, _ = _one_row(rel)
     attempts, _ = _attempts(rel, row)
     prune = [a for a in attempts if a.params["stage"] == "prune"]
-    assert len(prune) >= 12 and all(a.build and "nvcc" in a.build for a in prune)
+    # 2 macro sets x 6 flag sets; builds that come out as the same cubin are evaluated once
+    # (-Xptxas -O3 is ptxas's default, a register cap the kernel never reaches).
+    built = [(a.candidate_sha256, json.dumps(a.params.get("launch"))) for a in prune]
+    assert len(set(built)) == len(built) >= 6, built
+    assert all(a.build and "nvcc" in a.build for a in prune)
     tiled = [a for a in prune if a.params["defines"]["KP_OPT"] == "1"]
     assert tiled and all(a.status == "pass" for a in tiled), [a.reason for a in tiled]
     # Shared-memory tiles against global loads at n=1024: the tiled build wins here.

@@ -28,11 +28,21 @@ from collections.abc import Iterator
 
 from ..formats import convert
 from .filters import Filter
-from .profiler import KernelProfiler, profile_program, run_profile, top_kernels
 from .session import DEFAULT_MAX_REGION_BYTES, SUMMARY, CaptureSession
 from .summary import ProfileUse
 
 _tracer = None
+#: Loaded on first use: ``python -m kpair.capture.profiler`` (the profiled child) must not
+#: find its own module already imported by this package.
+_PROFILER = ("KernelProfiler", "profile_program", "run_profile", "top_kernels")
+
+
+def __getattr__(name: str):
+    if name in _PROFILER:
+        from . import profiler
+
+        return getattr(profiler, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install(*, cupti_path: str | None = None):
