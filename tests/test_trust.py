@@ -21,6 +21,7 @@ from kpair.record import record_call
 from kpair.toolchain import compile_shared
 from kpair.trust import CHECKS
 from kpair.trust.armor import (
+    Armor,
     Band,
     band_violation,
     describe_violation,
@@ -28,6 +29,7 @@ from kpair.trust.armor import (
     left_mask,
     mask_runs,
     pattern,
+    poison_into,
     poisoned_image,
 )
 from kpair.trust.findings import (
@@ -114,6 +116,65 @@ def test_poison_arithmetic_over_many_fragmented_runs_matches_the_run_by_run_rule
             im = pattern(word, e - s)[lo - s:hi - s]
             want[lo:hi] = (actual[lo:hi] == im).all() and not (expected[lo:hi] == im).all()
     assert (left == want).all() and want.any()
+
+
+def _fragmented_armor(device, size=1 << 14):
+    rng = np.random.default_rng(7)
+    pre = rng.integers(0, 256, size, np.uint8).tobytes()
+    runs = mask_runs(rng.random(size) < 0.5)
+    mem = np.frombuffer(bytearray(pre), np.uint8)
+    armor = Armor(device, [], np.random.default_rng(1), pre={"out": pre})
+    armor.plan = {"out": (mem.ctypes.data, size, runs)}
+    return armor, mem, pre, runs
+
+
+def _poisoned(pre, runs, word):
+    image = np.frombuffer(pre, np.uint8).copy()
+    poison_into(image, runs, word)
+    return image
+
+
+def test_timed_launches_take_their_poison_from_held_copies_of_the_pre_state():
+    from kpair.backends.host import HostDevice
+
+    armor, mem, pre, runs = _fragmented_armor(HostDevice())
+    words = []
+    for _ in range(4):
+        mem[:] = 0                      # whatever the last launch left: the copy replaces it
+        armor.timed.before()
+        word = armor.poisoned_regions()["out"][0]
+        assert (mem == _poisoned(pre, runs, word)).all()
+        armor.timed.after()
+        assert armor.last == []
+        words.append(word)
+    # Two words alternate (one of the quiet-NaN family), drawn anew for the next candidate.
+    assert words[0] == words[2] != words[1] == words[3]
+    assert sum((w & 0xFFC00000) == 0x7FC00000 for w in words[:2]) >= 1
+    armor.drop_held()
+    armor.timed.before()
+    assert armor.poisoned_regions()["out"][0] not in words[:2]
+    # Untimed poisoned launches poison what the region holds now (a mutated input, say).
+    mem[:] = 3
+    armor.poisoned.before()
+    word = armor.poisoned_regions()["out"][0]
+    assert (mem == _poisoned(bytes(mem.size * [3]), runs, word)).all()
+
+
+def test_a_kernel_that_writes_into_a_held_poisoned_copy_is_caught():
+    from kpair.backends.host import HostDevice
+
+    class Tampered(HostDevice):   # as a kernel that found kpair's copy and wrote into it
+        def intact(self, held):
+            return False
+
+    armor, mem, _, _ = _fragmented_armor(Tampered())   # mem: the memory must stay alive
+    armor.timed.before()
+    armor.timed.after()
+    assert [v["side"] for v in armor.last] == ["held copy"]
+    assert "poisoned copy of region out changed" in describe_violation(armor.last[0])
+    armor.poisoned.before()     # a read-modify-write launch holds no copy to check
+    armor.poisoned.after()
+    assert armor.last == []
 
 
 def test_write_only_mask_separates_outputs_from_inputs():

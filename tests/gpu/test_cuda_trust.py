@@ -99,3 +99,31 @@ def test_cuda_honest_opt_passes_every_check(cuda_suite, evidence, source, kernel
                                                                      "runs": 1}}
     assert trust["guard_bands"]["ran"] and trust["timing_integrity"]["ran"]
     assert trust["impossible_speed"]["ran"]  # the CUDA backend measures its bandwidth
+
+
+def test_cuda_fragmented_write_only_bytes_take_held_poison(kit, evidence):
+    """out's write-only bytes depend on the data (thousands of runs): the timed launches take
+    their poison from copies held on the device, each checked intact after the launch. An
+    honest opt passes every check; one that skips the masked writes leaves poison."""
+    n = 1 << 22
+    rng = np.random.default_rng(3)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    g, out = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    snap = kit.record("elementwise", "relu_backward", [mask, g, out, np.int32(n)],
+                      Launch((n // 256, 1, 1), (256, 1, 1)), ["mask", "g", "out", "n"])
+    rows = {}
+    for kernel in ("relu_backward", "relu_backward_skip"):
+        harness = kit.pair(snap, opt=kit.build("elementwise"), opt_kernel=kernel)
+        r = rows[kernel] = kit.run(harness, timeout_s=300, **kit.quick)
+        evidence(f"held-poison[{kernel}]", {"status": r["status"], "stage_s": r.get("stage_s"),
+                                            "summary": Result.from_json(r).summary()})
+    honest, skip = rows["relu_backward"], rows["relu_backward_skip"]
+    assert honest["status"] == "pass", Result.from_json(honest).summary()
+    trust = honest["trust"]
+    assert not [k for k, v in trust.items() if v["passed"] is False]
+    poisoned = trust["poisoned_outputs"]["finding"]["regions"]["out"]
+    assert poisoned["bytes"] == int(mask.sum()) * 4 and poisoned["runs"] > 1000
+    assert trust["guard_bands"]["finding"]["violations"] == []
+    assert trust["timing_integrity"]["finding"]["timed_outputs_checked"] >= 1
+    assert skip["status"] == "fail"
+    assert skip["correctness"]["failed_check"] == "poisoned_outputs", skip["correctness"]

@@ -203,6 +203,11 @@ class DeviceChecks:
         if isinstance(held, CudaHeld):
             self._spare.setdefault(held.size, []).append(held.ptr)
 
+    def intact(self, held: Held) -> bool:
+        if not isinstance(held, CudaHeld):
+            return super().intact(held)
+        return self._diff([(held.ptr, held.ptr, 0, held.size)])[0][2] == held.digest
+
     def compare(self, address: int, size: int, held: Held) -> tuple[int, int | None] | None:
         if not isinstance(held, CudaHeld):
             return super().compare(address, size, held)

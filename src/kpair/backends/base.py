@@ -193,6 +193,10 @@ class Device(ABC):
     def drop(self, held: Held) -> None:  # noqa: B027 - host copies are garbage-collected
         """Release a held copy."""
 
+    def intact(self, held: Held) -> bool:
+        """Whether a held copy still holds what was kept (a kernel cannot reach host copies)."""
+        return True
+
     def compare(self, address: int, size: int, held: Held) -> tuple[int, int | None] | None:
         """(bytes that differ, first differing offset or None) between the memory at
         ``address`` and ``held``; None if the held copy itself no longer holds what was kept

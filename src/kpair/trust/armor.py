@@ -4,11 +4,22 @@ The layout is pure: ``guard_bands`` (where the canaries go: bytes beside a regio
 region covers and that the device mapped), ``band_violation`` (what changed in one), the
 poison pattern (``pattern``, ``poisoned_image``) and what of it a run left (``left_mask``,
 ``poison_left``). ``Armor`` writes them through a ``Device`` around launches: the replay
-calls one of its two hook sets per launch, ``armor.guarded`` (fresh canaries before, checked
-after) or ``armor.poisoned`` (the same, plus fresh poison in every planned write-only range).
+calls one of its hook sets per launch, ``armor.guarded`` (fresh canaries before, checked
+after), ``armor.poisoned`` (the same, plus fresh poison in every planned write-only range) or
+``armor.timed`` (poison for launches on the pre-state, many of them: see below).
 Which launches get poison is the caller's choice at each launch, never a mode of the armour.
 Canaries are checked where the memory is (``Device.check_fills``); a band is read back to
 the host only when it changed, to say where.
+
+Poison in a few ranges is a device fill per range. A data-dependent write pattern has
+millions of ranges: there a poisoned launch reads the region, poisons it on the host and
+writes it back (``poison_into``), about half a second per 100 MB. The timed launches (ABBA,
+timing windows) run on the captured pre-state only, so for them the armour makes, once per
+candidate, two poisoned copies of each such region's pre-state (one quiet-NaN word, one
+arbitrary word), holds them where the device keeps copies (``Device.hold``), copies one in
+before each launch (``Device.put``; device to device on a GPU) and checks after the launch
+that the held copy is intact, so a kernel that writes its answer into it fails as one that
+writes out of bounds.
 """
 
 from __future__ import annotations
@@ -20,7 +31,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..backends.base import Device
+    from collections.abc import Mapping
+
+    from ..backends.base import Device, Held
 
 #: Guard bytes per side of a region at most (they are read back after every launch); an
 #: unmapped byte is never touched.
@@ -28,6 +41,9 @@ GUARD_CAP = 64 << 10
 #: Without mapped_ranges(), gaps shorter than this lie in pages both neighbours map.
 SAFE_GAP = 4096
 _FILL_RUNS = 64     # more poison runs than this: read-modify-write the region instead
+#: Poisoned copies of a fragmented region held for the timed launches, and their bytes at most.
+HELD_WORDS = 2
+HELD_CAP = 4 << 30
 
 
 class Runs:
@@ -214,6 +230,9 @@ def band_violation(band: Band, seen: bytes, word: int) -> dict | None:
 def describe_violation(v: dict) -> str:
     lo, hi = v["first_offset"], v["last_offset"]
     span = f"{lo:+d}" if lo == hi else f"{lo:+d}..{hi:+d}"
+    if v["side"] == "held copy":
+        return (f"kpair's poisoned copy of region {v['region']} changed: a kernel wrote "
+                "into memory kpair holds outside the captured regions")
     where = "before the start" if v["side"] == "before" else "past the end"
     return (f"{v['bytes']} byte{'s' * (v['bytes'] != 1)} {where} of region {v['region']} "
             f"(offsets {span} from its start)")
@@ -225,11 +244,11 @@ def describe_violation(v: dict) -> str:
 class _Hooks:
     """What ``Replay`` calls around one launch: ``before`` and ``after``."""
 
-    def __init__(self, armor: Armor, poison: bool):
-        self.armor, self.poison = armor, poison
+    def __init__(self, armor: Armor, poison: bool, timed: bool = False):
+        self.armor, self.poison, self.timed = armor, poison, timed
 
     def before(self) -> None:
-        self.armor._before(self.poison)
+        self.armor._before(self.poison, self.timed)
 
     def after(self) -> None:
         self.armor._after()
@@ -239,18 +258,26 @@ class Armor:
     """Canaries and poison, written around each launch with words drawn from ``rng``.
 
     ``plan`` (region -> (address, size, write-only runs)) is what ``poisoned`` launches get
-    poison in; it is set once the write-only bytes are known. After each launch ``last``
-    holds the guard violations it caused and ``poisoned_regions()`` the poison it was given.
+    poison in; it is set once the write-only bytes are known. ``pre`` (region -> captured
+    pre-state) is what ``timed`` launches start from. After each launch ``last`` holds the
+    guard violations it caused and ``poisoned_regions()`` the poison it was given.
+    ``drop_held()`` releases the held poisoned copies (a new candidate gets new words).
     """
 
-    def __init__(self, device: Device, bands: list[Band], rng: np.random.Generator):
+    def __init__(self, device: Device, bands: list[Band], rng: np.random.Generator,
+                 pre: Mapping[str, bytes] | None = None):
         self.device, self.bands, self.rng = device, bands, rng
+        self.pre = pre or {}
         self.plan: dict[str, tuple[int, int, Runs]] = {}
         self.poison_words: dict[str, int] = {}   # of the last launch
         self.last: list[dict] = []                 # guard violations of the last launch
         self.canary, self._n = 0, 0
+        self._held: dict[str, list[tuple[int, Held]]] = {}   # region -> (word, copy)
+        self._turn = 0
+        self._put: list[tuple[str, Held]] = []     # held copies put before the last launch
         self.guarded = _Hooks(self, poison=False)
         self.poisoned = _Hooks(self, poison=True)
+        self.timed = _Hooks(self, poison=True, timed=True)
 
     def _poison_word(self) -> int:
         # Alternate a quiet-NaN family (NaN as f32, and in the high half as f16/bf16) with
@@ -259,27 +286,67 @@ class Armor:
         w = int(self.rng.integers(1, 2**32))
         return 0x7FC00000 | (w & 0xFFFF) if self._n % 2 else w
 
-    def _before(self, poison: bool) -> None:
+    def _before(self, poison: bool, timed: bool) -> None:
         self.canary = int(self.rng.integers(1, 2**32))
         for b in self.bands:
             self.device.fill(b.address, b.size, self.canary)
-        self.poison_words = {}
+        self.poison_words, self._put = {}, []
         if not poison:
             return
+        if timed:
+            self._turn += 1
         for name, (address, size, runs) in self.plan.items():
-            word = self._poison_word()
             if len(runs) <= _FILL_RUNS:
+                word = self._poison_word()
                 for s, e in runs:
                     self.device.fill(address + s, e - s, word)
+            elif timed and self._held_copies(name):
+                word, held = self._held[name][self._turn % len(self._held[name])]
+                self.device.put(address, held)
+                self._put.append((name, held))
             else:
+                word = self._poison_word()
                 cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
                 poison_into(cur, runs, word)
                 self.device.write(address, cur.tobytes())
             self.poison_words[name] = word
 
+    def _held_copies(self, name: str) -> bool:
+        """Make region ``name``'s poisoned copies of its pre-state on first use; False where
+        there is no room for them (the launch then reads, poisons and writes the region)."""
+        if name not in self._held:
+            address, size, runs = self.plan[name]
+            copies: list[tuple[int, Held]] = []
+            made = sum(h.size for c in self._held.values() for _, h in c)
+            if name in self.pre and made + HELD_WORDS * size <= HELD_CAP:
+                for _ in range(HELD_WORDS):
+                    word = self._poison_word()
+                    image = np.frombuffer(self.pre[name], np.uint8).copy()
+                    poison_into(image, runs, word)
+                    held = self.device.hold(image.tobytes())
+                    if held is None:
+                        break
+                    copies.append((word, held))
+            if len(copies) < HELD_WORDS:   # one word only would be a constant poison
+                for _, held in copies:
+                    self.device.drop(held)
+                copies = []
+            self._held[name] = copies
+        return bool(self._held[name])
+
+    def drop_held(self) -> None:
+        for copies in self._held.values():
+            for _, held in copies:
+                self.device.drop(held)
+        self._held, self._put = {}, []
+
     def _after(self) -> None:
         # Checked where the memory is (Device.check_fills); only a band that changed is read.
         self.last = []
+        for name, held in self._put:
+            if not self.device.intact(held):
+                self.last.append({"region": name, "side": "held copy", "bytes": held.size,
+                                  "first_offset": 0, "last_offset": held.size - 1})
         if not self.bands:
             return
         found = self.device.check_fills([(b.address, b.size) for b in self.bands], self.canary)

@@ -50,7 +50,8 @@ class Audit:
                                                        strict=True)]
         bands = [] if "guard_bands" in self.skip else \
             guard_bands(regions, replay.device.mapped_ranges())
-        self.armor = Armor(replay.device, bands, np.random.default_rng([seed, 2]))
+        self.armor = Armor(replay.device, bands, np.random.default_rng([seed, 2]),
+                           pre=replay.pre)
         self.found: dict[str, Finding] = {}
         self.ref_posts: list[dict[str, bytes]] = []
         self.opt_runs: list[OptRun] = []
@@ -79,6 +80,7 @@ class Audit:
         self.windows = {"ref": [], "opt": []}
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
         self._cache = None
+        self.armor.drop_held()
 
     # ---------------------------------------------------------------- phases
 
@@ -253,7 +255,7 @@ class Audit:
         for i in range(TIMING_LAUNCHES):
             for role, k, launch in (("ref", ref, ref_launch), ("opt", opt, opt_launch)):
                 self.windows[role].append(self.replay.time_window(k, launch,
-                                                                  hooks=self.armor.poisoned))
+                                                                  hooks=self.armor.timed))
                 self._timed_guards(role, f"timing-window launch {i + 1}")
 
     def _timed_guards(self, role: str, label: str) -> None:
@@ -263,7 +265,7 @@ class Audit:
     def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One ABBA launch (poison and canaries on both kernels); opt's output regions are
         judged after its launches 1, 2, 4, 8, ... and every CHECK_EVERY-th."""
-        t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned)
+        t = self.replay.time_one(kernel, launch, hooks=self.armor.timed)
         if role == "opt":
             n = self.timed["launches"] = self.timed["launches"] + 1
             self._timed_guards(role, f"timed launch {n}")
