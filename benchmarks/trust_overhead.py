@@ -15,6 +15,10 @@ host: kp_matmul (tests/csrc/matmul.c, naive ref vs loop-reordered opt, byte-exac
 mutations of both inputs declared) at n = 64, 128, 256. cuda: A/A pairs of the axpy and
 tiled GEMM test kernels (tests/cuda; needs a GPU, cuda-bindings and nvcc), and ``axpbyz_3x16M``:
 z = a*x + y over three 16 MiB regions (48 MiB), with the default policy (derived mutations).
+Both: ``relu_backward_16M``, an A/A pair of a threshold backward updated in place over 4 Mi
+floats (tests/csrc/relu_backward.c, tests/cuda/elementwise.cu): which bytes of its 16 MiB
+output are write-only depends on a random mask, about 2 M runs of them (the poison of a
+data-dependent write pattern), default policy.
 Each case reports ``checked_over_unchecked`` (checked wall / unchecked wall; the goal for
 >= 48 MiB of regions is <= 1.5). With ``--backend cuda`` the output also has
 ``compare_speed``: one 16 MiB region compared on the device against a held copy
@@ -62,22 +66,37 @@ def host_cases(tmp: Path) -> list[tuple[str, Path]]:
                            names=["a", "b", "c", "n"])
         h = create_harness(snap.root, tmp / f"matmul{n}", opt=opt, policy=policy)
         out.append((f"matmul_n{n}", h.root))
-    return out
+    relu = compile_shared(ROOT / "tests" / "csrc" / "relu_backward.c", tmp / "relu.so")
+    return out + [relu_backward_case(tmp, relu)]
+
+
+def relu_backward_case(tmp: Path, binary: Path, backend: str = "host") -> tuple[str, Path]:
+    from kpair.snapshot import Launch
+
+    n = 4 << 20
+    rng = np.random.default_rng(1)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    g, out = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    kernel = "relu_backward" if backend == "cuda" else "kp_relu_backward"
+    snap = record_call(binary, kernel, [mask, g, out, np.int32(n)], tmp / "relu", backend=backend,
+                       launch=Launch((n // 256, 1, 1), (256, 1, 1)) if backend == "cuda"
+                       else None, names=["mask", "g", "out", "n"])
+    return "relu_backward_16M", create_harness(snap.root, tmp / "h-relu", opt=binary).root
 
 
 def cuda_cases(tmp: Path) -> list[tuple[str, Path]]:
     from kpair.snapshot import Launch
     from kpair.toolchain import compile_cubin
 
-    arch, axpy, gemm = cuda_test_kernels(tmp)
+    arch, elementwise, gemm = cuda_test_kernels(tmp)
     rng = np.random.default_rng(0)
     out = []
     n = 8 << 20
     x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-    snap = record_call(axpy, "axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "axpy",
+    snap = record_call(elementwise, "axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "axpy",
                        backend="cuda", launch=Launch((n // 256, 1, 1), (256, 1, 1)),
                        names=["x", "y", "a", "n"])
-    out.append(("axpy_8M", create_harness(snap.root, tmp / "h-axpy", opt=axpy).root))
+    out.append(("axpy_8M", create_harness(snap.root, tmp / "h-axpy", opt=elementwise).root))
     m = 1024
     a, b = rng.standard_normal((m, m), np.float32), rng.standard_normal((m, m), np.float32)
     snap = record_call(gemm, "gemm_tiled", [a, b, np.zeros((m, m), np.float32)] +
@@ -97,7 +116,7 @@ def cuda_cases(tmp: Path) -> list[tuple[str, Path]]:
                        launch=Launch((n // 256, 1, 1), (256, 1, 1)),
                        names=["x", "y", "z", "a", "n"])
     out.append(("axpbyz_3x16M", create_harness(snap.root, tmp / "h-axpbyz", opt=three).root))
-    return out
+    return out + [relu_backward_case(tmp, elementwise, "cuda")]
 
 
 #: Three 16 MiB regions: two inputs and one write-only output.
