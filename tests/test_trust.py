@@ -134,26 +134,26 @@ def _poisoned(pre, runs, word):
     return image
 
 
-def test_timed_launches_take_their_poison_from_held_copies_of_the_pre_state():
+def test_launches_on_the_pre_state_take_their_poison_from_held_copies():
     from kpair.backends.host import HostDevice
 
     armor, mem, pre, runs = _fragmented_armor(HostDevice())
     words = []
     for _ in range(4):
         mem[:] = 0                      # whatever the last launch left: the copy replaces it
-        armor.timed.before()
+        armor.poisoned_pre.before()
         word = armor.poisoned_regions()["out"][0]
         assert (mem == _poisoned(pre, runs, word)).all()
-        armor.timed.after()
+        armor.poisoned_pre.after()
         assert armor.last == []
         words.append(word)
     # Two words alternate (one of the quiet-NaN family), drawn anew for the next candidate.
     assert words[0] == words[2] != words[1] == words[3]
     assert sum((w & 0xFFC00000) == 0x7FC00000 for w in words[:2]) >= 1
     armor.drop_held()
-    armor.timed.before()
+    armor.poisoned_pre.before()
     assert armor.poisoned_regions()["out"][0] not in words[:2]
-    # Untimed poisoned launches poison what the region holds now (a mutated input, say).
+    # Launches on another state poison what the region holds now (a mutated input, say).
     mem[:] = 3
     armor.poisoned.before()
     word = armor.poisoned_regions()["out"][0]
@@ -168,8 +168,8 @@ def test_a_kernel_that_writes_into_a_held_poisoned_copy_is_caught():
             return False
 
     armor, mem, _, _ = _fragmented_armor(Tampered())   # mem: the memory must stay alive
-    armor.timed.before()
-    armor.timed.after()
+    armor.poisoned_pre.before()
+    armor.poisoned_pre.after()
     assert [v["side"] for v in armor.last] == ["held copy"]
     assert "poisoned copy of region out changed" in describe_violation(armor.last[0])
     armor.poisoned.before()     # a read-modify-write launch holds no copy to check

@@ -6,20 +6,20 @@ poison pattern (``pattern``, ``poisoned_image``) and what of it a run left (``le
 ``poison_left``). ``Armor`` writes them through a ``Device`` around launches: the replay
 calls one of its hook sets per launch, ``armor.guarded`` (fresh canaries before, checked
 after), ``armor.poisoned`` (the same, plus fresh poison in every planned write-only range) or
-``armor.timed`` (poison for launches on the pre-state, many of them: see below).
+``armor.poisoned_pre`` (the same, for a launch whose planned regions hold their pre-state).
 Which launches get poison is the caller's choice at each launch, never a mode of the armour.
 Canaries are checked where the memory is (``Device.check_fills``); a band is read back to
 the host only when it changed, to say where.
 
 Poison in a few ranges is a device fill per range. A data-dependent write pattern has
 millions of ranges: there a poisoned launch reads the region, poisons it on the host and
-writes it back (``poison_into``), about half a second per 100 MB. The timed launches (ABBA,
-timing windows) run on the captured pre-state only, so for them the armour makes, once per
-candidate, two poisoned copies of each such region's pre-state (one quiet-NaN word, one
-arbitrary word), holds them where the device keeps copies (``Device.hold``), copies one in
-before each launch (``Device.put``; device to device on a GPU) and checks after the launch
-that the held copy is intact, so a kernel that writes its answer into it fails as one that
-writes out of bounds.
+writes it back (``poison_into``), about half a second per 100 MB. Most launches (opt's
+repeats, the timed ones, and differential runs of mutated inputs elsewhere) find such a region
+holding its pre-state, so for them the armour makes, once per candidate, two poisoned copies
+of its pre-state (one quiet-NaN word, one arbitrary word), holds them where the device keeps
+copies (``Device.hold``), copies one in before each launch, alternately (``Device.put``;
+device to device on a GPU) and checks after the launch that the held copy is intact, so a
+kernel that writes its answer into it fails as one that writes out of bounds.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ GUARD_CAP = 64 << 10
 #: Without mapped_ranges(), gaps shorter than this lie in pages both neighbours map.
 SAFE_GAP = 4096
 _FILL_RUNS = 64     # more poison runs than this: read-modify-write the region instead
-#: Poisoned copies of a fragmented region held for the timed launches, and their bytes at most.
+#: Poisoned copies of a fragmented region's pre-state held per candidate, their bytes at most.
 HELD_WORDS = 2
 HELD_CAP = 4 << 30
 
@@ -244,11 +244,11 @@ def describe_violation(v: dict) -> str:
 class _Hooks:
     """What ``Replay`` calls around one launch: ``before`` and ``after``."""
 
-    def __init__(self, armor: Armor, poison: bool, timed: bool = False):
-        self.armor, self.poison, self.timed = armor, poison, timed
+    def __init__(self, armor: Armor, poison: bool, pre: bool = False):
+        self.armor, self.poison, self.pre = armor, poison, pre
 
     def before(self) -> None:
-        self.armor._before(self.poison, self.timed)
+        self.armor._before(self.poison, self.pre)
 
     def after(self) -> None:
         self.armor._after()
@@ -259,7 +259,7 @@ class Armor:
 
     ``plan`` (region -> (address, size, write-only runs)) is what ``poisoned`` launches get
     poison in; it is set once the write-only bytes are known. ``pre`` (region -> captured
-    pre-state) is what ``timed`` launches start from. After each launch ``last`` holds the
+    pre-state) is what ``poisoned_pre`` launches start from. After each launch ``last`` holds the
     guard violations it caused and ``poisoned_regions()`` the poison it was given.
     ``drop_held()`` releases the held poisoned copies (a new candidate gets new words).
     """
@@ -277,7 +277,7 @@ class Armor:
         self._put: list[tuple[str, Held]] = []     # held copies put before the last launch
         self.guarded = _Hooks(self, poison=False)
         self.poisoned = _Hooks(self, poison=True)
-        self.timed = _Hooks(self, poison=True, timed=True)
+        self.poisoned_pre = _Hooks(self, poison=True, pre=True)
 
     def _poison_word(self) -> int:
         # Alternate a quiet-NaN family (NaN as f32, and in the high half as f16/bf16) with
@@ -286,21 +286,21 @@ class Armor:
         w = int(self.rng.integers(1, 2**32))
         return 0x7FC00000 | (w & 0xFFFF) if self._n % 2 else w
 
-    def _before(self, poison: bool, timed: bool) -> None:
+    def _before(self, poison: bool, pre: bool) -> None:
         self.canary = int(self.rng.integers(1, 2**32))
         for b in self.bands:
             self.device.fill(b.address, b.size, self.canary)
         self.poison_words, self._put = {}, []
         if not poison:
             return
-        if timed:
+        if pre:
             self._turn += 1
         for name, (address, size, runs) in self.plan.items():
             if len(runs) <= _FILL_RUNS:
                 word = self._poison_word()
                 for s, e in runs:
                     self.device.fill(address + s, e - s, word)
-            elif timed and self._held_copies(name):
+            elif pre and self._held_copies(name):
                 word, held = self._held[name][self._turn % len(self._held[name])]
                 self.device.put(address, held)
                 self._put.append((name, held))

@@ -6,7 +6,7 @@ bytes for every opt launch, for ref's poisoned control run and for both kernels 
 starts. ``Audit`` runs the phases of a checked run, in this order (``kpair.pipeline``):
 ``baseline`` (ref repeated: determinism), ``discover`` (ref on two fills of each candidate
 region: which bytes are write-only; one poisoned control run), ``run_opt`` (opt repeated, each
-launch poisoned afresh), ``differential`` (ref and opt on mutated inputs), ``timing`` (timer
+launch poisoned anew), ``differential`` (ref and opt on mutated inputs), ``timing`` (timer
 against a synchronized wall-clock window), ``time_one`` (the ABBA launches: poison and guards
 on both kernels, opt's output checked now and then) and ``speed``.
 ``findings()`` gives one ``trust.Finding`` per check. One Audit per run, bound to one Replay.
@@ -86,7 +86,12 @@ class Audit:
 
     def _launch(self, kernel: Kernel, launch: Launch, *, poison: bool,
                 state: dict[str, bytes | int] | None = None) -> dict[str, bytes]:
-        hooks = self.armor.poisoned if poison else self.armor.guarded
+        if not poison:
+            hooks = self.armor.guarded
+        elif any(name in self.armor.plan for name in state or {}):
+            hooks = self.armor.poisoned        # poison what the state put there
+        else:
+            hooks = self.armor.poisoned_pre    # the planned regions hold their pre-state
         return self.replay.run(kernel, launch, state=state, hooks=hooks)
 
     def _violations(self, role: str, label: str | None = None) -> list[dict]:
@@ -255,7 +260,7 @@ class Audit:
         for i in range(TIMING_LAUNCHES):
             for role, k, launch in (("ref", ref, ref_launch), ("opt", opt, opt_launch)):
                 self.windows[role].append(self.replay.time_window(k, launch,
-                                                                  hooks=self.armor.timed))
+                                                                  hooks=self.armor.poisoned_pre))
                 self._timed_guards(role, f"timing-window launch {i + 1}")
 
     def _timed_guards(self, role: str, label: str) -> None:
@@ -265,7 +270,7 @@ class Audit:
     def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One ABBA launch (poison and canaries on both kernels); opt's output regions are
         judged after its launches 1, 2, 4, 8, ... and every CHECK_EVERY-th."""
-        t = self.replay.time_one(kernel, launch, hooks=self.armor.timed)
+        t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned_pre)
         if role == "opt":
             n = self.timed["launches"] = self.timed["launches"] + 1
             self._timed_guards(role, f"timed launch {n}")
