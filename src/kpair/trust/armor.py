@@ -267,7 +267,7 @@ class Armor:
     def __init__(self, device: Device, bands: list[Band], rng: np.random.Generator,
                  pre: Mapping[str, bytes] | None = None):
         self.device, self.bands, self.rng = device, bands, rng
-        self.pre = pre or {}
+        self.pre = pre if pre is not None else {}
         self.plan: dict[str, tuple[int, int, Runs]] = {}
         self.poison_words: dict[str, int] = {}   # of the last launch
         self.last: list[dict] = []                 # guard violations of the last launch
