@@ -75,6 +75,8 @@ def test_optimize_publishes_a_winner_and_excludes_what_never_beat_ref(snapshot, 
     (refused,) = index.refused
     assert refused.name == "2_never_faster" and "no candidate beat ref" in refused.reason
     assert index.summary.excluded[0].reason == refused.reason
+    assert refused.refused_by == "optimizer"
+    assert index.summary.excluded[0].where == "refused by the optimizer: no winner"
     assert (rel / "report.md").is_file()
 
     prov = rel / "level1" / "1_matmul" / "provenance"

@@ -90,7 +90,7 @@ def _summary_lines(index: Index) -> list[tuple[str, str]]:
                              f"{SLOT_BIAS_BAND[1]})") if rng else "—"),
         ("Operators", f"{c.passed} pass ({c.byte_exact} byte-exact, {c.tolerance} "
                       f"tolerance), {c.excluded} excluded ({c.fail} fail, {c.error} "
-                      f"error published, {c.refused} refused by release add)"),
+                      f"error published, {c.refused} refused)"),
     ]
 
 

@@ -45,6 +45,7 @@ DIRECTOR_NOTE = ("reference only: the optimizer's own baseline on its own worklo
 STATUSES = ("pass", "fail", "error")
 WHERE_PUBLISHED = "published, fails verification"
 WHERE_REFUSED = "refused by release add"
+WHERE_NO_WINNER = "refused by the optimizer: no winner"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 Status = Literal["pass", "fail", "error"]
@@ -157,7 +158,9 @@ class DeviceRun(Record, kw_only=True):
 class Row(Record, omit_defaults=True):
     """One operator: a published harness, or a pair ``release add`` refused. ``per_device``
     (absent unless the release was verified on several devices with ``--each``) holds every
-    device's verdict; the row's own numbers are the first device's."""
+    device's verdict; the row's own numbers are the first device's. ``refused_by`` is
+    "optimizer" on the row of an operator an optimizer found no winner for
+    (``refuse_operator``), absent otherwise."""
 
     level: Level
     name: str
@@ -175,6 +178,7 @@ class Row(Record, omit_defaults=True):
     inputs_digest: str | None
     verified: str | None
     per_device: list[DeviceRun] | None = None
+    refused_by: Literal["optimizer"] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -212,7 +216,8 @@ class Exclusion(Record):
     name: str
     status: Status
     reason: str | None
-    where: Literal["published, fails verification", "refused by release add"]
+    where: Literal["published, fails verification", "refused by release add",
+                   "refused by the optimizer: no winner"]
 
 
 class Summary(Record):
@@ -426,10 +431,11 @@ def summarize(operators: list[Row], refused: list[Row]) -> Summary:
     biases = [r.harness.slot_bias for r in passing]
     lo, hi = SLOT_BIAS_BAND
     excluded = [Exclusion(level=r.level, name=r.name, status=r.status, reason=r.reason,
-                          where=where)
-                for rows, where in ((operators, WHERE_PUBLISHED), (refused, WHERE_REFUSED))
+                          where=WHERE_PUBLISHED if published else
+                          WHERE_NO_WINNER if r.refused_by == "optimizer" else WHERE_REFUSED)
+                for rows, published in ((operators, True), (refused, False))
                 # A refused pass (correct, not faster) is excluded as well.
-                for r in rows if r.status != "pass" or where == WHERE_REFUSED]
+                for r in rows if r.status != "pass" or not published]
     levels: dict[str, int] = {}
     for r in passing:
         levels[f"level{r.level}"] = levels.get(f"level{r.level}", 0) + 1

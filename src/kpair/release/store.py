@@ -387,7 +387,7 @@ def refuse_operator(root: str | os.PathLike, harness: str | os.PathLike, *, leve
                 shutil.copytree(prov_src, prov)
             row = operator_row(level, name, result, harness_dir=harness, provenance_dir=prov,
                                published=False)
-            row = msgspec.structs.replace(row, reason=reason)
+            row = msgspec.structs.replace(row, reason=reason, refused_by="optimizer")
             refused = [r for r in old_refused if r.key != (level, name)]
             _record_exclusion(root, staging, root / EXCLUDED / key,
                               build_index(old_ops, refused + [row]))
