@@ -102,9 +102,9 @@ def test_cuda_honest_opt_passes_every_check(cuda_suite, evidence, source, kernel
 
 
 def test_cuda_fragmented_write_only_bytes_take_held_poison(kit, evidence):
-    """out's write-only bytes depend on the data (thousands of runs): the timed launches take
-    their poison from copies held on the device, each checked intact after the launch. An
-    honest opt passes every check; one that skips the masked writes leaves poison."""
+    """out's write-only bytes depend on the data (a million runs): launches on the pre-state
+    take their poison from copies held on the device, each checked intact after the launch.
+    An honest opt passes every check; one that skips the masked writes leaves poison."""
     n = 1 << 22
     rng = np.random.default_rng(3)
     mask = (rng.random(n) < 0.5).astype(np.uint8)
