@@ -31,30 +31,21 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _bench import cuda_test_kernels, emit
+from _bench import cuda_test_kernels, emit, record_axpy, record_gemm
 
 FACTORS = ("aa_same_handle", "m1_vs_m2", "m2_vs_m1", "m1_vs_m3", "m1_vs_m2_warm")
 
 
 def made_harnesses(tmp: Path) -> list[Path]:
     from kpair.harness import create_harness
-    from kpair.record import record_call
-    from kpair.snapshot import Launch
 
     _, axpy, gemm = cuda_test_kernels(tmp)
     rng = np.random.default_rng(0)
     n = 1 << 20
-    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-    snap = record_call(axpy, "axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "axpy",
-                       backend="cuda", launch=Launch((n // 256, 1, 1), (256, 1, 1)),
-                       names=["x", "y", "a", "n"])
+    snap = record_axpy(axpy, tmp / "axpy", n, rng)
     out = [create_harness(snap.root, tmp / "axpy_1M", opt=axpy).root]
     m = 256
-    a, b = rng.standard_normal((m, m), np.float32), rng.standard_normal((m, m), np.float32)
-    snap = record_call(gemm, "gemm_tiled", [a, b, np.zeros((m, m), np.float32)] +
-                       [np.int32(m)] * 3, tmp / "gemm", backend="cuda",
-                       launch=Launch((m // 16, m // 16, 1), (16, 16, 1)),
-                       names=["A", "B", "C", "M", "N", "K"])
+    snap = record_gemm(gemm, tmp / "gemm", m, rng)
     out.append(create_harness(snap.root, tmp / "gemm_tiled_256", opt=gemm).root)
     return out
 

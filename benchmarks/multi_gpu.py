@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench import emit
+from _bench import cuda_test_kernels, emit, record_axpy, record_gemm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,6 @@ def build(backend: str, count: int, tmp: Path) -> tuple[Path, Path, Path]:
     """A release of ``count`` harnesses; the evaluation harness and its candidate."""
     from kpair.harness import create_harness
     from kpair.record import record_call
-    from kpair.snapshot import Launch
 
     rng = np.random.default_rng(0)
     rel = tmp / "rel"
@@ -58,33 +57,18 @@ def build(backend: str, count: int, tmp: Path) -> tuple[Path, Path, Path]:
                                opt=opt).root
             made.append(h)
         return rel, made[min(2, count - 1)], opt
-    from kpair.backends import open_device
-    from kpair.toolchain import compile_cubin
-
-    with open_device("cuda") as dev:
-        arch = dev.arch()
-    src = ROOT / "tests" / "cuda"
-    gemm = compile_cubin(src / "gemm.cu", tmp / "gemm.cubin", arch=arch)
-    axpy = compile_cubin(src / "elementwise.cu", tmp / "elementwise.cubin", arch=arch)
+    _, axpy, gemm = cuda_test_kernels(tmp)
     sizes = [256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048][:max(1, count - 2)]
     eval_harness = None
     for i, m in enumerate(sizes):
-        a, b = (rng.standard_normal((m, m), np.float32) for _ in range(2))
-        snap = record_call(gemm, "gemm_naive", [a, b, np.zeros((m, m), np.float32)] +
-                           [np.int32(m)] * 3, tmp / f"gemm{m}", backend="cuda",
-                           launch=Launch((m // 16, m // 16, 1), (16, 16, 1)),
-                           names=["A", "B", "C", "M", "N", "K"])
+        snap = record_gemm(gemm, tmp / f"gemm{m}", m, rng, kernel="gemm_naive")
         h = create_harness(snap.root, rel / "level1" / f"{i + 1}_gemm_{m}" / "harness",
                            ref=gemm, ref_kernel="gemm_naive", opt=gemm,
                            opt_kernel="gemm_tiled").root
         if m == 512:
             eval_harness = h
     for j, n in enumerate((1 << 20, 1 << 22)[:max(0, count - len(sizes))]):
-        x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-        snap = record_call(axpy, "axpy", [x, y, np.float32(1.5), np.int32(n)],
-                           tmp / f"axpy{n}", backend="cuda",
-                           launch=Launch((n // 256, 1, 1), (256, 1, 1)),
-                           names=["x", "y", "a", "n"])
+        snap = record_axpy(axpy, tmp / f"axpy{n}", n, rng)
         create_harness(snap.root, rel / "level2" / f"{j + 1}_axpy_{n}" / "harness", opt=axpy)
     return rel, eval_harness or h, gemm
 

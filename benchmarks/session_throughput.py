@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench import cuda_test_kernels, emit
+from _bench import cuda_test_kernels, emit, record_axpy, record_gemm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def cases(backend: str, tmp: Path) -> list[tuple[str, Path]]:
     from kpair.harness import create_harness
     from kpair.record import record_call
-    from kpair.snapshot import Launch
 
     rng = np.random.default_rng(0)
     if backend == "host":
@@ -48,17 +47,10 @@ def cases(backend: str, tmp: Path) -> list[tuple[str, Path]]:
         return out
     _, axpy, gemm = cuda_test_kernels(tmp)
     n = 1 << 20
-    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-    snap = record_call(axpy, "axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "axpy",
-                       backend="cuda", launch=Launch((n // 256, 1, 1), (256, 1, 1)),
-                       names=["x", "y", "a", "n"])
+    snap = record_axpy(axpy, tmp / "axpy", n, rng)
     out = [("axpy_1M", create_harness(snap.root, tmp / "h-axpy", opt=axpy).root)]
     m = 640   # ~90 us on an H200
-    a, b = rng.standard_normal((m, m), np.float32), rng.standard_normal((m, m), np.float32)
-    snap = record_call(gemm, "gemm_tiled", [a, b, np.zeros((m, m), np.float32)] +
-                       [np.int32(m)] * 3, tmp / "gemm", backend="cuda",
-                       launch=Launch((m // 16, m // 16, 1), (16, 16, 1)),
-                       names=["A", "B", "C", "M", "N", "K"])
+    snap = record_gemm(gemm, tmp / "gemm", m, rng)
     out.append((f"gemm_tiled_{m}", create_harness(snap.root, tmp / "h-gemm", opt=gemm).root))
     return out
 

@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _bench import cuda_test_kernels
+from _bench import cuda_test_kernels, record_axpy, record_gemm
 
 from kpair.backends import open_device
 from kpair.harness import create_harness
@@ -92,17 +92,10 @@ def cuda_cases(tmp: Path) -> list[tuple[str, Path]]:
     rng = np.random.default_rng(0)
     out = []
     n = 8 << 20
-    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-    snap = record_call(elementwise, "axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "axpy",
-                       backend="cuda", launch=Launch((n // 256, 1, 1), (256, 1, 1)),
-                       names=["x", "y", "a", "n"])
+    snap = record_axpy(elementwise, tmp / "axpy", n, rng)
     out.append(("axpy_8M", create_harness(snap.root, tmp / "h-axpy", opt=elementwise).root))
     m = 1024
-    a, b = rng.standard_normal((m, m), np.float32), rng.standard_normal((m, m), np.float32)
-    snap = record_call(gemm, "gemm_tiled", [a, b, np.zeros((m, m), np.float32)] +
-                       [np.int32(m)] * 3, tmp / "gemm", backend="cuda",
-                       launch=Launch((m // 16, m // 16, 1), (16, 16, 1)),
-                       names=["A", "B", "C", "M", "N", "K"])
+    snap = record_gemm(gemm, tmp / "gemm", m, rng)
     policy = Policy(mutations=(Mutation("A", "float32", "permute", 2),))
     out.append(("gemm_tiled_1024", create_harness(snap.root, tmp / "h-gemm", opt=gemm,
                                                   policy=policy).root))
