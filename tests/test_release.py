@@ -80,14 +80,40 @@ def test_an_index_written_by_kpair_0_1_reads_and_writes_back_unchanged(tmp_path)
                                                "76_Gemm_Add_ReLU"]
     assert idx.refused[0].name == "21_Sigmoid" and idx.refused[0].harness is None
     assert idx.operators[1].correctness.tolerances[0].threshold == {"min_cosine": 0.9999}
-    assert json.loads(encode(idx)) == json.loads(fixture.read_text())
+    # Read as v2: the same publication, not verified yet, no ref identity recorded.
+    v1 = json.loads(fixture.read_text())
+    assert json.loads(encode(idx)) == {**v1, "schema_version": 2, "verifications": []}
+    assert all(r.ref_identity is None and r.verifications == [] for r in idx.operators)
     # Its summary is what today's arithmetic makes of its rows.
     assert release.summarize(idx.operators, idx.refused) == idx.summary
 
 
+def test_a_v1_index_is_read_by_the_v1_rules(tmp_path):
+    """A v1 file may not hold what only v2 defines; a version neither reads is refused."""
+    v1 = json.loads((Path(__file__).parent / "data" / "release_index_v1.json").read_text())
+    (tmp_path / "index.json").write_text(json.dumps({**v1, "verifications": []}))
+    with pytest.raises(FormatError) as e:
+        release.load_index(tmp_path)
+    assert e.value.field == "verifications"
+    v1["operators"][0]["verifications"] = []
+    (tmp_path / "index.json").write_text(json.dumps(v1))
+    assert release.load_index(tmp_path).operators[0].verifications == []
+    v1["operators"][0]["ref_identity"] = _identity().to_json()
+    (tmp_path / "index.json").write_text(json.dumps(v1))
+    with pytest.raises(FormatError) as e:
+        release.load_index(tmp_path)
+    assert e.value.field == "operators[0].ref_identity"
+    (tmp_path / "index.json").write_text(json.dumps({**v1, "schema_version": 3}))
+    with pytest.raises(FormatError, match="reads 1 and 2") as e:
+        release.load_index(tmp_path)
+    assert e.value.field == "schema_version"
+
+
 @pytest.mark.parametrize("mutate, field", [
     (lambda i: i.update(schema="other"), "schema"),
-    (lambda i: i.update(schema_version=2), "schema_version"),
+    (lambda i: i.update(schema_version=3), "schema_version"),
+    (lambda i: i.update(schema_version=1), "verifications"),  # v1 has no verifications
+    (lambda i: i["verifications"].append({"run": 1}), "verifications[0].when"),
     (lambda i: i.update(operators={}), "operators"),
     (lambda i: i["operators"][0].update(status="maybe"), "operators[0].status"),
     (lambda i: i["operators"][0].update(name="../escape"), "operators[0]"),
@@ -358,3 +384,180 @@ def test_verify_keeps_refused_rows_and_needs_operators(harnesses, tmp_path):
     empty.mkdir()
     with pytest.raises(UsageError, match="no operators"):
         release.verify_release(empty, QUICK)
+
+
+# --------------------------------------------------------------------------- reproduction
+
+
+def _identity(**changes):
+    from kpair.release.index import RefIdentity
+
+    return RefIdentity(sha256="ab" * 32, kernel="triton_poi_fused_0", grid=(128, 1, 1),
+                       block=(256, 1, 1), dynamic_shared_bytes=0).replace(**changes)
+
+
+def _rerun(status: str = "pass", speedup: float | None = None, ci=None, **identity):
+    """The row a re-run's result makes (as verify builds it), without running anything."""
+    row = fake_row(1, "op", speedup, status=status).replace(
+        ref_identity=_identity(**identity), verified="2027-01-01T00:00:00+00:00")
+    return row.replace(harness=row.harness.replace(ci95=ci)) if ci else row
+
+
+def test_classify_compares_the_point_with_the_published_interval():
+    from kpair.release.index import classify
+
+    pub = (1.9, 2.1)
+    assert classify(pub, "pass", 2.0, (1.95, 2.05), True) == ("reproduced", True, True)
+    assert classify(pub, "pass", 2.1, (2.0, 2.2), None) == ("reproduced", True, True)  # ends in
+    # Outside the published interval: not reproduced, even when the intervals overlap.
+    assert classify(pub, "pass", 2.15, (2.05, 2.25), True) == ("not reproduced", False, True)
+    assert classify(pub, "pass", 3.0, (2.9, 3.1), True) == ("not reproduced", False, False)
+    # A failing or erroring re-run never claims reproduction; nothing is compared.
+    assert classify(pub, "fail", None, None, True) == ("not reproduced", None, None)
+    assert classify(pub, "error", None, None, True) == ("error", None, None)
+    # Another ref is another operator, whatever its numbers say.
+    assert classify(pub, "pass", 2.0, (1.95, 2.05), False) == \
+        ("different operator", None, None)
+    assert classify(None, "pass", 2.0, (1.95, 2.05), True) == \
+        ("no published figure", None, None)
+
+
+def test_ref_identity_names_what_differs():
+    a = _identity()
+    assert a.differences(_identity()) == []
+    assert a.differences(_identity(grid=(64, 1, 1), dynamic_shared_bytes=1024)) == [
+        "grid: 128x1x1 -> 64x1x1", "dynamic_shared_bytes: 0 -> 1024"]
+    (code,) = a.differences(_identity(sha256="cd" * 32))
+    assert code == "code sha256: abababababab -> cdcdcdcdcdcd"
+    assert release.index.same_operator(a, None) is None
+
+
+def test_a_verification_is_appended_and_the_publication_kept(tmp_path):
+    from kpair.release.index import latest, verified_row, verify_run
+
+    published = fake_row(1, "op", 2.0).replace(ref_identity=_identity())
+    published = published.replace(harness=published.harness.replace(
+        ci95=(1.98, 2.02), combined_ci95=(1.9, 2.1)))  # the verdict's interval: the combined
+    once = verified_row(published, _rerun("pass", 2.08, (2.0, 2.16)), run=1)
+    twice = verified_row(once, _rerun("pass", 2.5, (2.4, 2.6)), run=2)
+    assert twice.replace(verifications=[]) == published  # the figures stay as published
+    first, second = twice.verifications
+    assert (first.run, first.outcome, first.inside, first.compatible) == \
+        (1, "reproduced", True, True)
+    assert first.published_ci95 == (1.9, 2.1) and first.speedup == 2.08
+    assert first.same_operator is True and first.environment == "test cpu, host/x86_64"
+    assert (second.run, second.outcome, second.inside, second.compatible) == \
+        (2, "not reproduced", False, False)
+    other = verified_row(published, _rerun("pass", 2.0, kernel="triton_poi_fused_1"), run=3)
+    moved = latest(other)
+    assert moved.outcome == "different operator" and moved.same_operator is False
+    assert moved.differs == ["kernel: triton_poi_fused_0 -> triton_poi_fused_1"]
+    broken = latest(verified_row(published, _rerun("error"), run=4))
+    assert broken.outcome == "error" and broken.inside is None and broken.speedup is None
+    tally = verify_run(5, "now", [first, second, moved, broken])
+    assert (tally.compared, tally.reproduced, tally.not_reproduced, tally.error,
+            tally.different_operator) == (3, 1, 1, 1, 1)
+    assert tally.rate == pytest.approx(1 / 3)
+    assert verify_run(6, "now", [moved]).rate is None
+    # Written and read back by the strict reader.
+    idx = release.build_index([twice, other], [], [tally])
+    path = tmp_path / "index.json"
+    idx.write(path)
+    assert release.Index.read(path) == idx
+
+
+def _fake_runner(make):
+    """A verify runner that runs nothing: ``make(job)`` is the re-run's result."""
+    def runner(jobs, options):
+        for job in jobs:
+            result = make(job)
+            result.write(job.out)
+            yield job, 0, result
+    return runner
+
+
+def _speed_like(result: Result, speedup: float, ci: tuple[float, float]) -> Result:
+    s = result.speed.replace(speedup=speedup, ci95=ci,
+                             combined_ci95=ci if result.speed.combined_ci95 else None)
+    return result.replace(speed=s)
+
+
+def test_verify_appends_a_record_per_run_and_keeps_the_published_row(harnesses, tmp_path,
+                                                                     capsys):
+    from kpair.result import error_result
+
+    root = tmp_path / "rel"
+    assert release.add_operator(root, harnesses["fast"], level=1, name="1_mm",
+                                options=QUICK).added
+    (published,) = release.load_index(root).operators
+    assert published.ref_identity is not None and published.ref_identity.kernel == "kp_matmul"
+    before = (root / "index.json").read_text()
+    lo, hi = published.harness.reported_ci95
+    stored = Result.read(root / "level1" / "1_mm" / "harness" / "result.json")
+
+    # A real re-run, through the CLI: its outcome is the machine's; its record is certain.
+    code = kpair(["verify", str(root), *QUICK_ARGS])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "level1/1_mm: reproduced" in out or "level1/1_mm: NOT reproduced" in out
+    assert "reproduced 1 of 1" in out or "reproduced 0 of 1" in out
+    # Re-runs through the store's runner hook: one inside, one outside the interval.
+    release.verify_release(root, QUICK, runner=_fake_runner(
+        lambda job: _speed_like(stored, (lo + hi) / 2, (lo, hi))))
+    index = release.verify_release(root, QUICK, runner=_fake_runner(
+        lambda job: _speed_like(stored, hi * 1.5, (hi * 1.4, hi * 1.6))))
+    (row,) = index.operators
+    assert row.replace(verifications=[]) == published  # the published figures, untouched
+    assert [v.run for v in row.verifications] == [1, 2, 3]
+    real, inside, outside = row.verifications
+    assert real.verdict == "pass" and real.same_operator is True
+    assert real.published_ci95 == (lo, hi)
+    assert (inside.outcome, inside.inside, inside.compatible) == ("reproduced", True, True)
+    assert (outside.outcome, outside.inside, outside.compatible) == \
+        ("not reproduced", False, False)
+    assert [(r.run, r.compared, r.reproduced) for r in index.verifications][1:] == \
+        [(2, 1, 1), (3, 1, 0)]
+    assert release.load_index(root) == index
+    assert json.loads(before)["operators"][0]["harness"] == \
+        json.loads((root / "index.json").read_text())["operators"][0]["harness"]
+    # A re-run that cannot run is an error, never a reproduction; the exit status says so.
+    from kpair.cli.release import _verify_exit, describe_reproduction
+
+    index = release.verify_release(root, QUICK, runner=_fake_runner(
+        lambda job: error_result(job.harness, "boom", stage="run")))
+    assert release.index.latest(index.operators[0]).outcome == "error"
+    assert _verify_exit(index) == 5 and index.verifications[-1].rate == 0.0
+    assert describe_reproduction(index)[0].startswith("level1/1_mm: error")
+    # Adding an operator keeps the release's verification history.
+    release.add_operator(root, harnesses["offbyone"], level=1, name="2_wrong", options=QUICK)
+    after = release.load_index(root)
+    assert after.verifications == index.verifications
+    assert after.operators[0].verifications == index.operators[0].verifications
+
+
+def test_a_harness_with_another_ref_is_a_different_operator(harnesses, tmp_path, capsys):
+    root = tmp_path / "rel"
+    release.add_operator(root, harnesses["fast"], level=1, name="1_mm", options=QUICK)
+    stored = Result.read(root / "level1" / "1_mm" / "harness" / "result.json")
+    before = (root / "index.json").read_text()
+    # release add: another ref under a published name is refused, --replace or not.
+    for extra in ([], ["--replace"]):
+        assert kpair(["release", "add", str(root), str(harnesses["slower"]), "--level", "1",
+                      "--name", "1_mm", *extra, *QUICK_ARGS]) == 2
+        err = capsys.readouterr().err
+        assert "different operator" in err and "code sha256" in err and "--name" in err
+    assert (root / "index.json").read_text() == before
+    # verify: a harness re-captured in place with another ref is not compared.
+    harness = root / "level1" / "1_mm" / "harness"
+    shutil.rmtree(harness)
+    shutil.copytree(harnesses["slower"], harness)
+    index = release.verify_release(root, QUICK, runner=_fake_runner(
+        lambda job: _speed_like(stored, stored.speed.speedup, stored.speed.reported_ci95)))
+    (v,) = index.operators[0].verifications
+    assert v.outcome == "different operator" and v.same_operator is False
+    assert v.inside is None and any(d.startswith("code sha256") for d in v.differs)
+    assert index.verifications[-1].different_operator == 1
+    assert index.verifications[-1].compared == 0 and index.verifications[-1].rate is None
+    from kpair.cli.release import describe_reproduction
+
+    assert describe_reproduction(index)[0].startswith("level1/1_mm: different operator")

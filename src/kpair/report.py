@@ -7,7 +7,9 @@ per operator as bars with their 95% CI whiskers and the geomean line (Director s
 hollow markers, reference only), and slot_bias per operator with its CI against the
 [0.99, 1.01] band. Charts are inlined as SVG, so the page needs no other file and no network.
 Only passing operators are drawn: the others have no measured speed, and appear in the
-exclusions table with their reason.
+exclusions table with their reason. A "Reproduction" section lists, per operator, the published
+interval and every ``kpair verify`` re-run since (its point and interval, inside / compatible,
+the outcome), and each verify run's release-level reproduction rate.
 """
 
 from __future__ import annotations
@@ -91,7 +93,56 @@ def _summary_lines(index: Index) -> list[tuple[str, str]]:
         ("Operators", f"{c.passed} pass ({c.byte_exact} byte-exact, {c.tolerance} "
                       f"tolerance), {c.excluded} excluded ({c.fail} fail, {c.error} "
                       f"error published, {c.refused} refused)"),
+        ("Reproduced (last verification)",
+         _rate(index.verifications[-1]) if index.verifications
+         else "not verified since publication"),
     ]
+
+
+# --------------------------------------------------------------------------- reproduction
+
+
+def _yes(v: bool | None) -> str:
+    return "—" if v is None else "yes" if v else "no"
+
+
+def _rate(run) -> str:
+    rate = f" ({run.rate:.0%})" if run.rate is not None else ""
+    extra = [f"{n} {what}" for n, what in (
+        (run.different_operator, "different operator"),
+        (run.no_published_figure, "without a published figure")) if n]
+    return (f"{run.reproduced} of {run.compared}{rate}"
+            + (f"; {', '.join(extra)}" if extra else ""))
+
+
+def _reproduction(index: Index) -> tuple[list[tuple[str, str, str, str]], list[list[str]]]:
+    """The release rate of each verify run (run, when, devices, rate), and one table line per
+    verification: operator, published interval, run, when, re-run, inside, compatible,
+    outcome."""
+    runs = [(str(v.run), v.when, ", ".join(v.devices) or "—", _rate(v))
+            for v in index.verifications]
+    table = []
+    for r in index.operators:
+        published = _ci(r) if r.harness else "—"
+        point = f"{_x(r.harness.speedup)} {published}" if r.harness else r.status
+        for v in r.verifications:
+            rerun = (f"{_x(v.speedup)} [{v.ci95[0]:.3f}, {v.ci95[1]:.3f}]"
+                     if v.speedup is not None and v.ci95 else v.verdict)
+            outcome = v.outcome + (f" ({'; '.join(v.differs)})" if v.differs else "")
+            table.append([f"level{r.level}/{r.name}", point, str(v.run), v.when or "—",
+                          v.environment or "—", rerun, _yes(v.inside), _yes(v.compatible),
+                          outcome])
+    return runs, table
+
+
+_REPRO_NOTE = ("The published figures are those `release add` published; `kpair verify` never "
+               "changes them and appends each re-run. Reproduced: the re-run passes and its "
+               "speedup lies inside the published interval (the one the verdict used). "
+               "Compatible: the two intervals overlap. A re-run whose ref (code sha256, kernel, "
+               "grid, block, dynamic shared memory) differs from the published one is a "
+               "different operator and is not compared.")
+_REPRO_HEAD = ("operator", "published [95% CI]", "verification", "when", "device",
+               "re-run [95% CI]", "inside", "compatible", "outcome")
 
 
 # --------------------------------------------------------------------------- markdown
@@ -146,6 +197,15 @@ def render_markdown(index: Index) -> str:
                   "|---|" + "---|" * len(devices)]
         lines += ["| " + " | ".join(_md_cell(v) for v in (op, *cells)) + " |"
                   for op, cells in table]
+    runs, table = _reproduction(index)
+    lines += ["", "## Reproduction", "", _REPRO_NOTE, ""]
+    if runs:
+        lines += ["| verification | when | devices | reproduced |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(_md_cell(v) for v in run) + " |" for run in runs]
+        lines += ["", "| " + " | ".join(_REPRO_HEAD) + " |", "|" + "---|" * len(_REPRO_HEAD)]
+        lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table]
+    else:
+        lines.append("Not verified since publication (`kpair verify` re-runs every harness).")
     excluded = index.summary.excluded
     lines += ["", "## Excluded (kept out of both geometric means)", ""]
     if excluded:
@@ -299,6 +359,29 @@ def _devices_table(index: Index) -> str:
             f"<table>{head}{body}</table>")
 
 
+def _OUTCOME_CLASS(outcome: str) -> str:  # noqa: N802 - a table, read as one
+    return "pass" if outcome == "reproduced" else "" if outcome.startswith(
+        ("different operator", "no published")) else "fail"
+
+
+def _reproduction_section(index: Index) -> str:
+    runs, table = _reproduction(index)
+    note = f'<p class="note">{html.escape(_REPRO_NOTE.replace("`", ""))}</p>'
+    if not runs:
+        return (f"<h2>Reproduction</h2>{note}<p>Not verified since publication "
+                "(kpair verify re-runs every harness).</p>")
+    head = "<tr>" + "".join(f"<th>{h}</th>" for h in
+                            ("verification", "when", "devices", "reproduced")) + "</tr>"
+    body = "".join("<tr>" + "".join(_cell(c) for c in run) + "</tr>" for run in runs)
+    thead = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in _REPRO_HEAD) + "</tr>"
+    rows = "".join(
+        "<tr>" + "".join(_cell(c, "num" if i in (1, 5) else _OUTCOME_CLASS(c) if i == 8
+                               else "") for i, c in enumerate(row)) + "</tr>"
+        for row in table)
+    return (f"<h2>Reproduction</h2>{note}<table>{head}{body}</table>"
+            f"<table>{thead}{rows}</table>")
+
+
 def _excluded_table(index: Index) -> str:
     excluded = index.summary.excluded
     if not excluded:
@@ -345,6 +428,7 @@ reported. Director: {html.escape(s.director_note)}.</p>
 {charts}
 <h2>Operators and correctness modes</h2>{_operators_table(index)}
 {_devices_table(index)}
+{_reproduction_section(index)}
 <h2>Excluded operators (kept out of both geometric means)</h2>{_excluded_table(index)}
 </body></html>
 """

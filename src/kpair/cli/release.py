@@ -13,6 +13,7 @@ from .base import Command
 
 if TYPE_CHECKING:
     from ..release import Index, Row
+    from ..release.index import Verification, VerifyRun
 
 
 class ProgressLine:
@@ -69,23 +70,89 @@ def describe_summary(index: Index) -> list[str]:
     return lines
 
 
-def _verify_exit(rows: list[Row]) -> int:
-    statuses = {r.status for r in rows}
+def _interval(ci: tuple[float, float] | None) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "[—]"
+
+
+def describe_verification(v: Verification) -> str:
+    """One verification, as ``kpair verify`` prints it: the outcome, then the numbers."""
+    published = f"published {_interval(v.published_ci95)}"
+    if v.outcome == "different operator":
+        return ("different operator: the ref differs from the published one ("
+                + "; ".join(v.differs or []) + "); not compared with the published speedup")
+    if v.outcome == "error":
+        return f"error: the re-run could not be judged: {v.reason}"
+    if v.outcome == "no published figure":
+        return f"{v.verdict}: no published figure to compare with (published without a pass)"
+    if v.verdict != "pass":
+        return f"NOT reproduced: the re-run fails correctness: {v.reason}"
+    where = "inside" if v.inside else "outside"
+    compat = "intervals compatible" if v.compatible else "intervals do not overlap"
+    head = "reproduced" if v.outcome == "reproduced" else "NOT reproduced"
+    return (f"{head}: re-run {v.speedup:.3f}x {_interval(v.ci95)}, {where} {published}; "
+            f"{compat}")
+
+
+def describe_run(run: VerifyRun) -> str:
+    """The release-level line of one verify run."""
+    rate = f" ({run.rate:.0%})" if run.rate is not None else ""
+    extra = [f"{n} {what}" for n, what in (
+        (run.different_operator, "different operator(s), not compared"),
+        (run.no_published_figure, "without a published figure"),
+        (run.first_published, "published by this verify")) if n]
+    return (f"reproduced {run.reproduced} of {run.compared}{rate} (verification {run.run}: "
+            f"{run.not_reproduced} not reproduced, {run.error} error)"
+            + ("; " + ", ".join(extra) if extra else ""))
+
+
+def describe_reproduction(index: Index) -> list[str]:
+    """Per operator, what the last verify found; then the release-level rate."""
+    if not index.verifications:
+        return []
+    from ..release.index import latest
+
+    run = index.verifications[-1]
+    lines = []
+    for r in index.operators:
+        v = latest(r, run.run)
+        what = describe_verification(v) if v else "published by this verify: " \
+            + describe_row(r)
+        lines.append(f"level{r.level}/{r.name}: {what}")
+    return [*lines, describe_run(run)]
+
+
+def _verify_exit(index: Index) -> int:
+    """As before verification records: from the re-runs' verdicts (5 some could not be run,
+    1 some fail correctness). Reproduction itself does not change the exit status."""
+    from ..release.index import latest
+
+    run = index.verifications[-1].run if index.verifications else None
+    statuses = set()
+    for r in index.operators:
+        v = latest(r, run) if run is not None else None
+        statuses.add(v.verdict if v else r.status)
     return 5 if "error" in statuses else 1 if "fail" in statuses else 0
 
 
 class Verify(Command):
-    """Re-run every harness of a release, each in its own process, and rewrite index.json.
+    """Re-run every harness of a release, each in its own process, and record the re-runs.
+
+    The published figures in index.json stay as they were: every re-run is appended to its
+    operator's row as a verification, and the command prints, per operator, whether the
+    published number reproduced (the re-run's speedup inside the published interval),
+    "NOT reproduced", "different operator" (the ref code object or launch differs from the
+    published one: not compared) or "error", then the release's reproduction rate.
 
     With --gpus (or --workers on the host backend) the harnesses are spread over a pool of
     devices, one in flight per device; --each runs every harness on every device and puts
     the devices' verdicts side by side; --ray runs them as tasks of a Ray cluster. A run that
     was interrupted is resumed (finished results are kept; --fresh runs everything again).
-    Exit status: 0 every operator passes, 1 some fail correctness, 5 some could not be run.
+    Exit status (from the re-runs' verdicts, not from reproduction): 0 every operator passes,
+    1 some fail correctness, 5 some could not be run.
     """
 
     name = "verify"
-    help = "run every harness of a release and write index.json"
+    help = "re-run every harness of a release; record whether its numbers reproduce"
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
@@ -130,9 +197,10 @@ class Verify(Command):
             print(encode(index), end="")
         else:
             print("\n".join(describe_summary(index)))
+            print("\n".join(describe_reproduction(index)))
             print(f"index: {args.root / INDEX}")
             print(f"report: kpair report {args.root}")
-        return _verify_exit(index.operators)
+        return _verify_exit(index)
 
 
 def release_backend(root: Path) -> str:

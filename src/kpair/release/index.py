@@ -7,8 +7,14 @@ from a ``Result`` and the harness it judged; ``summarize`` and ``build_index`` a
 index math is tested on synthetic rows without running anything. ``Index.read`` (and
 ``load_index``) is the one strict reader: it names the failing field (``operators[3].status``).
 
-The JSON is the contract of ``docs/format.md`` (schema ``kpair.release_index`` v1); field order
-and nulls are as kpair 0.1 wrote them, so an index written then reads now.
+Every row keeps what ``release add`` published; each ``kpair verify`` appends a
+``Verification`` to every row it re-ran and one ``VerifyRun`` (the release-level tally) to
+the index. ``classify`` (pure) says whether a re-run reproduced the published number, and
+``RefIdentity`` (the ref code object's sha256, kernel name and launch) tells a re-capture
+with another ref apart: a "different operator", never a changed speedup.
+
+The JSON is the contract of ``docs/format.md`` (schema ``kpair.release_index`` v2; a v1
+index, as kpair 0.1 wrote it, reads too and is upgraded in memory).
 """
 
 from __future__ import annotations
@@ -25,13 +31,15 @@ import msgspec
 from .. import __version__
 from .._util import utc_now
 from ..errors import FormatError, KpairError, UsageError
-from ..formats import Record, read, write
+from ..formats import Record, check_version, convert, parse, write
 from ..measure import geomean
 from ..policy import Policy, Tolerance
 from ..result import Result
 
 SCHEMA = "kpair.release_index"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions ``Index.read`` reads (v1: no verification records, no ref identity).
+READS = (1, 2)
 INDEX = "index.json"
 HARNESS, PROVENANCE, EXCLUDED = "harness", "provenance", "excluded"
 #: ``level<N>/<op>/devices/<d>/``: results of ``verify --each`` on devices other than the first.
@@ -49,6 +57,11 @@ WHERE_NO_WINNER = "refused by the optimizer: no winner"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 Status = Literal["pass", "fail", "error"]
+#: What a verification found (``classify``).
+Outcome = Literal["reproduced", "not reproduced", "different operator", "error",
+                  "no published figure"]
+OUTCOMES = ("reproduced", "not reproduced", "different operator", "error",
+            "no published figure")
 Level = Annotated[int, msgspec.Meta(ge=1)]
 
 
@@ -114,7 +127,15 @@ class HarnessSpeed(Record, kw_only=True, omit_defaults=True):
 
     @property
     def reported_ci95(self) -> tuple[float, float]:
-        return self.combined_ci95 if self.combined_ci95 is not None else self.ci95
+        return verdict_interval(self)
+
+
+def verdict_interval(speed: Any) -> tuple[float, float]:
+    """The interval a verdict is read from, of a ``HarnessSpeed`` or a ``Result.speed``:
+    ``combined_ci95`` when the identical-binary control ran, else ``ci95``. The one place that
+    picks between those fields: reproduction compares against (and with) this interval."""
+    combined = getattr(speed, "combined_ci95", None)
+    return tuple(combined) if combined is not None else tuple(speed.ci95)
 
 
 class Director(Record, omit_defaults=True):
@@ -155,12 +176,93 @@ class DeviceRun(Record, kw_only=True):
     result: str
 
 
+Dim3 = tuple[int, int, int]
+
+
+class RefIdentity(Record):
+    """What makes the ref the ref: its code object's sha256, kernel name and launch (grid,
+    block, dynamic shared memory). A re-capture whose ref differs in any of them (Inductor
+    autotunes afresh and may pick another config) measures a different operator."""
+
+    sha256: str
+    kernel: str
+    grid: Dim3
+    block: Dim3
+    dynamic_shared_bytes: int
+
+    def differences(self, other: RefIdentity) -> list[str]:
+        """What differs from ``other``, one "field: mine -> theirs" each (empty: the same)."""
+        out = []
+        for f in self.__struct_fields__:
+            mine, theirs = _show(getattr(self, f)), _show(getattr(other, f))
+            if mine != theirs:
+                if f == "sha256":
+                    out.append(f"code sha256: {mine[:12]} -> {theirs[:12]}")
+                else:
+                    out.append(f"{f}: {mine} -> {theirs}")
+        return out
+
+
+def _show(v: object) -> str:
+    return "x".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+
+
+class Verification(Record, kw_only=True, omit_defaults=True):
+    """One ``kpair verify`` re-run of a published operator, appended to its row (the row's
+    published figures are never changed). ``verdict`` is the re-run's; ``speedup`` and
+    ``ci95`` (its verdict interval) are present on a pass; ``published_ci95`` is the interval
+    it was compared against; ``inside``/``compatible`` are null when nothing was compared;
+    ``same_operator`` is null when either ref identity is unknown; ``differs`` lists what
+    differs on a different operator."""
+
+    run: Annotated[int, msgspec.Meta(ge=1)]
+    when: str | None
+    environment: str | None
+    verdict: Status
+    reason: str | None
+    speedup: float | None
+    ci95: tuple[float, float] | None
+    published_ci95: tuple[float, float] | None
+    inside: bool | None
+    compatible: bool | None
+    same_operator: bool | None
+    outcome: Outcome
+    ref_identity: RefIdentity | None
+    result: str
+    differs: list[str] | None = None
+    per_device: list[DeviceRun] | None = None
+
+
+class VerifyRun(Record, kw_only=True):
+    """One ``kpair verify`` of the release: when, where, and how many published numbers it
+    reproduced (``reproduced`` of ``compared``; ``rate`` null when nothing was compared).
+    ``compared`` counts every re-run of a published pass with the same (or an unknown) ref,
+    whatever its verdict; different operators, and rows published without a figure, are
+    counted apart; ``first_published`` counts operators this verify published (no earlier
+    row)."""
+
+    run: Annotated[int, msgspec.Meta(ge=1)]
+    when: str
+    kpair_version: str
+    devices: list[str]
+    compared: int
+    reproduced: int
+    not_reproduced: int
+    error: int
+    different_operator: int
+    no_published_figure: int
+    first_published: int
+    rate: float | None
+
+
 class Row(Record, omit_defaults=True):
     """One operator: a published harness, or a pair ``release add`` refused. ``per_device``
     (absent unless the release was verified on several devices with ``--each``) holds every
     device's verdict; the row's own numbers are the first device's. ``refused_by`` is
     "optimizer" on the row of an operator an optimizer found no winner for
-    (``refuse_operator``), absent otherwise."""
+    (``refuse_operator``), absent otherwise. ``ref_identity`` is the ref's identity at
+    publication (absent in rows of a v1 index); ``verifications`` the re-runs since, oldest
+    first."""
 
     level: Level
     name: str
@@ -179,6 +281,8 @@ class Row(Record, omit_defaults=True):
     verified: str | None
     per_device: list[DeviceRun] | None = None
     refused_by: Literal["optimizer"] | None = None
+    ref_identity: RefIdentity | None = None
+    verifications: list[Verification] = []
 
     def __post_init__(self) -> None:
         try:
@@ -235,20 +339,38 @@ class Summary(Record):
 
 
 class Index(Record, kw_only=True):
-    """``index.json`` (schema ``kpair.release_index`` v1)."""
+    """``index.json`` (schema ``kpair.release_index`` v2): the publication (``operators``,
+    ``refused``, ``summary``) and every verify run since (``verifications``, oldest first)."""
 
     schema: Literal["kpair.release_index"] = SCHEMA
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     kpair_version: str = __version__
     updated: str
     layout: str = LAYOUT
     operators: list[Row]
     refused: list[Row]
     summary: Summary
+    verifications: list[VerifyRun] = []
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> Index:
-        return read(Path(path), cls, schema=SCHEMA, version=SCHEMA_VERSION)
+        """The strict reader of both versions: a v1 index comes back as v2, unverified."""
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise FormatError(f"cannot read ({e.strerror or e})", path=path) from None
+        obj = parse(data, path=path)
+        if isinstance(obj, dict) and obj.get("schema_version") == 1:
+            check_version(obj, SCHEMA, 1, path=path)
+            return convert(obj, IndexV1, path=path).upgrade(path)
+        if isinstance(obj, dict) and obj.get("schema") == SCHEMA \
+                and obj.get("schema_version") not in READS:
+            raise FormatError(f"schema_version {obj.get('schema_version')!r} is not supported "
+                              f"(this kpair reads {' and '.join(map(str, READS))})",
+                              path=path, field="schema_version")
+        check_version(obj, SCHEMA, SCHEMA_VERSION, path=path)
+        return convert(obj, cls, path=path)
 
     def write(self, path: str | os.PathLike) -> None:
         """Write atomically (a temporary file, then a rename)."""
@@ -257,6 +379,31 @@ class Index(Record, kw_only=True):
     @property
     def passing(self) -> list[Row]:
         return [r for r in self.operators if r.status == "pass"]
+
+
+class IndexV1(Record, kw_only=True):
+    """``index.json`` v1 (kpair 0.1 and later, before verification records): read only."""
+
+    schema: Literal["kpair.release_index"]
+    schema_version: Literal[1]
+    kpair_version: str
+    updated: str
+    layout: str
+    operators: list[Row]
+    refused: list[Row]
+    summary: Summary
+
+    def upgrade(self, path: object = None) -> Index:
+        """The same index as v2: no verification yet, no ref identity recorded."""
+        for key in ("operators", "refused"):
+            for i, r in enumerate(getattr(self, key)):
+                for f in ("ref_identity", "verifications"):
+                    if getattr(r, f):
+                        raise FormatError("unknown field (this format version does not "
+                                          "define it)", path=path, field=f"{key}[{i}].{f}")
+        return Index(kpair_version=self.kpair_version, updated=self.updated,
+                     layout=self.layout, operators=self.operators, refused=self.refused,
+                     summary=self.summary)
 
 
 def load_index(root: str | os.PathLike) -> Index | None:
@@ -352,6 +499,29 @@ def harness_speed(result: Result) -> HarnessSpeed | None:
                         systematic_bound=s.systematic.bound if s.systematic else None)
 
 
+def ref_identity(harness: Any) -> RefIdentity:
+    """The ref identity of an opened ``kpair.harness.Harness``: its ref code object's sha256,
+    kernel name and launch (the captured one with ref's own launch override, if any)."""
+    import hashlib
+
+    launch = harness.launch(harness.ref)
+    return RefIdentity(sha256=hashlib.sha256(harness.binary(harness.ref)).hexdigest(),
+                       kernel=harness.ref.kernel, grid=tuple(launch.grid),
+                       block=tuple(launch.block),
+                       dynamic_shared_bytes=int(launch.dynamic_shared_bytes))
+
+
+def ref_identity_of(harness_dir: str | os.PathLike) -> RefIdentity | None:
+    """The ref identity of the harness in ``harness_dir``; None when it cannot be opened (its
+    run says why)."""
+    from ..harness import Harness
+
+    try:
+        return ref_identity(Harness.open(harness_dir, verify=False))
+    except (KpairError, OSError):
+        return None
+
+
 def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
                  provenance_dir: Path | None, published: bool = True) -> Row:
     """One index row from a harness directory and its result (paths relative to the root).
@@ -363,9 +533,11 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
     base = rel_dir(level, name) if published else f"{EXCLUDED}/{rel_dir(level, name)}"
     env: dict[str, Any] = result.environment or {}
     backend, arch, kernels = env.get("backend"), env.get("arch"), Kernels(ref=None, opt=None)
+    identity = None
     try:
         h = Harness.open(harness_dir, verify=False)
-    except KpairError as e:
+        identity = ref_identity(h)
+    except (KpairError, OSError) as e:
         correctness = CorrectnessMode(mode="unknown", label="unknown", error=str(e))
     else:
         backend, arch = h.backend, h.snapshot.manifest.arch
@@ -383,7 +555,7 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
                     else f"{base}/result.json",
                     provenance=f"{base}/{PROVENANCE}" if provenance_dir else None),
         replay=(result.replay or {}).get("mode"), inputs_digest=result.inputs_digest,
-        verified=result.started or None)
+        verified=result.started or None, ref_identity=identity)
 
 
 def device_run(device: int, result: Result, path: str) -> DeviceRun:
@@ -412,6 +584,96 @@ def with_devices(row: Row, runs: list[DeviceRun]) -> Row:
     else:
         return row.replace(per_device=runs)
     return row.replace(status="error", reason=reason, harness=None, per_device=runs)
+
+
+# --------------------------------------------------------------------------- reproduction
+
+
+def same_operator(published: RefIdentity | None, rerun: RefIdentity | None) -> bool | None:
+    """Whether two ref identities are equal; None when either is unknown."""
+    if published is None or rerun is None:
+        return None
+    return not published.differences(rerun)
+
+
+def classify(published: tuple[float, float] | None, verdict: Status, speedup: float | None,
+             interval: tuple[float, float] | None, same: bool | None
+             ) -> tuple[Outcome, bool | None, bool | None]:
+    """(outcome, inside, compatible) of one re-run against the published interval.
+
+    In this order: a different ref identity is a "different operator" (nothing compared); a
+    re-run that could not run is an "error"; a row published without a figure (not a pass)
+    has "no published figure"; a re-run that fails correctness is "not reproduced"; a pass
+    is "reproduced" exactly when its speedup lies inside the published interval (ends
+    included). ``compatible`` says whether the two intervals overlap, the weaker check,
+    reported beside it; ``inside`` and ``compatible`` are None when nothing was compared."""
+    if same is False:
+        return "different operator", None, None
+    if verdict == "error":
+        return "error", None, None
+    if published is None:
+        return "no published figure", None, None
+    if verdict != "pass" or speedup is None or interval is None:
+        return "not reproduced", None, None
+    lo, hi = published
+    inside = lo <= speedup <= hi
+    compatible = interval[0] <= hi and lo <= interval[1]
+    return ("reproduced" if inside else "not reproduced"), inside, compatible
+
+
+def environment_line(row: Row) -> str | None:
+    """Where a run ran, in one line: device name and backend/architecture."""
+    parts = [p for p in (row.device, "/".join(x for x in (row.backend, row.arch) if x))
+             if p]
+    return ", ".join(parts) or None
+
+
+def verification(published: Row, rerun: Row, *, run: int) -> Verification:
+    """The record of ``rerun`` (the row the re-run's result makes, as ``operator_row`` and
+    ``with_devices`` build it) against the ``published`` row. Pure."""
+    speed = rerun.harness if rerun.status == "pass" else None
+    shown = verdict_interval(published.harness) if published.harness else None
+    interval = verdict_interval(speed) if speed else None
+    same = same_operator(published.ref_identity, rerun.ref_identity)
+    outcome, inside, compatible = classify(shown, rerun.status,
+                                           speed.speedup if speed else None, interval, same)
+    return Verification(
+        run=run, when=rerun.verified, environment=environment_line(rerun),
+        verdict=rerun.status, reason=rerun.reason, speedup=speed.speedup if speed else None,
+        ci95=interval, published_ci95=shown, inside=inside, compatible=compatible,
+        same_operator=same, outcome=outcome, ref_identity=rerun.ref_identity,
+        result=rerun.paths.result,
+        differs=published.ref_identity.differences(rerun.ref_identity) if same is False
+        else None, per_device=rerun.per_device)
+
+
+def verified_row(published: Row, rerun: Row, *, run: int) -> Row:
+    """``published`` as it was, with the verification of ``rerun`` appended."""
+    return published.replace(verifications=[*published.verifications,
+                                            verification(published, rerun, run=run)])
+
+
+def verify_run(run: int, when: str, records: list[Verification], *,
+               first_published: int = 0) -> VerifyRun:
+    """The release-level tally of one verify run's records (one per re-run row)."""
+    count = {o: sum(v.outcome == o for v in records) for o in OUTCOMES}
+    compared = count["reproduced"] + count["not reproduced"] + count["error"]
+    return VerifyRun(
+        run=run, when=when, kpair_version=__version__,
+        devices=sorted({v.environment for v in records if v.environment}),
+        compared=compared, reproduced=count["reproduced"],
+        not_reproduced=count["not reproduced"], error=count["error"],
+        different_operator=count["different operator"],
+        no_published_figure=count["no published figure"], first_published=first_published,
+        rate=count["reproduced"] / compared if compared else None)
+
+
+def latest(row: Row, run: int | None = None) -> Verification | None:
+    """The row's verification of ``run`` (default: its last), None if there is none."""
+    for v in reversed(row.verifications):
+        if run is None or v.run == run:
+            return v
+    return None
 
 
 # --------------------------------------------------------------------------- index math
@@ -461,15 +723,20 @@ def summarize(operators: list[Row], refused: list[Row]) -> Summary:
         excluded=excluded)
 
 
-def build_index(operators: list[Row], refused: list[Row]) -> Index:
+def build_index(operators: list[Row], refused: list[Row],
+                verifications: list[VerifyRun] | None = None) -> Index:
+    """The index of these rows; ``verifications``: the release's verify runs, carried over."""
     operators = sorted(operators, key=lambda r: sort_key(*r.key))
     refused = sorted(refused, key=lambda r: sort_key(*r.key))
     return Index(updated=utc_now(), operators=operators, refused=refused,
-                 summary=summarize(operators, refused))
+                 summary=summarize(operators, refused), verifications=list(verifications or []))
 
 
 __all__ = ["CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE", "DeviceRun", "Director",
-           "Exclusion",
+           "Exclusion", "IndexV1", "OUTCOMES", "Outcome", "RefIdentity", "Verification",
+           "VerifyRun", "classify", "environment_line", "latest", "ref_identity",
+           "ref_identity_of", "same_operator", "verdict_interval", "verification",
+           "verified_row", "verify_run",
            "FormatError", "HarnessSpeed", "INDEX", "Index", "Kernels", "Paths", "Row",
            "SLOT_BIAS_BAND", "Summary", "ToleranceRow", "build_index", "check_key",
            "correctness_mode", "harness_speed", "load_index", "operator_row", "read_director",

@@ -1,7 +1,9 @@
 """The release writers: ``verify_release`` and ``add_operator``, under one lock.
 
 ``verify_release`` re-runs every published harness, each in its own worker process
-(``kpair.isolation.run_isolated``), writes every result.json and then the index.
+(``kpair.isolation.run_isolated``), writes every result.json and then the index: the
+published rows stay as they were, each gets a ``Verification`` of its re-run appended, and
+the index one ``VerifyRun`` (an operator with no earlier row is published by the verify).
 ``add_operator`` stages a copy of the harness inside the root (``.add-<pid>-<random>``),
 verifies the staged copy, and only on a pass that is a real gain (its speedup CI lies above
 1.0, unless ``allow_slower``) moves it into place with one directory rename and rewrites the
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import msgspec
 
-from .._util import pid_alive
+from .._util import pid_alive, utc_now
 from ..errors import FormatError, UsageError
 from ..pipeline import RunOptions
 from ..result import Result
@@ -48,10 +50,14 @@ from .index import (
     device_run,
     harness_speed,
     is_operator_name,
+    latest,
     load_index,
     operator_row,
+    ref_identity_of,
     rel_dir,
     sort_key,
+    verified_row,
+    verify_run,
     with_devices,
 )
 
@@ -130,6 +136,11 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
                    runner: Runner | None = None) -> Index:
     """Run every published harness in its own process, write each result.json, then the index.
 
+    A row the previous index published is kept as it was (its figures are the publication)
+    and the re-run is appended to it as a ``Verification`` (``index.verified_row``); the
+    index gets one ``VerifyRun`` tallying them. An operator found on disk with no earlier row
+    is published by this verify (its row made from the re-run, as ``release add`` would).
+
     ``devices`` (default: ``options.device``, or 0) is the pool the harnesses are spread over,
     one in flight per device; ``each`` runs every harness on every device instead, and the
     row carries ``per_device`` verdicts (a correctness verdict that differs between devices is
@@ -149,6 +160,7 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
         def runner(jobs, opts):
             return run_local(jobs, opts, devices)
     with locked(root):
+        started = utc_now()
         sweep_stale_staging(root)
         old = load_index(root)
         ops = discover(root)
@@ -182,13 +194,22 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
                 level, name = _key_of(job.key)
                 progress(done, len(jobs), label(job, device),
                          _row(root, level, name, {device: result}, (device,)))
-        rows = [_row(root, level, name, {d: results[rel_dir(level, name), d] for d in devices}
-                     if each else {devices[0]: results[rel_dir(level, name), None]},
-                     devices if each else (devices[0],))
-                for level, name in ops]
+        reruns = [_row(root, level, name, {d: results[rel_dir(level, name), d] for d in devices}
+                       if each else {devices[0]: results[rel_dir(level, name), None]},
+                       devices if each else (devices[0],))
+                  for level, name in ops]
+        before = {r.key: r for r in (old.operators if old else [])}
+        history = list(old.verifications) if old else []
+        run = max((v.run for v in history), default=0) + 1
+        rows = [verified_row(before[r.key], r, run=run) if r.key in before else r
+                for r in reruns]
+        records = [latest(r, run) for r in rows if r.key in before]
+        if records:  # with nothing published before, this verify is the publication
+            history.append(verify_run(run, started, [v for v in records if v is not None],
+                                      first_published=sum(r.key not in before for r in rows)))
         published = set(ops)
         refused = [r for r in (old.refused if old else []) if r.key not in published]
-        index = build_index(rows, refused)
+        index = build_index(rows, refused, history)
         index.write(root / INDEX)
         journal.end()
     return index
@@ -256,7 +277,10 @@ def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: 
 
     Anything else is recorded in the index's ``refused`` list (with its result.json under
     ``excluded/``) and nothing is published. An operator already in the release is replaced
-    only with ``replace=True``; a refused replacement leaves the published one in place.
+    only with ``replace=True``; a refused replacement leaves the published one in place. A
+    harness whose ref identity (code sha256, kernel, launch) differs from the published
+    operator's of that name is a different operator: refused (UsageError, before anything
+    runs), with or without ``replace``; it is published under another name.
     """
     level, name = check_key(level, name)
     root, harness = Path(root), Path(harness)
@@ -275,7 +299,8 @@ def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: 
         old = load_index(root)
         old_ops, old_refused = (old.operators, old.refused) if old else ([], [])
         dest = root / key
-        listed = any(r.key == (level, name) for r in old_ops)
+        listed = [r for r in old_ops if r.key == (level, name)]
+        _refuse_other_ref(key, harness, listed[0] if listed else None)
         if (dest.exists() or listed) and not replace:
             raise UsageError(f"{key} is already in the release; pass --replace to replace it")
         staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=root))
@@ -295,18 +320,34 @@ def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: 
                 row = msgspec.structs.replace(row, reason=why_not)
             others = [r for r in old_ops if r.key != (level, name)]
             refused = [r for r in old_refused if r.key != (level, name)]
+            history = old.verifications if old else []
             if passed:
                 result = msgspec.structs.replace(result,
                                                  harness=str((dest / HARNESS).resolve()))
                 result.write(staged / HARNESS / "result.json")
-                _publish(root, staging, dest, build_index(others + [row], refused))
+                _publish(root, staging, dest, build_index(others + [row], refused, history))
             else:
                 kept = [r for r in old_ops if r.key == (level, name)]
                 _record_exclusion(root, staging, root / EXCLUDED / key,
-                                  build_index(others + kept, refused + [row]))
+                                  build_index(others + kept, refused + [row], history))
             return AddOutcome(passed, row, result, load_index(root))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _refuse_other_ref(key: str, harness: Path, published: Row | None) -> None:
+    """A harness whose ref differs from the published operator's is another operator: its
+    speedup is not a new measurement of the published one, so it never replaces it."""
+    if published is None or published.ref_identity is None:
+        return
+    mine = ref_identity_of(harness)
+    if mine is None:
+        return  # the run says what is wrong with it
+    differs = published.ref_identity.differences(mine)
+    if differs:
+        raise UsageError(
+            f"{key} is published with another ref: {harness} is a different operator, not a "
+            f"new measurement of it ({'; '.join(differs)}); add it under another --name")
 
 
 def _swap_in(new: Path, dest: Path, trash: Path) -> tuple[bool, list[Path]]:
@@ -390,7 +431,8 @@ def refuse_operator(root: str | os.PathLike, harness: str | os.PathLike, *, leve
             row = msgspec.structs.replace(row, reason=reason, refused_by="optimizer")
             refused = [r for r in old_refused if r.key != (level, name)]
             _record_exclusion(root, staging, root / EXCLUDED / key,
-                              build_index(old_ops, refused + [row]))
+                              build_index(old_ops, refused + [row],
+                                          old.verifications if old else []))
             return AddOutcome(False, row, result, load_index(root))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
