@@ -115,3 +115,56 @@ def test_report_renders_in_headless_chromium(root, tmp_path):
     # ... as several separate horizontal bars (rows of bar pixels split by gaps).
     rows_with_bar = np.flatnonzero(bar.sum(axis=1) > 50)
     assert len(np.split(rows_with_bar, np.flatnonzero(np.diff(rows_with_bar) > 1) + 1)) >= 5
+
+
+def _verified_root(tmp_path):
+    """A release verified twice: one operator reproduced then not, one re-captured with
+    another ref (a different operator)."""
+    from kpair.release.index import RefIdentity, latest, verified_row, verify_run
+
+    ident = RefIdentity(sha256="ab" * 32, kernel="k", grid=(8, 1, 1), block=(128, 1, 1),
+                        dynamic_shared_bytes=0)
+
+    def rerun(speedup, **changes):
+        row = fake_row(1, "x", speedup).replace(ref_identity=ident.replace(**changes),
+                                                verified="2027-01-02T00:00:00+00:00")
+        return row.replace(device="other gpu")
+
+    a = fake_row(1, "1_Square_matrix_multiplication_", 2.0).replace(ref_identity=ident)
+    b = fake_row(1, "23_Softmax", 1.5).replace(ref_identity=ident)
+    a = verified_row(a, rerun(2.01), run=1)
+    b = verified_row(b, rerun(1.5, grid=(16, 1, 1)), run=1)
+    first = verify_run(1, "2027-01-02T00:00:00+00:00", [latest(a), latest(b)])
+    a = verified_row(a, rerun(3.0), run=2)
+    second = verify_run(2, "2027-01-03T00:00:00+00:00", [latest(a)])
+    release.build_index([a, b], [], [first, second]).write(tmp_path / "index.json")
+    return tmp_path
+
+
+def test_report_shows_every_verification_against_the_published_interval(tmp_path):
+    root = _verified_root(tmp_path)
+    md = render_markdown(release.load_index(root))
+    section = md.split("## Reproduction")[1].split("## Excluded")[0]
+    assert "| 1 | 2027-01-02T00:00:00+00:00 | other gpu, host/x86_64 | 1 of 1 (100%); " \
+           "1 different operator |" in section
+    assert "| 2 | 2027-01-03T00:00:00+00:00 | other gpu, host/x86_64 | 0 of 1 (0%) |" in section
+    op = "level1/1_Square_matrix_multiplication_ | 2.000x [1.960, 2.040]"
+    assert f"| {op} | 1 | 2027-01-02T00:00:00+00:00 | other gpu, host/x86_64 | " \
+           "2.010x [1.970, 2.050] | yes | yes | reproduced |" in section
+    assert f"| {op} | 2 |" in section and "| 3.000x [2.940, 3.060] | no | no | " \
+        "not reproduced |" in section
+    assert "| different operator (grid: 8x1x1 -> 16x1x1) |" in section
+    assert "Reproduced (last verification)**: 0 of 1 (0%)" in md
+    # An unverified release says so.
+    assert "Not verified since publication" in render_markdown(
+        release.build_index([fake_row(1, "a", 1.2)], []))
+
+
+def test_html_report_has_the_reproduction_section(tmp_path):
+    pytest.importorskip("matplotlib")
+    page = write_report(_verified_root(tmp_path))["html"].read_text()
+    section = page.split("<h2>Reproduction</h2>")[1].split("<h2>Excluded")[0]
+    assert "1 of 1 (100%)" in section and "0 of 1 (0%)" in section
+    assert '<td class="pass">reproduced</td>' in section
+    assert '<td class="fail">not reproduced</td>' in section
+    assert "different operator (grid: 8x1x1 -&gt; 16x1x1)" in section
