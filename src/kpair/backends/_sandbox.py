@@ -1,126 +1,191 @@
-"""A seccomp-bpf filter for the host backend's worker: once sealed, no file is created,
-written, renamed or removed, no process is created or executed, no network socket is made,
-and no signal reaches another process — for every thread of the process, native code
-included. Everything else (reading files, memory, the pipes the worker already holds) stays.
+"""The host backend's sandbox: every loaded kernel runs in its own executor process
+(``host_executor.c``) that holds no key, no Python and no verdict path, confined by a seccomp
+ALLOWLIST generated here with libseccomp (the ``pyseccomp`` bindings) and installed by the
+executor itself.
 
-Linux only, x86_64 and aarch64 (the filter names syscalls by number). ``seal()`` returns a
-description of what it installed, for result.json, or raises SandboxUnavailable.
+What this module provides to ``kpair.backends.host``:
+
+- ``check()``: the sandbox can be set up here (Linux, x86_64 or aarch64, libseccomp and a C
+  compiler present), else ``SandboxUnavailable`` naming what is missing: kpair fails closed,
+  it never runs a candidate unconfined;
+- ``executor()``: the executor binary, compiled once per source digest with the system C
+  compiler into the per-user cache (``$XDG_CACHE_HOME/kpair`` or ``~/.cache/kpair``);
+- ``filters(pid)``: the two BPF programs for the executor whose pid is ``pid`` — filter 1
+  (the allowlist plus read-only ``open``/``openat``, in force while the code object is
+  dlopen'ed and its ELF constructors run) and filter 2 (the allowlist alone, stacked on
+  filter 1 before the first launch);
+- ``describe()``: what the sandbox is, for result.json.
+
+The allowlist is what running an already loaded kernel needs: memory (mmap, mprotect, brk,
+...), threads (clone only with CLONE_THREAD and no namespace flag; clone3 answers ENOSYS so
+the C library falls back to clone), futexes, signals to itself only (kill and tgkill whose
+first argument is its own pid), clocks and sleeps, reading and writing descriptors it
+already holds. Every other system call fails with EPERM: files cannot be opened (after the
+load), created or changed; no process, socket, mount, namespace, IPC object, trace, reboot,
+clock change, BPF program or perf event can be made; no other process can be signalled,
+limited or read.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
+import hashlib
 import os
 import platform
-import struct
+import subprocess
+import tempfile
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
 
-# BPF instruction classes and modes (linux/filter.h, linux/bpf_common.h).
-_LD_W_ABS = 0x20
-_JEQ, _JGE, _JSET = 0x15, 0x35, 0x45
-_RET = 0x06
-_ALLOW, _KILL = 0x7FFF0000, 0x80000000
+from ..errors import BackendUnavailable
 
+#: The executor runs as this user and group when kpair runs as root (nobody/nogroup).
+NOBODY = 65534
+SUPPORTED = ("x86_64", "aarch64")
+MECHANISM = "seccomp allowlist (libseccomp) + separate process"
 
-def _errno(n: int) -> int:
-    return 0x00050000 | n
+#: System calls an executor may make once its kernel is loaded (names as libseccomp knows
+#: them; one absent on an architecture, such as ``newfstatat`` vs ``fstat``, is skipped).
+ALLOWED = (
+    "read", "write", "readv", "writev", "pread64", "close", "fstat", "newfstatat", "statx",
+    "lseek", "mmap", "munmap", "mprotect", "mremap", "madvise", "brk", "futex",
+    "set_robust_list", "get_robust_list", "rseq", "set_tid_address", "exit", "exit_group",
+    "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "sigaltstack", "clock_gettime",
+    "clock_getres", "gettimeofday", "nanosleep", "clock_nanosleep", "sched_yield",
+    "sched_getaffinity", "getpid", "gettid", "getrandom", "membarrier",
+)
+#: Open flags that write or create: O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND __O_TMPFILE.
+_WRITE_FLAGS = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000 | 0o20000000
+_CLONE_THREAD = 0x00010000
+#: Namespace flags of clone(2): CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
+_CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
+    | 0x40000000
 
-
-_EPERM, _ENOSYS = _errno(errno.EPERM), _errno(errno.ENOSYS)
-#: open flags that write or create: O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND.
-_WRITE_FLAGS = 0x1 | 0x2 | 0x40 | 0x200 | 0x400
-_CLONE_THREAD = 0x10000
-
-#: Per architecture: audit arch, seccomp syscall number, syscalls refused outright (EPERM),
-#: refused as absent (ENOSYS: the C library then falls back to a call the filter can read),
-#: open-like syscalls and the argument that holds their flags, and the signal senders.
-_ARCHS = {
-    "x86_64": {
-        "audit": 0xC000003E, "seccomp": 317,
-        "deny": [85, 82, 264, 316, 87, 263, 83, 258, 84, 86, 265, 88, 266, 90, 91, 268, 452,
-                 92, 93, 94, 260, 76, 133, 259, 132, 235, 261, 280, 57, 58, 59, 322, 41, 53, 42,
-                 49, 50, 43, 288, 101, 310, 311, 200, 425, 303, 304, 165, 424, 434, 129, 297],
-        "absent": [437, 435],
-        "open": {2: 1, 257: 2},
-        "clone": 56, "kill": 62, "tgkill": 234,
-    },
-    "aarch64": {
-        "audit": 0xC00000B7, "seccomp": 277,
-        "deny": [38, 276, 35, 34, 37, 36, 53, 452, 54, 52, 55, 45, 33, 88, 221, 281, 198, 199,
-                 200, 201, 202, 203, 242, 117, 270, 271, 130, 425, 264, 265, 40, 424, 434, 138,
-                 240],
-        "absent": [437, 435],
-        "open": {56: 2},
-        "clone": 220, "kill": 129, "tgkill": 131,
-    },
-}
-DENIED = ("creating, writing, renaming or removing files", "creating or executing processes",
-          "network sockets", "signals to other processes", "tracing other processes")
+SOURCE = "host_executor.c"
 
 
-class SandboxUnavailable(OSError):
-    pass
+class SandboxUnavailable(BackendUnavailable):
+    """The host sandbox cannot be set up here; kpair refuses to run host kernels without it."""
 
 
-def _arg_lo(i: int) -> int:
-    return 16 + 8 * i  # seccomp_data: nr, arch, instruction_pointer, args[6]
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 
-def _program(spec: dict, pid: int) -> list[tuple[int, object, object, int]]:
-    """The filter as (code, jt, jf, k); jt/jf are labels or 0 (next instruction)."""
-    p: list[tuple[int, object, object, int]] = [
-        (_LD_W_ABS, 0, 0, 4), (_JEQ, 0, "kill", spec["audit"]), (_LD_W_ABS, 0, 0, 0)]
-    if spec["audit"] == 0xC000003E:
-        p.append((_JGE, "kill", 0, 0x40000000))  # the x32 ABI: other numbers, same calls
-    for nr in spec["deny"]:
-        p.append((_JEQ, "eperm", 0, nr))
-    for nr in spec["absent"]:
-        p.append((_JEQ, "enosys", 0, nr))
-    for nr, arg in spec["open"].items():
-        p += [(_JEQ, 0, 2, nr), (_LD_W_ABS, 0, 0, _arg_lo(arg)),
-              (_JSET, "eperm", "allow", _WRITE_FLAGS)]
-    p += [(_JEQ, 0, 2, spec["clone"]), (_LD_W_ABS, 0, 0, _arg_lo(0)),
-          (_JSET, "allow", "eperm", _CLONE_THREAD)]
-    # kill(0 or own pid) and tgkill(own pid, ...) stay: raise() and abort() use them.
-    p += [(_JEQ, 0, 3, spec["kill"]), (_LD_W_ABS, 0, 0, _arg_lo(0)),
-          (_JEQ, "allow", 0, pid), (_JEQ, "allow", "eperm", 0)]
-    p += [(_JEQ, 0, 2, spec["tgkill"]), (_LD_W_ABS, 0, 0, _arg_lo(0)),
-          (_JEQ, "allow", "eperm", pid)]
-    p += [(_RET, 0, 0, _ALLOW)]
-    return p
+@lru_cache(maxsize=1)
+def _seccomp():
+    try:
+        import pyseccomp
+    except ImportError as e:
+        raise SandboxUnavailable(
+            f"the host sandbox needs the pyseccomp bindings ({e}): pip install 'pyseccomp>=0.1'"
+        ) from None
+    except OSError as e:  # pyseccomp loads libseccomp.so.2 when imported
+        raise SandboxUnavailable(
+            f"the host sandbox needs libseccomp ({e}): apt-get install libseccomp2") from None
+    return pyseccomp
 
 
-def _assemble(prog: list[tuple[int, object, object, int]]) -> bytes:
-    tail = {"allow": _ALLOW, "eperm": _EPERM, "enosys": _ENOSYS, "kill": _KILL}
-    labels = {name: len(prog) + i for i, name in enumerate(tail)}
-    out = b""
-    for i, (code, jt, jf, k) in enumerate(prog):
-        offs = [labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf)]
-        if not all(0 <= o <= 255 for o in offs):
-            raise SandboxUnavailable(f"seccomp filter jump out of range at instruction {i}")
-        out += struct.pack("<HBBI", code, offs[0], offs[1], k & 0xFFFFFFFF)
-    for value in tail.values():
-        out += struct.pack("<HBBI", _RET, 0, 0, value)
+def check() -> None:
+    """Raise SandboxUnavailable unless an executor can be built and confined here."""
+    if platform.system() != "Linux":
+        raise SandboxUnavailable(f"the host sandbox needs Linux (seccomp), not "
+                                 f"{platform.system()}: host kernels are not run here")
+    if _arch() not in SUPPORTED:
+        raise SandboxUnavailable(f"the host sandbox supports {' and '.join(SUPPORTED)}, not "
+                                 f"{_arch()}: host kernels are not run here")
+    _seccomp()
+    executor()
+
+
+def _build(pid: int, *, loading: bool) -> bytes:
+    sc = _seccomp()
+    f = sc.SyscallFilter(sc.ERRNO(errno.EPERM))
+    for name in ALLOWED:
+        _add(sc, f, sc.ALLOW, name)
+    _add(sc, f, sc.ERRNO(errno.ENOSYS), "clone3")
+    _add(sc, f, sc.ALLOW, "clone",
+         sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD | _CLONE_NEW, _CLONE_THREAD))
+    _add(sc, f, sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid))
+    _add(sc, f, sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid))
+    if loading:
+        _add(sc, f, sc.ALLOW, "openat", sc.Arg(2, sc.MASKED_EQ, _WRITE_FLAGS, 0))
+        _add(sc, f, sc.ALLOW, "open", sc.Arg(1, sc.MASKED_EQ, _WRITE_FLAGS, 0))
+        # The executor stacks filter 2 once the code object is loaded: seccomp(
+        # SECCOMP_SET_MODE_FILTER, no flags), which can only confine a process further.
+        _add(sc, f, sc.ALLOW, "seccomp", sc.Arg(0, sc.EQ, 1), sc.Arg(1, sc.EQ, 0))
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        code = out.read()
+    if not code or len(code) % 8:
+        raise SandboxUnavailable(f"libseccomp exported a {len(code)}-byte filter")
+    return code
+
+
+def _add(sc, f, action: int, name: str, *args) -> None:
+    try:
+        nr = sc.resolve_syscall(sc.Arch.NATIVE, name)
+    except (OSError, ValueError):
+        return
+    if nr == -1:  # unknown to libseccomp
+        return
+    f.add_rule(action, nr, *args)
+
+
+def filters(pid: int) -> tuple[bytes, bytes]:
+    """(filter 1, filter 2) as BPF for the executor ``pid``: see the module docstring."""
+    check()
+    return _build(pid, loading=True), _build(pid, loading=False)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kpair"
+
+
+@lru_cache(maxsize=1)
+def executor() -> Path:
+    """The compiled executor, built at first use (a file named by the source's sha256)."""
+    from ..toolchain import find_cc
+
+    source = resources.files("kpair.backends").joinpath(SOURCE).read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:32]
+    out = cache_dir() / f"host-executor-{_arch()}-{digest}"
+    if out.is_file() and os.access(out, os.X_OK):
+        return out
+    cc = find_cc()   # BackendUnavailable naming apt-get install gcc
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", dir=out.parent)
+    os.close(fd)
+    src = Path(tmp + ".c")
+    try:
+        src.write_bytes(source)
+        cmd = [cc, "-O2", "-std=gnu11", "-o", tmp, str(src), "-ldl"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SandboxUnavailable(f"building the host executor failed:\n$ {' '.join(cmd)}\n"
+                                     f"{proc.stderr}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)
+    finally:
+        src.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
     return out
 
 
-def seal() -> dict:
-    """Install the filter on every thread of this process (irrevocably)."""
-    machine = platform.machine().lower()
-    spec = _ARCHS.get({"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine))
-    if not platform.system() == "Linux" or spec is None:
-        raise SandboxUnavailable(f"no seccomp filter for {platform.system()} {machine}")
-    code = _assemble(_program(spec, os.getpid()))
-    filt = ctypes.create_string_buffer(code, len(code))
-
-    class _Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    prog = _Prog(len(code) // 8, ctypes.addressof(filt))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to filter unprivileged
-        raise SandboxUnavailable(f"prctl(NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
-    # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, prog): every thread at once.
-    if libc.syscall(spec["seccomp"], 1, 1, ctypes.byref(prog)) != 0:
-        raise SandboxUnavailable(f"seccomp: {os.strerror(ctypes.get_errno())}")
-    return {"mechanism": "seccomp-bpf", "denied": list(DENIED), "instructions": len(code) // 8}
+def describe(*, filter_bytes: int, rlimits: dict) -> dict:
+    """What the sandbox is, for result.json."""
+    as_root = os.geteuid() == 0
+    return {"mechanism": MECHANISM, "process": "one executor process per loaded kernel",
+            "uid": NOBODY if as_root else os.geteuid(),
+            "gid": NOBODY if as_root else os.getegid(), "groups": [] if as_root else None,
+            "capabilities": "none", "no_new_privs": True, "allowlist": list(ALLOWED) + [
+                "clone (CLONE_THREAD only)", "kill/tgkill (own pid only)",
+                "clone3 (ENOSYS)", "openat/open (read-only, while loading)",
+                "seccomp (SET_MODE_FILTER, while loading)"],
+            "default_action": "EPERM", "rlimits": rlimits,
+            "filter_instructions": filter_bytes // 8, "timer": "executor CPU clock, read "
+            "by the judge from outside"}

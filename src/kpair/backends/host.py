@@ -5,64 +5,103 @@ machine, CI included. A host "kernel" is called once per launch with its argumen
 from the kernarg blob by the snapshot's parameter kinds (the C ABI needs to know integer
 from floating point); grid and block are recorded but mean nothing here.
 
-Regions are placed with ``mmap(MAP_FIXED_NOREPLACE)`` at their captured pages when those are
-free in this process; otherwise one mapping covers the whole captured span and every region
-moves by the same page-multiple delta.
+The candidate shares nothing with the judge. Each ``load`` starts an executor
+(``host_executor.c``, built at first use; ``kpair.backends._sandbox``): a small C process
+that holds only a command pipe, a reply pipe, the worker's log as stdout/stderr, the regions
+and its code object — no key, no Python, no verdict path. It drops to nobody when kpair runs
+as root, drops every capability, sets no_new_privs and rlimits, maps the regions, then loads
+the code object under a seccomp allowlist (its ELF constructors run confined) and calls the
+kernel when the judge says so. The judge (this process) makes itself non-dumpable, so a
+same-user process cannot read its memory or environment. If the sandbox cannot be set up,
+nothing runs (``SandboxUnavailable``).
 
-Timing reads CPU time, not wall time, so that other processes on the machine do not land in
-the samples: ``timed_launch`` returns the CPU time this process consumed during the call
-(``CLOCK_PROCESS_CPUTIME_ID``: the calling thread's, plus every other thread's, exited ones
-included), and ``window_clock`` — the clock of the timing-integrity window, which runs from
-before the launch until ``synchronize`` finds every other thread idle or gone — is the same
-clock. Preemption by other processes stops both; work a kernel hands to another thread of
-this process counts in the window whether or not it ends before the call returns, and
-``synchronize`` waits while such a thread is runnable (waiting for a CPU under load) as well
-as while it runs. A multi-threaded kernel is thus charged the CPU time of all its threads,
-not its latency. Linux reads the process clock exactly for the calling thread and for
-threads that sleep or have exited; for another thread still running it may lag by up to one
-scheduler tick — that only makes a thread's hidden work look larger.
+Regions live in memfds: ``map`` creates one per call, maps it MAP_SHARED here (the judge's
+view, which ``write``/``read``/``stage``/``restore`` use) and chooses the executor
+addresses: the captured pages (``MAP_FIXED_NOREPLACE`` in the executor; a collision with the
+executor's own mappings is a PlacementError at load) or, relocated, one span at a fixed base
+a fresh executor leaves free. ``Mapping`` and every address of this interface are executor
+addresses.
+
+Timing reads the executor's CPU time from outside (its process CPU clock, clock id
+``(~pid << 3) | 2``): a timer patched inside it changes nothing, and other processes on the
+machine land in no sample. Between its launches an executor is stopped (SIGSTOP, SIGCONT
+before its next command), so a thread a candidate leaves running gets no CPU while another
+kernel is timed; its work is charged to its own next launch. ``timed_launch`` reads the clock
+while the executor is stopped (exact, every thread counted, exited ones too) before and after
+one call; ``window_clock`` — the clock of the timing-integrity window — is the CPU time of all
+executors; ``synchronize`` lets the last launched executor run until its threads are idle or
+gone (a thread still runnable counts as busy), then stops it again. A multi-threaded kernel
+is thus charged the CPU time of all its threads, not its latency.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
+import fcntl
 import math
 import os
 import platform
+import signal
 import struct
 import sys
-import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import AbiMismatch, ArchitectureMismatch, PlacementError, SymbolNotFound
+from ..errors import (
+    AbiMismatch,
+    ArchitectureMismatch,
+    DriverError,
+    KpairError,
+    PlacementError,
+    SymbolNotFound,
+)
 from ..placement import granular_spans
 from ..snapshot import SCALAR_FORMATS, Launch, Param
+from . import _sandbox
 from .base import Device, Kernel, Mapping
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROT_RW = 0x1 | 0x2
-_MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_FIXED_NOREPLACE = 0x02, 0x20, 0x100000
+_MAP_SHARED = 0x01
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 #: ELF e_machine values of the architectures we name.
 ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 243: "riscv64", 3: "i386"}
 
-#: The C type each kernarg kind is passed as (its bytes are read with SCALAR_FORMATS).
-_CTYPES = {
-    "pointer": ctypes.c_void_p, "i8": ctypes.c_int8, "u8": ctypes.c_uint8,
-    "i16": ctypes.c_int16, "u16": ctypes.c_uint16, "i32": ctypes.c_int32,
-    "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
-    "f32": ctypes.c_float, "f64": ctypes.c_double,
-}
+#: Kernarg kinds the executor can pass; floats go in float registers, the rest in integer ones.
+_FLOATS = {"f32": 4, "f64": 8}
+_INTS = {"pointer", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"}
+#: The executor's trampoline: integer registers, float registers, 8-byte stack slots.
+_NINT = {"x86_64": 6, "aarch64": 8}
+_NFLOAT, _NSTACK = 8, 16
+_OP_CALL, _OP_EXIT = 1, 2
+_CALL = struct.Struct(f"=QQ8Q{_NFLOAT}Q{_NSTACK}Q")
+_SETUP = struct.Struct("=8I3Q")
+_REGION = struct.Struct("=4Q")
+_REPLY = struct.Struct("=II")
+_MAGIC = 0x3158504B
+_ST_OK, _ST_SETUP, _ST_LOAD, _ST_SYMBOL, _ST_PLACE = range(5)
+
+#: Where relocated spans go in an executor: far above a small C program's heap, far below
+#: its libraries and stack (x86_64 and aarch64 with 39-bit or more of address space).
+_RELOCATE_BASE = 0x10_0000_0000
+_USER_LO, _USER_HI = 1 << 20, (1 << 47) - (1 << 32)
+#: Executor rlimits beyond the regions: address space, descriptors, tasks of its user.
+_AS_EXTRA, _NOFILE, _NPROC_EXTRA = 8 << 30, 16, 256
 
 
-#: memfds of every code object this process loaded (see HostDevice.load).
-_LOADED: list[int] = []
+class KernelCrashed(DriverError):
+    """An executor died during (or right after) a launch: the kernel crashed it."""
+
+    def __init__(self, how: str, role: str):
+        KpairError.__init__(self, f"the host kernel crashed: {how} (in its executor, {role})")
+        self.call, self.code, self.explanation = "host kernel call", how, role
 
 
 def host_arch() -> str:
@@ -90,52 +129,27 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def _other_threads_cpu() -> dict[int, float] | None:
-    """CPU seconds of every other thread of this process, by thread id (Linux), or None.
-
-    Each thread's own CPU clock (clock id ``(~tid << 3) | 6``, as glibc builds it for
-    ``pthread_getcpuclockid``) is exact; ``process_time() - thread_time()`` is not (it
-    jumps by a scheduler tick now and then)."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        return None
-    me, out = threading.get_native_id(), {}
-    for tid in tids:
-        if tid != me:
-            with contextlib.suppress(OSError):  # the thread exited meanwhile
-                out[tid] = time.clock_gettime((~tid << 3) | 6)
-    return out
+def _undumpable() -> None:
+    """PR_SET_DUMPABLE 0 on the judge: no same-user process reads its memory or environ."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
 
 
-def _threads_runnable(tids: object) -> bool:
-    """Whether any of these threads of this process is running or waiting for a CPU (state R
-    in /proc): under load a thread can wait in the run queue for many polls, gaining no CPU
-    time, yet it has work left."""
-    for tid in tids:
-        try:
-            fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
-        except OSError:  # the thread exited meanwhile
+def _tasks_of(uid: int) -> int:
+    """Tasks (threads) whose real user is ``uid``: RLIMIT_NPROC counts them all."""
+    n = 0
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
             continue
         try:
-            stat = os.read(fd, 512)
-        finally:
-            os.close(fd)
-        if stat[stat.rindex(b")") + 2:][:1] == b"R":
-            return True
-    return False
-
-
-def _thread_count() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this whole process (every thread, exited ones too): the host's clock."""
-    return time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
+            text = (p / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        with contextlib.suppress(KeyError, ValueError, IndexError):
+            if int(fields["Uid"].split()[0]) == uid:
+                n += int(fields["Threads"])
+    return n
 
 
 #: synchronize() polls at this interval; a kernel's threads are done when they have gone,
@@ -155,9 +169,136 @@ def _llc_bytes() -> int:
     return best or (32 << 20)
 
 
+@dataclass
+class _Arena:
+    """One map() call: a memfd, its view in the judge, its spans at executor addresses."""
+
+    fd: int
+    size: int
+    view: int                                  # judge address of offset 0
+    spans: list[tuple[int, int, int]]          # (executor lo, executor hi, memfd offset)
+
+
+class _Executor:
+    """One executor process and the judge's side of its pipes."""
+
+    def __init__(self, pid: int, cmd: int, reply: int, role: str):
+        self.pid, self.cmd, self.reply, self.role = pid, cmd, reply, role
+        self.clock = ((~pid) << 3) | 2
+        self.stopped, self.dead, self.last_cpu = False, None, 0.0
+
+    def cpu(self) -> float:
+        if self.dead is None:
+            with contextlib.suppress(OSError):
+                self.last_cpu = time.clock_gettime(self.clock)
+        return self.last_cpu
+
+    def _reap(self, block: bool) -> str | None:
+        """Why the executor ended (and reap it), or None if it still runs."""
+        if self.dead is not None:
+            return self.dead
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            self.dead = "it ended"
+            return self.dead
+        if pid == 0:
+            return None
+        if os.WIFSIGNALED(status):
+            self.dead = _signame(os.WTERMSIG(status))
+        elif os.WIFEXITED(status):
+            self.dead = f"it exited with status {os.WEXITSTATUS(status)}"
+        else:
+            return None
+        return self.dead
+
+    def read_reply(self) -> tuple[int, str]:
+        head = _read_exact(self.reply, _REPLY.size)
+        if head is None:
+            raise KernelCrashed(self._reap(block=True) or "it closed its reply pipe",
+                                self.role)
+        status, n = _REPLY.unpack(head)
+        msg = _read_exact(self.reply, n) if n else b""
+        return status, (msg or b"").decode(errors="replace")
+
+    def cont(self) -> None:
+        if self.stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+            self.stopped = False
+
+    def stop(self) -> None:
+        """SIGSTOP, and wait until every thread has stopped (the clock is exact then)."""
+        if self.stopped or self.dead is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGSTOP)
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WUNTRACED)
+            except ChildProcessError:
+                self.dead = "it ended"
+                break
+            if os.WIFSTOPPED(status):
+                self.stopped = True
+                return
+            if os.WIFSIGNALED(status) or os.WIFEXITED(status):
+                self.dead = _signame(os.WTERMSIG(status)) if os.WIFSIGNALED(status) \
+                    else f"it exited with status {os.WEXITSTATUS(status)}"
+                break
+        raise KernelCrashed(self.dead, self.role)
+
+    def call(self, record: bytes) -> None:
+        if self.dead is not None:
+            raise KernelCrashed(self.dead, self.role)
+        self.cont()
+        try:
+            os.write(self.cmd, record)
+        except BrokenPipeError:
+            raise KernelCrashed(self._reap(block=True) or "its command pipe closed",
+                                self.role) from None
+        self.read_reply()
+        self.stop()
+
+    def tasks(self) -> list[int]:
+        try:
+            return [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
+        except OSError:
+            return []
+
+    def close(self) -> None:
+        if self.dead is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self._reap(block=True)
+        for fd in (self.cmd, self.reply):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    out = b""
+    while len(out) < n:
+        try:
+            chunk = os.read(fd, n - len(out))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        out += chunk
+    return out
+
+
 class HostKernel(Kernel):
-    def __init__(self, name: str, fn: ctypes._CFuncPtr, path: Path):
-        self.name, self.fn, self.path = name, fn, path
+    def __init__(self, name: str, executor: _Executor):
+        self.name, self.executor = name, executor
 
 
 class HostDevice(Device):
@@ -168,14 +309,18 @@ class HostDevice(Device):
         # recorded in the environment; the slots share the CPUs.
         self.ordinal = int(device)
         self._libc = _libc()
-        self._maps: list[tuple[int, int]] = []
+        self._arenas: list[_Arena] = []
+        self._index: list[tuple[int, int, int]] = []   # (executor lo, hi, judge address)
         self._staged: list[tuple[int, bytes]] = []
-        self._libs: list[ctypes.CDLL] = []
+        self._executors: list[_Executor] = []
+        self._last: _Executor | None = None
         # Twice the last-level cache, so one pass evicts what the kernel left behind.
         self._flush_bytes = min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None \
             else flush_bytes
         self._flush: np.ndarray | None = None  # allocated on first use
         self._threads_before: int | None = None  # other threads when the last launch began
+        self._filter_bytes = 0
+        self._rlimits: dict = {}
 
     def arch(self) -> str:
         return host_arch()
@@ -192,7 +337,100 @@ class HostDevice(Device):
         return {"backend": "host", "arch": self.arch(), "device": cpu or platform.processor(),
                 "cpus": os.cpu_count(), "platform": platform.platform(),
                 "python": sys.version.split()[0], "llc_bytes": _llc_bytes(),
-                "timer": "process CPU time (CLOCK_PROCESS_CPUTIME_ID)"}
+                "timer": "executor process CPU time, read from outside (clock_getcpuclockid)"}
+
+    # ------------------------------------------------------------------ placement
+
+    def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
+        spans = granular_spans(ranges, PAGE)
+        if not spans:
+            return Mapping("captured", 0, {"spans": 0})
+        lo, hi = spans[0][0], spans[-1][1]
+        reason = "forced" if relocate else None
+        if reason is None and (lo < _USER_LO or hi > _USER_HI):
+            reason = "captured pages lie outside an executor's address space"
+        if reason is None and any(a < h and lo_ < b for a, b, _ in self._index
+                                  for lo_, h in spans):
+            reason = "captured pages overlap an earlier placement"
+        if reason is None:
+            self._arena(spans, 0)
+            return Mapping("captured", 0, {"spans": len(spans)})
+        top = max((b for _, b, _ in self._index), default=_RELOCATE_BASE)
+        base = max(_RELOCATE_BASE, -(-top // (1 << 30)) * (1 << 30))
+        if base < hi and lo < base + (hi - lo):   # a delta, never the captured pages again
+            base = -(-hi // (1 << 30)) * (1 << 30)
+        delta = base - lo
+        self._arena([(lo, hi)], delta)
+        return Mapping("relocated", delta, {"spans": 1, "reason": reason})
+
+    def _arena(self, spans: list[tuple[int, int]], delta: int) -> None:
+        size = sum(h - lo for lo, h in spans)
+        fd = os.memfd_create(f"kpair-regions-{len(self._arenas)}",
+                             os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            view = self._libc.mmap(None, size, _PROT_RW, _MAP_SHARED, fd, 0)
+            if view in (None, _MAP_FAILED):
+                raise PlacementError(f"cannot map {size} bytes of regions in the judge "
+                                     f"(errno {ctypes.get_errno()})")
+        except BaseException:
+            os.close(fd)
+            raise
+        out, offset = [], 0
+        for lo, h in spans:
+            out.append((lo + delta, h + delta, offset))
+            self._index.append((lo + delta, h + delta, view + offset))
+            offset += h - lo
+        self._index.sort()
+        self._arenas.append(_Arena(fd, size, view, out))
+
+    def _segments(self, address: int, size: int):
+        """(judge address, bytes) pieces of the executor range [address, address + size)."""
+        if not self._index:  # nothing placed: a plain memory device (tests, armor alone)
+            yield address, size
+            return
+        end = address + size
+        while address < end or size == 0:
+            i = bisect.bisect_right(self._index, (address, 1 << 64, 0)) - 1
+            if i < 0 or not (self._index[i][0] <= address < self._index[i][1]):
+                raise PlacementError(f"address {address:#x} is in no placed region")
+            lo, hi, judge = self._index[i]
+            n = min(end, hi) - address
+            yield judge + address - lo, n
+            if size == 0:
+                return
+            address += n
+
+    def write(self, address: int, data: bytes) -> None:
+        data = bytes(data)
+        done = 0
+        for ptr, n in self._segments(address, len(data)):
+            ctypes.memmove(ptr, data[done:done + n], n)
+            done += n
+
+    def read(self, address: int, size: int) -> bytes:
+        return b"".join(ctypes.string_at(ptr, n) for ptr, n in self._segments(address, size))
+
+    def stage(self, address: int, data: bytes) -> None:
+        self._staged.append((address, bytes(data)))
+
+    def restore(self) -> None:
+        for address, data in self._staged:
+            self.write(address, data)
+
+    def flush_cache(self) -> None:
+        # The executors share the last-level cache with this process: writing twice its
+        # size here evicts what a kernel left there.
+        if self._flush is None:
+            self._flush = np.zeros(self._flush_bytes, dtype=np.uint8)
+        self._flush += 1
+
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        return [(lo, hi) for lo, hi, _ in self._index]
+
+    # ------------------------------------------------------------------ executors
 
     def load(self, image: bytes, kernel_name: str, *, fmt: str = "elf-so") -> HostKernel:
         if fmt != "elf-so":
@@ -201,127 +439,163 @@ class HostDevice(Device):
         if arch != self.arch():
             raise ArchitectureMismatch(f"code object is built for {arch}, this host is "
                                        f"{self.arch()}")
-        # An anonymous in-memory file: loading writes nothing to disk, so it works sealed too.
-        # It stays open as long as the process: the library is never unloaded, and the
-        # dynamic loader would hand back the old library for a reused /proc/self/fd/N name.
-        fd = os.memfd_create(f"kpair-k{len(_LOADED)}", 0)
-        _LOADED.append(fd)
-        os.write(fd, image)
-        path = Path(f"/proc/self/fd/{fd}")
+        _sandbox.check()
+        _undumpable()
+        ex = self._spawn(image, kernel_name, f"kernel {kernel_name!r} #{len(self._executors)}")
+        return HostKernel(kernel_name, ex)
+
+    def _limits(self) -> dict:
+        uid = _sandbox.NOBODY if os.geteuid() == 0 else os.getuid()
+        regions = sum(a.size for a in self._arenas)
+        return {"as_bytes": regions + _AS_EXTRA, "nofile": _NOFILE,
+                "nproc": _tasks_of(uid) + _NPROC_EXTRA, "core": 0, "fsize": 0,
+                "memlock": 0, "msgqueue": 0}
+
+    def _spawn(self, image: bytes, symbol: str, role: str) -> _Executor:
+        exe = _sandbox.executor()
+        code = os.memfd_create("kpair-code", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        cmd_r, cmd_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        # Children's ends, moved above the numbers they take in the child (0..5+arenas).
+        low = 6 + len(self._arenas)
+        theirs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64 + low)
+                  for fd in (cmd_r, 2, reply_w, code, *(a.fd for a in self._arenas))]
         try:
-            lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
-        except OSError as e:
-            raise ArchitectureMismatch(f"cannot load code object: {e}") from None
-        self._libs.append(lib)
+            os.write(code, image)
+            fcntl.fcntl(code, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                        | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+            log = theirs[1]
+            actions = [(os.POSIX_SPAWN_DUP2, theirs[0], 0), (os.POSIX_SPAWN_DUP2, log, 1),
+                       (os.POSIX_SPAWN_DUP2, log, 2), (os.POSIX_SPAWN_DUP2, theirs[2], 3),
+                       (os.POSIX_SPAWN_DUP2, theirs[3], 4)]
+            actions += [(os.POSIX_SPAWN_DUP2, fd, 5 + i) for i, fd in enumerate(theirs[4:])]
+            pid = os.posix_spawn(str(exe), [str(exe), str(len(self._arenas))], {},
+                                 file_actions=actions)
+        finally:
+            for fd in (cmd_r, reply_w, code, *theirs):
+                os.close(fd)
+        ex = _Executor(pid, cmd_w, reply_r, role)
+        self._executors.append(ex)
         try:
-            fn = getattr(lib, kernel_name)
-        except AttributeError:
-            raise SymbolNotFound(f"kernel {kernel_name!r} is not exported by the code "
-                                 "object") from None
-        fn.restype = None
-        return HostKernel(kernel_name, fn, path)
+            f1, f2 = _sandbox.filters(pid)
+            limits = self._limits()
+            self._filter_bytes, self._rlimits = len(f1) + len(f2), limits
+            regions = [(lo, hi - lo, off, 5 + k) for k, a in enumerate(self._arenas)
+                       for lo, hi, off in a.spans]
+            name = symbol.encode()
+            setup = _SETUP.pack(_MAGIC, os.getpid(), _sandbox.NOBODY, _sandbox.NOBODY,
+                                len(regions), len(name), len(f1), len(f2),
+                                limits["as_bytes"], limits["nproc"], limits["nofile"])
+            setup += b"".join(_REGION.pack(*r) for r in regions) + name + f1 + f2
+            try:
+                os.write(cmd_w, setup)
+            except BrokenPipeError:
+                pass  # it died: the reply says how
+            status, msg = ex.read_reply()
+        except BaseException:
+            ex.close()
+            self._executors.remove(ex)
+            raise
+        if status != _ST_OK:
+            ex.close()
+            self._executors.remove(ex)
+            if status == _ST_LOAD:
+                raise ArchitectureMismatch(f"cannot load code object: {msg}")
+            if status == _ST_SYMBOL:
+                raise SymbolNotFound(f"kernel {symbol!r} is not exported by the code object")
+            if status == _ST_PLACE:
+                raise PlacementError(f"{msg} (captured pages taken by the executor's own "
+                                     "mappings: replay with relocation)")
+            raise _sandbox.SandboxUnavailable(f"the host sandbox could not be set up: {msg}")
+        ex.stop()
+        return ex
 
-    def _mmap(self, address: int | None, size: int) -> int | None:
-        flags = _MAP_PRIVATE | _MAP_ANONYMOUS | (_MAP_FIXED_NOREPLACE if address else 0)
-        got = self._libc.mmap(address or None, size, _PROT_RW, flags, -1, 0)
-        if got in (None, _MAP_FAILED):
-            return None
-        if address is not None and got != address:  # old kernels treat the flag as a hint
-            self._libc.munmap(got, size)
-            return None
-        self._maps.append((got, size))
-        return got
+    # ------------------------------------------------------------------ launches
 
-    def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
-        spans = granular_spans(ranges, PAGE)
-        if not relocate:
-            placed = [self._mmap(lo, hi - lo) for lo, hi in spans]
-            if all(p is not None for p in placed):
-                return Mapping("captured", 0, {"spans": len(spans)})
-            self._unmap()
-        lo, hi = spans[0][0], spans[-1][1]
-        base = self._mmap(None, hi - lo)
-        if base is None:
-            raise PlacementError(f"cannot map {hi - lo} bytes for the relocated span "
-                                 f"(errno {ctypes.get_errno()})")
-        reason = "forced" if relocate else "captured pages are in use in this process"
-        return Mapping("relocated", base - lo, {"spans": 1, "reason": reason})
-
-    def write(self, address: int, data: bytes) -> None:
-        ctypes.memmove(address, data, len(data))
-
-    def read(self, address: int, size: int) -> bytes:
-        return ctypes.string_at(address, size)
-
-    def stage(self, address: int, data: bytes) -> None:
-        self._staged.append((address, bytes(data)))
-
-    def restore(self) -> None:
-        for address, data in self._staged:
-            ctypes.memmove(address, data, len(data))
-
-    def flush_cache(self) -> None:
-        if self._flush is None:
-            self._flush = np.zeros(self._flush_bytes, dtype=np.uint8)
-        self._flush += 1
-
-    def _args(self, kernarg: bytes, params: Sequence[Param]) -> list:
-        args = []
+    def _record(self, kernarg: bytes, params: Sequence[Param]) -> bytes:
+        nint = _NINT.get(self.arch(), 6)
+        ints: list[int] = []
+        floats: list[int] = []
+        stack: list[int] = []
         for i, p in enumerate(params):
-            if p.kind not in _CTYPES:
+            if p.kind in _FLOATS:
+                size = _FLOATS[p.kind]
+                bits = int.from_bytes(kernarg[p.offset:p.offset + size], "little")
+                if len(kernarg[p.offset:p.offset + size]) != size:
+                    raise AbiMismatch(f"parameter {i} lies past the end of the kernarg blob")
+                (floats if len(floats) < _NFLOAT else stack).append(bits)
+            elif p.kind in _INTS:
+                value = struct.unpack_from(SCALAR_FORMATS[p.kind], kernarg, p.offset)[0]
+                (ints if len(ints) < nint else stack).append(value % (1 << 64))
+            else:
                 raise AbiMismatch(f"parameter {i} has kind {p.kind!r}: the host backend calls "
                                   "C functions and needs a scalar or pointer kind")
-            value = struct.unpack_from(SCALAR_FORMATS[p.kind], kernarg, p.offset)[0]
-            args.append(_CTYPES[p.kind](value))
-        return args
+        if len(stack) > _NSTACK:
+            raise AbiMismatch(f"{len(params)} parameters: the host backend passes at most "
+                              f"{nint} integer and {_NFLOAT} floating-point ones in registers "
+                              f"and {_NSTACK} more on the stack")
+        pad = lambda v, n: v + [0] * (n - len(v))  # noqa: E731
+        return _CALL.pack(_OP_CALL, len(stack), *pad(ints, 8), *pad(floats, _NFLOAT),
+                          *pad(stack, _NSTACK))
+
+    def _begin(self, kernel: HostKernel) -> _Executor:
+        if not isinstance(kernel, HostKernel):
+            raise AbiMismatch("not a host kernel")
+        ex = kernel.executor
+        if self._last is not None and self._last is not ex:
+            self._last.stop()
+        self._last = ex
+        self._threads_before = max(len(ex.tasks()) - 1, 0)
+        return ex
 
     def launch(self, kernel: HostKernel, launch: Launch, kernarg: bytes,
                params: Sequence[Param]) -> None:
-        args = self._args(kernarg, params)
-        self._threads_before = _thread_count() - 1
-        kernel.fn(*args)
+        record = self._record(kernarg, params)
+        self._begin(kernel).call(record)
 
     def timed_launch(self, kernel: HostKernel, launch: Launch, kernarg: bytes,
                      params: Sequence[Param]) -> float:
-        args = self._args(kernarg, params)
-        fn = kernel.fn
-        self._threads_before = _thread_count() - 1
-        clock = time.CLOCK_PROCESS_CPUTIME_ID
-        t0 = time.clock_gettime_ns(clock)
-        fn(*args)
-        return (time.clock_gettime_ns(clock) - t0) * 1e-9
+        record = self._record(kernarg, params)
+        ex = self._begin(kernel)
+        ex.stop()
+        t0 = ex.cpu()       # stopped: every thread's time is accounted
+        ex.call(record)     # returns stopped again
+        return ex.cpu() - t0
 
     def window_clock(self) -> float:
-        return _cpu_s()
+        return sum(ex.cpu() for ex in self._executors)
 
     def synchronize(self) -> None:
-        """Wait until the threads the last launch started have exited or gone idle.
+        """Let the last launched executor run until its threads have exited or gone idle.
 
         A host kernel that hands its work to a thread and returns looks instantly fast to
-        ``timed_launch``; this is the host's "every stream": no other thread may gain CPU time
-        over a poll or be runnable at its end, and the thread count must fall back to what it
-        was before the launch (or stay idle for a while: a persistent pool). Gives up after
-        two minutes."""
-        last = _other_threads_cpu()
-        if last is None:
+        ``timed_launch``; this is the host's "every stream": no thread of the executor may
+        gain CPU time over a poll or be runnable at its end, and its thread count must fall
+        back to what it was before the launch (or stay idle for a while: a persistent pool).
+        Then the executor is stopped again. Gives up after two minutes."""
+        ex = self._last
+        if ex is None or ex.dead is not None:
             return
-        deadline, idle = time.monotonic() + _SYNC_LIMIT_S, 0
-        while time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-            now = _other_threads_cpu() or {}
-            busy = any(t - last.get(tid, 0.0) > 0.1 * _POLL_S for tid, t in now.items()) \
-                or _threads_runnable(now)
-            last = now
-            if busy:
-                idle = 0
-                continue
-            idle += 1
-            if self._threads_before is None or len(now) <= self._threads_before \
-                    or idle >= _IDLE_POLLS:
-                return
-
-    def mapped_ranges(self) -> list[tuple[int, int]]:
-        return [(address, address + size) for address, size in self._maps]
+        ex.cont()
+        try:
+            deadline, idle = time.monotonic() + _SYNC_LIMIT_S, 0
+            last = _thread_cpu(ex)
+            while time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+                now = _thread_cpu(ex)
+                busy = any(t - last.get(tid, 0.0) > 0.1 * _POLL_S for tid, t in now.items()) \
+                    or _threads_runnable(ex.pid, now)
+                last = now
+                if busy:
+                    idle = 0
+                    continue
+                idle += 1
+                others = len(now) - 1
+                if self._threads_before is None or others <= self._threads_before \
+                        or idle >= _IDLE_POLLS:
+                    return
+        finally:
+            ex.stop()
 
     def measure_bandwidth(self, nbytes: int) -> float:
         """libc memset of ``nbytes`` through ctypes, timed like a kernel call: best of 32."""
@@ -335,22 +609,53 @@ class HostDevice(Device):
             best = min(best, time.clock_gettime_ns(clock) - t0)
         return n / (max(best, 1) * 1e-9)
 
-    def _unmap(self) -> None:
-        for address, size in self._maps:
-            self._libc.munmap(address, size)
-        self._maps.clear()
-
     def seal(self) -> dict:
-        from ._sandbox import SandboxUnavailable, seal
-
-        try:
-            return seal()
-        except SandboxUnavailable as e:
-            return {"mechanism": None, "why": str(e)}
+        """Check the sandbox can be set up (SandboxUnavailable otherwise: nothing runs) and
+        say what it is. The confinement itself happens in each executor, at load."""
+        _sandbox.check()
+        _undumpable()
+        f1, f2 = _sandbox.filters(os.getpid())
+        return _sandbox.describe(filter_bytes=len(f1) + len(f2), rlimits=self._limits())
 
     def close(self) -> None:
-        self._unmap()
+        for ex in self._executors:
+            ex.close()
+        self._executors.clear()
+        self._last = None
+        for a in self._arenas:
+            self._libc.munmap(a.view, a.size)
+            os.close(a.fd)
+        self._arenas.clear()
+        self._index.clear()
         self._staged.clear()
+
+
+def _thread_cpu(ex: _Executor) -> dict[int, float]:
+    """CPU seconds of every thread of an executor, by thread id (each thread's own clock,
+    ``(~tid << 3) | 6``: exact when it sleeps)."""
+    out = {}
+    for tid in ex.tasks():
+        with contextlib.suppress(OSError):  # the thread exited meanwhile
+            out[tid] = time.clock_gettime((~tid << 3) | 6)
+    return out
+
+
+def _threads_runnable(pid: int, tids: object) -> bool:
+    """Whether any of these threads is running or waiting for a CPU (state R in /proc):
+    under load a thread can wait in the run queue for many polls, gaining no CPU time, yet
+    it has work left."""
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY)
+        except OSError:  # the thread exited meanwhile
+            continue
+        try:
+            stat = os.read(fd, 512)
+        finally:
+            os.close(fd)
+        if stat[stat.rindex(b")") + 2:][:1] == b"R":
+            return True
+    return False
 
 
 def device_count() -> int:
