@@ -294,7 +294,8 @@ def samples_file(tmp_path):
     ({"mode": np.bytes_(b"B/A")}, "mode"),
     ({"stopped_by": np.bytes_(b"bored")}, "stopped_by"),
     ({"seed": np.float64(1.5)}, "seed"),
-    ({"kpair_samples_version": np.int64(2)}, "kpair_samples_version"),
+    ({"kpair_samples_version": np.int64(3)}, "kpair_samples_version"),
+    ({"replicate": np.full(8, -1)}, "replicate"),
 ])
 def test_bad_samples_fields_are_named(samples_file, tmp_path, change, field):
     bad = _rewrite(samples_file, tmp_path / "bad.npz", **change)

@@ -333,7 +333,7 @@ REJECTED = [
     ("lowprec", "cosine", "bias", "one-sided systematic error"),
     ("scale", "cosine", "bias", "one-sided systematic error"),
     ("deferred", "exact", "timing_integrity", "timer misses work"),
-    ("lazy", "exact", "timing_integrity", "wrong after timed launch"),
+    ("lazy", "exact", "timed_outputs", "wrong after timed launch"),
 ]
 
 
@@ -363,10 +363,10 @@ def test_honest_opt_passes_every_check(suite, opt, policy):
     ran = {k for k, v in trust.items() if v["ran"]}
     assert ran >= {"baseline_determinism", "guard_bands", "input_integrity", "poisoned_outputs",
                    "opt_determinism", "differential", "timing_integrity", "impossible_speed",
-                   "noop"}
+                   "noop", "timed_outputs", "ref_integrity"}
     poison = trust["poisoned_outputs"]["finding"]
     assert poison["regions"] == {"c": {"bytes": N * N * 4, "runs": 1}}
-    assert poison["opt_runs_poisoned"] == 5    # 3 opt runs + 2 differential runs
+    assert poison["opt_runs_poisoned"] == 7    # 3 opt runs + 2 differential + 2 sparse runs
     assert trust["input_integrity"]["finding"]["inputs"] == ["a", "b"]
     assert trust["noop"]["finding"]["noop"] and "note" in trust["noop"]["finding"]
     assert all(row["changed_output"] for row in trust["differential"]["finding"]["runs"])
@@ -397,8 +397,10 @@ def test_default_policy_passes_honest_opts_and_an_empty_list_turns_mutations_off
     assert r["status"] == "pass", summarize(r)
     d = r["trust"]["differential"]
     assert d["passed"] is True and d["finding"]["source"] == "derived"
-    assert len(d["finding"]["runs"]) == 2 and all(x["changed_output"]
+    # two whole-region runs, then two sparse ones (the timed launches' input variants)
+    assert len(d["finding"]["runs"]) == 4 and all(x["changed_output"]
                                                   for x in d["finding"]["runs"])
+    assert all(m.startswith("sparse") for x in d["finding"]["runs"][2:] for m in x["mutated"])
     off = suite("stale", "off")  # the stale answer is caught by nothing else
     assert off["status"] == "pass" and off["trust"]["differential"]["ran"] is False
     assert any("mutations" in w and "[]" in w for w in off["warnings"]), off["warnings"]

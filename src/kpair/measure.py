@@ -41,7 +41,7 @@ from kpair.errors import FormatError, KpairError, UsageError
 
 MODES = ("A/B", "A/A")
 STOP_REASONS = ("ci", "max_blocks", "time_cap")
-SAMPLES_VERSION = 1
+SAMPLES_VERSION = 2   # 2 added ``replicate``; version 1 files (one replicate) still load
 # The bootstrap draws from (seed, this) so that it never replays the schedule's random stream.
 _BOOT_STREAM = 0xB007
 _SAMPLE_ARRAYS = ("block", "direction", "t_slot1_s", "t_slot2_s")
@@ -131,6 +131,7 @@ class Samples:
     mode: str = "A/B"
     seed: int = 0
     stopped_by: str = ""
+    replicate: np.ndarray | None = None
 
     def __post_init__(self):
         fields = _checked_samples(self.block, self.direction, self.t_slot1_s, self.t_slot2_s,
@@ -140,6 +141,34 @@ class Samples:
             fields, strict=True,
         ):
             object.__setattr__(self, name, value)
+        rep = np.zeros(len(self), np.int64) if self.replicate is None else \
+            np.asarray(self.replicate)
+        if rep.shape != (len(self),) or rep.dtype.kind not in "iu" or (rep < 0).any():
+            raise FormatError(f"expected one replicate index >= 0 per block, got dtype "
+                              f"{rep.dtype} shape {rep.shape}", field="replicate")
+        rep = rep.astype(np.int64)
+        rep.flags.writeable = False
+        object.__setattr__(self, "replicate", rep)
+
+    @classmethod
+    def joined(cls, parts: Sequence[Samples]) -> Samples:
+        """Several replicates' samples as one record, ``replicate`` telling them apart."""
+        cat = (lambda name: np.concatenate([getattr(p, name) for p in parts]))
+        return cls(np.arange(sum(len(p) for p in parts)), cat("direction"), cat("t_slot1_s"),
+                   cat("t_slot2_s"), mode=parts[0].mode, seed=parts[0].seed,
+                   stopped_by=parts[-1].stopped_by,
+                   replicate=np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)]))
+
+    def part(self, replicate: int) -> Samples:
+        """The blocks of one replicate (its seed is ``replicate_seed(seed, replicate)``)."""
+        at = self.replicate == replicate
+        return Samples(np.arange(int(at.sum())), self.direction[at], self.t_slot1_s[at],
+                       self.t_slot2_s[at], mode=self.mode,
+                       seed=replicate_seed(self.seed, replicate), stopped_by=self.stopped_by)
+
+    @property
+    def replicates(self) -> int:
+        return int(self.replicate.max()) + 1 if len(self) else 0
 
     @classmethod
     def from_blocks(cls, directions, t_slot1_s, t_slot2_s, **meta) -> Samples:
@@ -183,6 +212,7 @@ def samples_bytes(samples: Samples) -> bytes:
         direction=samples.direction.astype("S1"),
         t_slot1_s=samples.t_slot1_s,
         t_slot2_s=samples.t_slot2_s,
+        replicate=samples.replicate,
     )
     return fh.getvalue()
 
@@ -209,7 +239,7 @@ def load_samples(path: str | Path) -> Samples:
     try:
         with np.load(path, allow_pickle=False) as npz:
             version = _scalar(npz, "kpair_samples_version", "iu", path)
-            if version != SAMPLES_VERSION:
+            if version not in (1, SAMPLES_VERSION):
                 raise FormatError(f"unsupported version {version} (this kpair reads "
                                   f"{SAMPLES_VERSION})", path=path, field="kpair_samples_version")
             meta = {k: _scalar(npz, k, kd, path)
@@ -219,6 +249,9 @@ def load_samples(path: str | Path) -> Samples:
                 if name not in npz.files:
                     raise FormatError("missing array", path=path, field=name)
                 arrays.append(npz[name])
+            replicate = npz["replicate"] if version >= 2 and "replicate" in npz.files else None
+            if version >= 2 and replicate is None:
+                raise FormatError("missing array", path=path, field="replicate")
     except FormatError:
         raise
     except OSError as exc:
@@ -229,7 +262,11 @@ def load_samples(path: str | Path) -> Samples:
         raise FormatError(f"not a readable .npz samples file (truncated or corrupted?): {exc}",
                           path=path) from None
     fields = _checked_samples(*arrays, meta["mode"], meta["seed"], meta["stopped_by"], path)
-    return Samples(*fields)
+    if replicate is not None and (replicate.shape != fields[0].shape or
+                                  replicate.dtype.kind not in "iu" or (replicate < 0).any()):
+        raise FormatError("expected one replicate index >= 0 per block", path=path,
+                          field="replicate")
+    return Samples(*fields, replicate=replicate)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -363,6 +400,17 @@ class StoppingRule:
         if not self.rel_ci_halfwidth > 0 or not self.time_cap_s > 0:
             raise UsageError("rel_ci_halfwidth and time_cap_s must be positive")
 
+    def split(self, replicates: int) -> StoppingRule:
+        """The rule of one of ``replicates`` replicates: a share of the blocks and time, and a
+        CI target that makes the replicate-level interval about as tight as this rule's."""
+        if replicates <= 1:
+            return self
+        min_blocks = max(8, math.ceil(self.min_blocks / replicates))
+        return StoppingRule(min_blocks=min_blocks,
+                            max_blocks=max(min_blocks, math.ceil(self.max_blocks / replicates)),
+                            rel_ci_halfwidth=self.rel_ci_halfwidth * math.sqrt(replicates),
+                            time_cap_s=self.time_cap_s / replicates)
+
     def is_finished(self, state: MeasureState) -> str | None:
         r = state.result
         if r is None:
@@ -468,6 +516,74 @@ def measure(
         if reason is not None:
             # analyze() of the final samples gives exactly this: the bootstrap ignores stopped_by.
             return replace(result, stopped_by=reason), replace(samples, stopped_by=reason)
+
+
+# --------------------------------------------------------------------------- replicates
+
+#: Student's t, 0.975 quantile, for 1..30 degrees of freedom (then the normal's 1.96).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
+
+
+def replicate_seed(seed: int, replicate: int) -> int:
+    """The schedule seed of replicate ``replicate`` of a run seeded ``seed``."""
+    return (seed + replicate) % 2**63
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """A speedup measured in several independent replicates (fresh module loads, each its own
+    ABBA run) and read at the replicate level (docs/format.md, "Speed", for the formula).
+
+    ``ci95`` is the 95% *re-run interval*: where the point of another run of the same design
+    lands (a prediction interval for a mean of as many replicates); ``mean_ci95`` the
+    confidence interval of the speedup itself; ``sd_log`` the spread of the replicates' log
+    speedups (between-run variation and within-run noise together)."""
+
+    speedup: float
+    ci95: tuple[float, float]
+    mean_ci95: tuple[float, float]
+    sd_log: float
+    parts: tuple[AbbaResult, ...]
+
+    def replicate_rows(self) -> list[dict]:
+        return [{"speedup": p.speedup, "ci95": list(p.ci95), "slot_bias": p.slot_bias,
+                 "blocks": p.blocks, "stopped_by": p.stopped_by} for p in self.parts]
+
+
+def combine_replicates(parts: Sequence[AbbaResult]) -> Replicated:
+    """The replicate-level estimate of ``parts`` (two or more).
+
+    With y_i the log speedup of replicate i (i = 1..R), m their mean and s their standard
+    deviation — floored at the replicates' own root-mean-square bootstrap standard error,
+    because the spread of R means cannot be below their sampling noise — a re-run of the same
+    design gives a mean m' with m' - m ~ N(0, 2 sigma^2 / R). So:
+    speedup = exp(m); re-run interval = exp(m +- t(R-1) s sqrt(2/R));
+    mean CI = exp(m +- t(R-1) s / sqrt(R)). Between-run variation (module placement, clocks,
+    neighbours) is in s as far as the replicates meet it: that is why they reload the code."""
+    if len(parts) < 2:
+        raise KpairError(f"combine_replicates needs at least 2 replicates, got {len(parts)}")
+    y = np.log([p.speedup for p in parts])
+    r = y.size
+    se = np.array([(math.log(p.ci95[1]) - math.log(p.ci95[0])) / (2 * 1.96) for p in parts])
+    sd = max(float(np.std(y, ddof=1)), float(np.sqrt(np.mean(se ** 2))))
+    m, t = float(y.mean()), t975(r - 1)
+    pred, mean = t * sd * math.sqrt(2 / r), t * sd / math.sqrt(r)
+    return Replicated(speedup=math.exp(m), ci95=(math.exp(m - pred), math.exp(m + pred)),
+                      mean_ci95=(math.exp(m - mean), math.exp(m + mean)), sd_log=sd,
+                      parts=tuple(parts))
+
+
+def analyze_replicates(samples: Samples, *, n_boot: int = 2000) -> tuple[AbbaResult, Replicated]:
+    """The pooled ABBA statistics of every block (slot bias, fwd, rev, counts) and the
+    replicate-level speedup, from a samples record alone (pure)."""
+    parts = [analyze(samples.part(i), n_boot=n_boot) for i in range(samples.replicates)]
+    return analyze(samples, n_boot=n_boot), combine_replicates(parts)
 
 
 def combine(ci95: Sequence[float], control_ci95: Sequence[float]) -> tuple[float, float, float]:

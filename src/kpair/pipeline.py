@@ -16,10 +16,14 @@ only by the stages in their lists:
                                  differential runs, see kpair.isolation)
     trust:differential           opt on the same inputs, judged against ref (checked)
     trust:timing                 timer against wall-clock windows (checked)
-    measure                      the ABBA meter, poisoned and guarded when checked
+    measure                      the ABBA meter, poisoned and guarded when checked; every
+                                 timed launch judged, on inputs rotating among the captured
+                                 one and secret sparse variants (checked)
     control                      ref against a second load of itself: the systematic offset
                                  folded into the reported interval (``--no-control``: off)
     aa                           an A/A control, on request
+    trust:ref                    ref judged again with opt loaded and run; its code unchanged
+                                 where the backend can read it (checked)
     trust:speed                  impossible speed (checked)
 
 Exceptions (bad inputs, driver errors) leave ``execute``; the isolated runner
@@ -61,6 +65,7 @@ class RunOptions:
     rel_ci: float | None = None
     time_cap_s: float | None = None
     seed: int | None = None
+    replicates: int = 4
     timeout_s: float = 600.0
     control: bool = True
     checks: bool = True
@@ -73,6 +78,9 @@ class RunOptions:
         unknown = [c for c in self.skip_checks if c not in CHECKS]
         if unknown:
             raise UsageError(f"unknown check {unknown[0]!r} (one of {', '.join(CHECKS)})")
+        if isinstance(self.replicates, bool) or not isinstance(self.replicates, int) \
+                or not 1 <= self.replicates <= 64:
+            raise UsageError(f"replicates must be an integer in [1, 64], not {self.replicates!r}")
         if self.cache not in ("cold", "warm"):
             raise UsageError(f"cache must be 'cold' or 'warm', not {self.cache!r}")
         if self.device is not None and (isinstance(self.device, bool)
@@ -278,6 +286,7 @@ def _arm(run: Run) -> None:
     seed = o.seed if o.seed is not None else secrets.randbits(32)
     run.audit = Audit(run.replay, run.harness.policy, run.hints, seed=seed,
                       skip=o.skip_checks, harness=str(run.root))
+    run.audit.ref_code_before = run.device.code_digest(run.ref[0])
     run.facts.checks = Checks(enabled=True, skipped=list(o.skip_checks), seed=seed)
 
 
@@ -339,22 +348,54 @@ def _timing(run: Run) -> Result | None:
 
 
 def _measure(run: Run) -> None:
-    from .measure import measure, samples_bytes
+    from .measure import Samples, combine_replicates, measure, replicate_seed, samples_bytes
+    from .measure import analyze as pooled_stats
     from .snapshot import sha256
 
     o = run.options
+    n = o.replicates
+    seed = o.seed if o.seed is not None else secrets.randbits(32)
+    rule = _rule(run).split(n)
     clocks_before = run.device.clocks()
-    abba, samples = measure(run.time_one, rule=_rule(run), seed=o.seed)
+    parts, samples = [], []
+    for i in range(n):
+        if i:  # fresh loads of both kernels: another placement of their code
+            _reload(run)
+        abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i))
+        parts.append(abba)
+        samples.append(part)
     clocks_after = run.device.clocks()
-    speed = abba.to_json(SAMPLES)
-    run.samples = samples_bytes(samples)
+    joined = Samples.joined(samples)
+    pooled = pooled_stats(joined)
+    speed = pooled.to_json(SAMPLES)
+    if n > 1:
+        rep = combine_replicates(parts)
+        speed.update(speedup=rep.speedup, ci95=list(rep.ci95),
+                     rel_ci_halfwidth=(rep.ci95[1] - rep.ci95[0]) / 2 / rep.speedup,
+                     interval="re-run", mean_ci95=list(rep.mean_ci95),
+                     replicate_sd_log=rep.sd_log, replicates=rep.replicate_rows(),
+                     stopped_by=parts[-1].stopped_by)
+    run.samples = samples_bytes(joined)
     # The samples archive's CRC catches accidents only; this ties it to the result.
     speed["samples_sha256"] = sha256(run.samples)
     speed["cache"] = o.cache
     if clocks_before or clocks_after:
         speed["clocks_mhz"] = {"before": clocks_before, "after": clocks_after}
     run.speed = convert(speed, Speed)
-    run.medians = (abba.ref_median_s, abba.opt_median_s)
+    run.medians = (pooled.ref_median_s, pooled.opt_median_s)
+
+
+def _reload(run: Run) -> None:
+    """ref and opt loaded again from their bytes (and the old loads given back)."""
+    h, device, c = run.harness, run.device, run.candidate
+    old = (run.ref[0], run.opt[0])
+    ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
+    run.replay.check_abi(ref, "ref")
+    opt = device.load(c.image, c.kernel, fmt=c.format)
+    run.replay.check_abi(opt, "opt")
+    run.ref, run.opt = (ref, run.ref[1]), (opt, run.opt[1])
+    for kernel in old:
+        device.unload(kernel)
 
 
 def _rule(run: Run):
@@ -392,6 +433,11 @@ def _control(run: Run) -> None:
                                   difference=difference((lo, hi)))
 
 
+def _rejudge_ref(run: Run) -> Result | None:
+    run.audit.rejudge_ref(*run.ref)
+    return run.fail() if run.failure() else None
+
+
 def _impossible_speed(run: Run) -> Result | None:
     t_ref, t_opt = run.medians
     run.audit.speed(t_opt, t_ref)
@@ -420,7 +466,8 @@ CANDIDATE_UNCHECKED: list[Stage] = [
 CANDIDATE_CHECKED: list[Stage] = [
     ("load", _load_opt), ("opt", _opt_repeated), ("trust:differential", _differential),
     ("trust:timing", _timing), ("measure", _measure), ("control", _control),
-    ("aa", _aa_control), ("measure", _impossible_speed), ("measure", _pass),
+    ("aa", _aa_control), ("trust:ref", _rejudge_ref), ("measure", _impossible_speed),
+    ("measure", _pass),
 ]
 
 

@@ -190,6 +190,19 @@ class Replay:
             out[r.name] = data
         return out
 
+    def pin(self, name: str, data: bytes) -> None:
+        """Keep ``data``, bytes region ``name`` holds at times (a timed input variant, its
+        expected output), with a device-side copy until the replay ends, so that writing it
+        and matching it never cost a host transfer."""
+        if not self.device.compares_in_place:
+            return
+        entries = self.known.entries.setdefault(name, [])
+        for i, (d, held, _) in enumerate(entries):
+            if d is data:
+                entries[i] = (d, held, True)
+                return
+        self.known.add(name, data, self.device.hold(data), pin=True)
+
     def _put(self, name: str, data: bytes) -> None:
         """Write ``data`` into region ``name``: from a held copy when there is one."""
         d, address = self.device, self.address_of(name)
@@ -228,9 +241,13 @@ class Replay:
         return self.read_back(fills=fills)
 
     def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
+                 state: dict[str, bytes] | None = None,
                  hooks: LaunchHooks | None = None) -> float:
-        """Seconds of one launch on freshly restored state (cold cache unless warm)."""
+        """Seconds of one launch on freshly restored state (cold cache unless warm);
+        ``state`` replaces the pre-state of the regions it names, as in ``run``."""
         self.device.restore()
+        for name, data in (state or {}).items():
+            self._put(name, data)
         if hooks is not None:
             hooks.before()
         if self.cache == "cold":

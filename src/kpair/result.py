@@ -73,11 +73,26 @@ class Systematic(Record):
     bound: float
 
 
+class Replicate(Record, omit_defaults=True):
+    """One replicate of a speed measurement: its own ABBA run on fresh loads of both kernels."""
+
+    speedup: float
+    ci95: tuple[float, float]
+    slot_bias: float
+    blocks: int
+    stopped_by: str
+
+
 class Speed(Record, omit_defaults=True):
     """The ABBA measurement (``kpair.measure``) and how it was taken. With the identical-binary
     control (the default), ``systematic`` and ``combined_ci95`` say how much of the interval a
     difference between two loads of the same code could explain, and ``difference`` is the
-    verdict read from the combined interval: "faster", "slower" or "none"."""
+    verdict read from the combined interval: "faster", "slower" or "none".
+
+    Measured in ``replicates`` (the default), ``speedup`` and ``ci95`` are the replicate-level
+    estimate and its 95% re-run interval (``interval`` says "re-run"): where another run's point
+    lands; ``mean_ci95`` is the confidence interval of the speedup itself. The pooled blocks
+    give ``slot_bias``, ``fwd``, ``rev`` and the counts."""
 
     mode: str
     speedup: float
@@ -102,6 +117,10 @@ class Speed(Record, omit_defaults=True):
     systematic: Systematic | None = None
     combined_ci95: tuple[float, float] | None = None
     difference: str | None = None
+    interval: str | None = None
+    mean_ci95: tuple[float, float] | None = None
+    replicate_sd_log: float | None = None
+    replicates: list[Replicate] | None = None
 
     @property
     def reported_ci95(self) -> tuple[float, float]:

@@ -124,6 +124,7 @@ def test_cuda_fragmented_write_only_bytes_take_held_poison(kit, evidence):
     poisoned = trust["poisoned_outputs"]["finding"]["regions"]["out"]
     assert poisoned["bytes"] == int(mask.sum()) * 4 and poisoned["runs"] > 1000
     assert trust["guard_bands"]["finding"]["violations"] == []
-    assert trust["timing_integrity"]["finding"]["timed_outputs_checked"] >= 1
+    timed = trust["timed_outputs"]["finding"]
+    assert timed["checked"] == timed["launches"] > 0   # every timed launch judged
     assert skip["status"] == "fail"
     assert skip["correctness"]["failed_check"] == "poisoned_outputs", skip["correctness"]

@@ -214,6 +214,14 @@ class Device(ABC):
         """``digest64`` of the ``size`` bytes at ``address``."""
         return digest64(self.read(address, size), key)
 
+    def unload(self, kernel: Kernel) -> None:  # noqa: B027 - most backends keep it to close
+        """Give back what loading ``kernel`` took, where that matters (a process, a module)."""
+
+    def code_digest(self, kernel: Kernel) -> str | None:
+        """A digest of the code bytes ``kernel`` runs as loaded now, or None where the backend
+        cannot read them (a GPU's loaded code is not readable through the driver)."""
+        return None
+
     def mapped_ranges(self) -> list[tuple[int, int]] | None:
         """The [start, end) replay-address ranges ``map`` made accessible, or None if unknown.
 

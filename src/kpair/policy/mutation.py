@@ -1,10 +1,14 @@
 """Mutations: how a policy asks for differential runs on changed inputs.
 
 A ``Mutation`` names one input region (or a byte range of it), the dtype of its elements and
-how to change them: ``permute`` (the same values in another order) or ``resample`` (values
-drawn with replacement from the region's own values: the observed distribution). Both keep
+how to change them: ``permute`` (the same values in another order), ``resample`` (values
+drawn with replacement from the region's own values: the observed distribution) or
+``sparse`` (only ``SPARSE_ELEMENTS`` elements at secret positions change: floats take values
+drawn from elsewhere in the region, other types swap values among those positions). All keep
 every value one the kernel has already seen, so no NaN, no out-of-range index appears that
-the captured input did not hold. The differential check (``kpair.trust.audit``) runs ref and opt
+the captured input did not hold. A sparse input is the captured one almost everywhere: a
+kernel that keys a memo or a specialization on a sample of input elements sees the same key
+and gives the captured answer, which is wrong there. The differential check (``kpair.trust.audit``) runs ref and opt
 on ``count`` such inputs and judges opt against ref under the policy's own criteria: a kernel
 that hard-codes the captured answer, or returns a cached one, fails there.
 
@@ -25,7 +29,9 @@ from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
 from ..errors import PolicyError
 from ..formats import Record
 
-METHODS = ("permute", "resample")
+METHODS = ("permute", "resample", "sparse")
+#: Elements a sparse mutation changes.
+SPARSE_ELEMENTS = 4
 MAX_COUNT = 64
 #: Up to this many elements a mutation draws uniformly from every permutation (or sample);
 #: a larger range is cut into tiles of TILE elements, and the tiles are shuffled (or drawn
@@ -49,6 +55,21 @@ def _draw(values: np.ndarray, rng: np.random.Generator, out: np.ndarray, replace
             out=out[:whole].reshape(tiles, TILE))
     out[whole:] = values[rng.integers(0, n, n - whole)] if replace else \
         values[whole:][rng.permutation(n - whole)]
+
+
+def _sparse(values: np.ndarray, rng: np.random.Generator, out: np.ndarray, swap: bool) -> None:
+    """``SPARSE_ELEMENTS`` elements of ``out`` (a copy of ``values``) changed at random
+    positions: drawn from other positions (floats), or swapped among themselves (others: a
+    swap keeps every value's count, so indices stay a valid set). A few tries find positions
+    whose values differ; a region of one repeated value cannot change."""
+    n = values.size
+    k = min(SPARSE_ELEMENTS, n)
+    for _ in range(8):
+        at = rng.choice(n, k, replace=False)
+        new = values[at][rng.permutation(k)] if swap else values[rng.integers(0, n, k)]
+        if (new.view(np.uint8) != values[at].view(np.uint8)).any():
+            out[at] = new
+            return
 
 
 class MutationDoc(Record, omit_defaults=True):
@@ -117,8 +138,15 @@ class Mutation:
                                offset=start)
         out = bytearray(data)
         target = np.frombuffer(out, dtype, count=values.size, offset=start)
-        _draw(values, rng, target, replace=self.method == "resample")
+        if self.method == "sparse":
+            _sparse(values, rng, target, swap=self.dtype not in FLOAT_DTYPES)
+        else:
+            _draw(values, rng, target, replace=self.method == "resample")
         return bytes(out)
+
+    def sparse(self) -> Mutation:
+        """The same range changed at a few secret positions only."""
+        return Mutation(self.region, self.dtype, "sparse", self.count, self.start, self.end)
 
     def describe(self) -> str:
         rng = "" if self.start == 0 and self.end is None else f"[{self.start}:{self.end})"

@@ -8,7 +8,9 @@ starts. ``Audit`` runs the phases of a checked run, in this order (``kpair.pipel
 region: which bytes are write-only; one poisoned control run), ``run_opt`` (opt repeated, each
 launch poisoned anew), ``differential`` (ref and opt on mutated inputs), ``timing`` (timer
 against a synchronized wall-clock window), ``time_one`` (the ABBA launches: poison and guards
-on both kernels, opt's output checked now and then) and ``speed``.
+on both kernels; every timed launch of every kernel judged against the expected output of the
+input it was given, the captured one or a secret sparse variant drawn per block) and
+``speed``; ``rejudge_ref`` runs ref again once opt is loaded and has run.
 ``findings()`` gives one ``trust.Finding`` per check. One Audit per run, bound to one Replay.
 """
 
@@ -33,8 +35,10 @@ from .findings import CHECKS, Finding, OptRun
 REF_RUNS = 3        # baseline determinism
 OPT_RUNS = 3        # opt repeated under fresh poison
 TIMING_LAUNCHES = 5  # windows per kernel
-CHECK_EVERY = 64    # during ABBA, opt's output is judged after launches 1, 2, 4, 8, ...
-#                     and every 64th (reading outputs back is not free on a GPU)
+#: Sparse-mutated inputs the timed launches rotate among, besides the captured one: each
+#: block of the ABBA meter draws its input from a secret stream, and both kernels of the block
+#: run on it, so a ratio always compares like with like.
+TIMED_VARIANTS = 2
 
 
 class Audit:
@@ -67,6 +71,16 @@ class Audit:
         self.control = "no region to poison"
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
+        self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
+        self.rejudged: list[tuple[str, bool, str]] = []
+        self.ref_code: dict | None = None
+        self.ref_code_before: str | None = None   # ref's code digest at load, if readable
+        # The inputs timed launches rotate among: (label, state or None, expected outputs,
+        # whether their launches are poisoned).
+        self.variants: list[tuple[str, dict[str, bytes] | None, dict[str, bytes], bool]] = [
+            ("captured", None, replay.expected, True)]
+        self._variant_rng = np.random.default_rng([seed, 3])
+        self._block: tuple[int, bool] = (0, False)   # the current block's input, second slot
         self._output_names: list[str] | None = None
         self._cache: tuple[tuple, dict[str, Finding]] | None = None
 
@@ -79,6 +93,8 @@ class Audit:
         self.diff_changed, self.diff_mutated = [], []
         self.windows = {"ref": [], "opt": []}
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
+        self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
+        self.rejudged, self.ref_code = [], None
         self._cache = None
         self.armor.drop_held()
 
@@ -206,13 +222,17 @@ class Audit:
         self.mutation_list = muts
         if not muts or "differential" in self.skip:
             return
+        # Whole-region runs first, then the sparse ones the timed launches also rotate among.
+        runs = [[m for m in muts if m.count > j] for j in range(max(m.count for m in muts))]
+        sparse = list({(m.region, m.start, m.end): m.sparse() for m in muts}.values())
+        runs += [sparse] * TIMED_VARIANTS
         r, normal = self.replay, self.ref_posts[0]
-        for j in range(max(m.count for m in muts)):
+        self._mutating_ref = (ref, ref_launch)
+        for j, run in enumerate(runs):
             state, what = {}, []
-            for m in muts:
-                if m.count > j:
-                    state[m.region] = m.apply(state.get(m.region, r.pre[m.region]), self.rng)
-                    what.append(m.describe())
+            for m in run:
+                state[m.region] = m.apply(state.get(m.region, r.pre[m.region]), self.rng)
+                what.append(m.describe())
             label = f"differential run {j + 1}"
             expected = self._launch(ref, ref_launch, poison=False, state=state)
             if self.armor.last:  # the mutated input is not one ref can take: not a verdict
@@ -220,7 +240,14 @@ class Audit:
                 continue
             changed = any(expected[k] != normal[k] for k in expected if k not in state)
             self._mutated.append((label, state, expected, changed, what))
-        self._mutating_ref = (ref, ref_launch)
+            if j >= len(runs) - TIMED_VARIANTS:
+                # Poisoned like the captured input only where ref's answer survives it.
+                poison = not self.armor.plan or self._poison_holds(len(self._mutated) - 1)
+                self.variants.append((label, state, expected, poison))
+                for name, data in state.items():
+                    r.pin(name, data)
+                for name in self._outputs():
+                    r.pin(name, expected[name])
 
     def _poison_holds(self, j: int) -> bool:
         """Whether ref's answer on mutated input ``j`` survives the poison (computed once).
@@ -268,23 +295,47 @@ class Audit:
             self.timed["violations"] += self._violations(role, label)
 
     def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
-        """One ABBA launch (poison and canaries on both kernels); opt's output regions are
-        judged after its launches 1, 2, 4, 8, ... and every CHECK_EVERY-th."""
-        t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned_pre)
-        if role == "opt":
-            n = self.timed["launches"] = self.timed["launches"] + 1
-            self._timed_guards(role, f"timed launch {n}")
-            if (n & (n - 1) == 0 or n % CHECK_EVERY == 0) \
-                    and "timing_integrity" not in self.skip:
-                outputs = self._outputs()
-                r = self.replay
-                only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
-                v = check(only, {k: r.expected[k] for k in outputs}, r.read_back(outputs),
-                          dtype_hints=self.hints)
-                self.timed["checked"] += 1
-                if not v.passed:
-                    self.timed["failed"].append({"launch": n, "summary": v.summary()})
+        """One timed launch (poison and canaries on both kernels) on the input of the current
+        block: the first launch of every pair draws it from ``variants`` with a secret stream,
+        the second reuses it (the meter launches in pairs). After every launch, the outputs
+        are judged against that input's expected outputs: opt's under ``timed_outputs``,
+        ref's and its control's under ``ref_integrity``. Nothing in a launch tells a kernel
+        whether it is timed, judged or which input it was given beyond the bytes it reads."""
+        index, second = self._block
+        if not second:
+            index = int(self._variant_rng.integers(len(self.variants)))
+        self._block = (index, not second)
+        label, state, expected, poison = self.variants[index]
+        t = self.replay.time_one(kernel, launch, state=state,
+                                 hooks=self.armor.poisoned_pre if poison else self.armor.guarded)
+        tally = self.timed if role == "opt" else self.ref_timed
+        n = tally["launches"] = tally["launches"] + 1
+        self._timed_guards(role, f"timed launch {n}")
+        check_name = "timed_outputs" if role == "opt" else "ref_integrity"
+        if check_name not in self.skip:
+            outputs = self._outputs()
+            only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
+            v = check(only, {k: expected[k] for k in outputs}, self.replay.read_back(outputs),
+                      dtype_hints=self.hints)
+            tally["checked"] += 1
+            if not v.passed:
+                tally["failed"].append({"launch": n, "role": role, "input": label,
+                                        "summary": v.summary()})
         return t
+
+    def rejudge_ref(self, ref: Kernel, launch: Launch) -> None:
+        """ref once more, now that opt is loaded and has run, on the captured input and on a
+        sparse variant: it must still give its own answers, and its code (where the backend
+        can read it) must be the bytes it was."""
+        if "ref_integrity" in self.skip:
+            return
+        for label, state, expected, poison in self.variants[:2]:
+            post = self._launch(ref, launch, poison=poison, state=state)
+            v = check(self.policy, expected, post, dtype_hints=self.hints)
+            self.rejudged.append((f"ref after opt ({label} input)", v.passed, v.summary()))
+        if self.ref_code_before is not None:
+            self.ref_code = {"before": self.ref_code_before,
+                             "after": self.replay.device.code_digest(ref)}
 
     def _outputs(self) -> list[str]:
         """Regions some ref run changes, or that are poisoned."""
@@ -321,7 +372,9 @@ class Audit:
         """One Finding per check, from everything observed so far (cached until more is)."""
         key = (len(self.found), len(self.opt_runs), len(self.diff_runs),
                len(self.windows["opt"]), self.timed["launches"], self.timed["checked"],
-               len(self.timed["failed"]), len(self.timed["violations"]))
+               len(self.timed["failed"]), len(self.timed["violations"]),
+               self.ref_timed["checked"], len(self.ref_timed["failed"]), len(self.rejudged),
+               self.ref_code is not None)
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, self._findings())
         return dict(self._cache[1])
@@ -353,16 +406,15 @@ class Audit:
                                                    self.diff_runs, self.diff_changed,
                                                    self.diff_mutated)
         if self.windows["opt"]:
-            tf = trust.timing_integrity(self.windows["ref"], self.windows["opt"])
-            info = dict(tf.finding, timed_outputs_checked=self.timed["checked"],
-                        timed_outputs_failed=self.timed["failed"])
-            if self.timed["failed"] and not tf.failed:
-                bad = self.timed["failed"][0]
-                tf = Finding(tf.name, True, False, info, (
-                    f"opt's output was wrong after timed launch {bad['launch']} "
-                    f"({bad['summary'].removeprefix('FAIL: ')}): it behaves differently when "
-                    "timed"))
-            f["timing_integrity"] = Finding(tf.name, tf.ran, tf.passed, info, tf.reason)
+            f["timing_integrity"] = trust.timing_integrity(self.windows["ref"],
+                                                           self.windows["opt"])
+        if self.timed["launches"]:
+            f["timed_outputs"] = trust.timed_outputs("opt", self.timed["launches"],
+                                                     self.timed["checked"],
+                                                     len(self.variants), self.timed["failed"])
+        if self.rejudged or self.ref_timed["checked"]:
+            f["ref_integrity"] = trust.ref_integrity(self.rejudged, self.ref_code,
+                                                     self.ref_timed)
         for name in CHECKS:
             if name in self.skip:
                 f[name] = trust.skipped(name, "skipped by request (--skip-check)")

@@ -25,9 +25,9 @@ from ..policy.judge import _plain
 from .armor import Band, Runs, describe_violation, left_mask, poison_left
 
 #: Every check, in the order its failure is reported first.
-CHECKS = ("baseline_determinism", "guard_bands", "input_integrity", "poisoned_outputs",
-          "opt_determinism", "differential", "bias", "timing_integrity", "impossible_speed",
-          "noop")
+CHECKS = ("baseline_determinism", "ref_integrity", "guard_bands", "input_integrity",
+          "poisoned_outputs", "opt_determinism", "differential", "timed_outputs", "bias",
+          "timing_integrity", "impossible_speed", "noop")
 #: A one-sided error is "significant" from this sign-test z-score on.
 BIAS_Z = 5.0
 #: At least this many differing elements before a sign test means anything.
@@ -370,6 +370,51 @@ def bias(runs: Sequence[tuple[str, list[dict]]]) -> Finding:
 
 
 # ------------------------------------------------------------------ timing
+
+
+def timed_outputs(role: str, launches: int, checked: int, variants: int,
+                  failed: Sequence[dict]) -> Finding:
+    """Every timed launch of ``role`` judged: its outputs after the launch against the expected
+    outputs of the input it was given (the captured one or a secret sparse variant)."""
+    info = {"launches": launches, "checked": checked, "input_variants": variants,
+            "failed": list(failed[:8]), "failed_count": len(failed)}
+    if failed:
+        bad = failed[0]
+        return Finding("timed_outputs", True, False, info, (
+            f"{role}'s output was wrong after timed launch {bad['launch']} (input "
+            f"{bad['input']}: {bad['summary'].removeprefix('FAIL: ')}); it behaves differently "
+            "when timed"))
+    if not checked:
+        return skipped("timed_outputs", "no timed launch")
+    return Finding("timed_outputs", True, True, info)
+
+
+def ref_integrity(rejudged: Sequence[tuple[str, bool, str]], code: dict | None,
+                  timed: dict) -> Finding:
+    """ref must stay ref while opt is loaded and after opt ran: judged again then (each
+    ``(label, passed, summary)``), its code bytes unchanged where the backend can read them
+    (``code``: {"before", "after"} digests), and every timed launch of ref (and of its
+    identical-binary control) correct for the input it was given (``timed``)."""
+    info = {"rejudged": [{"run": label, "passed": ok} for label, ok, _ in rejudged],
+            "code": code, "timed_launches": timed.get("launches", 0),
+            "timed_checked": timed.get("checked", 0), "timed_failed": timed.get("failed", [])[:8]}
+    bad = next(((label, why) for label, ok, why in rejudged if not ok), None)
+    if bad is not None:
+        return Finding("ref_integrity", True, False, info, (
+            f"ref no longer reproduces its own answer in {bad[0]} ({bad[1].removeprefix('FAIL: ')}"
+            "): opt changed ref, its code or its inputs"))
+    if code is not None and code.get("before") != code.get("after"):
+        return Finding("ref_integrity", True, False, info, (
+            "ref's code bytes changed while opt was loaded: opt patched ref"))
+    if timed.get("failed"):
+        f = timed["failed"][0]
+        return Finding("ref_integrity", True, False, info, (
+            f"{f['role']}'s output was wrong after timed launch {f['launch']} (input "
+            f"{f['input']}: {f['summary'].removeprefix('FAIL: ')}): something changed the "
+            "baseline or its inputs during timing"))
+    if not rejudged and not timed.get("checked"):
+        return skipped("ref_integrity", "ref was not run with opt loaded")
+    return Finding("ref_integrity", True, True, info)
 
 
 def timing_integrity(ref: Sequence[tuple[float, float]], opt: Sequence[tuple[float, float]],
