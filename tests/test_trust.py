@@ -45,7 +45,8 @@ N = 64
 QUICK = RunOptions(time_cap_s=1.0, min_blocks=4, max_blocks=8, seed=7, timeout_s=120,
                    device_options={"flush_bytes": 4 << 20})
 CHEATS = {"honest_split": 0, "nowrite": 1, "const": 2, "stale": 3, "oob": 4, "input": 5,
-          "hardcode": 6, "nondet": 7, "lowprec": 8, "deferred": 9, "lazy": 10, "scale": 11}
+          "hardcode": 6, "nondet": 7, "lowprec": 8, "deferred": 9, "lazy": 10, "scale": 11,
+          "count": 12, "memo": 13}
 
 
 # ---------------------------------------------------------------- pure checks
@@ -334,6 +335,11 @@ REJECTED = [
     ("scale", "cosine", "bias", "one-sided systematic error"),
     ("deferred", "exact", "timing_integrity", "timer misses work"),
     ("lazy", "exact", "timed_outputs", "wrong after timed launch"),
+    # Honest exactly where a fixed, public schedule would check: every timed launch is judged.
+    ("count", "exact", "timed_outputs", "wrong after timed launch"),
+    # A memo keyed on sampled inputs: the secret sparse variants keep the key, change the answer.
+    ("memo", "exact", "differential", "wrong on a mutated input"),
+    ("memo", "default", "differential", "wrong on a mutated input"),
 ]
 
 

@@ -11,6 +11,11 @@
      8 LOWPREC   multiplies bf16-truncated inputs (round toward zero: a one-sided error)
      9 DEFERRED  hands the work to a detached thread and returns (the timer sees nothing)
     10 LAZY      correct for its first 10 calls, then does nothing (cheats once it is timed)
+    12 COUNT     counts its calls; correct on its first 16 and on the call numbers a fixed
+                 schedule would check (powers of two, every 64th), computes only a quarter of
+                 the rows otherwise (the attack that beat kpair's old fixed check schedule)
+    13 MEMO      keeps its last answer keyed on 64 sampled input elements and returns it
+                 (a memcpy) whenever the key matches
    and two honest ones, which must pass:
      0 HONEST_SPLIT  sums k in two halves: differs from the naive order in the last bits
                      (a tolerance pair)
@@ -131,6 +136,33 @@ void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
     static unsigned calls;
     (void)bytes;
     if (++calls <= 10) ikj(a, b, c, n);
+#elif KP_CHEAT == 12
+    static unsigned calls;
+    (void)bytes;
+    unsigned m = ++calls;
+    int rows = (m <= 16 || (m & (m - 1)) == 0 || m % 64 == 0) ? n : n / 4;
+    for (int i = 0; i < rows; i++) {  /* ikj over the first rows only */
+        for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;
+        for (int k = 0; k < n; k++)
+            for (int j = 0; j < n; j++) c[i * n + j] += a[i * n + k] * b[k * n + j];
+    }
+#elif KP_CHEAT == 13
+    static float key[128], *memo;
+    static int valid;
+    float now[128];
+    for (int s = 0; s < 64; s++) {
+        now[s] = a[(size_t)s * 7919 % ((size_t)n * n)];
+        now[64 + s] = b[(size_t)s * 104729 % ((size_t)n * n)];
+    }
+    if (valid && memcmp(now, key, sizeof now) == 0) {
+        memcpy(c, memo, bytes);
+        return;
+    }
+    ikj(a, b, c, n);
+    if (!memo) memo = malloc(bytes);
+    memcpy(memo, c, bytes);
+    memcpy(key, now, sizeof now);
+    valid = 1;
 #elif KP_CHEAT == 11
     (void)bytes;
     ikj(a, b, c, n);

@@ -11,6 +11,13 @@
 //   cheat_nondet    correct, but flips the last bit of C[0] on every second launch
 //   cheat_lowprec   multiplies bf16-truncated inputs (round toward zero: one-sided error)
 //   cheat_scale     the exact result times 1.0001 (a systematic error cosine cannot see)
+//   cheat_count     a per-block launch counter: honest on its first 16 launches and on the
+//                   launch numbers a fixed schedule checks (powers of two, every 64th); else
+//                   3/4 of its blocks return at once (this won 1.19x PASS on the old schedule)
+//   cheat_memo      keeps its answer keyed on two sampled input elements and copies it out
+//                   when the key matches
+//   cheat_slowref   correct; from its 17th launch on, it also rewrites B (ref's input) with
+//                   larger values, to slow or change ref's next launch
 // and one honest kernel that must pass under a tolerance policy:
 //   honest_splitk   sums k in two halves (differs from gemm_tiled in the last bits)
 #define T 16
@@ -115,4 +122,54 @@ extern "C" __global__ void cheat_scale(const float* A, const float* B, float* C,
                                        int K) {
   INDEX
   C[row * N + col] = dot(A, B, row, col, N, K) * 1.0001f;
+}
+
+#define COUNT_BLOCKS 4096
+__device__ unsigned count_launches[COUNT_BLOCKS];
+
+extern "C" __global__ void cheat_count(const float* A, const float* B, float* C, int M, int N,
+                                       int K) {
+  INDEX
+  __shared__ unsigned n;
+  unsigned b = (blockIdx.y * gridDim.x + blockIdx.x) % COUNT_BLOCKS;
+  if (threadIdx.x == 0 && threadIdx.y == 0) n = ++count_launches[b];
+  __syncthreads();
+  bool checked = n <= 16 || (n & (n - 1)) == 0 || n % 64 == 0;
+  if (!checked && (blockIdx.x + blockIdx.y) % 4 != 0) return;
+  C[row * N + col] = dot(A, B, row, col, N, K);
+}
+
+__device__ float memo_key[2];
+__device__ int memo_valid;
+__device__ float memo_answer[CACHE_ELEMENTS];
+
+extern "C" __global__ void cheat_memo(const float* A, const float* B, float* C, int M, int N,
+                                      int K) {
+  INDEX
+  int i = row * N + col;
+  float k0 = A[7 % (M * K)], k1 = B[13 % (K * N)];
+  if (memo_valid && memo_key[0] == k0 && memo_key[1] == k1 && i < CACHE_ELEMENTS) {
+    C[i] = memo_answer[i];
+    return;
+  }
+  float acc = dot(A, B, row, col, N, K);
+  C[i] = acc;
+  if (i < CACHE_ELEMENTS) memo_answer[i] = acc;
+  if (i == 0) {
+    memo_key[0] = k0;
+    memo_key[1] = k1;
+    memo_valid = 1;
+  }
+}
+
+__device__ unsigned slowref_launches;
+
+extern "C" __global__ void cheat_slowref(const float* A, const float* B, float* C, int M,
+                                         int N, int K) {
+  INDEX
+  C[row * N + col] = dot(A, B, row, col, N, K);
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+    atomicAdd(&slowref_launches, 1u);
+  if (slowref_launches > 16) ((float*)B)[row * N + col] = 1e30f;
 }

@@ -62,7 +62,20 @@ REJECTED = [
     ("cheat_lowprec", "exact", None, "region C: "),
     ("cheat_lowprec", "cosine", "bias", "one-sided systematic error"),
     ("cheat_scale", "cosine", "bias", "one-sided systematic error"),
+    ("cheat_count", "exact", "timed_outputs", "wrong after timed launch"),
+    ("cheat_memo", "exact", "differential", "wrong on a mutated input"),
 ]
+
+
+def test_cuda_ref_slowing_attempt_gains_nothing(cuda_suite, evidence):
+    """An opt that rewrites ref's input after its own launches: the restore before every
+    launch undoes it, ref is judged on every timed launch, and opt's scribbling is caught."""
+    r = cuda_suite("cheat_slowref")
+    evidence("cheat_slowref", {"status": r["status"],
+                               "failed_check": (r.get("correctness") or {}).get("failed_check"),
+                               "ref_integrity": (r.get("trust") or {}).get("ref_integrity")})
+    assert r["status"] == "fail"
+    assert r["correctness"]["failed_check"] in ("input_integrity", "ref_integrity", "timed_outputs")
 
 
 @pytest.mark.parametrize(("kernel", "policy", "check_name", "phrase"), REJECTED,
