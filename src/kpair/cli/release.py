@@ -112,6 +112,8 @@ def describe_reproduction(index: Index) -> list[str]:
     from ..release.index import latest
 
     run = index.verifications[-1]
+    if not any(latest(r, run.run) for r in index.operators):
+        return []  # this verify published every operator: nothing was compared
     lines = []
     for r in index.operators:
         v = latest(r, run.run)
