@@ -1,13 +1,14 @@
-"""Process isolation: both halves of the worker protocol.
+"""Process isolation: both halves of a worker, over the protocol of ``kpair.protocol``.
 
 A harness runs in a worker process so that a kernel that faults, poisons its context or hangs
-costs only that process. ``run_isolated`` (the parent) starts ``worker_main`` (the child) and
-gives it:
+costs only that process. The parent starts ``worker_main`` (the child) with ``start`` — the
+one way a worker is started, for ``kpair run`` (``run_isolated``) and for sessions
+(``kpair.session``) alike — and gives it:
 
-- no path it could write a verdict to: the child reports over a pipe (``--channel FD``), as
-  JSON lines, ``{"stage": name}`` as it goes and one final ``{"result": ..., "samples": ...}``;
-  the parent reads that with a deadline, validates it as a ``Result`` and writes
-  ``result.json`` (and ``samples.npz``) itself;
+- no path it could write a verdict to: the child reports over a pipe (``--channel FD``),
+  signed lines of ``kpair.protocol`` (``Stage`` as it goes, ``Ready`` once set up, then a
+  ``Verdict`` per candidate); the parent reads them with a deadline, validates each Result
+  and writes ``result.json`` (and ``samples.npz``) itself (``Outcome.write``);
 - an environment of its own: ``python -I`` (no current directory on the import path, no
   ``PYTHON*`` variables), the parent's resolved import path minus the current directory, a
   private scratch directory as its working directory, and stdout/stderr sent to a log file
@@ -17,16 +18,19 @@ gives it:
   included). Scratch directories carry their owner's pid, and each run sweeps those whose
   owner is gone.
 
+The setup/retry rule lives in ``start`` and nowhere else: when ref itself cannot take a
+mutated input (the worker faulted or hung during stage ``trust:mutate``), the mutation says
+nothing about opt, so setup is run again without the differential check and every Result of
+that worker carries the warning ``differential: dropped, ref itself failed on a mutated input
+(...)``.
+
 What the parent can and cannot trust is in docs/format.md ("Trust model").
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import secrets
@@ -36,28 +40,63 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ._util import private_tempdir, sweep_stale_tempdirs, write_bytes_atomic
+from ._util import private_tempdir, sweep_stale_tempdirs, utc_now, write_bytes_atomic
 from .errors import KpairError, WorkerFailed
-from .formats import convert, to_builtins
-from .pipeline import SAMPLES, Facts, RunOptions, execute
-from .replay import Reproduction
+from .pipeline import SAMPLES, Facts, RunOptions
+from .protocol import (
+    KEY_BYTES,
+    Channel,
+    Invalid,
+    Judge,
+    Reader,
+    Ready,
+    Report,
+    Reproduction,
+    Stage,
+    Verdict,
+    decode_request,
+    encode_request,
+    options_arg,
+    read_options,
+    read_result,
+)
+from .replay import Reproduction as ReproductionReport
 from .result import Result, error_result
 from .snapshot import sha256
 
 LOG = "worker.log"
 LOG_CAP = 1 << 20          # bytes of worker output kept in the log
 _GRACE_S = 5.0             # for a worker to exit once it has sent its result
-_MAX_MESSAGE = 256 << 20  # a result with every mismatch listed stays far below this
+
+#: The stage in which ref runs alone on the mutated inputs (see ``start``).
+MUTATE_STAGE = "trust:mutate"
 
 #: The check whose extra launches run in a trust stage (named when one of them crashes).
-_STAGE_CHECK = {"trust:poison": "poisoned_outputs", "trust:mutate": "differential",
+_STAGE_CHECK = {"trust:poison": "poisoned_outputs", MUTATE_STAGE: "differential",
                 "trust:differential": "differential", "trust:timing": "timing_integrity"}
 
 
 # ====================================================================== parent
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A verdict as the parent holds it: the validated Result and its raw samples (the bytes
+    of ``samples.npz``, when speed was measured)."""
+
+    result: Result
+    samples: bytes | None = None
+
+    def write(self, path: Path) -> Result:
+        """Write ``result.json`` at ``path`` and, for a timed result, ``samples.npz`` beside
+        it."""
+        if self.samples is not None and self.result.speed is not None:
+            write_bytes_atomic(Path(path).with_name(SAMPLES), self.samples)
+        self.result.write(path)
+        return self.result
 
 
 def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
@@ -73,19 +112,15 @@ def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
     out_path = Path(out) if out else root / "result.json"
     sweep_stale_tempdirs()
     started = time.monotonic()
-    result, samples = _run_once(root, options, out_path.with_name(LOG))
-    if result.status == "error" and result.error.stage == "trust:mutate":
-        # ref itself cannot take a mutated input (it faulted, or hung): the mutation says
-        # nothing about opt, so the differential runs are dropped, with a warning.
-        why = result.error.message
-        options = replace(options, skip_checks=(*options.skip_checks, "differential"))
-        result, samples = _run_once(root, options, out_path.with_name(LOG))
-        result = result.replace(warnings=[*(result.warnings or []), (
-            f"differential: dropped, ref itself failed on a mutated input ({why})")])
-    result = result.replace(wall_s=round(time.monotonic() - started, 3), log=LOG,
-                            environment=with_device_index(result.environment, options))
-    write_outcome(result, samples, out_path)
-    return result
+    with private_tempdir("run") as scratch, \
+            start(root, options, scratch, out_path.with_name(LOG)) as worker:
+        outcome = Outcome(worker.failed) if worker.failed is not None else \
+            worker.verdict(worker.deadline)
+        worker.drain()  # the rest of its output, to the log
+    result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3), log=LOG,
+                                    environment=with_device_index(outcome.result.environment,
+                                                                  options))
+    return replace(outcome, result=result).write(out_path)
 
 
 def with_device_index(environment: dict | None, options: RunOptions) -> dict:
@@ -96,34 +131,48 @@ def with_device_index(environment: dict | None, options: RunOptions) -> dict:
 
 def write_outcome(result: Result, samples: bytes | None, out_path: Path) -> Result:
     """Write ``result.json`` and, for a timed result, ``samples.npz`` beside it."""
-    if samples is not None and result.speed is not None:
-        write_bytes_atomic(out_path.with_name(SAMPLES), samples)
-    result.write(out_path)
-    return result
+    return Outcome(result, samples).write(out_path)
 
 
-def _run_once(root: Path, options: RunOptions, log_path: Path) -> tuple[Result, bytes | None]:
-    with private_tempdir("run") as scratch, _Worker(root, options, scratch, log_path) as w:
-        outcome = w.wait_result(time.monotonic() + options.timeout_s)
-        w.pump.run(time.monotonic() + _GRACE_S, want="")  # the rest of its output, to the log
-        return outcome
+def start(root: Path, options: RunOptions, scratch: Path, log_path: Path, *,
+          session: bool = False) -> Worker:
+    """A worker for the harness at ``root``, started and set up: its ``failed`` is the
+    Result that ends every judgement on it (None: ready for candidates).
+
+    The setup/retry rule, the one place it is applied: if ref itself cannot take a mutated
+    input (the worker faulted or hung during stage ``trust:mutate``), that worker is stopped
+    and a fresh one set up with the differential check skipped; its ``warnings`` (added to
+    every Result it gives) say so. A ``kpair run`` worker (``session=False``) judges the
+    harness's own opt once set up; a session worker waits for ``Worker.judge``.
+    """
+    worker = Worker(root, options, scratch, log_path, session=session)
+    why = worker.mutation_fault()
+    if why is not None:
+        worker.close()
+        options = replace(options, skip_checks=(*options.skip_checks, "differential"))
+        worker = Worker(root, options, scratch, log_path, session=session, warnings=[
+            f"differential: dropped, ref itself failed on a mutated input ({why})"])
+    return worker
 
 
-class _Worker:
+class Worker:
     """One worker process, from the parent's side: started in ``scratch`` with its output to
-    ``log_path``, messages read through a ``_Pump``, and killed (with its whole process group)
-    when the parent leaves the ``with`` block by any way, an exception included."""
+    ``log_path``, set up (``failed``, by ``deadline``: start plus the timeout), reports read
+    through a ``_Pump``, and killed (with its whole process group) by ``close`` — which
+    leaving a ``with`` block does by any way, an exception included. Use ``start``, which
+    applies the setup/retry rule."""
 
     def __init__(self, root: Path, options: RunOptions, scratch: Path, log_path: Path, *,
-                 session: bool = False, extra: tuple[str, ...] = ()):
-        self.root, self.options = root, options
-        key = secrets.token_bytes(32)
+                 session: bool = False, warnings: list[str] | None = None,
+                 extra: tuple[str, ...] = ()):
+        self.root, self.options, self.warnings = root, options, list(warnings or ())
+        self.deadline = time.monotonic() + options.timeout_s
+        key = secrets.token_bytes(KEY_BYTES)
         channel_r, channel_w = os.pipe()
         output_r, output_w = os.pipe()
         cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(root),
                "--channel", str(channel_w), "--parent", str(os.getpid()),
-               "--options", json.dumps(options.to_json()), *extra] + \
-            (["--session"] if session else [])
+               "--options", options_arg(options), *extra] + (["--session"] if session else [])
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=output_w,
                                          stderr=output_w, cwd=scratch, env=_worker_env(),
@@ -138,9 +187,12 @@ class _Worker:
             if not session:
                 self.proc.stdin.close()
         except OSError:
-            pass  # it died at once: wait_result says how
+            pass  # it died at once: the next wait says how
+        self.failed: Result | None = None
+        if not extra:  # a harness worker: set up before anything else
+            self.failed = self._ready(self.deadline)
 
-    def __enter__(self) -> _Worker:
+    def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -150,55 +202,114 @@ class _Worker:
         _kill_group(self.proc)  # the worker's group: anything it left behind
         self.pump.close()
 
-    def send(self, message: dict) -> bool:
-        """A request to a session worker; False if it is gone."""
-        try:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
-            return True
-        except (OSError, ValueError):
-            return False
+    def drain(self) -> None:
+        """Log the rest of the worker's output while it exits (a few seconds at most)."""
+        self.pump.run(time.monotonic() + _GRACE_S, want=None)
 
-    def wait_result(self, deadline: float, *, key: str = "result"
-                    ) -> tuple[Result, bytes | None]:
-        """The next message carrying ``key`` (as a validated Result and its samples), or an
-        error Result saying why none came: the worker crashed, exited, or ran past
-        ``deadline`` (then it is killed)."""
-        message = self.pump.run(deadline, want=key)
-        stage = self.pump.stage
-        if message is None:
-            try:
-                code: int | None = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                code = None
-                _kill_group(self.proc)
-            if code is None:
-                return error_result(self.root, f"timed out after {self.options.timeout_s:g} s "
-                                    f"in stage {stage!r}; the worker was killed", stage=stage,
-                                    kind="Timeout", exit_code=WorkerFailed.exit_code), None
-            return error_result(self.root, _describe_exit(code, stage), stage=stage,
-                                kind=WorkerFailed.__name__,
-                                exit_code=WorkerFailed.exit_code), None
-        if message.get(key) is None:  # a session's setup that needed no verdict
-            return None, None  # type: ignore[return-value]
+    def mutation_fault(self) -> str | None:
+        """Why setup ended in stage ``trust:mutate`` with an error (ref faulted or hung on a
+        mutated input), or None."""
+        f = self.failed
+        if f is not None and f.status == "error" and f.error.stage == MUTATE_STAGE:
+            return f.error.message
+        return None
+
+    # -------------------------------------------------------------- judging
+
+    def judge(self, judge: Judge) -> Outcome:
+        """Send a session worker one candidate and wait (the timeout) for its verdict."""
+        deadline = time.monotonic() + self.options.timeout_s
         try:
-            result = Result.from_json(message[key], path="worker message")
-            samples = base64.b64decode(message["samples"], validate=True) \
-                if message.get("samples") is not None else None
-        except (KpairError, ValueError, TypeError, KeyError) as e:
-            return error_result(self.root, f"the worker's result is not valid: {e}",
-                                stage=stage, kind=WorkerFailed.__name__,
-                                exit_code=WorkerFailed.exit_code), None
+            self.proc.stdin.write(encode_request(judge))
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            return Outcome(self._warned(error_result(
+                self.root, "the session worker was gone before the candidate could be sent",
+                kind="WorkerFailed", exit_code=WorkerFailed.exit_code)))
+        return self.verdict(deadline, id=judge.id)
+
+    def verdict(self, deadline: float, *, id: int | None = None) -> Outcome:
+        """The next ``Verdict`` (its Result validated, its samples checked against their
+        sha256), or an error Result saying why none came: the worker crashed, exited, ran
+        past ``deadline`` (then it is killed), or sent something that is no verdict."""
+        message = self.pump.run(deadline, want=Verdict)
+        stage = self.pump.stage
+        if not isinstance(message, Verdict):
+            return Outcome(self._warned(self._no_message(message, deadline)))
+        try:
+            if message.id != id:
+                raise ValueError(f"a verdict for candidate {message.id!r}, not {id!r}")
+            result = read_result(message.result)
+        except (KpairError, ValueError) as e:
+            return Outcome(self._warned(self._error(
+                f"the worker's result is not valid: {e}", stage)))
+        samples = message.samples
         if samples is not None and (result.speed is None or
                                     sha256(samples) != result.speed.samples_sha256):
-            return error_result(self.root, "the worker's samples do not match the sha256 in "
-                                "its result", stage="measure", kind=WorkerFailed.__name__,
-                                exit_code=WorkerFailed.exit_code), None
-        return result, samples
+            return Outcome(self._warned(self._error(
+                "the worker's samples do not match the sha256 in its result", "measure")))
+        return Outcome(self._warned(result), samples)
+
+    def reproduction(self, deadline: float, runs: int) -> ReproductionReport:
+        """The ``Reproduction`` of a ``--reproduce`` worker, or an error report saying why
+        none came."""
+        message = self.pump.run(deadline, want=Reproduction)
+        if isinstance(message, Reproduction):
+            try:
+                return message.read()
+            except KpairError as e:
+                why = f"the worker's report is not valid: {e}"
+        elif isinstance(message, Invalid):
+            why = f"the worker's report is not valid: {message.why}"
+        else:
+            why = _describe_exit(self.proc.poll(), self.pump.stage) \
+                if self.proc.poll() is not None else \
+                f"timed out after {self.options.timeout_s:g} s"
+        return ReproductionReport(snapshot=str(self.root), kernel="", runs=runs,
+                                  status="error", error=why)
+
+    # -------------------------------------------------------------- internals
+
+    def _ready(self, deadline: float) -> Result | None:
+        message = self.pump.run(deadline, want=Ready)
+        if not isinstance(message, Ready):
+            return self._warned(self._no_message(message, deadline))
+        if message.failed is None:
+            return None
+        try:
+            return self._warned(read_result(message.failed))
+        except KpairError as e:
+            return self._warned(self._error(f"the worker's result is not valid: {e}",
+                                            self.pump.stage))
+
+    def _no_message(self, message: Invalid | None, deadline: float) -> Result:
+        """The error Result when no awaited message came (``message``: what came instead)."""
+        stage = self.pump.stage
+        if isinstance(message, Invalid):
+            return self._error(f"the worker's message is not valid: {message.why}", stage)
+        try:
+            code: int | None = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            code = None
+            _kill_group(self.proc)
+        if code is None:
+            return error_result(self.root, f"timed out after {self.options.timeout_s:g} s "
+                                f"in stage {stage!r}; the worker was killed", stage=stage,
+                                kind="Timeout", exit_code=WorkerFailed.exit_code)
+        return self._error(_describe_exit(code, stage), stage)
+
+    def _error(self, message: str, stage: str | None) -> Result:
+        return error_result(self.root, message, stage=stage, kind=WorkerFailed.__name__,
+                            exit_code=WorkerFailed.exit_code)
+
+    def _warned(self, result: Result) -> Result:
+        if not self.warnings:
+            return result
+        return result.replace(warnings=[*(result.warnings or []), *self.warnings])
 
 
 def replay_isolated(snapshot: str | os.PathLike, runs: int = 3, *, timeout_s: float = 600.0,
-                    log: str | os.PathLike | None = None) -> Reproduction:
+                    log: str | os.PathLike | None = None) -> ReproductionReport:
     """Replay a snapshot's own code object ``runs`` times in an isolated worker and say
     whether it reproduces the captured post-state (``kpair.replay.Reproduction``)."""
     root = Path(snapshot).resolve()
@@ -206,50 +317,36 @@ def replay_isolated(snapshot: str | os.PathLike, runs: int = 3, *, timeout_s: fl
     options = RunOptions(timeout_s=timeout_s)
     with private_tempdir("replay") as scratch:
         log_path = Path(log) if log else scratch / LOG
-        with _Worker(root, options, scratch, log_path,
-                     extra=("--reproduce", str(runs))) as w:
-            message = w.pump.run(time.monotonic() + timeout_s, want="reproduction")
-            if message is not None:
-                try:
-                    return convert(message["reproduction"], Reproduction,
-                                   path="worker message")
-                except KpairError as e:
-                    why = f"the worker's report is not valid: {e}"
-            else:
-                why = _describe_exit(w.proc.poll(), w.pump.stage) \
-                    if w.proc.poll() is not None else f"timed out after {timeout_s:g} s"
-    return Reproduction(snapshot=str(root), kernel="", runs=runs, status="error", error=why)
+        with Worker(root, options, scratch, log_path,
+                    extra=("--reproduce", str(runs))) as w:
+            return w.reproduction(w.deadline, runs)
 
 
 class _Pump:
-    """Reads the worker's channel and its output, until a wanted message, both ends closing,
-    or a deadline.
-
-    Channel lines are ``<hmac-sha256 hex> <json>``, signed with the key the worker got on its
-    stdin; a line that does not verify is dropped (and counted), so output a candidate writes
-    to any file descriptor it finds cannot pass for kpair's. The output (the worker's stdout
-    and stderr, kernels' included) goes to the log file, at most ``LOG_CAP`` bytes of it.
-    """
+    """Reads the worker's channel (through a ``protocol.Reader``: signed lines only) and its
+    output, until a wanted message, both ends closing, or a deadline. The output (the
+    worker's stdout and stderr, kernels' included) goes to the log file, at most ``LOG_CAP``
+    bytes of it."""
 
     def __init__(self, channel: int, output: int, log_path: Path, key: bytes):
-        self.channel, self.output, self.key = channel, output, key
+        self.channel, self.output = channel, output
+        self.reader = Reader(key)
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed by close()
-        self.logged = self.dropped = self.forged = 0
+        self.logged = self.dropped = 0
         self.stage: str | None = None
-        self.messages: list[dict] = []
+        self.messages: list[Report | Invalid] = []
         self.open_fds = {channel, output}
-        self._buf = b""
 
-    def run(self, deadline: float, *, want: str) -> dict | None:
-        """Read until a message with key ``want`` arrives (returned), both pipes end, or the
-        deadline passes (None)."""
+    def run(self, deadline: float, *, want: type | None) -> Report | Invalid | None:
+        """Read until a message of type ``want`` (or an ``Invalid`` one) arrives (returned),
+        both pipes end, or the deadline passes (None)."""
         sel = selectors.DefaultSelector()
         for fd in self.open_fds:
             sel.register(fd, selectors.EVENT_READ)
         try:
             while True:
                 for i, m in enumerate(self.messages):
-                    if want in m:
+                    if want is not None and isinstance(m, (want, Invalid)):
                         return self.messages.pop(i)
                 left = deadline - time.monotonic()
                 if not self.open_fds or left <= 0:
@@ -262,7 +359,11 @@ class _Pump:
                     elif k.fd == self.output:
                         self._to_log(chunk)
                     else:
-                        self._from_channel(chunk)
+                        for m in self.reader.feed(chunk):
+                            if isinstance(m, Stage):
+                                self.stage = m.name
+                            else:
+                                self.messages.append(m)
         finally:
             sel.close()
 
@@ -272,29 +373,10 @@ class _Pump:
         self.logged += min(room, len(chunk))
         self.dropped += max(0, len(chunk) - room)
 
-    def _from_channel(self, chunk: bytes) -> None:
-        self._buf += chunk
-        if len(self._buf) > _MAX_MESSAGE:
-            self._buf = b""
-            self.forged += 1
-            return
-        *lines, self._buf = self._buf.split(b"\n")
-        for line in lines:
-            mac, _, body = line.partition(b" ")
-            want = hmac.new(self.key, body, hashlib.sha256).hexdigest().encode()
-            if not hmac.compare_digest(mac, want):
-                self.forged += 1
-                continue
-            message = json.loads(body)
-            if "stage" in message:
-                self.stage = message["stage"]
-            else:
-                self.messages.append(message)
-
     def close(self) -> None:
-        if self.dropped or self.forged:
+        if self.dropped or self.reader.forged:
             self.log.write(f"\n[kpair: {self.dropped} more bytes of output dropped; "
-                           f"{self.forged} unsigned channel lines ignored]\n".encode())
+                           f"{self.reader.forged} unsigned channel lines ignored]\n".encode())
         self.log.close()
         for fd in (self.channel, self.output):
             with contextlib.suppress(OSError):
@@ -353,28 +435,33 @@ def worker_main(argv: list[str]) -> int:
                    help="HARNESS is a snapshot: replay its own code object RUNS times")
     args = p.parse_args(argv)
     _die_with_parent(args.parent)
-    requests = sys.stdin.buffer
-    key = requests.read(32)
+    stdin = sys.stdin.buffer
+    key = stdin.read(KEY_BYTES)
     if not args.session:
-        requests.close()
+        stdin.close()
     sys.dont_write_bytecode = True  # nothing written beside kpair's code from here on
-    channel = os.fdopen(args.channel, "wb", buffering=0)
+    channel = Channel(args.channel, key)
     # Nothing printed by the worker or a kernel reaches the channel: it is a separate fd.
     os.set_inheritable(args.channel, False)
+    if args.reproduce is not None:
+        channel.send(Reproduction.of(_reproduce(args.harness, args.reproduce)))
+        return 0
+    requests = (decode_request(line) for line in stdin) if args.session else None
+    return _serve(args.harness, read_options(args.options), channel, requests)
 
-    def send(message: dict) -> None:
-        body = json.dumps(message).encode()
-        channel.write(hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b" " + body
-                      + b"\n")
 
-    from ._util import utc_now
+def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> int:
+    """Set the harness up (``Ready``), then judge each candidate (a ``Verdict`` each): the
+    ``Judge`` requests of a session (``requests``), or the harness's own opt (None). After an
+    error the worker exits: the parent starts a fresh one for the next candidate."""
+    from .pipeline import Candidate, close, evaluate, prepare
 
-    facts = Facts(harness=str(args.harness), started=utc_now())
+    facts = Facts(harness=str(harness), started=utc_now())
     current: dict[str, str | None] = {"stage": None}
 
     def stage(name: str) -> None:
         current["stage"] = name
-        send({"stage": name})
+        channel.send(Stage(name))
 
     def guarded(job) -> tuple[Result, bytes | None, bool]:
         """(result, samples, whether the process is still fit for the next job)."""
@@ -382,27 +469,43 @@ def worker_main(argv: list[str]) -> int:
             result, samples = job()
             return result, samples, True
         except KpairError as e:
-            return error_result(args.harness, e, stage=current["stage"],
+            return error_result(harness, e, stage=current["stage"],
                                 facts=facts.keep()), None, False
         except Exception as e:  # noqa: BLE001 - an unexpected bug still must not claim a verdict
-            return error_result(args.harness, f"{type(e).__name__}: {e}",
+            return error_result(harness, f"{type(e).__name__}: {e}",
                                 stage=current["stage"], kind="InternalError",
                                 traceback=traceback.format_exc(), facts=facts.keep()), None, False
 
-    def reply(result: Result, samples: bytes | None, **extra: object) -> None:
-        send({"result": result.to_json(), **extra,
-              "samples": base64.b64encode(samples).decode() if samples is not None else None})
+    holder: dict = {}
 
-    if args.reproduce is not None:
-        send({"reproduction": to_builtins(_reproduce(args.harness, args.reproduce))})
+    def setup():
+        holder["run"], failed = prepare(harness, options, facts=facts, stage=stage)
+        return failed, None
+
+    failed, _, fit = guarded(setup)
+    channel.send(Ready.of(failed))
+    if failed is not None or not fit:
         return 0
-    options = RunOptions.from_json(json.loads(args.options))
-    if not args.session:
-        result, samples, _ = guarded(lambda: execute(args.harness, options, facts=facts,
-                                                     stage=stage))
-        reply(result, samples)
-        return 0
-    return _serve(args.harness, options, facts, stage, guarded, reply, send, requests)
+    run = holder["run"]
+
+    def own_opt() -> Candidate:
+        h = run.harness
+        return Candidate(h.binary(h.opt), h.opt.kernel, h.opt.format, h.opt.launch_override,
+                         h.opt.binary)
+
+    try:
+        if requests is None:  # kpair run: the harness's own opt, the one candidate
+            result, samples, _ = guarded(lambda: evaluate(run, own_opt(), stage))
+            channel.send(Verdict.of(result, samples))
+            return 0
+        for judge in requests:
+            result, samples, fit = guarded(lambda j=judge: evaluate(run, j.candidate(), stage))
+            channel.send(Verdict.of(result, samples, judge.id))
+            if not fit:
+                return 0
+    finally:
+        close(run)
+    return 0
 
 
 def _reproduce(root: Path, runs: int):
@@ -419,38 +522,6 @@ def _reproduce(root: Path, runs: int):
         return Reproduction(snapshot=str(root), kernel="", runs=runs, status="error",
                             error=f"{type(e).__name__}: {e}")
 
-
-def _serve(harness: Path, options: RunOptions, facts: Facts, stage, guarded, reply, send,
-           requests) -> int:
-    """A session worker: set the harness up once, then judge each candidate that arrives on
-    stdin (``{"id", "image", "kernel", "format", "launch_override", "label"}``, the image in
-    base64) and reply ``{"id", "result", "samples"}``. After an error the worker exits: the
-    parent starts a fresh one for the next candidate."""
-    from .pipeline import Candidate, close, evaluate, prepare
-
-    holder: dict = {}
-
-    def setup():
-        holder["run"], failed = prepare(harness, options, facts=facts, stage=stage)
-        return failed, None
-
-    failed, _, fit = guarded(setup)
-    send({"ready": failed.to_json() if failed is not None else None})
-    if failed is not None or not fit:
-        return 0
-    run = holder["run"]
-    try:
-        for line in requests:
-            req = json.loads(line)
-            cand = Candidate(base64.b64decode(req["image"]), req["kernel"], req["format"],
-                             req.get("launch_override"), req.get("label", ""))
-            result, samples, fit = guarded(lambda c=cand: evaluate(run, c, stage))
-            reply(result, samples, id=req["id"])
-            if not fit:
-                return 0
-    finally:
-        close(run)
-    return 0
 
 
 def _die_with_parent(parent: int) -> None:

@@ -1,13 +1,14 @@
 """Evaluation sessions: one harness placed once, many candidate opts judged on it.
 
 ``with Session(harness, out=DIR) as s: s.evaluate("cand.cubin")`` starts a persistent isolated
-worker (``kpair.isolation``, ``--session``) that opens the harness, places its regions, runs
-ref and every baseline the trust checks need (determinism, poison plan, ref on the mutated
-inputs, the identical-binary control) once, and then judges each candidate it is sent with
-the same checks and the ABBA meter as ``kpair run`` — without a new process, context and
-placement per candidate. A candidate that crashes or hangs the worker gets an ``error``
-Result; the next one gets a fresh worker (set up again). Candidates are untrusted as in
-``kpair run``: they run only in the worker, whose output goes to ``DIR/worker.log``.
+worker (``kpair.isolation.start``, as ``kpair run`` does, with the same setup/retry rule) that
+opens the harness, places its regions, runs ref and every baseline the trust checks need
+(determinism, poison plan, ref on the mutated inputs, the identical-binary control) once, and
+then judges each candidate it is sent (a ``kpair.protocol.Judge``) with the same checks and the
+ABBA meter as ``kpair run`` — without a new process, context and placement per candidate. A
+candidate that crashes or hangs the worker gets an ``error`` Result; the next one gets a fresh
+worker (set up again). Candidates are untrusted as in ``kpair run``: they run only in the
+worker, whose output goes to ``DIR/worker.log``.
 
 Every evaluation is appended to ``DIR/attempts.jsonl`` (``Attempt``: time, candidate sha256,
 source and build command when given, strategy and parameters, status, failed check and
@@ -16,7 +17,6 @@ reason, speedup and intervals) and its result to ``DIR/results/NNNN/result.json`
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ._util import private_tempdir, sweep_stale_tempdirs, utc_now
-from .errors import UsageError, WorkerFailed
+from .errors import UsageError
 from .formats import Record, to_builtins
-from .isolation import LOG, _Worker, write_outcome
+from .isolation import LOG, Outcome, Worker, start
 from .pipeline import RunOptions
+from .protocol import Judge
 from .result import Result, Side, error_result
 from .snapshot import detect_format, sha256
 
@@ -85,7 +86,7 @@ class Session:
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         self._stack = contextlib.ExitStack()
-        self._worker: _Worker | None = None
+        self._worker: Worker | None = None
         self._scratch: Path | None = None
         self.setup_failed: Result | None = None
         self.evaluated = 0
@@ -113,12 +114,10 @@ class Session:
             sweep_stale_tempdirs()
             self._scratch = self._stack.enter_context(private_tempdir("session"))
         log = (self.out or self._scratch) / LOG
-        self._worker = _Worker(self.root, self.options, self._scratch, log, session=True)
+        self._worker = start(self.root, self.options, self._scratch, log, session=True)
         self.workers_started += 1
-        failed, _ = self._worker.wait_result(time.monotonic() + self.options.timeout_s,
-                                             key="ready")
-        if failed is not None:  # the baseline itself: no candidate can pass on it
-            self.setup_failed = failed
+        if self._worker.failed is not None:  # the baseline itself: no candidate can pass
+            self.setup_failed = self._worker.failed
             self._stop()
 
     # ------------------------------------------------------------------ evaluation
@@ -153,14 +152,14 @@ class Session:
         started = time.monotonic()
         self.evaluated += 1
         n = self.evaluated
-        result, samples = self._judge(image, kernel, launch_override, where, n)
-        result = result.replace(wall_s=round(time.monotonic() - started, 3),
-                                opt=Side(kernel=kernel, binary=where))
+        outcome = self._judge(n, image, kernel, launch_override, where)
+        result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3),
+                                        opt=Side(kernel=kernel, binary=where))
         path = attempt = None
         if self.out is not None:
             path = self.out / "results" / f"{n:04d}" / "result.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_outcome(result, samples, path)
+            Outcome(result, outcome.samples).write(path)
             attempt = Attempt(
                 n=n, time=utc_now(), candidate_sha256=sha256(image), kernel=kernel,
                 label=where, source=source, build=build, strategy=strategy, params=params,
@@ -176,28 +175,22 @@ class Session:
                 self._record(attempt)
         return result, attempt
 
-    def _judge(self, image: bytes, kernel: str, launch_override: dict | None, label: str,
-               n: int) -> tuple[Result, bytes | None]:
+    def _judge(self, n: int, image: bytes, kernel: str, launch_override: dict | None,
+               label: str) -> Outcome:
+        """Candidate ``n`` judged by the worker, started (and set up) on first use; after an
+        error that worker is stopped, and the next candidate gets a fresh one."""
         if self.setup_failed is None and self._worker is None:
             self._start()
         if self.setup_failed is not None:
-            return self.setup_failed, None
+            return Outcome(self.setup_failed)
         try:
             fmt = detect_format(image)
         except Exception as e:  # noqa: BLE001 - a bad candidate file is that candidate's error
-            return error_result(self.root, e, stage="load"), None
-        sent = self._worker.send({"id": n, "image": base64.b64encode(image).decode(),
-                                  "kernel": kernel, "format": fmt,
-                                  "launch_override": launch_override, "label": label})
-        result, samples = self._worker.wait_result(time.monotonic() + self.options.timeout_s) \
-            if sent else (None, None)
-        if result is None or result.status == "error":
+            return Outcome(error_result(self.root, e, stage="load"))
+        outcome = self._worker.judge(Judge(n, image, kernel, fmt, launch_override, label))
+        if outcome.result.status == "error":
             self._stop()  # crashed, hung, or gave up after an error: a fresh one next time
-            if result is None:
-                result = error_result(self.root, "the session worker was gone before the "
-                                      "candidate could be sent", kind="WorkerFailed",
-                                      exit_code=WorkerFailed.exit_code)
-        return result, samples
+        return outcome
 
     def _record(self, attempt: Attempt) -> None:
         with open(self.out / ATTEMPTS, "a") as f:

@@ -25,15 +25,17 @@ _FIELDS = {"binary", "kernel", "launch_override", "label", "source", "build", "s
            "params"}
 
 
-def _line(n: int, result, out: Path) -> dict:
+def _line(attempt, result, out: Path) -> dict:
+    """The JSON line of one verdict: the Result, with its number and file from the
+    attempts.jsonl line the session made for it."""
     s = result.speed
-    return {"n": n, "label": result.opt.binary if result.opt else None,
+    return {"n": attempt.n, "label": result.opt.binary if result.opt else None,
             "status": result.status, "summary": result.summary(),
             "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
             "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
             "difference": s.difference if s else None,
             "failed_check": result.correctness.failed_check if result.correctness else None,
-            "reason": result.reason, "result": str(out / "results" / f"{n:04d}" / "result.json")}
+            "reason": result.reason, "result": str(out / attempt.result)}
 
 
 class Evaluate(Command):
@@ -74,7 +76,7 @@ class Evaluate(Command):
                     worst = max(worst, 2)
                     continue
                 try:
-                    result = session.evaluate(
+                    result, attempt = session.attempt(
                         req["binary"], kernel=req.get("kernel") or args.kernel,
                         launch_override=req.get("launch_override"), label=req.get("label"),
                         source=req.get("source"), build=req.get("build"),
@@ -84,11 +86,10 @@ class Evaluate(Command):
                     print(json.dumps(line) if args.jsonl else f"ERROR: {e}", flush=True)
                     worst = max(worst, e.exit_code)
                     continue
-                n = session.evaluated
                 if args.jsonl:
-                    print(json.dumps(_line(n, result, args.out)), flush=True)
+                    print(json.dumps(_line(attempt, result, args.out)), flush=True)
                 else:
-                    print(f"[{n}] {req['binary']}: {result.summary()}", flush=True)
+                    print(f"[{attempt.n}] {req['binary']}: {result.summary()}", flush=True)
                 worst = max(worst, result.exit_code)
         if not args.jsonl:
             print(f"attempts: {args.out / 'attempts.jsonl'}")
@@ -120,8 +121,7 @@ class Evaluate(Command):
                 worst = max(worst, getattr(e.error, "exit_code", 5))
                 continue
             if args.jsonl:
-                line = _line(e.n, e.result, args.out) | {"device": e.device}
-                line["result"] = str(args.out / e.attempt.result) if e.attempt else None
+                line = _line(e.attempt, e.result, args.out) | {"device": e.device}
                 print(json.dumps(line), flush=True)
             else:
                 print(f"[{e.n}] {binary} (device {e.device}): {e.result.summary()}",
