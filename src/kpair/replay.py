@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from .backends import Device, Kernel, Mapping
 from .backends.base import Held, fill_bytes
 from .errors import AbiMismatch, ArchitectureMismatch
@@ -59,6 +61,8 @@ class ReplayInfo:
 
 #: Held copies per region (the oldest is dropped): pre, post, and the last few answers.
 KNOWN_PER_REGION = 4
+#: Up to this many changed bytes, a region is written as a held copy plus those bytes.
+_SPARSE_PUT = 256
 
 
 class Known:
@@ -203,13 +207,39 @@ class Replay:
                 return
         self.known.add(name, data, self.device.hold(data), pin=True)
 
+    def equals(self, expected: dict[str, bytes]) -> bool | None:
+        """Whether every named region holds exactly its ``expected`` bytes, decided where the
+        memory is (one compare per region against the held copy of those bytes); None when a
+        region's bytes are held nowhere (or a held copy was overwritten): read them back."""
+        if not self.device.compares_in_place:
+            return None
+        for name, data in expected.items():
+            held = self.known.find(name, data)
+            got = None if held is None else self.device.compare(self.address_of(name),
+                                                                  len(data), held)
+            if got is None or got[0]:
+                return None if got is None else False
+        return True
+
     def _put(self, name: str, data: bytes) -> None:
-        """Write ``data`` into region ``name``: from a held copy when there is one."""
+        """Write ``data`` into region ``name``: from a held copy when there is one; a sparse
+        change of a held copy as that copy and the few changed bytes (no whole upload)."""
         d, address = self.device, self.address_of(name)
         held = self.known.find(name, data) if d.compares_in_place else None
         if held is not None:
             d.put(address, held)
             return
+        base = self.pre.get(name)
+        if d.compares_in_place and base is not None and len(base) == len(data) and \
+                self.known.find(name, base) is not None:
+            changed = np.flatnonzero(np.frombuffer(base, np.uint8) !=
+                                     np.frombuffer(data, np.uint8))
+            if 0 < changed.size <= _SPARSE_PUT:
+                d.put(address, self.known.find(name, base))
+                for at in changed:
+                    d.write(address + int(at), data[at:at + 1])
+                self.known.add(name, data, d.keep(address, len(data)))
+                return
         d.write(address, data)
         if d.compares_in_place:   # a mutated input: ref and opt both run on it
             self.known.add(name, data, d.keep(address, len(data)))

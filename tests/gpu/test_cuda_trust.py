@@ -63,19 +63,24 @@ REJECTED = [
     ("cheat_lowprec", "cosine", "bias", "one-sided systematic error"),
     ("cheat_scale", "cosine", "bias", "one-sided systematic error"),
     ("cheat_count", "exact", "timed_outputs", "wrong after timed launch"),
-    ("cheat_memo", "exact", "differential", "wrong on a mutated input"),
+    ("cheat_memo", "exact", "timed_outputs", "wrong after timed launch"),
 ]
 
 
 def test_cuda_ref_slowing_attempt_gains_nothing(cuda_suite, evidence):
     """An opt that rewrites ref's input after its own launches: the restore before every
-    launch undoes it, ref is judged on every timed launch, and opt's scribbling is caught."""
+    launch undoes it and ref is judged on every timed launch, so it gains nothing: caught, or
+    no faster."""
     r = cuda_suite("cheat_slowref")
     evidence("cheat_slowref", {"status": r["status"],
                                "failed_check": (r.get("correctness") or {}).get("failed_check"),
                                "ref_integrity": (r.get("trust") or {}).get("ref_integrity")})
-    assert r["status"] == "fail"
-    assert r["correctness"]["failed_check"] in ("input_integrity", "ref_integrity", "timed_outputs")
+    if r["status"] == "fail":
+        assert r["correctness"]["failed_check"] in ("input_integrity", "ref_integrity",
+                                                    "timed_outputs")
+    else:
+        assert r["status"] == "pass" and r["speed"]["difference"] != "faster"
+        assert r["trust"]["ref_integrity"]["passed"] is True
 
 
 @pytest.mark.parametrize(("kernel", "policy", "check_name", "phrase"), REJECTED,

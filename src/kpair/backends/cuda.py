@@ -253,6 +253,12 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
             raise
         return CudaKernel(kernel_name, function, module, self._param_layout(function), built)
 
+    def unload(self, kernel: CudaKernel) -> None:
+        """Unload ``kernel``'s module (each load made its own)."""
+        if kernel.module in self._modules:
+            self._modules.remove(kernel.module)
+            self.drv("cuModuleUnload", kernel.module)
+
     def _param_layout(self, function) -> list[tuple[int, int]] | None:
         get = getattr(self._d, "cuFuncGetParamInfo", None)
         if get is None:  # bindings older than CUDA 12.4

@@ -38,7 +38,7 @@ TIMING_LAUNCHES = 5  # windows per kernel
 #: Sparse-mutated inputs the timed launches rotate among, besides the captured one: each
 #: block of the ABBA meter draws its input from a secret stream, and both kernels of the block
 #: run on it, so a ratio always compares like with like.
-TIMED_VARIANTS = 2
+TIMED_VARIANTS = 1
 
 
 class Audit:
@@ -314,10 +314,12 @@ class Audit:
         check_name = "timed_outputs" if role == "opt" else "ref_integrity"
         if check_name not in self.skip:
             outputs = self._outputs()
-            only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
-            v = check(only, {k: expected[k] for k in outputs}, self.replay.read_back(outputs),
-                      dtype_hints=self.hints)
+            want = {k: expected[k] for k in outputs}
             tally["checked"] += 1
+            if self.replay.equals(want):   # byte-identical: passes under any policy
+                return t
+            only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
+            v = check(only, want, self.replay.read_back(outputs), dtype_hints=self.hints)
             if not v.passed:
                 tally["failed"].append({"launch": n, "role": role, "input": label,
                                         "summary": v.summary()})

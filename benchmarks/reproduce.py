@@ -1,0 +1,192 @@
+"""Do published numbers reproduce? Publish a release, re-verify it many times, print coverage.
+
+Two phases, so that a GPU run fits the device's 10-minute calls and a release published on
+one machine can be re-verified on another:
+
+    python benchmarks/reproduce.py publish --backend cuda -o REL   # kpair optimize, 2 programs
+    python benchmarks/reproduce.py publish --backend host -o REL   # recorded kp_matmul pairs
+    python benchmarks/reproduce.py verify REL [--times 6] [--hogs 2] [--out FILE.json]
+
+``publish --backend cuda`` runs ``kpair optimize`` (Triton retunes, as in the README) on the two
+compiled programs of ``benchmarks/programs/`` into REL, then pairs ``--identical`` of the
+published operators with themselves (opt = ref's own binary: no difference at all) under
+``REL/identical/``. ``publish --backend host`` records kp_matmul at several sizes, publishes
+naive-against-reordered pairs and keeps identical pairs likewise (tests/csrc/matmul.c).
+
+``verify`` runs ``kpair verify REL`` ``--times`` times, each in a fresh process (``--hogs N``:
+beside N busy-loop processes), and each identical pair as many times with ``kpair run``. It
+reads the verification records ``kpair verify`` appended to ``REL/index.json`` and prints one
+JSON document: ``coverage`` (re-verified points inside the published interval / compared),
+per operator its published interval, half-width and re-run points, the identical pairs'
+"no measurable difference" rate, and the wall time per harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+KPAIR = [sys.executable, "-m", "kpair"]
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = [("gpt2.", "hf_causal_lm.py"), ("vision.", "torchvision_model.py")]
+
+
+def _device_line() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        import platform
+        return f"host {platform.processor() or platform.machine()}"
+
+
+def _say(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def _identical(harness: Path, out: Path) -> Path:
+    """A pair of the harness's ref with itself: the same bytes loaded twice."""
+    from kpair.harness import Harness, create_harness
+
+    h = Harness.open(harness)
+    ref = out.with_suffix(".ref" + Path(h.ref.binary).suffix)
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_bytes(h.binary(h.ref))
+    return create_harness(h.snapshot.root, out, ref=ref, opt=ref, ref_kernel=h.ref.kernel,
+                          opt_kernel=h.ref.kernel).root
+
+
+def publish_cuda(rel: Path, top: int, limit: int, identical: int) -> None:
+    for prefix, program in PROGRAMS:
+        cmd = KPAIR + ["optimize", "-o", str(rel), "--work", str(rel) + f".work-{prefix}",
+                       "--prefix", prefix, "--top", str(top), "--kernel-filter", "^triton_",
+                       "--strategy", "triton", "--triton-limit", str(limit), "--keep", "2",
+                       "--prune-max-blocks", "12", "--prune-time-cap", "0.5", "--time-cap", "2",
+                       "--timeout", "60", "--seed", "1", "--",
+                       sys.executable, str(ROOT / "benchmarks" / "programs" / program)]
+        _say("$", " ".join(cmd[2:]))
+        subprocess.run(cmd, check=False)
+    _pair_identical(rel, identical)
+
+
+def _pair_identical(rel: Path, identical: int) -> None:
+    index = json.loads((rel / "index.json").read_text())
+    for row in index["operators"][:identical]:
+        harness = rel / row["paths"]["harness"]
+        _identical(harness, rel / "identical" / row["name"])
+
+
+def publish_host(rel: Path, identical: int) -> None:
+    from kpair.harness import create_harness
+    from kpair.record import record_call
+    from kpair.toolchain import compile_shared
+
+    tmp = Path(tempfile.mkdtemp(prefix="kpair-repro-"))
+    libs = {name: compile_shared(ROOT / "tests" / "csrc" / "matmul.c", tmp / f"{name}.so",
+                                 defines={"KP_VARIANT": v}) for name, v in (("naive", 0),
+                                                                              ("fast", 1))}
+    rng = np.random.default_rng(0)
+    for n in (96, 128, 160, 192, 224, 256):
+        a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+        snap = record_call(libs["naive"], "kp_matmul", [a, b, np.zeros((n, n), np.float32),
+                                                        np.int32(n)], tmp / f"s{n}",
+                           names=["a", "b", "c", "n"]).root
+        h = create_harness(snap, tmp / f"h{n}", opt=libs["fast"])
+        subprocess.run(KPAIR + ["release", "add", str(rel), str(h.root), "--level", "1",
+                                "--name", f"matmul_{n}"], check=False)
+    _pair_identical(rel, identical)
+
+
+def verify(rel: Path, times: int, hogs: int) -> dict:
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    walls, identical = [], {}
+    try:
+        for i in range(times):
+            t0 = time.monotonic()
+            subprocess.run(KPAIR + ["verify", str(rel), "--fresh"], check=False,
+                           stdout=subprocess.DEVNULL)
+            walls.append(time.monotonic() - t0)
+            _say(f"verify {i + 1}/{times}: {walls[-1]:.1f} s")
+        for pair in sorted((rel / "identical").glob("*")) if (rel / "identical").is_dir() \
+                else []:
+            if not (pair / "harness.json").exists():
+                continue
+            runs = identical[pair.name] = []
+            for _ in range(times):
+                out = subprocess.run(KPAIR + ["run", str(pair), "--json"], capture_output=True,
+                                     text=True, check=False).stdout
+                r = json.loads(out) if out.strip().startswith("{") else {}
+                speed = r.get("speed") or {}
+                runs.append({"status": r.get("status"), "speedup": speed.get("speedup"),
+                             "interval": speed.get("combined_ci95") or speed.get("ci95"),
+                             "difference": speed.get("difference")})
+    finally:
+        for p in procs:
+            p.kill()
+    index = json.loads((rel / "index.json").read_text())
+    ops, inside, compared, halves = [], 0, 0, []
+    for row in index["operators"]:
+        hs = row.get("harness") or {}
+        published = hs.get("combined_ci95") or hs.get("ci95")
+        points = [v for v in row.get("verifications", []) if v.get("inside") is not None]
+        inside += sum(1 for v in points if v["inside"])
+        compared += len(points)
+        half = (published[1] - published[0]) / 2 / hs["speedup"] if published else None
+        if half is not None:
+            halves.append(half)
+        ops.append({"name": row["name"], "speedup": hs.get("speedup"), "published": published,
+                    "half_width": half, "ref_median_us": (hs.get("debug_only") or {}).get(
+                        "ref_median_us"),
+                    "reruns": [v.get("speedup") for v in points],
+                    "inside": [v["inside"] for v in points]})
+    none = [r["difference"] == "none" for runs in identical.values() for r in runs]
+    n_harness = max(1, len(index["operators"]))
+    return {"device": _device_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "hogs": hogs, "times": times, "operators": len(index["operators"]),
+            "coverage": inside / compared if compared else None, "compared": compared,
+            "inside": inside, "median_half_width": statistics.median(halves) if halves else None,
+            "wall_per_harness_s": statistics.median(walls) / n_harness if walls else None,
+            "identical_no_difference": (sum(none) / len(none)) if none else None,
+            "identical_runs": identical, "per_operator": ops,
+            "verify_runs": index.get("verifications", [])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="phase", required=True)
+    pub = sub.add_parser("publish")
+    pub.add_argument("--backend", choices=("cuda", "host"), default="host")
+    pub.add_argument("-o", "--out", type=Path, required=True)
+    pub.add_argument("--top", type=int, default=8)
+    pub.add_argument("--triton-limit", type=int, default=10)
+    pub.add_argument("--identical", type=int, default=4)
+    ver = sub.add_parser("verify")
+    ver.add_argument("release", type=Path)
+    ver.add_argument("--times", type=int, default=6)
+    ver.add_argument("--hogs", type=int, default=0)
+    ver.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if args.phase == "publish":
+        if args.backend == "cuda":
+            publish_cuda(args.out, args.top, args.triton_limit, args.identical)
+        else:
+            publish_host(args.out, args.identical)
+        return
+    doc = verify(args.release, args.times, args.hogs)
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
