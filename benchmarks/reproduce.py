@@ -36,7 +36,7 @@ import numpy as np
 
 KPAIR = [sys.executable, "-m", "kpair"]
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = [("gpt2.", "hf_causal_lm.py"), ("vision.", "torchvision_model.py")]
+PROGRAMS = [("llama.", "hf_causal_lm.py"), ("resnet18.", "torchvision_model.py")]
 
 
 def _device_line() -> str:
