@@ -333,7 +333,9 @@ REJECTED = [
     ("lowprec", "exact", None, "region c: "),
     ("lowprec", "cosine", "bias", "one-sided systematic error"),
     ("scale", "cosine", "bias", "one-sided systematic error"),
-    ("deferred", "exact", "timing_integrity", "timer misses work"),
+    # Judged after every timed launch, its output is often still unwritten there: either
+    # check may be the first to say so.
+    ("deferred", "exact", ("timing_integrity", "timed_outputs"), ""),
     ("lazy", "exact", "timed_outputs", "wrong after timed launch"),
     # Honest exactly where a fixed, public schedule would check: every timed launch is judged.
     ("count", "exact", "timed_outputs", "wrong after timed launch"),
@@ -352,7 +354,8 @@ def test_cheat_is_rejected_with_the_right_reason(suite, opt, policy, check_name,
         r.get("error")
     line = summarize(r)
     assert phrase in line, line
-    assert r["correctness"].get("failed_check") == check_name, line
+    assert r["correctness"].get("failed_check") in (
+        check_name if isinstance(check_name, tuple) else (check_name,)), line
     if check_name:
         assert line.startswith(f"FAIL [{check_name}]")
         assert r["trust"][check_name]["passed"] is False
@@ -418,13 +421,15 @@ def test_default_policy_passes_honest_opts_and_an_empty_list_turns_mutations_off
 def test_timing_integrity_holds_under_load(suite, cpu_hogs, opt, policy):
     """Busy processes on every core: the honest opts still pass timing_integrity (host
     timing reads CPU time, which preemption does not inflate), and work handed to a thread is
-    still caught (synchronize waits for a thread that is waiting for a CPU)."""
+    still caught: by the timing windows, or by the output check after a timed launch."""
     r = suite(opt, policy)
     ti = r["trust"]["timing_integrity"]
-    assert ti["passed"] is (opt != "deferred"), (summarize(r), ti["finding"])
     if opt == "deferred":
-        assert "timer misses work" in ti["reason"]
+        assert r["status"] == "fail" and r["correctness"]["failed_check"] in (
+            "timing_integrity", "timed_outputs"), summarize(r)
+        assert ti["passed"] is not True or "wrong after timed launch" in summarize(r)
     else:
+        assert ti["passed"] is True, (summarize(r), ti["finding"])
         assert r["status"] == "pass", summarize(r)
 
 
