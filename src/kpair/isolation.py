@@ -190,7 +190,11 @@ class Worker:
             pass  # it died at once: the next wait says how
         self.failed: Result | None = None
         if not extra:  # a harness worker: set up before anything else
-            self.failed = self._ready(self.deadline)
+            try:
+                self.failed = self._ready(self.deadline)
+            except BaseException:  # Ctrl-C included: no worker outlives a failed start
+                self.close()
+                raise
 
     def __enter__(self) -> Worker:
         return self
