@@ -487,10 +487,8 @@ class HostDevice(Device):
                                 len(regions), len(name), len(f1), len(f2),
                                 limits["as_bytes"], limits["nproc"], limits["nofile"])
             setup += b"".join(_REGION.pack(*r) for r in regions) + name + f1 + f2
-            try:
+            with contextlib.suppress(BrokenPipeError):  # it died: the reply says how
                 os.write(cmd_w, setup)
-            except BrokenPipeError:
-                pass  # it died: the reply says how
             status, msg = ex.read_reply()
         except BaseException:
             ex.close()

@@ -1,0 +1,220 @@
+"""The host sandbox: a candidate shares nothing with the judge.
+
+Every kernel of tests/csrc/sandbox_attacks.c tries an escape (the judge's memory, tracing,
+limits and signals, processes, mounts, xattrs, IPC objects, files, sockets, kernel state,
+root, patching ref) and answers wrong if any attempt got through; otherwise it computes what
+ref does. So each test asserts the escape failed (the answer is right) and that nothing was
+left behind: no process, no SysV or POSIX IPC object, no file, no mount. No timing is
+asserted: these run on a busy 2-CPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CSRC, record_matmul
+from kpair.backends.host import HostDevice
+from kpair.harness import create_harness
+from kpair.replay import Replay
+from kpair.snapshot import Snapshot
+from kpair.toolchain import compile_shared
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"),
+    reason="the host sandbox runs on Linux x86_64 and aarch64")
+
+KPAIR = [sys.executable, "-c", "import sys; from kpair.cli import main; sys.exit(main())"]
+QUICK = ["--time-cap", "1", "--min-blocks", "4", "--max-blocks", "8", "--timeout", "240"]
+ATTACKS = ["parent_mem", "ptrace", "prlimit", "kill", "processes", "mount", "xattr", "ipc",
+           "files", "socket", "kernel_state", "setuid", "patch_ref", "spin_thread"]
+
+
+def _children() -> set[int]:
+    me, out = str(os.getpid()), set()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                stat = (p / "stat").read_text()
+            except OSError:
+                continue
+            if stat[stat.rindex(")") + 2:].split()[1] == me:
+                out.add(int(p.name))
+    return out
+
+
+def _executors() -> set[int]:
+    out = set()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if b"host-executor" in (p / "cmdline").read_bytes():
+                    out.add(int(p.name))
+            except OSError:
+                continue
+    return out
+
+
+def _listing(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _state(*dirs: Path) -> dict:
+    """Everything an escape could leave behind, as far as this process can see it."""
+    sysv = {}
+    for kind in ("shm", "msg", "sem"):
+        try:
+            sysv[kind] = Path(f"/proc/sysvipc/{kind}").read_text()
+        except OSError:
+            sysv[kind] = None
+    return {"mounts": Path("/proc/self/mountinfo").read_text(), "sysv": sysv,
+            "mqueue": _listing("/dev/mqueue"), "shm": _listing("/dev/shm"),
+            "dirs": {str(d): _listing(str(d)) for d in dirs}, "cwd": _listing(".")}
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory, matmul_libs):
+    d = tmp_path_factory.mktemp("sandbox")
+    watched = d / "watched"
+    watched.write_text("untouched")
+    defines = {"KP_PID": os.getpid(), "KP_DIR": f'"{d}"', "KP_FILE": f'"{watched}"'}
+    libs = {"attacks": compile_shared(CSRC / "sandbox_attacks.c", d / "attacks.so",
+                                      defines=defines, flags=("-O2", "-pthread")),
+            "ctor": compile_shared(CSRC / "sandbox_attacks.c", d / "ctor.so",
+                                   defines={**defines, "KP_CTOR": 1}, flags=("-O2", "-pthread")),
+            "killer": compile_shared(CSRC / "sandbox_attacks.c", d / "killer.so",
+                                     defines={**defines, "KP_CTOR": 2},
+                                     flags=("-O2", "-pthread"))}
+    snap = record_matmul(matmul_libs["naive"], tmp_path_factory.mktemp("snap") / "s", n=24)
+    return {"dir": d, "watched": watched, "libs": libs, "snap": snap,
+            "naive": matmul_libs["naive"]}
+
+
+@pytest.fixture
+def nothing_left(kit):
+    """The state before the test, compared after it: nothing outlives a run."""
+    before, children = _state(kit["dir"]), _children()
+    yield
+    assert _state(kit["dir"]) == before
+    assert _children() <= children and not _executors()
+    assert kit["watched"].read_text() == "untouched"
+
+
+def _replay(kit, kernels: list[tuple[Path, str]]):
+    dev = HostDevice()
+    replay = Replay(dev, Snapshot.open(kit["snap"]))
+    loaded = [dev.load(lib.read_bytes(), name, fmt="elf-so") for lib, name in kernels]
+    return dev, replay, loaded
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_every_escape_fails_and_leaves_nothing(kit, nothing_left, attack):
+    dev, replay, (ref, opt) = _replay(kit, [(kit["naive"], "kp_matmul"),
+                                            (kit["libs"]["attacks"], f"kp_{attack}")])
+    try:
+        assert replay.run(ref) == replay.expected
+        for _ in range(2):
+            assert replay.run(opt) == replay.expected, f"{attack}: an escape got through"
+            dev.synchronize()
+        assert replay.run(ref) == replay.expected   # ref unaffected (patch_ref, spin)
+    finally:
+        dev.close()
+
+
+def test_a_constructor_attacks_sandboxed_too(kit, nothing_left):
+    dev, replay, (opt,) = _replay(kit, [(kit["libs"]["ctor"], "kp_matmul")])
+    try:
+        assert replay.run(opt) == replay.expected, "the constructor got out"
+    finally:
+        dev.close()
+
+
+def test_the_executor_is_confined(kit, nothing_left):
+    dev, _, (k,) = _replay(kit, [(kit["naive"], "kp_matmul")])
+    try:
+        status = Path(f"/proc/{k.executor.pid}/status").read_text()
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
+        assert int(fields["CapEff"], 16) == int(fields["CapPrm"], 16) == 0
+        assert int(fields["CapBnd"], 16) == 0 or os.geteuid() != 0
+        if os.geteuid() == 0:
+            assert fields["Uid"].split() == ["65534"] * 4 and fields["Groups"].strip() == ""
+        assert sorted(os.listdir(f"/proc/{k.executor.pid}/fd")) == ["0", "1", "2", "3"] \
+            or os.geteuid() != 0   # as root the judge may list them; nobody holds only these
+        assert fields["State"].startswith("T")   # stopped between launches
+        seal = dev.seal()
+        assert seal["mechanism"].startswith("seccomp allowlist") and seal["no_new_privs"]
+        assert seal["rlimits"]["core"] == 0 and seal["filter_instructions"] > 10
+    finally:
+        dev.close()
+
+
+def test_a_spinning_thread_only_runs_in_its_own_launches(kit, nothing_left):
+    dev, replay, (ref, opt) = _replay(kit, [(kit["naive"], "kp_matmul"),
+                                            (kit["libs"]["attacks"], "kp_spin_thread")])
+    try:
+        assert replay.run(opt) == replay.expected
+        pid = opt.executor.pid
+        assert len(os.listdir(f"/proc/{pid}/task")) == 2      # the spinner is still there
+        for _ in range(3):
+            replay.time_one(ref)
+            states = {Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir(f"/proc/{pid}/task")}
+            assert states == {"t"} or states == {"T"}, states   # stopped while ref runs
+        dev.synchronize()   # its own time: the spin ends (bounded), then it is stopped again
+    finally:
+        dev.close()
+
+
+def test_a_crash_names_the_signal(kit, nothing_left, tmp_path):
+    from kpair.errors import DriverError
+
+    lib = compile_shared(CSRC / "faulty.c", tmp_path / "faulty.so", flags=("-O0",),
+                         defines={"KP_FAULT": 1})
+    dev, replay, (opt,) = _replay(kit, [(lib, "kp_matmul")])
+    try:
+        with pytest.raises(DriverError, match="the host kernel crashed: SIGSEGV"):
+            replay.run(opt)
+    finally:
+        dev.close()
+
+
+def _kpair_run(harness: Path, cwd: Path) -> tuple[int, dict]:
+    proc = subprocess.run(KPAIR + ["run", str(harness), "--json", *QUICK], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(("lib", "kernel"), [
+    ("ctor", "kp_matmul"), ("killer", "kp_kill"), ("attacks", "kp_prlimit"),
+    ("attacks", "kp_patch_ref"), ("attacks", "kp_parent_mem"), ("attacks", "kp_mount")])
+def test_kpair_run_judges_an_attacker_as_an_honest_kernel(kit, nothing_left, tmp_path, lib,
+                                                          kernel):
+    """End to end: the worker, its executors, the signed channel; the attacker's escapes all
+    fail, so it is judged on its (correct) answer, and kpair ends with its own JSON."""
+    h = create_harness(kit["snap"], tmp_path / "h", opt=kit["libs"][lib], opt_kernel=kernel)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    code, result = _kpair_run(h.root, cwd)
+    assert result["status"] == "pass" and code == 0, result.get("error") or result
+    assert result["sandbox"]["mechanism"] == "seccomp allowlist (libseccomp) + separate process"
+    assert _listing(str(cwd)) == []
+
+
+def test_kpair_run_with_a_spinning_thread_completes(kit, nothing_left, tmp_path):
+    h = create_harness(kit["snap"], tmp_path / "h", opt=kit["libs"]["attacks"],
+                       opt_kernel="kp_spin_thread")
+    code, result = _kpair_run(h.root, tmp_path)
+    # Its thread's time is its own: charged to opt (or flagged by the timing check), never
+    # to ref; the run ends with a verdict, not an error.
+    assert result["status"] in ("pass", "fail") and code in (0, 1), result
+    assert result["correct"] is True
