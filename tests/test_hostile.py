@@ -71,7 +71,8 @@ def test_an_opt_that_writes_result_files_forges_nothing(hostile, tmp_path):
     assert json.loads((h / "result.json").read_text())["status"] == "fail"
     assert not forged.exists() and not (tmp_path / "result.json").exists()
     if SANDBOXED:
-        assert result["sandbox"]["mechanism"] == "seccomp-bpf"
+        assert result["sandbox"]["mechanism"] == \
+            "seccomp allowlist (libseccomp) + separate process"
 
 
 def test_fake_messages_on_every_descriptor_are_not_taken_for_kpairs(hostile):
@@ -79,7 +80,9 @@ def test_fake_messages_on_every_descriptor_are_not_taken_for_kpairs(hostile):
     assert kpair(["run", str(h), *QUICK]) == 1
     result = json.loads((h / "result.json").read_text())
     assert result["status"] == "fail"
-    assert "unsigned channel lines ignored" in (h / "worker.log").read_text()
+    # The kernel runs in an executor that does not hold the channel: nothing it writes
+    # reaches it (its stdout and stderr are the log).
+    assert "unsigned channel lines ignored" not in (h / "worker.log").read_text()
     assert not _scratch_of(os.getpid())  # the run's scratch directory went with it
 
 
@@ -99,7 +102,7 @@ def test_an_opt_cannot_run_commands_fork_connect_or_signal_its_parent(hostile):
     assert kpair(["run", str(h), *QUICK]) == 1     # and this process is still alive
     result = json.loads((h / "result.json").read_text())
     assert result["status"] == "fail" and not hostile.marker.exists()
-    assert "creating or executing processes" in result["sandbox"]["denied"]
+    assert result["sandbox"]["default_action"] == "EPERM" and result["sandbox"]["no_new_privs"]
 
 
 def test_a_kpair_package_in_the_working_directory_is_not_imported(hostile, tmp_path):
