@@ -570,10 +570,11 @@ class HostDevice(Device):
         ``timed_launch``; this is the host's "every stream": no thread of the executor may
         gain CPU time over a poll or be runnable at its end, and its thread count must fall
         back to what it was before the launch (or stay idle for a while: a persistent pool).
-        Then the executor is stopped again. Gives up after two minutes."""
+        Then the executor is stopped again. Gives up after two minutes. An executor with
+        one thread is not woken: that thread has replied and waits for the next command."""
         ex = self._last
-        if ex is None or ex.dead is not None:
-            return
+        if ex is None or ex.dead is not None or len(ex.tasks()) <= 1:
+            return   # stopped, and its one thread waits for the next command: nothing runs
         ex.cont()
         try:
             deadline, idle = time.monotonic() + _SYNC_LIMIT_S, 0
