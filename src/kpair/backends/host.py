@@ -82,9 +82,9 @@ _NINT = {"x86_64": 6, "aarch64": 8}
 _NFLOAT, _NSTACK = 8, 16
 _OP_CALL, _OP_EXIT = 1, 2
 _CALL = struct.Struct(f"=QQ8Q{_NFLOAT}Q{_NSTACK}Q")
-_SETUP = struct.Struct("=8I3Q")
+_SETUP = struct.Struct("=8I4Q")
 _REGION = struct.Struct("=4Q")
-_REPLY = struct.Struct("=II")
+_REPLY = struct.Struct("=QIII")
 _MAGIC = 0x3158504B
 _ST_OK, _ST_SETUP, _ST_LOAD, _ST_SYMBOL, _ST_PLACE = range(5)
 
@@ -186,6 +186,7 @@ class _Executor:
         self.pid, self.cmd, self.reply, self.role = pid, cmd, reply, role
         self.clock = ((~pid) << 3) | 2
         self.stopped, self.dead, self.last_cpu = False, None, 0.0
+        self.nonce, self.seq, self.pending = int.from_bytes(os.urandom(8), "little"), 0, b""
 
     def cpu(self) -> float:
         if self.dead is None:
@@ -213,13 +214,29 @@ class _Executor:
         return self.dead
 
     def read_reply(self) -> tuple[int, str]:
-        head = _read_exact(self.reply, _REPLY.size)
-        if head is None:
-            raise KernelCrashed(self._reap(block=True) or "it closed its reply pipe",
-                                self.role)
-        status, n = _REPLY.unpack(head)
-        msg = _read_exact(self.reply, n) if n else b""
-        return status, (msg or b"").decode(errors="replace")
+        """The executor's next reply. A kernel can write into the reply pipe too: bytes
+        before the header it expects (nonce, sequence number) are skipped."""
+        want = struct.pack("=QI", self.nonce, self.seq)
+        while True:
+            at = self.pending.find(want)
+            if at >= 0 and len(self.pending) >= at + _REPLY.size:
+                _, _, status, n = _REPLY.unpack_from(self.pending, at)
+                n = min(n, 4096)
+                if len(self.pending) >= at + _REPLY.size + n:
+                    msg = self.pending[at + _REPLY.size:at + _REPLY.size + n]
+                    self.pending = self.pending[at + _REPLY.size + n:]
+                    self.seq += 1
+                    return status, msg.decode(errors="replace")
+            elif at < 0 and len(self.pending) > 1 << 16:
+                self.pending = self.pending[-len(want):]
+            try:
+                chunk = os.read(self.reply, 1 << 16)
+            except InterruptedError:
+                continue
+            if not chunk:
+                raise KernelCrashed(self._reap(block=True) or "it closed its reply pipe",
+                                    self.role)
+            self.pending += chunk
 
     def cont(self) -> None:
         if self.stopped:
@@ -281,19 +298,6 @@ def _signame(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    out = b""
-    while len(out) < n:
-        try:
-            chunk = os.read(fd, n - len(out))
-        except InterruptedError:
-            continue
-        if not chunk:
-            return None
-        out += chunk
-    return out
 
 
 class HostKernel(Kernel):
@@ -485,7 +489,8 @@ class HostDevice(Device):
             name = symbol.encode()
             setup = _SETUP.pack(_MAGIC, os.getpid(), _sandbox.NOBODY, _sandbox.NOBODY,
                                 len(regions), len(name), len(f1), len(f2),
-                                limits["as_bytes"], limits["nproc"], limits["nofile"])
+                                limits["as_bytes"], limits["nproc"], limits["nofile"],
+                                ex.nonce)
             setup += b"".join(_REGION.pack(*r) for r in regions) + name + f1 + f2
             with contextlib.suppress(BrokenPipeError):  # it died: the reply says how
                 os.write(cmd_w, setup)

@@ -16,7 +16,7 @@
 
    Protocol (native byte order, fixed-size records; see host.py):
      setup   : struct setup, then the regions, the symbol name, filter 1, filter 2
-     reply   : struct reply {u32 status; u32 len;} then len bytes of message
+     reply   : struct reply {u64 nonce; u32 seq, status, len;} then len bytes of message
      command : struct call (op CALL or EXIT); the reply to CALL comes when the call returns.
    The kernel is called through one trampoline: every integer register, every float
    register, then NSTACK 8-byte stack slots, as the x86_64 SysV and Linux AAPCS64 ABIs pass
@@ -67,10 +67,13 @@ struct setup {
     uint32_t magic, judge_pid, uid, gid; /* uid/gid to become when root */
     uint32_t n_regions, symbol_len, filter1_len, filter2_len;
     uint64_t rlimit_as, rlimit_nproc, rlimit_nofile;
+    uint64_t nonce; /* starts every reply: the judge skips bytes a kernel wrote before one */
 };
 struct region { uint64_t address, size, offset, fd; };
 struct call { uint64_t op, n_stack, ints[8], floats[NFLOAT], stack[NSTACK]; };
-struct reply { uint32_t status, len; };
+struct reply { uint64_t nonce; uint32_t seq, status, len; } __attribute__((packed));
+static uint64_t nonce;
+static uint32_t seq;
 
 static int read_all(int fd, void *buf, size_t n) {
     char *p = buf;
@@ -97,7 +100,7 @@ static void write_all(int fd, const void *buf, size_t n) {
 
 static void reply(uint32_t status, const char *msg) {
     char buf[4096];
-    struct reply r = {status, 0};
+    struct reply r = {nonce, seq++, status, 0};
     size_t len = msg ? strnlen(msg, sizeof buf - sizeof r) : 0;
     r.len = (uint32_t)len;
     memcpy(buf, &r, sizeof r);
@@ -197,6 +200,7 @@ int main(int argc, char **argv) {
     struct setup s;
     if (read_all(FD_CMD, &s, sizeof s) != 0 || s.magic != MAGIC) _exit(124);
     if ((uint32_t)getppid() != s.judge_pid) _exit(122);
+    nonce = s.nonce;
     if (s.n_regions > 65536 || s.symbol_len > 4096 || s.filter1_len > 65536 ||
         s.filter2_len > 65536)
         _exit(125);
