@@ -61,7 +61,7 @@ class ReplayInfo:
 
 #: Held copies per region (the oldest is dropped): pre, post, and the last few answers.
 KNOWN_PER_REGION = 4
-#: Up to this many changed bytes, a region is written as a held copy plus those bytes.
+#: Up to this many changed bytes, ``hold_sparse`` builds a copy from the pre-state's.
 _SPARSE_PUT = 256
 
 
@@ -221,25 +221,30 @@ class Replay:
                 return None if got is None else False
         return True
 
+    def hold_sparse(self, name: str, data: bytes) -> None:
+        """Give ``data``, region ``name``'s pre-state with a few bytes changed, a held copy
+        made on the device from the held pre-state and those bytes, pinned: no upload of the
+        whole region (on a GPU, a host-to-device copy of pageable memory is the slow part)."""
+        d, base = self.device, self.pre[name]
+        held = self.known.find(name, base) if d.compares_in_place else None
+        if held is None or len(base) != len(data):
+            return
+        changed = np.flatnonzero(np.frombuffer(base, np.uint8) != np.frombuffer(data, np.uint8))
+        if changed.size > _SPARSE_PUT:
+            return
+        address = self.address_of(name)
+        d.put(address, held)
+        for at in changed:
+            d.write(address + int(at), data[at:at + 1])
+        self.known.add(name, data, d.keep(address, len(data)), pin=True)
+
     def _put(self, name: str, data: bytes) -> None:
-        """Write ``data`` into region ``name``: from a held copy when there is one; a sparse
-        change of a held copy as that copy and the few changed bytes (no whole upload)."""
+        """Write ``data`` into region ``name``: from a held copy when there is one."""
         d, address = self.device, self.address_of(name)
         held = self.known.find(name, data) if d.compares_in_place else None
         if held is not None:
             d.put(address, held)
             return
-        base = self.pre.get(name)
-        if d.compares_in_place and base is not None and len(base) == len(data) and \
-                self.known.find(name, base) is not None:
-            changed = np.flatnonzero(np.frombuffer(base, np.uint8) !=
-                                     np.frombuffer(data, np.uint8))
-            if 0 < changed.size <= _SPARSE_PUT:
-                d.put(address, self.known.find(name, base))
-                for at in changed:
-                    d.write(address + int(at), data[at:at + 1])
-                self.known.add(name, data, d.keep(address, len(data)))
-                return
         d.write(address, data)
         if d.compares_in_place:   # a mutated input: ref and opt both run on it
             self.known.add(name, data, d.keep(address, len(data)))

@@ -233,6 +233,9 @@ class Audit:
             for m in run:
                 state[m.region] = m.apply(state.get(m.region, r.pre[m.region]), self.rng)
                 what.append(m.describe())
+            if j >= len(runs) - TIMED_VARIANTS:
+                for name, data in state.items():
+                    r.hold_sparse(name, data)
             label = f"differential run {j + 1}"
             expected = self._launch(ref, ref_launch, poison=False, state=state)
             if self.armor.last:  # the mutated input is not one ref can take: not a verdict
