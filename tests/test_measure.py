@@ -16,6 +16,8 @@ from kpair.measure import (
     Samples,
     StoppingRule,
     analyze,
+    analyze_replicates,
+    combine_replicates,
     geomean,
     load_samples,
     measure,
@@ -318,3 +320,79 @@ def test_truncated_or_corrupted_samples_file(samples_file, tmp_path):
             load_samples(tmp_path / name)
     with pytest.raises(FormatError, match="cannot read"):
         load_samples(tmp_path / "missing.npz")
+
+
+# ---------------------------------------------------------------- replicates
+
+
+def _replicates(speedups, sigma=0.01, blocks=32, seed=0):
+    """One FakeGpu measurement per replicate, each at its own true speedup (a run-level
+    offset: what a fresh placement of the code may shift)."""
+    parts, samples = [], []
+    for i, s in enumerate(speedups):
+        res, smp = measure(FakeGpu(speedup=s, sigma=sigma, seed=seed + i),
+                           rule=StoppingRule(min_blocks=blocks, max_blocks=blocks),
+                           seed=seed + i)
+        parts.append(res)
+        samples.append(smp)
+    return parts, samples
+
+
+def test_between_run_variation_widens_the_rerun_interval():
+    steady, _ = _replicates([1.20] * 4)
+    shifty, _ = _replicates([1.17, 1.23, 1.19, 1.22])
+    a, b = combine_replicates(steady), combine_replicates(shifty)
+    def width(r):
+        return math.log(r.ci95[1] / r.ci95[0])
+
+    assert width(b) > 2 * width(a)
+    for r in (a, b):   # the re-run interval holds the mean's CI, which holds the point
+        assert r.ci95[0] < r.mean_ci95[0] < r.speedup < r.mean_ci95[1] < r.ci95[1]
+    assert 1.17 < b.speedup < 1.23
+
+
+def test_rerun_interval_covers_fresh_reruns():
+    """Across many simulated publications, each followed by a re-run of the same design with
+    fresh run-level offsets (sd 1%), the re-run's point lands inside the published re-run
+    interval about 95% of the time (the t-based prediction interval is exact under this
+    model; 200 trials keep the test fast and its bound loose)."""
+    rng = np.random.default_rng(5)
+    inside = 0
+    trials = 200
+
+    def draw(t):
+        offsets = np.exp(rng.normal(0.0, 0.01, 4))
+        return combine_replicates([
+            AbbaResult("A/B", 1.1 * o, (1.1 * o / 1.002, 1.1 * o * 1.002), 1.0, (1.0, 1.0),
+                       1.0, 1.0, 32, 16, 16, "ci", 0.002, t, 1e-4, 1e-4) for o in offsets])
+
+    for t in range(trials):
+        published, rerun = draw(t), draw(t)
+        inside += published.ci95[0] <= rerun.speedup <= published.ci95[1]
+    assert 0.88 <= inside / trials <= 1.0
+
+
+def test_replicated_samples_round_trip_and_reanalyse(tmp_path):
+    parts, samples = _replicates([1.1, 1.12, 1.09])
+    joined = Samples.joined(samples)
+    assert joined.replicates == 3 and len(joined) == sum(len(s) for s in samples)
+    back = load_samples(save_samples(joined, tmp_path / "s.npz"))
+    assert back.replicates == 3 and (back.replicate == joined.replicate).all()
+    pooled, rep = analyze_replicates(back)
+    assert pooled.blocks == len(joined)
+    assert [p.speedup for p in rep.parts] == pytest.approx([p.speedup for p in parts])
+    assert rep.speedup == pytest.approx(combine_replicates(parts).speedup)
+
+
+def test_a_single_replicate_is_not_a_rerun_interval():
+    parts, _ = _replicates([1.1])
+    with pytest.raises(KpairError, match="at least 2 replicates"):
+        combine_replicates(parts)
+
+
+def test_rule_split_shares_blocks_and_time():
+    rule = StoppingRule(min_blocks=32, max_blocks=2000, rel_ci_halfwidth=0.005, time_cap_s=30)
+    part = rule.split(4)
+    assert (part.min_blocks, part.max_blocks, part.time_cap_s) == (8, 500, 7.5)
+    assert part.rel_ci_halfwidth == pytest.approx(0.01)
+    assert rule.split(1) is rule

@@ -153,7 +153,9 @@ class Samples:
     @classmethod
     def joined(cls, parts: Sequence[Samples]) -> Samples:
         """Several replicates' samples as one record, ``replicate`` telling them apart."""
-        cat = (lambda name: np.concatenate([getattr(p, name) for p in parts]))
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])
+
         return cls(np.arange(sum(len(p) for p in parts)), cat("direction"), cat("t_slot1_s"),
                    cat("t_slot2_s"), mode=parts[0].mode, seed=parts[0].seed,
                    stopped_by=parts[-1].stopped_by,

@@ -353,9 +353,11 @@ def _measure(run: Run) -> None:
     from .snapshot import sha256
 
     o = run.options
-    n = o.replicates
+    rule = _rule(run)
+    # A replicate runs whole rounds of 8 blocks: a small block budget holds fewer of them.
+    n = min(o.replicates, max(1, rule.max_blocks // 8))
     seed = o.seed if o.seed is not None else secrets.randbits(32)
-    rule = _rule(run).split(n)
+    rule = rule.split(n)
     clocks_before = run.device.clocks()
     parts, samples = [], []
     for i in range(n):

@@ -40,6 +40,7 @@ import bisect
 import contextlib
 import ctypes
 import fcntl
+import hashlib
 import math
 import os
 import platform
@@ -447,6 +448,32 @@ class HostDevice(Device):
         _undumpable()
         ex = self._spawn(image, kernel_name, f"kernel {kernel_name!r} #{len(self._executors)}")
         return HostKernel(kernel_name, ex)
+
+    def unload(self, kernel: HostKernel) -> None:
+        """End the kernel's executor (a replicate's fresh load replaces it)."""
+        ex = kernel.executor
+        if ex in self._executors:
+            ex.close()
+            self._executors.remove(ex)
+            if self._last is ex:
+                self._last = None
+
+    def code_digest(self, kernel: HostKernel) -> str | None:
+        """sha256 of the executable pages of the kernel's code object as mapped in its
+        executor now (read through /proc/PID/mem: possible for root, whom the executor's
+        non-dumpable flag does not stop), or None where they cannot be read."""
+        pid, h = kernel.executor.pid, hashlib.sha256()
+        try:
+            with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+                spans = [line.split()[0] for line in maps
+                         if "kpair-code" in line and line.split()[1][2] == "x"]
+                for span in spans:
+                    lo, hi = (int(x, 16) for x in span.split("-"))
+                    mem.seek(lo)
+                    h.update(mem.read(hi - lo))
+        except (OSError, ValueError, OverflowError):
+            return None
+        return h.hexdigest() if spans else None
 
     def _limits(self) -> dict:
         uid = _sandbox.NOBODY if os.geteuid() == 0 else os.getuid()

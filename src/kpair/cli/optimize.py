@@ -114,7 +114,7 @@ class Optimize(Command):
             flag_sets=tuple(parse_flags(f) for f in args.flags) if args.flags else None,
             native=args.native, policy=args.policy, keep=args.keep,
             triton_limit=args.triton_limit,
-            prune=RunOptions(min_blocks=min(4, args.prune_max_blocks),
+            prune=RunOptions(replicates=1, min_blocks=min(4, args.prune_max_blocks),
                              max_blocks=args.prune_max_blocks,
                              time_cap_s=args.prune_time_cap, control=False, seed=args.seed,
                              timeout_s=args.timeout),

@@ -30,7 +30,7 @@ from ..session import Session
 from .strategy import Proposal
 
 #: The prune stage's measurement: short, checked, no identical-binary control.
-PRUNE = RunOptions(min_blocks=4, max_blocks=16, time_cap_s=1.0, control=False)
+PRUNE = RunOptions(min_blocks=4, max_blocks=16, time_cap_s=1.0, control=False, replicates=1)
 KEEP = 3
 
 

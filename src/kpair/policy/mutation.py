@@ -8,9 +8,10 @@ drawn from elsewhere in the region, other types swap values among those position
 every value one the kernel has already seen, so no NaN, no out-of-range index appears that
 the captured input did not hold. A sparse input is the captured one almost everywhere: a
 kernel that keys a memo or a specialization on a sample of input elements sees the same key
-and gives the captured answer, which is wrong there. The differential check (``kpair.trust.audit``) runs ref and opt
-on ``count`` such inputs and judges opt against ref under the policy's own criteria: a kernel
-that hard-codes the captured answer, or returns a cached one, fails there.
+and gives the captured answer, which is wrong there. The differential check
+(``kpair.trust.audit``) runs ref and opt on ``count`` such inputs and judges opt against ref
+under the policy's own criteria: a kernel that hard-codes the captured answer, or returns a
+cached one, fails there.
 
 Declared in ``validation_policy.json`` under ``mutations`` (contract in ``docs/format.md``);
 ``MutationDoc`` is the JSON shape.
