@@ -333,9 +333,6 @@ REJECTED = [
     ("lowprec", "exact", None, "region c: "),
     ("lowprec", "cosine", "bias", "one-sided systematic error"),
     ("scale", "cosine", "bias", "one-sided systematic error"),
-    # Judged after every timed launch, its output is often still unwritten there: either
-    # check may be the first to say so.
-    ("deferred", "exact", ("timing_integrity", "timed_outputs"), ""),
     ("lazy", "exact", "timed_outputs", "wrong after timed launch"),
     # Honest exactly where a fixed, public schedule would check: every timed launch is judged.
     ("count", "exact", "timed_outputs", "wrong after timed launch"),
@@ -360,6 +357,20 @@ def test_cheat_is_rejected_with_the_right_reason(suite, opt, policy, check_name,
         assert line.startswith(f"FAIL [{failed}]")
         assert r["trust"][failed]["passed"] is False
         assert r["trust"][failed]["reason"] in line
+
+
+def test_work_handed_to_a_thread_gains_nothing(suite):
+    """The thread-handoff cheat returns at once and leaves the work to a detached thread. Its
+    executor's CPU clock counts every thread, and the executor is stopped between its
+    launches: the handoff is caught (by the window, or by an output still unwritten when a
+    launch is judged, whichever comes first) or charged in full — never a gain."""
+    r = suite("deferred", "exact")
+    if r["status"] == "fail":
+        assert r["correctness"]["failed_check"] in ("timing_integrity", "timed_outputs",
+                                                    "differential", "opt_determinism",
+                                                    "poisoned_outputs"), summarize(r)
+    else:
+        assert r["status"] == "pass" and r["speed"]["difference"] != "faster", summarize(r)
 
 
 @pytest.mark.parametrize(("opt", "policy"), [("fast", "exact"), ("fast", "cosine"),
@@ -421,13 +432,11 @@ def test_default_policy_passes_honest_opts_and_an_empty_list_turns_mutations_off
 def test_timing_integrity_holds_under_load(suite, cpu_hogs, opt, policy):
     """Busy processes on every core: the honest opts still pass timing_integrity (host
     timing reads CPU time, which preemption does not inflate), and work handed to a thread is
-    still caught: by the timing windows, or by the output check after a timed launch."""
+    still caught or charged (as in test_work_handed_to_a_thread_gains_nothing)."""
     r = suite(opt, policy)
     ti = r["trust"]["timing_integrity"]
     if opt == "deferred":
-        assert r["status"] == "fail" and r["correctness"]["failed_check"] in (
-            "timing_integrity", "timed_outputs"), summarize(r)
-        assert ti["passed"] is not True or "wrong after timed launch" in summarize(r)
+        assert r["status"] == "fail" or r["speed"]["difference"] != "faster", summarize(r)
     else:
         assert ti["passed"] is True, (summarize(r), ti["finding"])
         assert r["status"] == "pass", summarize(r)
