@@ -354,8 +354,10 @@ def _measure(run: Run) -> None:
 
     o = run.options
     rule = _rule(run)
-    # A replicate runs whole rounds of 8 blocks: a small block budget holds fewer of them.
-    n = min(o.replicates, max(1, rule.max_blocks // 8))
+    # A replicate runs whole rounds of 8 blocks: a block budget too small for every
+    # replicate gets one plain ABBA run (fewer replicates would widen the interval by a
+    # larger t quantile than they narrow it).
+    n = o.replicates if rule.max_blocks >= 8 * o.replicates else 1
     seed = o.seed if o.seed is not None else secrets.randbits(32)
     rule = rule.split(n)
     clocks_before = run.device.clocks()
