@@ -360,7 +360,12 @@ class Audit:
                 if post != pre:
                     need |= np.frombuffer(post, np.uint8) != np.frombuffer(pre, np.uint8)
             if name in self.armor.plan:
-                need |= self.armor.plan[name][2].layout(need.size)[0]
+                runs = self.armor.plan[name][2]
+                if len(runs) <= 64:   # a few runs: mark them (a layout costs a region pass)
+                    for start, end in runs:
+                        need[start:end] = True
+                else:
+                    need |= runs.layout(need.size)[0]
             total += int(need.sum())
         return total
 
