@@ -336,10 +336,10 @@ REJECTED = [
     ("lazy", "exact", "timed_outputs", "wrong after timed launch"),
     # Honest exactly where a fixed, public schedule would check: every timed launch is judged.
     ("count", "exact", "timed_outputs", "wrong after timed launch"),
-    # A memo keyed on sampled inputs: the secret sparse variant keeps the key, changes the
-    # answer, and the timed launches rotate between it and the captured input.
-    ("memo", "exact", "timed_outputs", "wrong after timed launch"),
-    ("memo", "default", "timed_outputs", "wrong after timed launch"),
+    # A memo keyed on sampled inputs: the secret sparse variants keep the key and change the
+    # answer; the differential runs meet them in a row, the timed launches rotate among them.
+    ("memo", "exact", ("differential", "timed_outputs"), ""),
+    ("memo", "default", ("differential", "timed_outputs"), ""),
 ]
 
 
@@ -387,7 +387,7 @@ def test_honest_opt_passes_every_check(suite, opt, policy):
                    "noop", "timed_outputs", "ref_integrity"}
     poison = trust["poisoned_outputs"]["finding"]
     assert poison["regions"] == {"c": {"bytes": N * N * 4, "runs": 1}}
-    assert poison["opt_runs_poisoned"] == 6    # 3 opt runs + 2 differential + 1 sparse run
+    assert poison["opt_runs_poisoned"] == 7    # 3 opt runs + 2 differential + 2 sparse runs
     assert trust["input_integrity"]["finding"]["inputs"] == ["a", "b"]
     assert trust["noop"]["finding"]["noop"] and "note" in trust["noop"]["finding"]
     assert all(row["changed_output"] for row in trust["differential"]["finding"]["runs"])
@@ -418,8 +418,8 @@ def test_default_policy_passes_honest_opts_and_an_empty_list_turns_mutations_off
     assert r["status"] == "pass", summarize(r)
     d = r["trust"]["differential"]
     assert d["passed"] is True and d["finding"]["source"] == "derived"
-    # two whole-region runs, then a sparse one (the timed launches' input variant)
-    assert len(d["finding"]["runs"]) == 3 and all(x["changed_output"]
+    # two whole-region runs, then two sparse ones (the timed launches' input variants)
+    assert len(d["finding"]["runs"]) == 4 and all(x["changed_output"]
                                                   for x in d["finding"]["runs"])
     assert all(m.startswith("sparse") for x in d["finding"]["runs"][2:] for m in x["mutated"])
     off = suite("stale", "off")  # the stale answer is caught by nothing else

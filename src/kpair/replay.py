@@ -229,13 +229,16 @@ class Replay:
         held = self.known.find(name, base) if d.compares_in_place else None
         if held is None or len(base) != len(data):
             return
-        changed = np.flatnonzero(np.frombuffer(base, np.uint8) != np.frombuffer(data, np.uint8))
-        if changed.size > _SPARSE_PUT:
+        # Compared a word at a time (8x fewer comparisons); changed words are written whole.
+        w = 8 if len(data) % 8 == 0 else 1
+        word = np.uint64 if w == 8 else np.uint8
+        changed = np.flatnonzero(np.frombuffer(base, word) != np.frombuffer(data, word)) * w
+        if changed.size * w > _SPARSE_PUT:
             return
         address = self.address_of(name)
         d.put(address, held)
-        for at in changed:
-            d.write(address + int(at), data[at:at + 1])
+        for at in changed.tolist():
+            d.write(address + at, data[at:at + w])
         self.known.add(name, data, d.keep(address, len(data)), pin=True)
 
     def _put(self, name: str, data: bytes) -> None:
