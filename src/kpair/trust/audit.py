@@ -326,7 +326,8 @@ class Audit:
             tally["checked"] += 1
             if self.replay.equals(want):   # byte-identical: passes under any policy
                 return t
-            only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
+            only = Policy(tuple(tol for tol in self.policy.tolerances
+                                if tol.region in outputs))
             v = check(only, want, self.replay.read_back(outputs), dtype_hints=self.hints)
             if not v.passed:
                 tally["failed"].append({"launch": n, "role": role, "input": label,
