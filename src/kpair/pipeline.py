@@ -7,7 +7,8 @@ over one ``Run`` (what the stages share). A stage either adds to the run or ends
 only by the stages in their lists:
 
     verify, place                the harness; its regions on the device
-    load                         the process sealed (host: seccomp), then both kernels
+    load                         the sandbox checked (host: each kernel then loads into its
+                                 own confined executor process), then both kernels
     ref                          ref on the pre-state (3x when checked: determinism)
     fidelity                     ref must reproduce the captured post-state, or no verdict
     trust:poison                 which bytes ref writes whatever they held (checked)
@@ -16,9 +17,10 @@ only by the stages in their lists:
                                  differential runs, see kpair.isolation)
     trust:differential           opt on the same inputs, judged against ref (checked)
     trust:timing                 timer against wall-clock windows (checked)
-    measure                      the ABBA meter, poisoned and guarded when checked; every
-                                 timed launch judged, on inputs rotating among the captured
-                                 one and secret sparse variants (checked)
+    measure                      the ABBA meter in replicates (fresh loads of both kernels),
+                                 poisoned and guarded when checked; every timed launch
+                                 judged, on inputs rotating among the captured one and
+                                 secret sparse variants (checked)
     control                      ref against a second load of itself: the systematic offset
                                  folded into the reported interval (``--no-control``: off)
     aa                           an A/A control, on request
@@ -253,7 +255,8 @@ def _place(run: Run) -> None:
 
 
 def _seal(run: Run) -> None:
-    # Before any code object is loaded: a host shared object runs code as it loads.
+    # Before any code object is loaded: a host shared object runs code as it loads, so a
+    # backend that cannot confine it refuses here (SandboxUnavailable), before ref.
     run.facts.sandbox = run.device.seal()
 
 
