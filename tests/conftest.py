@@ -31,6 +31,19 @@ def record_matmul(lib: Path, out: Path, n: int = 128, seed: int = 0) -> Path:
     return out
 
 
+def record_rowsum(out: Path) -> tuple[Path, Path]:
+    """kp_rowsum (tests/csrc/rowsum.c) built into ``out`` and one call of it recorded there:
+    (the library, the snapshot). ref aborts when rowptr decreases, as a permutation makes it."""
+    lib = compile_shared(CSRC / "rowsum.c", out / "rowsum.so")
+    rows = 64
+    rowptr = np.arange(0, 4 * (rows + 1), 4, dtype=np.int32)
+    x = np.random.default_rng(0).standard_normal(4 * rows).astype(np.float32)
+    snap = record_call(lib, "kp_rowsum", [x, rowptr, np.zeros(rows, np.float32),
+                                          np.int32(rows)], out / "s",
+                       names=["x", "rowptr", "out", "rows"])
+    return lib, snap.root
+
+
 @pytest.fixture(scope="session")
 def matmul_snapshot(matmul_libs, tmp_path_factory) -> Path:
     """A snapshot of one real naive kp_matmul call (n=128)."""

@@ -125,19 +125,11 @@ def test_kpair_run_and_a_session_judge_the_rowsum_harness_alike(tmp_path):
     """The harness of tests/test_trust.py whose ref aborts on a permuted rowptr: ``kpair run``
     and a session (so ``kpair evaluate``) go through the same setup/retry rule and give the
     same verdict — differential dropped, with the same warning."""
-    import numpy as np
-
+    from conftest import record_rowsum
     from kpair.isolation import run_isolated
-    from kpair.record import record_call
 
-    lib = compile_shared(CSRC / "rowsum.c", tmp_path / "rowsum.so")
-    rows = 64
-    rowptr = np.arange(0, 4 * (rows + 1), 4, dtype=np.int32)
-    x = np.random.default_rng(0).standard_normal(4 * rows).astype(np.float32)
-    snap = record_call(lib, "kp_rowsum", [x, rowptr, np.zeros(rows, np.float32),
-                                          np.int32(rows)], tmp_path / "s",
-                       names=["x", "rowptr", "out", "rows"])
-    h = create_harness(snap.root, tmp_path / "h", opt=lib).root
+    lib, snap = record_rowsum(tmp_path)
+    h = create_harness(snap, tmp_path / "h", opt=lib).root
     ran = run_isolated(h, QUICK)
     with Session(h, QUICK, out=tmp_path / "ev") as s:
         judged = s.evaluate(lib)

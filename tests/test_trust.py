@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC, run_json, summarize
+from conftest import CSRC, record_rowsum, run_json, summarize
 from kpair.cli import main as kpair
 from kpair.errors import PolicyError, UsageError
 from kpair.harness import create_harness
@@ -489,14 +489,8 @@ def test_noop_dispatch_passes_with_a_warning(suite):
 def test_a_derived_mutation_ref_cannot_take_is_dropped_with_a_warning(tmp_path):
     """Permuting rowptr makes it decreasing somewhere, and ref aborts on that: the mutation
     says nothing about opt, so the run goes on without differential runs, and says so."""
-    lib = compile_shared(CSRC / "rowsum.c", tmp_path / "rowsum.so")
-    rows = 64
-    rowptr = np.arange(0, 4 * (rows + 1), 4, dtype=np.int32)
-    x = np.random.default_rng(0).standard_normal(4 * rows).astype(np.float32)
-    snap = record_call(lib, "kp_rowsum", [x, rowptr, np.zeros(rows, np.float32),
-                                          np.int32(rows)], tmp_path / "s",
-                       names=["x", "rowptr", "out", "rows"])
-    h = create_harness(snap.root, tmp_path / "h", opt=lib)
+    lib, snap = record_rowsum(tmp_path)
+    h = create_harness(snap, tmp_path / "h", opt=lib)
     r = run_json(h.root, QUICK)
     assert r["status"] == "pass", summarize(r)
     assert r["trust"]["differential"]["ran"] is False
