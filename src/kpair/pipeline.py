@@ -401,6 +401,8 @@ def _reload(run: Run) -> None:
     opt = device.load(c.image, c.kernel, fmt=c.format)
     run.replay.check_abi(opt, "opt")
     run.ref, run.opt = (ref, run.ref[1]), (opt, run.opt[1])
+    if run.audit is not None:
+        run.audit.ref_reloaded(ref)
     for kernel in old:
         device.unload(kernel)
 

@@ -257,6 +257,11 @@ class Audit:
                 for name in self._outputs():
                     r.pin(name, expected[name])
 
+    def ref_reloaded(self, ref: Kernel) -> None:
+        """ref was loaded afresh (a measurement replicate): later launches use that load."""
+        if self._mutating_ref:
+            self._mutating_ref = (ref, self._mutating_ref[1])
+
     def _poison_holds(self, j: int) -> bool:
         """Whether ref's answer on mutated input ``j`` survives the poison (computed once).
         Bytes write-only on the captured input may be read on a mutated one (a mask that
