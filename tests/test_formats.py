@@ -27,6 +27,25 @@ def test_the_published_schema_is_what_the_code_generates(name):
         f"{path} is stale: run python -m kpair.formats"
 
 
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_published_schema_lists_each_required_field_once(name):
+    if formats.find_format(name) is None:
+        pytest.skip(f"{FORMATS[name][1]} does not exist yet")
+
+    def lists(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("required"), list):
+                yield node["required"]
+            for v in node.values():
+                yield from lists(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from lists(v)
+
+    for required in lists(json.loads(formats.schema_text(name))):
+        assert len(required) == len(set(required)), required
+
+
 def test_the_snapshot_schema_accepts_a_real_manifest():
     jsonschema = pytest.importorskip("jsonschema")
     manifest = json.loads((Path(__file__).parent / "data" / "snapshot_v1" / "snapshot.json")

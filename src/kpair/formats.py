@@ -241,9 +241,10 @@ def schema_text(name: str) -> str:
     kind = load_format(name)
     body = json_schema(kind)
     top = body.get("$defs", {}).get(kind.__name__, {})
-    if "schema_version" in top.get("properties", {}):
+    required = top.get("required", [])
+    if "schema_version" in top.get("properties", {}) and "schema_version" not in required:
         # Writers get the version as a default; readers (check_version) insist on it.
-        top["required"] = [*top.get("required", ()), "schema_version"]
+        top["required"] = [*required, "schema_version"]
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
               "title": filename,
               "description": f"Generated from {record} by `python -m kpair.formats`; "
