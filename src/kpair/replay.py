@@ -89,6 +89,15 @@ class Known:
         """The held copy of exactly this bytes object, if any."""
         return next((h for d, h, _ in self.entries.get(name, ()) if d is data), None)
 
+    def pin(self, name: str, data: bytes) -> bool:
+        """Keep the entry of exactly this bytes object for good; False if there is none."""
+        entries = self.entries.get(name, [])
+        for i, (d, held, _) in enumerate(entries):
+            if d is data:
+                entries[i] = (d, held, True)
+                return True
+        return False
+
     def match(self, name: str, address: int, size: int) -> bytes | None:
         """The host bytes of a held copy the region at ``address`` equals, or None."""
         entries = self.entries.get(name, [])
@@ -198,14 +207,8 @@ class Replay:
         """Keep ``data``, bytes region ``name`` holds at times (a timed input variant, its
         expected output), with a device-side copy until the replay ends, so that writing it
         and matching it never cost a host transfer."""
-        if not self.device.compares_in_place:
-            return
-        entries = self.known.entries.setdefault(name, [])
-        for i, (d, held, _) in enumerate(entries):
-            if d is data:
-                entries[i] = (d, held, True)
-                return
-        self.known.add(name, data, self.device.hold(data), pin=True)
+        if self.device.compares_in_place and not self.known.pin(name, data):
+            self.known.add(name, data, self.device.hold(data), pin=True)
 
     def equals(self, expected: dict[str, bytes]) -> bool | None:
         """Whether every named region holds exactly its ``expected`` bytes, decided where the

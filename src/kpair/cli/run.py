@@ -11,6 +11,7 @@ from .base import Command
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    from ..pipeline import RunOptions
     from ..trust import CHECKS
 
     p.add_argument("--aa", action="store_true", help="also run an A/A control (ref vs ref)")
@@ -28,9 +29,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rel-ci", type=float, help="stop when the CI half-width is below this")
     p.add_argument("--time-cap", type=float, help="seconds of measurement at most")
     p.add_argument("--seed", type=int, help="seed of the ABBA schedule and bootstrap")
-    p.add_argument("--replicates", type=int, default=4, metavar="N",
+    p.add_argument("--replicates", type=int, default=RunOptions.replicates, metavar="N",
                    help="independent measurements on fresh loads of both kernels, read "
-                   "together as a re-run interval (default 4; 1: one ABBA run, its own CI)")
+                   f"together as a re-run interval (default {RunOptions.replicates}; 1: one "
+                   "ABBA run, its own CI)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before a hung worker is killed (default 600)")
     p.add_argument("--json", action="store_true", help="print result.json instead of a line")
@@ -48,7 +50,8 @@ def options_from_args(args: argparse.Namespace):
                       cache="warm" if args.warm else "cold", aa=args.aa,
                       min_blocks=args.min_blocks, max_blocks=args.max_blocks,
                       rel_ci=args.rel_ci, time_cap_s=args.time_cap, seed=args.seed,
-                      replicates=getattr(args, "replicates", 4), timeout_s=args.timeout,
+                      replicates=getattr(args, "replicates", RunOptions.replicates),
+                      timeout_s=args.timeout,
                       control=not getattr(args, "no_control", False),
                       checks=not getattr(args, "no_checks", False),
                       skip_checks=tuple(getattr(args, "skip_check", None) or ()))

@@ -229,6 +229,7 @@ class Audit:
         r, normal = self.replay, self.ref_posts[0]
         self._mutating_ref = (ref, ref_launch)
         for j, run in enumerate(runs):
+            timed = j >= len(runs) - TIMED_VARIANTS   # a sparse run: a timed input variant
             state, what, drawn = {}, [], set()
             for m in run:
                 key = (m.region, m.start, m.end)
@@ -238,7 +239,7 @@ class Audit:
                     drawn.add(key)
                 state[m.region] = m.apply(state.get(m.region, r.pre[m.region]), self.rng)
                 what.append(m.describe())
-            if j >= len(runs) - TIMED_VARIANTS:
+            if timed:
                 for name, data in state.items():
                     r.hold_sparse(name, data)
             label = f"differential run {j + 1}"
@@ -248,7 +249,7 @@ class Audit:
                 continue
             changed = any(expected[k] != normal[k] for k in expected if k not in state)
             self._mutated.append((label, state, expected, changed, what))
-            if j >= len(runs) - TIMED_VARIANTS:
+            if timed:
                 # Poisoned like the captured input only where ref's answer survives it.
                 poison = not self.armor.plan or self._poison_holds(len(self._mutated) - 1)
                 self.variants.append((label, state, expected, poison))
