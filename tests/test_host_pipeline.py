@@ -171,8 +171,11 @@ def test_aa_control_contains_one(pair, request, loaded):
     r = run_json(pair, RunOptions(aa=True, time_cap_s=2.0, timeout_s=120))
     aa = r["speed"]["aa_control"]
     assert aa["mode"] == "A/A"
-    # ref against itself: no speedup beyond timing noise (a CI can miss 1 in 5% of runs).
-    assert abs(aa["speedup"] - 1) < 0.03, aa
+    # ref against itself: no speedup beyond timing noise — within 3%, or, on a machine so
+    # loaded that the noise is wider than that, inside the A/A run's own interval (which
+    # itself misses 1 in 5% of runs, so both must miss for a failure).
+    lo, hi = aa["ci95"]
+    assert abs(aa["speedup"] - 1) < 0.03 or lo <= 1.0 <= hi, aa
     assert r["trust"]["timing_integrity"]["passed"] is True
 
 
