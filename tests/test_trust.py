@@ -36,8 +36,9 @@ from kpair.trust.findings import (
     baseline_determinism,
     bias_stats,
     impossible_speed,
+    ref_reads,
     timing_integrity,
-    write_only_mask,
+    write_only_runs,
 )
 
 N = 64
@@ -178,17 +179,38 @@ def test_a_kernel_that_writes_into_a_held_poisoned_copy_is_caught():
     assert armor.last == []
 
 
-def test_write_only_mask_separates_outputs_from_inputs():
+def test_write_only_runs_separate_outputs_from_inputs():
     pol = Policy()
     normal = {"x": b"\1\2\3\4", "y": bytes(range(8))}
-    assert write_only_mask("y", pol, normal, [normal, normal])[0].all()
+    assert write_only_runs("y", pol, normal, [normal, normal])[0] == [(0, 8)]
     changed = {"x": b"\1\2\3\4", "y": b"\0\1\x99\3\4\5\6\7"}  # byte 2 kept the fill
-    mask, _ = write_only_mask("y", pol, normal, [normal, changed])
-    assert mask.tolist() == [False] * 4 + [True] * 4 and mask_runs(mask) == [(4, 8)]
-    mask, _ = write_only_mask("y", pol, normal, [normal, changed], granule=1)
-    assert mask_runs(mask) == [(0, 2), (3, 8)]
-    mask, why = write_only_mask("x", pol, normal, [{"x": b"\0\0\0\0", "y": b"\1" * 8}])
-    assert mask is None and "changes region y" in why
+    runs, _ = write_only_runs("y", pol, normal, [normal, changed])
+    assert runs == [(4, 8)]
+    runs, _ = write_only_runs("y", pol, normal, [normal, changed], granule=1)
+    assert runs == [(0, 2), (3, 8)]
+    filled = {"x": b"\0\0\0\0", "y": b"\1" * 8}
+    runs, why = write_only_runs("x", pol, normal, [filled])
+    assert runs is None and "changes region y" in why
+    assert ref_reads("x", pol, normal, filled) == why and ref_reads("y", pol, normal, normal) == ""
+    # already shown not to be read: the fill is judged only as an output
+    assert write_only_runs("x", pol, normal, [filled], read_checked=1)[0] is None
+
+
+def test_write_only_runs_match_a_byte_mask_on_large_fragmented_regions():
+    rng = np.random.default_rng(3)
+    normal = {"y": rng.integers(0, 256, 4 * 1000 + 3, np.uint8).tobytes()}
+    posts = []
+    for _ in range(2):
+        got = np.frombuffer(normal["y"], np.uint8).copy()
+        got[rng.random(got.size) < 0.1] ^= 0xFF      # bytes that kept the fill
+        posts.append({"y": got.tobytes()})
+    runs, _ = write_only_runs("y", Policy(), normal, posts)
+    want = np.frombuffer(normal["y"], np.uint8)
+    same = np.ones(want.size, bool)
+    for p in posts:
+        same &= np.frombuffer(p["y"], np.uint8) == want
+    elements = np.append(same[:4000].reshape(-1, 4).all(axis=1).repeat(4), [same[4000:].all()] * 3)
+    assert runs == mask_runs(elements)
 
 
 def test_baseline_determinism_fails_with_the_suggestion():

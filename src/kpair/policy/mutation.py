@@ -58,19 +58,20 @@ def _draw(values: np.ndarray, rng: np.random.Generator, out: np.ndarray, replace
         values[whole:][rng.permutation(n - whole)]
 
 
-def _sparse(values: np.ndarray, rng: np.random.Generator, out: np.ndarray, swap: bool) -> None:
-    """``SPARSE_ELEMENTS`` elements of ``out`` (a copy of ``values``) changed at random
+def _sparse(values: np.ndarray, rng: np.random.Generator, swap: bool
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Where and what ``SPARSE_ELEMENTS`` elements of ``values`` become, at random
     positions: drawn from other positions (floats), or swapped among themselves (others: a
     swap keeps every value's count, so indices stay a valid set). A few tries find positions
-    whose values differ; a region of one repeated value cannot change."""
+    whose values differ; a region of one repeated value cannot change (nothing changes)."""
     n = values.size
     k = min(SPARSE_ELEMENTS, n)
     for _ in range(8):
         at = rng.choice(n, k, replace=False)
         new = values[at][rng.permutation(k)] if swap else values[rng.integers(0, n, k)]
         if (new.view(np.uint8) != values[at].view(np.uint8)).any():
-            out[at] = new
-            return
+            return at, new
+    return at[:0], new[:0]
 
 
 class MutationDoc(Record, omit_defaults=True):
@@ -132,18 +133,24 @@ class Mutation:
         return self.start, end
 
     def apply(self, data: bytes, rng: np.random.Generator) -> bytes:
-        """``data`` (the region's bytes) with the declared range mutated."""
+        """``data`` (the region's bytes) with the declared range mutated (one copy of the
+        region: regions can be hundreds of MB)."""
         start, end = self.span(len(data))
         dtype = np.dtype(DTYPES[self.dtype])
         values = np.frombuffer(data, dtype, count=(end - start) // dtype.itemsize,
                                offset=start)
-        out = bytearray(data)
-        target = np.frombuffer(out, dtype, count=values.size, offset=start)
-        if self.method == "sparse":
-            _sparse(values, rng, target, swap=self.dtype not in FLOAT_DTYPES)
-        else:
-            _draw(values, rng, target, replace=self.method == "resample")
-        return bytes(out)
+        whole = memoryview(data)
+        if self.method != "sparse":
+            out = np.empty_like(values)
+            _draw(values, rng, out, replace=self.method == "resample")
+            return b"".join((whole[:start], out.data.cast("B"), whole[end:]))
+        at, new = _sparse(values, rng, swap=self.dtype not in FLOAT_DTYPES)
+        parts, pos = [], 0
+        for i in np.argsort(at).tolist():   # the changed elements, in address order
+            lo = start + int(at[i]) * dtype.itemsize
+            parts += [whole[pos:lo], new[i:i + 1].tobytes()]
+            pos = lo + dtype.itemsize
+        return b"".join([*parts, whole[pos:]])
 
     def sparse(self) -> Mutation:
         """The same range changed at a few secret positions only."""

@@ -29,7 +29,7 @@ from ..policy.mutation import derive
 from ..replay import Replay
 from ..snapshot import Launch
 from . import findings as trust
-from .armor import Armor, describe_violation, guard_bands, mask_runs
+from .armor import Armor, describe_violation, guard_bands
 from .findings import CHECKS, Finding, OptRun
 
 REF_RUNS = 3        # baseline determinism
@@ -160,21 +160,24 @@ class Audit:
                 continue
             # Two fill words that differ in every byte, written on the device.
             x = int(self.rng.integers(0, 2**32))
-            filled, mask, why = [], None, ""
+            filled, runs, why = [], None, ""
             for fill in (x, x ^ 0xA5A5A5A5):
                 filled.append(self._ref(ref, launch, "discovery", {name: fill}))
                 if self.armor.last:
                     why = "ref writes out of bounds when it is filled"
                     break
-                hint = self.hints.get(name)
-                mask, why = trust.write_only_mask(name, self.policy, normal, filled,
-                                                  dtype_size(hint) if hint in DTYPES else 4)
-                if mask is None:  # an input: one fill shows it, the second would add nothing
+                why = trust.ref_reads(name, self.policy, normal, filled[-1])
+                if why:  # an input: one fill shows it, the second would add nothing
                     break
-            if mask is None:
+            else:
+                hint = self.hints.get(name)
+                runs, why = trust.write_only_runs(name, self.policy, normal, filled,
+                                                  dtype_size(hint) if hint in DTYPES else 4,
+                                                  read_checked=len(filled))
+            if runs is None:
                 self.not_tested[name] = why
             else:
-                plan[name] = (address, region.size, mask_runs(mask))
+                plan[name] = (address, region.size, runs)
         if plan:
             self.armor.plan = plan
             post = self._ref(ref, launch, "poisoned control run", poison=True)

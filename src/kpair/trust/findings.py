@@ -7,7 +7,7 @@ touches a device: ``kpair.trust.audit`` drives the replay (fills, poison, canari
 extra launches) and hands the bytes and times to these functions. ``CHECKS`` lists every check
 in the order a failure is reported when several fail.
 
-Also here: the write-only mask of a region (``write_only_mask``), from which the poison plan
+Also here: the write-only runs of a region (``write_only_runs``), from which the poison plan
 is made; the guard bands and the poison themselves are ``kpair.trust.armor``'s.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from ..dtypes import EPS, decode
 from ..policy import Policy, Tolerance, Verdict, check, check_region
 from ..policy.judge import _plain
-from .armor import Band, Runs, describe_violation, left_mask, poison_left
+from .armor import Band, Runs, describe_violation, left_mask, mask_runs, poison_left
 
 #: Every check, in the order its failure is reported first.
 CHECKS = ("baseline_determinism", "ref_integrity", "guard_bands", "input_integrity",
@@ -134,47 +134,71 @@ def noop(changed: dict[str, int], poisoned: Sequence[str]) -> Finding:
 # ------------------------------------------------------------------ poison
 
 
-def write_only_mask(name: str, policy: Policy, normal: dict[str, bytes],
-                    filled: Sequence[dict[str, bytes]], granule: int = 4
-                    ) -> tuple[np.ndarray | None, str]:
-    """The bytes of region ``name`` that ref writes whatever they held before.
+def ref_reads(name: str, policy: Policy, normal: dict[str, bytes], post: dict[str, bytes]
+              ) -> str:
+    """Why region ``name`` is an input of ref ("" if it is not): ``post`` is ref's post-state
+    with the region filled, and any *other* region that comes out otherwise than in ``normal``
+    was computed from the fill."""
+    others = {k: v for k, v in normal.items() if k != name}
+    v = check(Policy(tuple(t for t in policy.tolerances if t.region != name)), others,
+              {k: post[k] for k in others})
+    if v.passed:
+        return ""
+    bad = next(r.region for r in v.regions if not r.passed)
+    return f"ref reads it: its prior content changes region {bad}"
+
+
+def write_only_runs(name: str, policy: Policy, normal: dict[str, bytes],
+                    filled: Sequence[dict[str, bytes]], granule: int = 4, *, read_checked: int = 0
+                    ) -> tuple[Runs | None, str]:
+    """The byte runs of region ``name`` that ref writes whatever they held before.
 
     ``filled`` are ref's post-states with the region filled by patterns that differ in every
     byte. An element of ``granule`` bytes (from the region's start) is write-only when it
     comes out as in ``normal`` after every fill — whole elements, since a byte that ref
     computes *from* the fill matches by chance once in 256; a declared tolerance range is,
     when it passes its criterion after every fill. If a fill changes any *other* region, ref
-    reads this one: (None, why)."""
-    for post in filled:
-        others = {k: v for k, v in normal.items() if k != name}
-        v = check(Policy(tuple(t for t in policy.tolerances if t.region != name)), others,
-                  {k: post[k] for k in others})
-        if not v.passed:
-            bad = next(r.region for r in v.regions if not r.passed)
-            return None, f"ref reads it: its prior content changes region {bad}"
+    reads this one: (None, why); the first ``read_checked`` fills were already shown not to
+    (``ref_reads``). The runs are found per element, not per byte (a region can hold
+    hundreds of MB)."""
+    for post in filled[read_checked:]:
+        why = ref_reads(name, policy, normal, post)
+        if why:
+            return None, why
     want = np.frombuffer(normal[name], np.uint8)
     whole = want.size // granule * granule
     # Compared a whole element at a time (one comparison per element where a machine word
     # holds one), so an element is write-only only when all of its bytes are.
     word = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(granule, np.uint8)
     same = np.ones(whole // np.dtype(word).itemsize, bool)
-    tail = np.ones(want.size - whole, bool)
+    tail = want.size > whole
     for post in filled:
         got = np.frombuffer(post[name], np.uint8)
         same &= got[:whole].view(word) == want[:whole].view(word)
-        tail &= got[whole:] == want[whole:]
+        tail = tail and bool((got[whole:] == want[whole:]).all())
     if word is np.uint8 and granule > 1:
         same = same.reshape(-1, granule).all(axis=1)
-    mask = np.empty(want.size, bool)
-    mask[:whole] = np.repeat(same, granule) if granule > 1 else same
-    mask[whole:] = tail.all()
-    for t in policy.for_region(name):
-        if all(check_region(name, normal[name], post[name], (t,)).checks[0].passed
-               for post in filled):
+    runs = mask_runs(same)
+    starts, ends = runs.starts * granule, runs.ends * granule
+    if tail:   # the bytes after the last whole element, as one more element
+        if ends.size and ends[-1] == whole:
+            ends[-1] = want.size
+        else:
+            starts, ends = np.append(starts, whole), np.append(ends, want.size)
+    runs = Runs(starts, ends)
+    ranges = [t for t in policy.for_region(name)
+              if all(check_region(name, normal[name], post[name], (t,)).checks[0].passed
+                     for post in filled)]
+    if ranges:   # rare: a byte mask, the tolerance ranges added
+        mask = np.zeros(want.size, bool)
+        inside, _ = runs.layout(want.size)
+        mask[:] = inside
+        for t in ranges:
             mask[t.start:t.end] = True
-    if not mask.any():
+        runs = mask_runs(mask)
+    if not len(runs):
         return None, "ref's output in it depends on what it held (read and written)"
-    return mask, ""
+    return runs, ""
 
 
 @dataclass(frozen=True)
