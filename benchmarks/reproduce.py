@@ -6,6 +6,7 @@ one machine can be re-verified on another:
     python benchmarks/reproduce.py publish --backend cuda -o REL   # kpair optimize, 2 programs
     python benchmarks/reproduce.py publish --backend host -o REL   # recorded kp_matmul pairs
     python benchmarks/reproduce.py verify REL [--times 6] [--hogs 2] [--out FILE.json]
+    python benchmarks/reproduce.py compact REL -o SMALL [--max-mb 24]   # to re-verify elsewhere
 
 ``publish --backend cuda`` runs ``kpair optimize`` (Triton retunes, as in the README) on the two
 compiled programs of ``benchmarks/programs/`` into REL, then pairs ``--identical`` of the
@@ -19,6 +20,11 @@ reads the verification records ``kpair verify`` appended to ``REL/index.json`` a
 JSON document: ``coverage`` (re-verified points inside the published interval / compared),
 per operator its published interval, half-width and re-run points, the identical pairs'
 "no measurable difference" rate, and the wall time per harness.
+
+``compact`` publishes the operators of REL whose harnesses are smallest, up to ``--max-mb`` in
+all, into a release of their own (``kpair release add``, with their provenance, plus two
+identical pairs): small enough to commit and to carry to another, freshly started machine,
+where ``verify`` re-runs it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ PROGRAMS = [("llama.", "hf_causal_lm.py"), ("resnet18.", "torchvision_model.py")
 
 def _device_line() -> str:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
                                "--format=csv,noheader"], capture_output=True, text=True,
                               timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -65,11 +71,11 @@ def _identical(harness: Path, out: Path) -> Path:
                           opt_kernel=h.ref.kernel).root
 
 
-def publish_cuda(rel: Path, top: int, limit: int, identical: int) -> None:
+def publish_cuda(rel: Path, top: int, limit: int, keep: int, identical: int) -> None:
     for prefix, program in PROGRAMS:
         cmd = KPAIR + ["optimize", "-o", str(rel), "--work", str(rel) + f".work-{prefix}",
                        "--prefix", prefix, "--top", str(top), "--kernel-filter", "^triton_",
-                       "--strategy", "triton", "--triton-limit", str(limit), "--keep", "2",
+                       "--strategy", "triton", "--triton-limit", str(limit), "--keep", str(keep),
                        "--prune-max-blocks", "12", "--prune-time-cap", "0.5", "--time-cap", "2",
                        "--timeout", "60", "--seed", "1", "--",
                        sys.executable, str(ROOT / "benchmarks" / "programs" / program)]
@@ -104,6 +110,28 @@ def publish_host(rel: Path, identical: int) -> None:
         subprocess.run(KPAIR + ["release", "add", str(rel), str(h.root), "--level", "1",
                                 "--name", f"matmul_{n}"], check=False)
     _pair_identical(rel, identical)
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def compact(rel: Path, out: Path, max_bytes: int, identical: int) -> None:
+    rows = json.loads((rel / "index.json").read_text())["operators"]
+    sized = sorted((_size(rel / row["paths"]["harness"]), row) for row in rows
+                   if row["status"] == "pass")
+    total = 0
+    for size, row in sized:
+        if total + size > max_bytes:
+            break
+        cmd = KPAIR + ["release", "add", str(out), str(rel / row["paths"]["harness"]),
+                       "--level", str(row["level"]), "--name", row["name"],
+                       "--provenance", str(rel / row["paths"]["provenance"])]
+        _say("$", " ".join(cmd[2:]), f"({size / 1e6:.1f} MB)")
+        if subprocess.run(cmd, check=False).returncode == 0:
+            total += size
+    _pair_identical(out, identical)
+    _say(f"compact release {out}: {_size(out) / 1e6:.1f} MB")
 
 
 def verify(rel: Path, times: int, hogs: int, identical_pairs: bool = True) -> dict:
@@ -174,7 +202,13 @@ def main(argv: list[str] | None = None) -> None:
     pub.add_argument("-o", "--out", type=Path, required=True)
     pub.add_argument("--top", type=int, default=8)
     pub.add_argument("--triton-limit", type=int, default=10)
+    pub.add_argument("--keep", type=int, default=2)
     pub.add_argument("--identical", type=int, default=4)
+    com = sub.add_parser("compact")
+    com.add_argument("release", type=Path)
+    com.add_argument("-o", "--out", type=Path, required=True)
+    com.add_argument("--max-mb", type=float, default=24)
+    com.add_argument("--identical", type=int, default=2)
     ver = sub.add_parser("verify")
     ver.add_argument("release", type=Path)
     ver.add_argument("--times", type=int, default=6)
@@ -185,9 +219,12 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.phase == "publish":
         if args.backend == "cuda":
-            publish_cuda(args.out, args.top, args.triton_limit, args.identical)
+            publish_cuda(args.out, args.top, args.triton_limit, args.keep, args.identical)
         else:
             publish_host(args.out, args.identical)
+        return
+    if args.phase == "compact":
+        compact(args.release, args.out, int(args.max_mb * 1e6), args.identical)
         return
     doc = verify(args.release, args.times, args.hogs, not args.no_identical)
     text = json.dumps(doc, indent=1)
