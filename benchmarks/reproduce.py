@@ -64,7 +64,7 @@ def _identical(harness: Path, out: Path) -> Path:
     from kpair.harness import Harness, create_harness
 
     h = Harness.open(harness)
-    ref = out.with_suffix(".ref" + Path(h.ref.binary).suffix)
+    ref = out.parent / (out.name + ".ref" + Path(h.ref.binary).suffix)
     ref.parent.mkdir(parents=True, exist_ok=True)
     ref.write_bytes(h.binary(h.ref))
     return create_harness(h.snapshot.root, out, ref=ref, opt=ref, ref_kernel=h.ref.kernel,

@@ -67,7 +67,7 @@ class RunOptions:
     rel_ci: float | None = None
     time_cap_s: float | None = None
     seed: int | None = None
-    replicates: int = 4
+    replicates: int = 6
     timeout_s: float = 600.0
     control: bool = True
     checks: bool = True
