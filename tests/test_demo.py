@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -10,6 +9,8 @@ import pytest
 from kpair import release
 from kpair.cli import main as kpair
 from kpair.demo import OPERATORS, run_demo
+from kpair.optimize.director import DirectorValidation
+from kpair.session import read_attempts
 
 
 def test_demo_builds_verifies_and_reports_a_release(tmp_path, capsys):
@@ -48,8 +49,17 @@ def test_demo_builds_verifies_and_reports_a_release(tmp_path, capsys):
     assert "<svg" in (out / "report.html").read_text()
     # Provenance as the seed laid it out, beside each harness.
     prov = out / "level2" / "76_Gemm_Add_ReLU" / "provenance"
-    assert json.loads((prov / "director_validation.json").read_text())["reference_only"]
-    assert len((prov / "attempts.jsonl").read_text().splitlines()) == 2
+    director = DirectorValidation.read(prov / "director_validation.json")
+    assert director.reference_only and director.strategy == "demo"
+    assert director.speedup == rows["76_Gemm_Add_ReLU"].director.speedup
+    (attempt,) = read_attempts(prov / "attempts.jsonl")
+    assert attempt.status == "pass" and (prov / attempt.result).is_file()
+    # The wrong operator has no Director number: its opt did not pass the session either.
+    wrong_prov = out / "excluded" / "level1" / "21_Sigmoid" / "provenance"
+    assert not (wrong_prov / "director_validation.json").exists()
+    assert read_attempts(wrong_prov / "attempts.jsonl")[0].status == "fail"
+    # Each operator's note speaks of what its opt does on the backend that ran it.
+    assert "shared-memory" not in printed and "register blocks" in printed
 
 
 def test_demo_excludes_an_operator_that_is_not_faster_here(tmp_path, monkeypatch):
@@ -64,7 +74,8 @@ def test_demo_excludes_an_operator_that_is_not_faster_here(tmp_path, monkeypatch
     assert idx.operators == [] and not (tmp_path / "d" / "level1").exists()
     (row,) = idx.refused
     assert row.status == "pass" and row.reason == "not faster: forced by the test"
-    assert any("excluded:" in line and "forced by the test" in line for line in lines)
+    assert any("excluded:" in line and "forced by the test" in line and "not wrong" in line
+               for line in lines)
 
 
 def test_demo_operators_cover_the_brief():

@@ -416,11 +416,13 @@ def test_record_call_on_hip_checks_the_layout(monkeypatch, cos, tmp_path):
     co = tmp_path / "k.co"
     co.write_bytes(cos["gfx942"])
     x, y = np.arange(64, dtype=np.float32), np.ones(64, dtype=np.float32)
+    # isolate=False: the stand-in for hip-python lives in this process only.
     snap = record_call(co, "axpy", [x, y, np.float32(2), np.int32(64)], tmp_path / "s",
-                       backend="hip", launch=Launch((1, 1, 1), (64, 1, 1)))
+                       backend="hip", launch=Launch((1, 1, 1), (64, 1, 1)), isolate=False)
     m = Snapshot.open(tmp_path / "s").manifest
     assert (m.backend, m.arch, m.code.format) == ("hip", "gfx942", "hsaco")
     assert [(p.offset, p.size) for p in m.kernarg.params] == [(0, 8), (8, 8), (16, 4), (20, 4)]
     assert fake.launched[-1]["kernarg"] == snap.kernarg()
-    with pytest.raises(AbiMismatch, match="axpy"):   # a Python int is packed as 8 bytes
-        record_call(co, "axpy", [x, y, np.float32(2), 64], tmp_path / "t", backend="hip")
+    with pytest.raises(AbiMismatch, match="axpy"):   # an int64 where the kernel takes 4 bytes
+        record_call(co, "axpy", [x, y, np.float32(2), np.int64(64)], tmp_path / "t",
+                    backend="hip", isolate=False)

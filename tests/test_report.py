@@ -16,8 +16,8 @@ from kpair.cli import main as kpair
 from kpair.errors import BackendUnavailable, UsageError
 from kpair.report import render_markdown, write_report
 
-#: The bar colour of the speedup chart (report._BAR), as 8-bit RGB.
-BAR_RGB = (0x3B, 0x6E, 0xA5)
+#: The published-interval band colour of the speedup chart (report._BAR_BAND), 8-bit RGB.
+BAND_RGB = (0xA7, 0xBE, 0xD7)
 
 
 @pytest.fixture
@@ -109,12 +109,12 @@ def test_report_renders_in_headless_chromium(root, tmp_path):
     assert img.shape[:2] == (height, width)
     rgb = (img[..., :3] * 255).round().astype(np.int16)
     assert rgb.std() > 10, "the page rendered blank"
-    # The speedup bars are drawn: a good number of pixels in the bar colour.
-    bar = np.all(np.abs(rgb - np.array(BAR_RGB)) <= 6, axis=-1)
-    assert bar.sum() > 5000, f"only {bar.sum()} bar-coloured pixels"
-    # ... as several separate horizontal bars (rows of bar pixels split by gaps).
-    rows_with_bar = np.flatnonzero(bar.sum(axis=1) > 50)
-    assert len(np.split(rows_with_bar, np.flatnonzero(np.diff(rows_with_bar) > 1) + 1)) >= 5
+    # The published intervals are drawn: pixels in the band colour ...
+    band = np.all(np.abs(rgb - np.array(BAND_RGB)) <= 6, axis=-1)
+    assert band.sum() > 300, f"only {band.sum()} band-coloured pixels"
+    # ... as several separate horizontal bands (rows of band pixels split by gaps).
+    rows_with_band = np.flatnonzero(band.sum(axis=1) > 5)
+    assert len(np.split(rows_with_band, np.flatnonzero(np.diff(rows_with_band) > 1) + 1)) >= 5
 
 
 def _verified_root(tmp_path):
@@ -168,3 +168,69 @@ def test_html_report_has_the_reproduction_section(tmp_path):
     assert '<td class="pass">reproduced</td>' in section
     assert '<td class="fail">not reproduced</td>' in section
     assert "different operator (grid: 8x1x1 -&gt; 16x1x1)" in section
+
+
+def _segments(ax, colour: str) -> list:
+    """The interval segments the chart drew in ``colour`` (one LineCollection per series)."""
+    from matplotlib.colors import to_rgba
+
+    return [seg for c in ax.collections if hasattr(c, "get_segments")
+            and len(c.get_colors()) and tuple(c.get_colors()[0]) == to_rgba(colour)
+            for seg in c.get_segments()]
+
+
+def test_the_speedup_chart_is_intervals_around_one_on_a_log_axis(root):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from kpair import report
+
+    index = release.load_index(root)
+    rows = report.speedup_rows(index)
+    assert [r.label for r in rows] == [report._label(r) for r in index.passing]
+    assert all(r.verified is None for r in rows)         # never verified
+    fig = report.speedup_figure(index)
+    try:
+        (ax,) = fig.axes
+        assert ax.get_xscale() == "log"
+        lo, hi = ax.get_xlim()
+        assert lo < 0.93 * 0.98 and hi > 4.09 * 1.02 and lo > 0.5  # no bar from 0
+        published = _segments(ax, report._BAR_BAND)
+        assert len(published) == len(index.passing) == 5
+        assert _segments(ax, report._VERIFIED_BAND) == []
+        # Each segment spans its operator's reported interval.
+        spans = sorted((round(s[0][0], 6), round(s[1][0], 6)) for s in published)
+        assert spans == sorted((round(r.published[1], 6), round(r.published[2], 6))
+                               for r in rows)
+    finally:
+        plt.close(fig)
+
+
+def test_a_verified_release_draws_both_intervals_side_by_side(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from kpair import report
+
+    index = release.load_index(_verified_root(tmp_path))
+    rows = report.speedup_rows(index)
+    assert [(r.published, r.verified, r.verified_outcome) for r in rows] == [
+        ((2.0, 1.96, 2.04), (3.0, 2.94, 3.06), "not reproduced"),
+        ((1.5, 1.47, 1.53), (1.5, 1.47, 1.53), "different operator")]
+    fig = report.speedup_figure(index)
+    try:
+        (ax,) = fig.axes
+        assert ax.get_xscale() == "log"
+        published = _segments(ax, report._BAR_BAND)
+        verified = _segments(ax, report._VERIFIED_BAND)
+        assert len(published) == len(verified) == 2      # N operators x 2 intervals
+        assert sorted(s[0][0] for s in verified) == pytest.approx([1.47, 2.94])
+        # Side by side: each re-run just below its publication, not on top of it.
+        for p, v in zip(sorted(published, key=lambda s: s[0][1]),
+                        sorted(verified, key=lambda s: s[0][1]), strict=True):
+            assert 0 < p[0][1] - v[0][1] < 0.5
+        assert "re-verified" in ax.get_title()
+    finally:
+        plt.close(fig)
+    page = write_report(tmp_path)["html"].read_text()
+    assert page.count("<svg") == 2 and "last <code>kpair verify</code>" in page

@@ -212,6 +212,8 @@ FORMATS: dict[str, tuple[str, str]] = {
     "index": ("index.json", "kpair.release.index:Index"),
     "director_validation": ("director_validation.json",
                             "kpair.optimize.director:DirectorValidation"),
+    # JSON lines: the schema is that of one line.
+    "attempt": ("attempts.jsonl", "kpair.session:Attempt"),
 }
 
 
@@ -246,7 +248,7 @@ def schema_text(name: str) -> str:
         # Writers get the version as a default; readers (check_version) insist on it.
         top["required"] = [*required, "schema_version"]
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-              "title": filename,
+              "title": f"one line of {filename}" if filename.endswith(".jsonl") else filename,
               "description": f"Generated from {record} by `python -m kpair.formats`; "
                              "docs/format.md explains the fields.",
               **body}

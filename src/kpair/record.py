@@ -1,29 +1,48 @@
 """Record a real call of a kernel on numpy inputs into a snapshot, without a capture tool.
 
-``record_call(lib, "saxpy", [n, a, x, y], out)`` copies every numpy array argument into one
-freshly mapped arena on the device (so the captured regions form one compact span, with gaps
-between them for guard bands), launches the kernel there, stores the arena's pre- and
-post-state per array as regions and the scalars in the kernarg, and copies the results back
-into the caller's arrays — the call really happens. Any backend works: a C function in a
+``record_call(lib, "saxpy", [np.int32(n), np.float32(2.0), x, y], out)`` (for
+``void saxpy(int n, float a, const float *x, float *y)``) copies every numpy array argument
+into one freshly mapped arena on the device (so the captured regions form one compact span,
+with gaps between them for guard bands), launches the kernel there, stores the arena's pre-
+and post-state per array as regions and the scalars in the kernarg, and copies the results
+back into the caller's arrays — the call really happens. Any backend works: a C function in a
 shared object on ``host``, an nvcc-built cubin on ``cuda``, a clang-built hsaco on ``hip``
 (its layout must match the code object's metadata: AbiMismatch otherwise). Used by tests,
 examples and ``kpair demo``; real programs are captured with ``kpair capture`` instead.
+
+Scalars are typed: a numpy scalar (``np.int32(3)``, ``np.float32(1.5)``, ...) or a ctypes
+one (``ctypes.c_int(3)``) says how many bytes the kernel's parameter has. A bare Python int or
+float is refused: C has no single size for it, and a guess packs ``int n`` as 8 bytes.
+
+The kernel is a stranger's code, so the call runs in a child process (``isolate``, the
+default) that writes the snapshot into a staging directory beside ``out``; a kernel that
+crashes or hangs there becomes a ``KpairError`` in the caller (``WorkerFailed`` for a dead or
+timed-out child). ``out`` appears only complete: the staging directory is renamed onto it at
+the end and removed on any error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
+import pickle
+import shutil
+import signal
 import struct
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from . import __version__, errors
 from ._util import utc_now
 from .backends import open_device
-from .errors import AbiMismatch, UsageError
+from .errors import AbiMismatch, FormatError, KpairError, UsageError, WorkerFailed
 from .snapshot import (
     DTYPE_HINTS,
     SCALAR_FORMATS,
@@ -46,64 +65,149 @@ _SCALAR_KINDS = {
     np.dtype(np.float64): "f64",
 }
 
+#: ctypes scalar type → numpy dtype (c_int is c_int32 on every platform kpair runs on).
+_CTYPES = {ctypes.c_int8: np.int8, ctypes.c_uint8: np.uint8, ctypes.c_int16: np.int16,
+           ctypes.c_uint16: np.uint16, ctypes.c_int32: np.int32, ctypes.c_uint32: np.uint32,
+           ctypes.c_int64: np.int64, ctypes.c_uint64: np.uint64, ctypes.c_float: np.float32,
+           ctypes.c_double: np.float64}
+
 #: Arena layout: arrays start on this alignment, separated by at least GAP bytes.
 ALIGN = 256
 GAP = 256
 
+#: Default limit for the isolated call, seconds (build, map, launch, read back).
+TIMEOUT_S = 600.0
 
-def _scalar(value: object, index: int) -> tuple[str, object]:
+
+def _scalar(value: object, index: int, name: str) -> tuple[str, object]:
+    what = f"argument {index} ({name})"
+    if isinstance(value, ctypes._SimpleCData) and type(value) in _CTYPES:
+        value = np.dtype(_CTYPES[type(value)]).type(value.value)
     if isinstance(value, np.generic):
         kind = _SCALAR_KINDS.get(value.dtype)
         if kind is None:
-            raise UsageError(f"argument {index}: unsupported scalar dtype {value.dtype}")
+            raise UsageError(f"{what}: unsupported scalar dtype {value.dtype}; use one of "
+                             "int8..int64, uint8..uint64, float32, float64")
         return kind, value.item()
     if isinstance(value, bool):
-        raise UsageError(f"argument {index}: pass booleans as np.int32 or np.uint8")
+        raise UsageError(f"{what}: pass a boolean as np.int32 or np.uint8 (the size of the "
+                         "C parameter)")
     if isinstance(value, int):
-        return "i64", value
+        raise UsageError(f"{what}: a bare Python int ({value}) does not say how many bytes the "
+                         f"kernel's parameter has; pass np.int32({value}) for a C int, "
+                         f"np.int64({value}) for int64_t / long / size_t (or ctypes.c_int...)")
     if isinstance(value, float):
-        return "f64", value
-    raise UsageError(f"argument {index}: expected a numpy array or a scalar, "
-                     f"got {type(value).__name__}")
+        raise UsageError(f"{what}: a bare Python float ({value}) does not say float or "
+                         f"double; pass np.float32({value}) for a C float, "
+                         f"np.float64({value}) for a double")
+    raise UsageError(f"{what}: expected a numpy array or a typed scalar (np.int32(3), "
+                     f"np.float32(1.5), ...), got {type(value).__name__}")
+
+
+def _check_out(out: Path) -> None:
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"{out} exists and is not a directory; record_call writes a new "
+                         "snapshot directory (choose another path, nothing was written)")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"{out} exists and is not empty; record_call writes a new snapshot "
+                         "directory (choose another path, nothing was written)")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent} is not a directory; create it first")
 
 
 def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
                 out: str | os.PathLike, *, names: Sequence[str] | None = None,
                 backend: str = "host", launch: Launch | None = None,
-                provenance: dict | None = None, device_options: dict | None = None) -> Snapshot:
-    """Launch ``symbol`` from the code object ``library`` on ``args`` and snapshot the call."""
-    image = Path(library).read_bytes()
-    fmt = detect_format(image)
-    launch = launch or Launch()
+                provenance: dict | None = None, device_options: dict | None = None,
+                isolate: bool = True, timeout_s: float = TIMEOUT_S) -> Snapshot:
+    """Launch ``symbol`` from the code object ``library`` on ``args`` and snapshot the call
+    into the new directory ``out``; the arrays of ``args`` receive the kernel's results.
+
+    ``args`` are numpy arrays (C-contiguous; each becomes a pointer and a captured region)
+    and typed scalars (numpy or ctypes), in the kernel's parameter order. ``isolate=False``
+    runs the call in this process (a host kernel still runs in its sandboxed executor)."""
+    library, out = Path(library), Path(out)
+    try:
+        image = library.read_bytes()
+    except OSError as e:
+        raise FormatError(f"cannot read the code object ({e.strerror or e})",
+                          path=library) from None
     if names is not None and len(names) != len(args):
         raise UsageError(f"{len(names)} names for {len(args)} arguments")
-    arrays = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
-    for i, a in arrays:
-        if not a.flags.c_contiguous or a.nbytes == 0:
-            raise UsageError(f"argument {i}: arrays must be C-contiguous and non-empty")
+    names = list(names) if names is not None else [f"arg{i}" for i in range(len(args))]
+    typed = []
+    for i, a in enumerate(args):
+        if isinstance(a, np.ndarray):
+            if not a.flags.c_contiguous or a.nbytes == 0:
+                raise UsageError(f"argument {i} ({names[i]}): arrays must be C-contiguous "
+                                 "and non-empty")
+            typed.append(a)
+        else:
+            typed.append(_scalar(a, i, names[i]))
+    if timeout_s <= 0:
+        raise UsageError(f"timeout_s must be positive, not {timeout_s}")
+    _check_out(out)
+    request = {"image": image, "library": str(library), "symbol": symbol, "args": typed,
+               "names": names, "backend": backend, "launch": launch or Launch(),
+               "provenance": {"recorded_by": f"kpair {__version__} record_call",
+                              "library": str(library), "command": list(sys.argv),
+                              "time": utc_now(), **(provenance or {})},
+               "device_options": device_options or {}}
 
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.record-", dir=out.parent))
+    except OSError as e:
+        raise UsageError(f"cannot write in {out.parent} ({e.strerror or e}); nothing was "
+                         "written") from None
+    try:
+        if isolate:
+            _record_in_child(request, staging, timeout_s)
+        else:
+            _record(request, staging)
+        snap = Snapshot.open(staging)
+        posts = [snap.post(k) for k in range(len(snap.manifest.regions))]
+        with contextlib.suppress(FileNotFoundError):
+            out.rmdir()  # an empty directory the caller made: the snapshot takes its place
+        try:
+            os.rename(staging, out)
+        except OSError as e:
+            raise UsageError(f"cannot create {out} ({e.strerror or e}); nothing was "
+                             "written") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    arrays = [a for a in typed if isinstance(a, np.ndarray)]
+    for a, post in zip(arrays, posts, strict=True):
+        np.copyto(a, np.frombuffer(post, dtype=a.dtype).reshape(a.shape))
+    return Snapshot.open(out)
+
+
+def _record(request: dict, root: Path) -> None:
+    """Map, launch and snapshot one call into ``root`` (in whichever process runs this)."""
+    args, names, backend = request["args"], request["names"], request["backend"]
+    image, symbol, launch = request["image"], request["symbol"], request["launch"]
+    arrays = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
     offsets, cursor = {}, GAP
     for i, a in arrays:
         offsets[i] = cursor
         cursor = -(-(cursor + a.nbytes + GAP) // ALIGN) * ALIGN
-    writer = SnapshotWriter(out)
-    with open_device(backend, **(device_options or {})) as dev:
+    writer = SnapshotWriter(root)
+    fmt = detect_format(image)
+    with open_device(backend, **request["device_options"]) as dev:
         # Relocating the range [0, cursor) maps a fresh arena anywhere: delta is its base.
         base = dev.map([(0, cursor)], relocate=True).delta
         kernel = dev.load(image, symbol, fmt=fmt)
 
         params, kernarg, offset = [], bytearray(), 0
         for i, a in enumerate(args):
-            name = names[i] if names else f"arg{i}"
             if isinstance(a, np.ndarray):
                 kind, value = "pointer", base + offsets[i]
                 dev.write(value, a.tobytes())
             else:
-                kind, value = _scalar(a, i)
+                kind, value = a
             size = struct.calcsize(SCALAR_FORMATS[kind])
             offset = -(-offset // size) * size
             kernarg += bytes(offset - len(kernarg)) + struct.pack(SCALAR_FORMATS[kind], value)
-            params.append(Param(offset, size, kind, name))
+            params.append(Param(offset, size, kind, names[i]))
             offset += size
         kernarg = bytes(kernarg)
         layout = kernel.param_layout() if backend == "hip" else None
@@ -119,16 +223,84 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
             regions.append(Region(params[i].name, address, a.nbytes,
                                   writer.put(a.tobytes()), writer.put(post),
                                   str(a.dtype) if str(a.dtype) in DTYPE_HINTS else None))
-            np.copyto(a, np.frombuffer(post, dtype=a.dtype).reshape(a.shape))
         env, dev_arch = dev.environment(), dev.arch()
 
     manifest = Manifest(
         backend=backend, arch=dev_arch,
         code=CodeObject(writer.put(image), fmt, symbol),
         launch=launch, kernarg=Kernarg(writer.put(kernarg), tuple(params)),
-        regions=tuple(regions), environment=env,
-        provenance={"recorded_by": f"kpair {__version__} record_call",
-                    "library": str(library), "command": list(sys.argv),
-                    "time": utc_now(),
-                    **(provenance or {})})
-    return writer.finish(manifest)
+        regions=tuple(regions), environment=env, provenance=request["provenance"])
+    writer.finish(manifest)
+
+
+# The child imports the same kpair as this process, never a ``kpair/`` folder in its cwd.
+_BOOT = ("import sys, json; sys.path[:0] = json.loads(sys.argv.pop(1)); "
+         "from kpair.record import _child_main; sys.exit(_child_main(sys.argv[1:]))")
+
+
+def _import_path() -> list[str]:
+    here = str(Path(__file__).resolve().parent.parent)
+    cwd = os.getcwd()
+    return [here] + [p for p in sys.path if p and os.path.isabs(p) and p not in (cwd, here)]
+
+
+def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="kpair-record-") as tmp:
+        ask, reply = Path(tmp) / "request.pkl", Path(tmp) / "reply.pkl"
+        ask.write_bytes(pickle.dumps(request))
+        cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(ask),
+               str(reply), str(root)]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise WorkerFailed(f"record_call: kernel {request['symbol']!r} did not finish "
+                               f"within {timeout_s:g} s; its process was killed (raise "
+                               "timeout_s if the call is really that slow)") from None
+        except BaseException:
+            _kill(proc)  # Ctrl-C in the caller: the child goes too
+            raise
+        if reply.is_file():
+            outcome = pickle.loads(reply.read_bytes())
+            if outcome is not None:
+                raise _rebuild(*outcome)
+            return
+        how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in
+               signal.valid_signals() else f"exit status {code}")
+        raise WorkerFailed(f"record_call: the process running kernel {request['symbol']!r} "
+                           f"from {request['library']} died ({how}) before the snapshot was "
+                           "written; nothing was written")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _rebuild(names: list[str], message: str, fields: dict) -> KpairError:
+    """The child's KpairError as the nearest class of kpair.errors, with its message and
+    its fields (``path``, ``call``, ...)."""
+    for name in names:
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, KpairError):
+            error = cls.__new__(cls)
+            Exception.__init__(error, message)
+            error.__dict__.update(fields)
+            return error
+    return KpairError(message)
+
+
+def _child_main(argv: list[str]) -> int:
+    ask, reply, root = (Path(a) for a in argv)
+    try:
+        _record(pickle.loads(ask.read_bytes()), root)
+        outcome = None
+    except KpairError as e:
+        fields = {k: v for k, v in vars(e).items()
+                  if isinstance(v, (str, int, float, Path, type(None)))}
+        outcome = ([c.__name__ for c in type(e).__mro__ if c.__module__ == errors.__name__],
+                   str(e), fields)
+    reply.write_bytes(pickle.dumps(outcome))
+    return 0

@@ -3,9 +3,11 @@
 Both render a typed ``kpair.release.Index`` (read by its strict reader).
 ``render_markdown(index)`` is pure text. ``render_html(index)`` draws two charts with
 matplotlib (the ``report`` extra, imported only here and only when called): Harness speedup
-per operator as bars with their 95% CI whiskers and the geomean line (Director speedups as
-hollow markers, reference only), and slot_bias per operator with its CI against the
-[0.99, 1.01] band. Charts are inlined as SVG, so the page needs no other file and no network.
+per operator as a point and its reported interval on a log axis around 1.0, with the last
+re-verified interval beside it once ``kpair verify`` ran (``speedup_rows`` is what it draws),
+the geomean line and Director speedups as hollow markers (reference only); and slot_bias per
+operator with its CI against the [0.99, 1.01] band. Charts are inlined as SVG, so the page
+needs no other file and no network.
 Only passing operators are drawn: the others have no measured speed, and appear in the
 exclusions table with their reason. A "Reproduction" section lists, per operator, the published
 interval and every ``kpair verify`` re-run since (its point and interval, inside / compatible,
@@ -17,6 +19,7 @@ from __future__ import annotations
 import html
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
@@ -26,6 +29,9 @@ from .release import SLOT_BIAS_BAND, Index, Row, load_index
 
 HTML_NAME, MD_NAME = "report.html", "report.md"
 _BAR, _GEO, _DIRECTOR, _BAND, _OUT = "#3b6ea5", "#c0392b", "#333333", "#d8ecd5", "#e67e22"
+_VERIFIED = "#2e8b57"
+#: The interval bands: the point colours lightened (opaque, so overlaps do not mix).
+_BAR_BAND, _VERIFIED_BAND = "#a7bed7", "#a3cdb4"
 
 
 def _matplotlib():
@@ -238,32 +244,101 @@ def _height(n: int) -> float:
     return 1.3 + 0.38 * max(n, 1)
 
 
+@dataclass(frozen=True)
+class ChartRow:
+    """One operator of the speedup chart: its published Harness point and interval, the last
+    re-verification's (None until ``kpair verify`` measured one), the Director number."""
+
+    label: str
+    published: tuple[float, float, float]            # (point, lo, hi)
+    verified: tuple[float, float, float] | None
+    verified_outcome: str | None
+    director: float | None
+
+
+def speedup_rows(index: Index) -> list[ChartRow]:
+    """What the speedup chart draws, first operator first: passing operators only."""
+    rows = []
+    for r in index.passing:
+        lo, hi = r.harness.reported_ci95
+        v = next((v for v in reversed(r.verifications)
+                  if v.speedup is not None and v.ci95 is not None), None)
+        rows.append(ChartRow(_label(r), (r.harness.speedup, lo, hi),
+                             (v.speedup, *v.ci95) if v else None, v.outcome if v else None,
+                             _director(r)))
+    return rows
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    # Plain numbers a reader can compare (1.02, 1.05, ...) rather than powers of ten.
+    from matplotlib.ticker import MaxNLocator
+
+    ticks = [t for t in MaxNLocator(nbins=7, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+             if lo <= t <= hi and t > 0]
+    return ticks if 1.0 in ticks or not lo <= 1.0 <= hi else sorted({*ticks, 1.0})
+
+
+def speedup_figure(index: Index):
+    """The speedup chart as a matplotlib figure (the caller closes it): per operator, the
+    published Harness interval around its point on a log axis centred near 1.0, and, once
+    re-verified, the last re-run's interval beside it. A log axis draws 1.05x and 1/1.05x
+    the same distance from 1.0, and a bar from 0 would hide the few percent a release is
+    about."""
+    plt = _matplotlib()
+    rows = speedup_rows(index)[::-1]  # first operator at the top
+    verified = any(r.verified for r in rows)
+    fig, ax = plt.subplots(figsize=(8.5, _height(len(rows)) * (1.25 if verified else 1)),
+                           dpi=100)
+    ys = list(range(len(rows)))
+    shift = 0.17 if verified else 0.0
+
+    def intervals(points, ys_, colour, band, label, marker):
+        if not points:
+            return
+        ax.hlines(ys_, [p[1] for p in points], [p[2] for p in points], colors=band,
+                  linewidth=6, label=f"{label}, interval")
+        ax.scatter([p[0] for p in points], ys_, color=colour, marker=marker, zorder=3,
+                   s=28, label=label)
+
+    intervals([r.published for r in rows], [y + shift for y in ys], _BAR, _BAR_BAND,
+              "Harness speedup (published)", "o")
+    again = [(y - shift, r.verified) for y, r in zip(ys, rows, strict=True) if r.verified]
+    intervals([p for _, p in again], [y for y, _ in again], _VERIFIED,
+              _VERIFIED_BAND, "last kpair verify re-run", "s")
+    d = [(y + shift, r.director) for y, r in zip(ys, rows, strict=True) if r.director]
+    if d:
+        ax.scatter([v for _, v in d], [y for y, _ in d], marker="D", facecolors="white",
+                   edgecolors=_DIRECTOR, zorder=4, s=24, label="Director (reference only)")
+    g = index.summary.harness_geomean_speedup
+    if g:
+        ax.axvline(g, color=_GEO, linestyle="--", linewidth=1.5,
+                   label=f"Harness geomean {g:.3f}x")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+
+    values = [1.0] + ([g] if g else []) + [v for _, v in d]
+    for r in rows:
+        values += [*r.published, *(r.verified or ())]
+    lo, hi = min(values), max(values)
+    pad = max((hi / lo) ** 0.06, 1.005)
+    ax.set_xscale("log")
+    ax.set_xlim(lo / pad, hi * pad)
+    ax.set_xticks(_log_ticks(lo / pad, hi * pad))
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}x")
+    ax.xaxis.set_minor_formatter(lambda v, _: "")
+    ax.set_yticks(ys, [r.label for r in rows])
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("speedup t_ref / t_opt, log scale (>1: opt faster)")
+    ax.set_title("Harness speedup per operator" +
+                 (": published and last re-verified" if verified else ""))
+    ax.grid(axis="x", alpha=0.3)
+    _legend_below(ax)
+    return fig
+
+
 def speedup_chart(index: Index) -> str:
     plt = _matplotlib()
-    rows = index.passing[::-1]  # first operator at the top
-    fig, ax = plt.subplots(figsize=(8.5, _height(len(rows))), dpi=100)
+    fig = speedup_figure(index)
     try:
-        ys = range(len(rows))
-        sp = [r.harness.speedup for r in rows]
-        err = [[s - r.harness.reported_ci95[0] for s, r in zip(sp, rows, strict=True)],
-               [r.harness.reported_ci95[1] - s for s, r in zip(sp, rows, strict=True)]]
-        ax.barh(ys, sp, color=_BAR, height=0.6, xerr=err, ecolor="black", capsize=3,
-                label="Harness speedup, 95% CI")
-        d = [(y, _director(r)) for y, r in zip(ys, rows, strict=True) if _director(r)]
-        if d:
-            ax.scatter([v for _, v in d], [y for y, _ in d], marker="D", facecolors="white",
-                       edgecolors=_DIRECTOR, zorder=3, label="Director (reference only)")
-        g = index.summary.harness_geomean_speedup
-        if g:
-            ax.axvline(g, color=_GEO, linestyle="--", linewidth=1.5,
-                       label=f"Harness geomean {g:.3f}x")
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_yticks(list(ys), [_label(r) for r in rows])
-        ax.set_xlabel("speedup t_ref / t_opt (>1: opt faster)")
-        ax.set_title("Harness speedup per operator")
-        ax.set_xlim(left=0)
-        ax.grid(axis="x", alpha=0.3)
-        _legend_below(ax)
         return _svg(fig)
     finally:
         plt.close(fig)
@@ -410,10 +485,14 @@ def render_html(index: Index) -> str:
     charts = ""
     if index.passing:
         charts = (f'<h2>Speedup</h2><div class="chart">{speedup_chart(index)}</div>'
-                  f'<p class="note">Bars: Harness speedup t_ref/t_opt on the captured dispatch '
-                  f'(ABBA), whiskers its bootstrap 95% CI; dashed line: the geometric mean '
-                  f'over passing operators. Hollow diamonds: Director speedup from provenance, '
-                  f'reference only. Excluded operators are not drawn.</p>'
+                  f'<p class="note">Points: Harness speedup t_ref/t_opt on the captured '
+                  f'dispatch (ABBA); bands: its reported 95% interval (the re-run interval, '
+                  f'widened by the identical-binary control where it ran), on a log axis so '
+                  f'that a few percent either side of 1.0 shows. Green squares and bands, '
+                  f'once the release was re-verified: the last <code>kpair verify</code> '
+                  f're-run of each operator, beside what was published. Dashed line: the '
+                  f'geometric mean over passing operators. Hollow diamonds: Director speedup '
+                  f'from provenance, reference only. Excluded operators are not drawn.</p>'
                   f'<h2>Slot bias</h2><div class="chart">{slot_bias_chart(index)}</div>')
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
