@@ -1,17 +1,22 @@
 """The ``kpair`` command line. Each subcommand is a small class with ``add_arguments``/``run``.
 
-``main(argv)`` is callable from tests and returns the exit status (documented in README):
-0 pass / success, 1 correctness failure, 2 usage, 3 bad input file, 4 backend, architecture,
-symbol or ABI problem, 5 runtime failure (driver error, crash, timeout).
+``main(argv)`` is callable from tests and returns the exit status (the table is in
+``kpair.errors`` and README "Exit codes"): 0 pass / success, 1 correctness failure, 2 usage
+(an output that may not be written included), 3 bad input file, 4 backend, architecture,
+symbol or ABI problem, 5 runtime failure (driver error, crash, timeout), 130 interrupted
+(Ctrl-C), 143 terminated (SIGTERM). No user error ends in a traceback: a ``KpairError`` is
+printed as one line; an ``OSError`` that escaped a command is printed with its path.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 
 from .. import __version__
-from ..errors import KpairError
+from ..errors import Interrupted, KpairError
 from .asm import Asm
 from .base import Command
 from .capture import Capture
@@ -44,11 +49,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with _sigterm_unwinds():
+        try:
+            return args._command().run(args)
+        except KpairError as e:
+            print(f"kpair {args.command}: {e}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt as e:
+            code = getattr(e, "exit_code", 130)
+            how = "terminated (SIGTERM)" if code == 143 else "interrupted"
+            print(f"kpair {args.command}: {how}; temporary files removed, earlier results "
+                  "left as they were", file=sys.stderr)
+            return code
+        except BrokenPipeError:
+            # The reader of stdout went away (| head): nothing more to say to it.
+            with contextlib.suppress(OSError):
+                sys.stdout = open(_devnull(), "w")  # noqa: SIM115 - for the exit flush
+            return 5
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"kpair {args.command}: {where}{e.strerror or e}", file=sys.stderr)
+            return 5
+
+
+def _devnull() -> str:
+    import os
+
+    return os.devnull
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM raises ``Interrupted`` (a KeyboardInterrupt) in the main thread, so that a
+    terminated command unwinds as Ctrl-C does: workers killed, temporary directories
+    removed, then exit 143."""
+    def handler(signum, frame):
+        raise Interrupted("terminated by SIGTERM")
+
     try:
-        return args._command().run(args)
-    except KpairError as e:
-        print(f"kpair {args.command}: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("kpair: interrupted", file=sys.stderr)
-        return 130
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (a test calling main from a thread)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
