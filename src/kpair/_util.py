@@ -193,10 +193,24 @@ def private_tempdir(kind: str, parent: Path | None = None) -> Iterator[Path]:
     system's temporary directory), removed on exit; ``sweep_stale_tempdirs`` removes the ones
     whose process died before it could."""
     path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{kind}-{os.getpid()}-", dir=parent))
+    _LIVE.add(path)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        _LIVE.discard(path)
+
+
+#: This process's temporary directories still in use (a pool's threads hold some).
+_LIVE: set[Path] = set()
+
+
+def remove_live_tempdirs() -> None:
+    """Remove every temporary directory this process still holds: on Ctrl-C or SIGTERM the
+    main thread unwinds its own, but a pool thread's would outlive the exit."""
+    for path in list(_LIVE):
+        shutil.rmtree(path, ignore_errors=True)
+        _LIVE.discard(path)
 
 
 def sweep_stale_tempdirs(parent: Path | None = None) -> list[Path]:

@@ -16,6 +16,7 @@ import signal
 import sys
 
 from .. import __version__
+from .._util import remove_live_tempdirs
 from ..errors import Interrupted, KpairError
 from .asm import Asm
 from .base import Command
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kpair {args.command}: {e}", file=sys.stderr)
             return e.exit_code
         except KeyboardInterrupt as e:
+            remove_live_tempdirs()  # those of pool threads, which do not unwind
             code = getattr(e, "exit_code", 130)
             how = "terminated (SIGTERM)" if code == 143 else "interrupted"
             print(f"kpair {args.command}: {how}; temporary files removed, earlier results "
