@@ -74,10 +74,26 @@ def check_output(path: str | os.PathLike, *, replace: bool = False,
     folder = _existing_ancestor(path.parent)
     if not folder.is_dir():
         raise OutputError(f"{path}: {folder} is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"{path}: the folder {folder} cannot be written (read-only or no "
-                          "permission)")
+    why = _unwritable(folder)
+    if why:
+        raise OutputError(f"{path}: the folder {folder} cannot be written ({why})")
     return path
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why files cannot be made in ``folder`` (None: they can). Tried for real, with a
+    temporary file removed at once: permission bits do not stop root, while a read-only
+    mount or a pseudo-filesystem (/sys, /proc) does."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "read-only or no permission"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kpair-probe-", dir=folder)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
 
 
 def check_output_dir(path: str | os.PathLike, *, empty: bool = False) -> Path:
@@ -100,8 +116,9 @@ def check_output_dir(path: str | os.PathLike, *, empty: bool = False) -> Path:
     folder = _existing_ancestor(path)
     if not folder.is_dir():
         raise OutputError(f"{path}: {folder} is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"{path}: {folder} cannot be written (read-only or no permission)")
+    why = _unwritable(folder)
+    if why:
+        raise OutputError(f"{path}: {folder} cannot be written ({why})")
     return path
 
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from . import __version__
 from ._util import check_output_dir, make_dirs, write_bytes_atomic, write_text_atomic
 from .backends import BACKENDS, arch_accepted
-from .errors import HarnessError, InputError, KpairError, OutputError
+from .errors import HarnessError, InputError, KpairError
 from .formats import Record, read, write
 from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
@@ -284,10 +284,7 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
     src.verify()
     m = src.manifest
     out = Path(out)
-    try:
-        check_output_dir(out, empty=True)
-    except OutputError as e:
-        raise OutputError(f"{e}; refusing to overwrite it") from None
+    check_output_dir(out, empty=True)
 
     ref_image = _read_binary(ref, "--ref") if ref else src.code_object()
     opt_image = _read_binary(opt, "--opt")
