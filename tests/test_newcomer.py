@@ -425,3 +425,29 @@ def test_sigterm_during_evaluate_keeps_earlier_results(k, lab):
                      after=k.tmp)
     expect(proc, 143)
     assert state(lab / "EVT" / "results") == before and k.leftovers() == []
+
+
+# ---------------------------------------------------------------------- pair-time checks (7)
+
+
+def test_cubin_symbol_and_parameter_layout_are_read_without_a_gpu():
+    """The checks ``kpair pair`` makes on a CUDA code object, on a real sm_90 cubin."""
+    from types import SimpleNamespace as NS
+
+    from kpair.codecheck import check_kernel
+    from kpair.errors import AbiMismatch, ArchitectureMismatch, SymbolNotFound
+
+    cubin = (Path(__file__).parent / "data" / "kp_add_sm90.cubin").read_bytes()
+
+    def manifest(*layout, backend="cuda"):
+        return NS(backend=backend, arch="sm_90", kernarg=NS(params=[
+            NS(offset=o, size=s) for o, s in layout]))
+
+    add = manifest((0, 8), (8, 8), (16, 8), (24, 4))
+    check_kernel(cubin, "cubin", "kp_add", add, "opt")  # the right layout passes
+    with pytest.raises(SymbolNotFound, match="kp_add"):
+        check_kernel(cubin, "cubin", "kp_sub", add, "opt")
+    with pytest.raises(AbiMismatch, match=r"\(8, 4\)"):
+        check_kernel(cubin, "cubin", "_Z8kp_scaleIfEvPT_S0_i", add, "opt")
+    with pytest.raises(ArchitectureMismatch, match="host backend"):
+        check_kernel(cubin, "cubin", "kp_add", manifest(backend="host"), "opt")

@@ -164,11 +164,18 @@ def _entries(root: Path) -> tuple[list[str], list[str]]:
         for name in filenames + [n for n in dirnames if (d / n).is_symlink()]:
             p = d / name
             rel = p.relative_to(root).as_posix()
-            if d == root and name in (*OUTPUTS, MANIFEST):
+            if d == root and (name in (*OUTPUTS, MANIFEST) or _transient(name)):
                 continue
             mode = os.lstat(p).st_mode
             (files if stat.S_ISREG(mode) else other).append(rel)
     return sorted(files), sorted(other)
+
+
+def _transient(name: str) -> bool:
+    """A file a writer of the outputs holds for a moment (``_util``'s probe of the folder, or
+    the temporary file an output is renamed from): not an input, whoever sees it."""
+    return name.startswith(".kpair-probe-") or (
+        name.endswith(".tmp") and any(name.startswith(f".{o}.") for o in OUTPUTS))
 
 
 def write_manifest(root: Path) -> None:
