@@ -77,14 +77,19 @@ def _defined_functions(elf, section: str) -> set[str] | None:
         return None
 
 
-def _check_host(image: bytes, kernel: str, arch: str, role: str) -> None:
-    from .backends.host import elf_arch
+#: ELF machines by the names the host backend gives its architectures.
+_MACHINES = {"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64", "EM_PPC64": "ppc64le",
+             "EM_RISCV": "riscv64", "EM_386": "i386"}
 
-    built = elf_arch(image)
+
+def _check_host(image: bytes, kernel: str, arch: str, role: str) -> None:
+    elf = _elf(image, role)
+    machine = elf["e_machine"]
+    built = _MACHINES.get(machine, str(machine))
     if built != arch:
         raise ArchitectureMismatch(f"{role} code object is built for {built}; the snapshot "
                                    f"was captured on {arch}")
-    names = _defined_functions(_elf(image, role), ".dynsym")
+    names = _defined_functions(elf, ".dynsym")
     if names is not None and kernel not in names:
         raise SymbolNotFound(f"{role} kernel {kernel!r} is not exported by the code object"
                              + _near(kernel, names))

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import sys
 
 from .. import __version__
 from .._util import remove_live_tempdirs
-from ..errors import Interrupted, KpairError
+from ..errors import KpairError
 from .asm import Asm
-from .base import Command
+from .base import Command, sigterm_unwinds
 from .capture import Capture
 from .core import Inspect, Pair
 from .evaluate import Evaluate
@@ -50,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with _sigterm_unwinds():
+    with sigterm_unwinds():
         try:
             return args._command().run(args)
         except KpairError as e:
@@ -78,22 +77,3 @@ def _devnull() -> str:
     import os
 
     return os.devnull
-
-
-@contextlib.contextmanager
-def _sigterm_unwinds():
-    """SIGTERM raises ``Interrupted`` (a KeyboardInterrupt) in the main thread, so that a
-    terminated command unwinds as Ctrl-C does: workers killed, temporary directories
-    removed, then exit 143."""
-    def handler(signum, frame):
-        raise Interrupted("terminated by SIGTERM")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (a test calling main from a thread)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -113,9 +113,9 @@ def harness_main(root: Path, argv: list[str]) -> int:
                                 description=f"Run the pair harness in {root}.")
     add_run_arguments(p)
     args = p.parse_args(argv)
-    from . import _sigterm_unwinds
+    from .base import sigterm_unwinds
 
-    with _sigterm_unwinds():
+    with sigterm_unwinds():
         try:
             result = run_isolated(root, options_from_args(args))
         except KpairError as e:
