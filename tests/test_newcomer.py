@@ -98,7 +98,10 @@ def interrupt(k: Kpair, sig: int, *args: str, after: Path | None = None, wait_s:
         if ready and time.monotonic() - started >= wait_s:
             break
         time.sleep(0.1)
-    assert p.poll() is None, "the command ended before it could be interrupted"
+    if p.poll() is not None:
+        out, err = p.communicate()
+        raise AssertionError(f"ended ({p.returncode}) before it could be interrupted: "
+                             f"{out[-1000:]} {err[-1000:]}")
     p.send_signal(sig)
     out, err = p.communicate(timeout=120)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
