@@ -252,14 +252,16 @@ def test_a_harness_for_a_backend_without_its_driver_exits_4(hostile):
 
 
 @pytest.mark.parametrize("which", ["missing", "directory", "missing-ref", "empty"])
-def test_pair_refuses_bad_binaries_with_a_usage_error(hostile, tmp_path, capsys, which):
+def test_pair_refuses_bad_binaries_as_bad_input(hostile, tmp_path, capsys, which):
+    """A missing, empty or non-file code object is a bad input file: exit 3, as a missing or
+    corrupt snapshot is (README "Exit codes")."""
     empty = tmp_path / "empty.so"
     empty.write_bytes(b"")
     args = {"missing": ["--opt", str(tmp_path / "none.so")],
             "directory": ["--opt", str(tmp_path)],
             "missing-ref": ["--opt", str(empty), "--ref", str(tmp_path / "none.so")],
             "empty": ["--opt", str(empty)]}[which]
-    assert kpair(["pair", str(hostile.snap), *args, "-o", str(tmp_path / "h")]) == 2
+    assert kpair(["pair", str(hostile.snap), *args, "-o", str(tmp_path / "h")]) == 3
     err = capsys.readouterr().err
     assert err.startswith("kpair pair: --") and "Traceback" not in err
     assert not (tmp_path / "h").exists()

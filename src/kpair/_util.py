@@ -1,4 +1,5 @@
-"""Small helpers shared across the pipeline (timestamps, sizes for people, versioned JSON)."""
+"""Small helpers shared across the pipeline: timestamps, sizes for people, temporary
+directories, and safe writes (the one way kpair writes a file: see "safe writes" below)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import datetime
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,22 +26,179 @@ def human_bytes(n: float) -> str:
     return str(n)
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename: never a half file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+# ---------------------------------------------------------------------- safe writes
+#
+# Every file kpair writes goes through ``write_bytes_atomic`` (or ``append_text``): only a
+# regular file or a new path is written, through a temporary file in the same folder and a
+# rename, so a reader sees the old file or the whole new one. A directory, a device, a FIFO
+# or a symbolic link is never written over; an existing file only when the caller allows it
+# (``replace=True``: kpair's own files, or a user's with --force). ``check_output`` makes the
+# same checks before a command starts work, so a refusal comes before anything is written.
+
+FORCE_HINT = "pass --force to replace it"
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is, for a message (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output(path: str | os.PathLike, *, replace: bool = False,
+                 hint: str = FORCE_HINT) -> Path:
+    """Refuse (``OutputError``, exit 2) an output path kpair must not write: a directory, a
+    special file, a symbolic link, an existing file unless ``replace``, a path under a file
+    or in a folder that cannot be written. Nothing is created. Returns the path."""
+    from .errors import OutputError
+
+    path = Path(path)
     try:
-        with open(tmp, "wb") as f:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutputError(f"{path}: cannot be written ({e.strerror or e})") from None
+    if st is not None:
+        kind = _kind(st.st_mode)
+        if kind is not None:
+            raise OutputError(f"{path} is {kind}: kpair writes only regular files or new "
+                              "paths; give a file path")
+        if not replace:
+            raise OutputError(f"{path} exists; kpair does not replace it ({hint})")
+    folder = _existing_ancestor(path.parent)
+    if not folder.is_dir():
+        raise OutputError(f"{path}: {folder} is not a directory")
+    why = _unwritable(folder)
+    if why:
+        raise OutputError(f"{path}: the folder {folder} cannot be written ({why})")
+    return path
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why files cannot be made in ``folder`` (None: they can). Tried for real, with a
+    temporary file removed at once: permission bits do not stop root, while a read-only
+    mount or a pseudo-filesystem (/sys, /proc) does."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "read-only or no permission"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kpair-probe-", dir=folder)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
+
+
+def check_output_dir(path: str | os.PathLike, *, empty: bool = False) -> Path:
+    """Refuse an output *directory* kpair cannot use: an existing non-directory, or a folder
+    that cannot be written; ``empty``: also one that holds anything."""
+    from .errors import OutputError
+
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutputError(f"{path}: cannot be used ({e.strerror or e})") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{path} exists and is {_kind(st.st_mode) or 'a file'}, not a "
+                          "directory")
+    if st is not None and empty and any(path.iterdir()):
+        raise OutputError(f"{path} exists and is not empty; give a new or empty directory")
+    folder = _existing_ancestor(path)
+    if not folder.is_dir():
+        raise OutputError(f"{path}: {folder} is not a directory")
+    why = _unwritable(folder)
+    if why:
+        raise OutputError(f"{path}: {folder} cannot be written ({why})")
+    return path
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def make_dirs(path: str | os.PathLike) -> Path:
+    """``mkdir -p`` whose failure is an ``OutputError`` naming the path, not an OSError."""
+    path = Path(path)
+    check_output_dir(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from .errors import OutputError
+
+        raise OutputError(f"{path}: cannot create the directory ({e.strerror or e})") from None
+    return path
+
+
+def _file_mode() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, replace: bool = True,
+                       hint: str = FORCE_HINT) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename:
+    never a half file, never over a directory, device, FIFO or link, and over an existing
+    file only with ``replace`` (see ``check_output``). Folders are created as needed.
+    A failure while writing is ``WriteFailed`` (exit 5) and leaves the old file as it was."""
+    from .errors import WriteFailed
+
+    path = Path(path)
+    check_output(path, replace=replace, hint=hint)
+    make_dirs(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise WriteFailed(f"{path}: cannot write ({e.strerror or e})") from None
+    try:
+        with open(fd, "wb") as f:
+            os.fchmod(f.fileno(), _file_mode())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        # Checked again at the last moment: what appeared meanwhile is not replaced either.
+        check_output(path, replace=replace, hint=hint)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise WriteFailed(f"{path}: cannot write ({e.strerror or e})") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode())
+def write_text_atomic(path: str | os.PathLike, text: str, *, replace: bool = True,
+                      hint: str = FORCE_HINT) -> None:
+    write_bytes_atomic(path, text.encode(), replace=replace, hint=hint)
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Append ``text`` to a regular file (created if absent): the one way kpair adds lines
+    to a log such as ``attempts.jsonl``; a special file or a link is refused."""
+    from .errors import WriteFailed
+
+    path = Path(path)
+    check_output(path, replace=True)
+    make_dirs(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        with open(fd, "a") as f:
+            f.write(text)
+    except OSError as e:
+        raise WriteFailed(f"{path}: cannot append ({e.strerror or e})") from None
 
 
 _TEMP_PREFIX = "kpair-"
@@ -51,10 +210,24 @@ def private_tempdir(kind: str, parent: Path | None = None) -> Iterator[Path]:
     system's temporary directory), removed on exit; ``sweep_stale_tempdirs`` removes the ones
     whose process died before it could."""
     path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{kind}-{os.getpid()}-", dir=parent))
+    _LIVE.add(path)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        _LIVE.discard(path)
+
+
+#: This process's temporary directories still in use (a pool's threads hold some).
+_LIVE: set[Path] = set()
+
+
+def remove_live_tempdirs() -> None:
+    """Remove every temporary directory this process still holds: on Ctrl-C or SIGTERM the
+    main thread unwinds its own, but a pool thread's would outlive the exit."""
+    for path in list(_LIVE):
+        shutil.rmtree(path, ignore_errors=True)
+        _LIVE.discard(path)
 
 
 def sweep_stale_tempdirs(parent: Path | None = None) -> list[Path]:

@@ -4,6 +4,13 @@ A correctness mismatch is *not* an exception: it is a verdict inside ``result.js
 Exceptions are for input kpair cannot trust (bad files, wrong architecture, missing
 symbols) and for the machinery failing (driver errors, crashed or hung workers).
 Every message names what is wrong and, where possible, where (file, field, offset).
+
+Exit codes (the one table; README "Exit codes" documents it for users): 0 pass / success,
+1 incorrect (a correctness verdict, or a release refusing an operator), 2 usage (the command
+line, or an output path that cannot or may not be written), 3 bad input file (missing,
+unreadable, malformed or tampered with: snapshot, harness, policy, code object), 4 backend,
+architecture, symbol or ABI, 5 runtime failure (driver error, crash, timeout, a write that
+failed midway), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -19,6 +26,20 @@ class UsageError(KpairError):
     """The command line or API call itself is wrong (missing option, bad value)."""
 
     exit_code = 2
+
+
+class OutputError(UsageError):
+    """An output path that cannot or may not be written: a directory, a special file (a
+    device, a FIFO), a path whose folder cannot be written, or a file that exists (it is
+    replaced only with ``--force``). Raised before anything is written."""
+
+    exit_code = 2
+
+
+class WriteFailed(KpairError):
+    """Writing an output failed midway (disk full, I/O error); nothing half-written is left."""
+
+    exit_code = 5
 
 
 class FormatError(KpairError):
@@ -38,6 +59,11 @@ class FormatError(KpairError):
         super().__init__(f"{': '.join(where)}: {message}" if where else message)
         self.path = path
         self.field = field
+
+
+class InputError(FormatError):
+    """An input file or directory named on the command line (or to an API call) is missing,
+    unreadable or not the kind of file expected (a code object, a candidate, a policy)."""
 
 
 class SnapshotFormatError(FormatError):
@@ -101,3 +127,10 @@ class WorkerFailed(KpairError):
     """An isolated worker process crashed, was killed by a signal or timed out."""
 
     exit_code = 5
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that it unwinds like Ctrl-C (``with`` blocks
+    remove their temporary directories and kill their workers); the CLI exits 143."""
+
+    exit_code = 143

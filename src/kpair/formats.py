@@ -191,9 +191,10 @@ def encode(obj: Any, *, indent: int = 1) -> str:
     return json.dumps(to_builtins(obj), indent=indent, allow_nan=False) + "\n"
 
 
-def write(path: Path, obj: Any) -> None:
-    """Write a record as JSON atomically (a temporary file, then a rename)."""
-    write_text_atomic(Path(path), encode(obj))
+def write(path: Path, obj: Any, *, replace: bool = True) -> None:
+    """Write a record as JSON atomically (a temporary file, then a rename; ``_util``'s safe
+    write: never over a directory or special file, over a file only with ``replace``)."""
+    write_text_atomic(Path(path), encode(obj), replace=replace)
 
 
 def json_schema(kind: type) -> dict:

@@ -17,6 +17,7 @@ snapshot's); the manifest lists every regular input file once, and nothing else 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import __version__
+from ._util import check_output_dir, make_dirs, write_bytes_atomic, write_text_atomic
 from .backends import BACKENDS, arch_accepted
-from .errors import HarnessError, KpairError, UsageError
+from .errors import HarnessError, InputError, KpairError
 from .formats import Record, read, write
 from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
@@ -162,11 +164,18 @@ def _entries(root: Path) -> tuple[list[str], list[str]]:
         for name in filenames + [n for n in dirnames if (d / n).is_symlink()]:
             p = d / name
             rel = p.relative_to(root).as_posix()
-            if d == root and name in (*OUTPUTS, MANIFEST):
+            if d == root and (name in (*OUTPUTS, MANIFEST) or _transient(name)):
                 continue
             mode = os.lstat(p).st_mode
             (files if stat.S_ISREG(mode) else other).append(rel)
     return sorted(files), sorted(other)
+
+
+def _transient(name: str) -> bool:
+    """A file a writer of the outputs holds for a moment (``_util``'s probe of the folder, or
+    the temporary file an output is renamed from): not an input, whoever sees it."""
+    return name.startswith(".kpair-probe-") or (
+        name.endswith(".tmp") and any(name.startswith(f".{o}.") for o in OUTPUTS))
 
 
 def write_manifest(root: Path) -> None:
@@ -175,9 +184,7 @@ def write_manifest(root: Path) -> None:
         raise HarnessError(f"{other[0]} is not a regular file; a harness holds only files",
                            path=root)
     lines = [f"{sha256((root / rel).read_bytes())}  {rel}\n" for rel in files]
-    tmp = root / f".{MANIFEST}.tmp"
-    tmp.write_text("".join(lines))
-    os.replace(tmp, root / MANIFEST)
+    write_text_atomic(root / MANIFEST, "".join(lines))
 
 
 def verify_manifest(root: Path) -> int:
@@ -240,18 +247,27 @@ sys.exit(harness_main(Path(__file__).resolve().parent, sys.argv[1:]))
 
 
 def _read_binary(path: str | os.PathLike, what: str) -> bytes:
+    """A code object named by the caller; a missing, unreadable or empty one is a bad input
+    (``InputError``, exit 3) naming the path."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"{what} {p}: no such file")
+        raise InputError(f"{what} {p}: no such file")
     if not p.is_file():
-        raise UsageError(f"{what} {p}: not a regular file (a code object is one file)")
+        raise InputError(f"{what} {p}: not a regular file (a code object is one file)")
     try:
         image = p.read_bytes()
     except OSError as e:
-        raise UsageError(f"{what} {p}: cannot read ({e.strerror or e})") from None
+        raise InputError(f"{what} {p}: cannot read ({e.strerror or e})") from None
     if not image:
-        raise UsageError(f"{what} {p}: the file is empty")
+        raise InputError(f"{what} {p}: the file is empty")
     return image
+
+
+def _format_of(image: bytes, what: str, path: str | os.PathLike) -> str:
+    try:
+        return detect_format(image)
+    except KpairError as e:
+        raise InputError(f"{what} {path}: {e}") from None
 
 
 def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
@@ -259,18 +275,33 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
                    ref_kernel: str | None = None, opt_kernel: str | None = None,
                    policy: Policy | str | os.PathLike | None = None,
                    opt_launch: dict | None = None, measure: dict | None = None) -> Harness:
-    """Pair ``opt`` (and ``ref``, by default the snapshot's own code object) with a snapshot."""
+    """Pair ``opt`` (and ``ref``, by default the snapshot's own code object) with a snapshot.
+
+    Everything is checked before anything is written: the snapshot (every blob), the
+    policy, the output directory (new or empty), and each code object against the snapshot
+    (``codecheck``: format and architecture, the kernel symbol, the parameter layout where
+    the binary records one) — a pair that cannot run is refused here, not at ``kpair run``.
+    """
+    from .codecheck import check_kernel
+
+    snapshot_dir = Path(snapshot_dir)
+    if not snapshot_dir.exists():
+        raise InputError("no such snapshot directory", path=snapshot_dir)
     src = Snapshot.open(snapshot_dir)
     src.verify()
     m = src.manifest
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out} exists and is not empty; refusing to overwrite it")
+    check_output_dir(out, empty=True)
 
     ref_image = _read_binary(ref, "--ref") if ref else src.code_object()
     opt_image = _read_binary(opt, "--opt")
-    ref_fmt = detect_format(ref_image) if ref else m.code.format
-    opt_fmt = detect_format(opt_image)
+    ref_fmt = _format_of(ref_image, "--ref", ref) if ref else m.code.format
+    opt_fmt = _format_of(opt_image, "--opt", opt)
+    ref_name = ref_kernel or m.code.kernel_name
+    opt_name = opt_kernel or ref_name
+    if ref:  # the captured code object ran this dispatch: only a given one is checked
+        check_kernel(ref_image, ref_fmt, ref_name, m, "ref")
+    check_kernel(opt_image, opt_fmt, opt_name, m, "opt")
     if not isinstance(policy, Policy):
         policy = load_policy(policy) if policy else Policy.byte_exact()
     policy.validate_against({r.name: r.size for r in m.regions})
@@ -279,25 +310,29 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
     if opt_launch:
         m.launch.override(opt_launch)  # validates before anything is written
 
-    out.mkdir(parents=True, exist_ok=True)
+    existed = out.exists()
+    make_dirs(out)
     try:
         shutil.copytree(src.root, out / "capture")
         save_policy(policy, out / "capture" / "validation_policy.json")
-        ref_side = Side("ref" + EXTENSIONS[ref_fmt], ref_kernel or m.code.kernel_name, ref_fmt)
-        opt_side = Side("opt" + EXTENSIONS[opt_fmt], opt_kernel or ref_side.kernel, opt_fmt,
-                        opt_launch or {})
-        (out / ref_side.binary).write_bytes(ref_image)
-        (out / opt_side.binary).write_bytes(opt_image)
+        ref_side = Side("ref" + EXTENSIONS[ref_fmt], ref_name, ref_fmt)
+        opt_side = Side("opt" + EXTENSIONS[opt_fmt], opt_name, opt_fmt, opt_launch or {})
+        write_bytes_atomic(out / ref_side.binary, ref_image, replace=False)
+        write_bytes_atomic(out / opt_side.binary, opt_image, replace=False)
         write(out / "harness.json", HarnessSpec(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, backend=m.backend, arch=m.arch,
             snapshot="capture", policy="capture/validation_policy.json", ref=ref_side,
             opt=opt_side, measure=measure or {}, created_by=f"kpair {__version__}"))
         install = "'kpair[cuda]'" if m.backend == "cuda" else "kpair"
-        (out / "run_harness.py").write_text(RUN_HARNESS.format(
+        write_text_atomic(out / "run_harness.py", RUN_HARNESS.format(
             ref_kernel=ref_side.kernel, opt_kernel=opt_side.kernel, backend=m.backend,
-            version=__version__, install=install))
+            version=__version__, install=install), replace=False)
         write_manifest(out)
     except BaseException:
+        # What this call made goes; an empty directory the caller had stays (empty).
         shutil.rmtree(out, ignore_errors=True)
+        if existed:
+            with contextlib.suppress(OSError):
+                out.mkdir()
         raise
     return Harness.open(out)

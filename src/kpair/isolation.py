@@ -40,10 +40,17 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace as replace_
 from pathlib import Path
 
-from ._util import private_tempdir, sweep_stale_tempdirs, utc_now, write_bytes_atomic
+from ._util import (
+    check_output,
+    private_tempdir,
+    sweep_stale_tempdirs,
+    utc_now,
+    write_bytes_atomic,
+)
 from .errors import KpairError, WorkerFailed
 from .pipeline import SAMPLES, Facts, RunOptions
 from .protocol import (
@@ -82,45 +89,76 @@ _STAGE_CHECK = {"trust:poison": "poisoned_outputs", MUTATE_STAGE: "differential"
 # ====================================================================== parent
 
 
+def beside(out: str | os.PathLike) -> tuple[Path, Path]:
+    """The samples file and worker log that belong to the result at ``out``: ``samples.npz``
+    and ``worker.log`` beside a ``result.json``; ``<stem>.samples.npz`` and
+    ``<stem>.worker.log`` beside any other name (``r2.json``: ``r2.samples.npz``), so that
+    every result has its own."""
+    out = Path(out)
+    if out.name == "result.json":
+        return out.with_name(SAMPLES), out.with_name(LOG)
+    return out.with_name(f"{out.stem}.{SAMPLES}"), out.with_name(f"{out.stem}.{LOG}")
+
+
+def check_outputs(out: str | os.PathLike, *, replace: bool) -> None:
+    """Refuse, before a run starts, a result path (or its samples file or log) that may not
+    be written (``_util.check_output``)."""
+    for path in (Path(out), *beside(out)):
+        check_output(path, replace=replace)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """A verdict as the parent holds it: the validated Result and its raw samples (the bytes
-    of ``samples.npz``, when speed was measured)."""
+    of the samples file, when speed was measured)."""
 
     result: Result
     samples: bytes | None = None
 
-    def write(self, path: Path) -> Result:
-        """Write ``result.json`` at ``path`` and, for a timed result, ``samples.npz`` beside
-        it."""
-        if self.samples is not None and self.result.speed is not None:
-            write_bytes_atomic(Path(path).with_name(SAMPLES), self.samples)
-        self.result.write(path)
-        return self.result
+    def write(self, path: Path, *, replace: bool = True, log: bytes | None = None) -> Result:
+        """Write the result at ``path`` and, beside it (``beside``), its samples (for a timed
+        result; the file's name is recorded in ``speed.samples_file``) and ``log`` (the
+        worker's output, when given; named in ``log``). Samples and log first: a result
+        never names a file that is not there."""
+        samples_path, log_path = beside(path)
+        result = self.result
+        if self.samples is not None and result.speed is not None:
+            write_bytes_atomic(samples_path, self.samples, replace=replace)
+            result = result.replace(speed=result.speed.replace(samples_file=samples_path.name))
+        if log is not None:
+            write_bytes_atomic(log_path, log, replace=replace)
+            result = result.replace(log=log_path.name)
+        result.write(path, replace=replace)
+        return result
 
 
 def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
-                 out: str | os.PathLike | None = None) -> Result:
-    """Run a harness in an isolated worker and write ``result.json`` (atomically).
+                 out: str | os.PathLike | None = None, replace: bool = True) -> Result:
+    """Run a harness in an isolated worker and write ``result.json`` (atomically), its
+    samples and the worker's log beside it (``beside``).
 
     Returns the Result. Whatever happens in the worker — an exception, a crash, a hang, a
     forged or garbled message — the written result says so, and only a completed, correct
-    run says ``"correct": true``.
+    run says ``"correct": true``. ``replace=False`` refuses (before the run) an output that
+    exists. Nothing is written until the run ends: the log is kept in the scratch directory
+    meanwhile, so an interrupted run leaves earlier files as they were.
     """
     root = Path(root).resolve()
     options = options or RunOptions()
     out_path = Path(out) if out else root / "result.json"
+    check_outputs(out_path, replace=replace)
     sweep_stale_tempdirs()
     started = time.monotonic()
-    with private_tempdir("run") as scratch, \
-            start(root, options, scratch, out_path.with_name(LOG)) as worker:
-        outcome = Outcome(worker.failed) if worker.failed is not None else \
-            worker.verdict(worker.deadline)
-        worker.drain()  # the rest of its output, to the log
-    result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3), log=LOG,
-                                    environment=with_device_index(outcome.result.environment,
-                                                                  options))
-    return replace(outcome, result=result).write(out_path)
+    with private_tempdir("run") as scratch:
+        with start(root, options, scratch, scratch / LOG) as worker:
+            outcome = Outcome(worker.failed) if worker.failed is not None else \
+                worker.verdict(worker.deadline)
+            worker.drain()  # the rest of its output, to the log
+        log = (scratch / LOG).read_bytes()
+        result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3),
+                                        environment=with_device_index(
+                                            outcome.result.environment, options))
+        return replace_(outcome, result=result).write(out_path, replace=replace, log=log)
 
 
 def with_device_index(environment: dict | None, options: RunOptions) -> dict:
@@ -149,7 +187,7 @@ def start(root: Path, options: RunOptions, scratch: Path, log_path: Path, *,
     why = worker.mutation_fault()
     if why is not None:
         worker.close()
-        options = replace(options, skip_checks=(*options.skip_checks, "differential"))
+        options = replace_(options, skip_checks=(*options.skip_checks, "differential"))
         worker = Worker(root, options, scratch, log_path, session=session, warnings=[
             f"differential: dropped, ref itself failed on a mutated input ({why})"])
     return worker
@@ -335,7 +373,8 @@ class _Pump:
     def __init__(self, channel: int, output: int, log_path: Path, key: bytes):
         self.channel, self.output = channel, output
         self.reader = Reader(key)
-        self.log = open(log_path, "wb")  # noqa: SIM115 - closed by close()
+        # Appended to: a retried worker, or a session's next one, adds to the same log.
+        self.log = open(log_path, "ab")  # noqa: SIM115 - closed by close()
         self.logged = self.dropped = 0
         self.stage: str | None = None
         self.messages: list[Report | Invalid] = []

@@ -85,6 +85,7 @@ class RunOptions:
             raise UsageError(f"replicates must be an integer in [1, 64], not {self.replicates!r}")
         if self.cache not in ("cold", "warm"):
             raise UsageError(f"cache must be 'cold' or 'warm', not {self.cache!r}")
+        _check_measure_options(self)
         if self.device is not None and (isinstance(self.device, bool)
                                         or not isinstance(self.device, int) or self.device < 0):
             raise UsageError(f"device must be an ordinal >= 0, not {self.device!r}")
@@ -405,6 +406,23 @@ def _reload(run: Run) -> None:
         run.audit.ref_reloaded(ref)
     for kernel in old:
         device.unload(kernel)
+
+
+def _check_measure_options(o: RunOptions) -> None:
+    """Refuse measurement options no run could use, when they are made: a usage error
+    before any worker starts and before any file is written."""
+    for name, value, low in (("min_blocks", o.min_blocks, 4), ("max_blocks", o.max_blocks, 4)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < low):
+            raise UsageError(f"{name} must be an integer >= {low}, not {value!r}")
+    if o.min_blocks is not None and o.max_blocks is not None and o.min_blocks > o.max_blocks:
+        raise UsageError(f"min_blocks {o.min_blocks} is above max_blocks {o.max_blocks}")
+    for name, value in (("rel_ci", o.rel_ci), ("time_cap_s", o.time_cap_s),
+                        ("timeout_s", o.timeout_s)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value < 1e9):
+            raise UsageError(f"{name} must be a positive number of "
+                             f"{'seconds' if name != 'rel_ci' else 'relative width'}, "
+                             f"not {value!r}")
 
 
 def _rule(run: Run):

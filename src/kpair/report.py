@@ -97,8 +97,8 @@ def _summary_lines(index: Index) -> list[tuple[str, str]]:
         ("slot_bias range", (f"{rng[0]:.4f} – {rng[1]:.4f} (band {SLOT_BIAS_BAND[0]} – "
                              f"{SLOT_BIAS_BAND[1]})") if rng else "—"),
         ("Operators", f"{c.passed} pass ({c.byte_exact} byte-exact, {c.tolerance} "
-                      f"tolerance), {c.excluded} excluded ({c.fail} fail, {c.error} "
-                      f"error published, {c.refused} refused)"),
+                      f"tolerance), {c.excluded} excluded ({_excluded_counts(s.excluded)}; "
+                      f"{c.refused} refused when added)"),
         ("Reproduced (last verification)",
          _rate(index.verifications[-1]) if index.verifications
          else "not verified since publication"),
@@ -511,6 +511,15 @@ reported. Director: {html.escape(s.director_note)}.</p>
 <h2>Excluded operators (kept out of both geometric means)</h2>{_excluded_table(index)}
 </body></html>
 """
+
+
+def _excluded_counts(excluded) -> str:
+    """The exclusions by what kept them out: every failed one is counted as a fail, whether
+    it was refused when added or failed after publication."""
+    fail = sum(e.status == "fail" for e in excluded)
+    error = sum(e.status == "error" for e in excluded)
+    slower = sum(e.status == "pass" for e in excluded)
+    return f"{fail} fail, {error} error, {slower} correct but not faster"
 
 
 def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, *,

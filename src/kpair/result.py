@@ -205,9 +205,10 @@ class Result(Record, omit_defaults=True, kw_only=True):
     def read(cls, path: str | Path) -> Result:
         return read(Path(path), cls, schema=SCHEMA, version=SCHEMA_VERSION)
 
-    def write(self, path: str | Path) -> None:
-        """Write atomically (a temporary file, then a rename)."""
-        write(Path(path), self)
+    def write(self, path: str | Path, *, replace: bool = True) -> None:
+        """Write atomically (a temporary file, then a rename); over an existing file only
+        with ``replace``."""
+        write(Path(path), self, replace=replace)
 
     # ------------------------------------------------------------ for people and shells
 

@@ -12,7 +12,8 @@ worker, whose output goes to ``DIR/worker.log``.
 
 Every evaluation is appended to ``DIR/attempts.jsonl`` (``Attempt``: time, candidate sha256,
 source and build command when given, strategy and parameters, status, failed check and
-reason, speedup and intervals) and its result to ``DIR/results/NNNN/result.json``.
+reason, speedup and intervals) and its result to ``DIR/results/NNNN/result.json``. A re-used
+``DIR`` keeps what it held: numbering goes on after its highest attempt, nothing is replaced.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._util import private_tempdir, sweep_stale_tempdirs, utc_now
-from .errors import UsageError
+from ._util import append_text, make_dirs, private_tempdir, sweep_stale_tempdirs, utc_now
+from .errors import InputError
 from .formats import Record, to_builtins
 from .isolation import LOG, Outcome, Worker, start
 from .pipeline import RunOptions
@@ -83,8 +84,11 @@ class Session:
         self.options = options or RunOptions()
         self.out = Path(out) if out is not None else None
         self.record = record  # False: the caller writes the attempts (a pool's one file)
+        #: Numbers already taken in a re-used ``out``: new results go after them.
+        self.first = 0
         if self.out is not None:
-            self.out.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.out)
+            self.first = taken_numbers(self.out)
         self._stack = contextlib.ExitStack()
         self._worker: Worker | None = None
         self._scratch: Path | None = None
@@ -144,22 +148,25 @@ class Session:
         else:
             path = Path(binary)
             if not path.is_file():
-                raise UsageError(f"candidate {path}: no such file")
-            image, where = path.read_bytes(), label or str(path)
+                raise InputError(f"candidate {path}: no such file" if not path.exists() else
+                                 f"candidate {path}: not a regular file")
+            try:
+                image, where = path.read_bytes(), label or str(path)
+            except OSError as e:
+                raise InputError(f"candidate {path}: cannot read ({e.strerror or e})") from None
         if not image:
-            raise UsageError(f"candidate {where}: the file is empty")
+            raise InputError(f"candidate {where}: the file is empty")
         kernel = kernel or self.harness.opt.kernel
         started = time.monotonic()
         self.evaluated += 1
-        n = self.evaluated
+        n = self.first + self.evaluated
         outcome = self._judge(n, image, kernel, launch_override, where)
         result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3),
                                         opt=Side(kernel=kernel, binary=where))
         path = attempt = None
         if self.out is not None:
             path = self.out / "results" / f"{n:04d}" / "result.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            Outcome(result, outcome.samples).write(path)
+            result = Outcome(result, outcome.samples).write(path, replace=False)
             attempt = Attempt(
                 n=n, time=utc_now(), candidate_sha256=sha256(image), kernel=kernel,
                 label=where, source=source, build=build, strategy=strategy, params=params,
@@ -193,8 +200,28 @@ class Session:
         return outcome
 
     def _record(self, attempt: Attempt) -> None:
-        with open(self.out / ATTEMPTS, "a") as f:
-            f.write(json.dumps(to_builtins(attempt)) + "\n")
+        record_attempt(self.out, attempt)
 
 
-__all__ = ["ATTEMPTS", "Attempt", "Session", "read_attempts"]
+def record_attempt(out: Path, attempt: Attempt) -> None:
+    """Append one line to ``out/attempts.jsonl``."""
+    append_text(out / ATTEMPTS, json.dumps(to_builtins(attempt)) + "\n")
+
+
+def taken_numbers(out: Path) -> int:
+    """The highest attempt number a re-used evaluation directory already holds (in
+    ``attempts.jsonl`` or as a ``results/NNNN`` folder); 0 for a new one. A session numbers
+    its attempts after it: earlier results are never replaced."""
+    top = 0
+    with contextlib.suppress(OSError):
+        for d in (out / "results").iterdir():
+            if d.name.isdigit():
+                top = max(top, int(d.name))
+    with contextlib.suppress(OSError):
+        for line in (out / ATTEMPTS).read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                top = max(top, int(json.loads(line).get("n", 0)))
+    return top
+
+
+__all__ = ["ATTEMPTS", "Attempt", "Session", "read_attempts", "record_attempt", "taken_numbers"]

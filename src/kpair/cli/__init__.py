@@ -1,19 +1,24 @@
 """The ``kpair`` command line. Each subcommand is a small class with ``add_arguments``/``run``.
 
-``main(argv)`` is callable from tests and returns the exit status (documented in README):
-0 pass / success, 1 correctness failure, 2 usage, 3 bad input file, 4 backend, architecture,
-symbol or ABI problem, 5 runtime failure (driver error, crash, timeout).
+``main(argv)`` is callable from tests and returns the exit status (the table is in
+``kpair.errors`` and README "Exit codes"): 0 pass / success, 1 correctness failure, 2 usage
+(an output that may not be written included), 3 bad input file, 4 backend, architecture,
+symbol or ABI problem, 5 runtime failure (driver error, crash, timeout), 130 interrupted
+(Ctrl-C), 143 terminated (SIGTERM). No user error ends in a traceback: a ``KpairError`` is
+printed as one line; an ``OSError`` that escaped a command is printed with its path.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from .. import __version__
+from .._util import remove_live_tempdirs
 from ..errors import KpairError
 from .asm import Asm
-from .base import Command
+from .base import Command, sigterm_unwinds
 from .capture import Capture
 from .core import Inspect, Pair
 from .evaluate import Evaluate
@@ -44,11 +49,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args._command().run(args)
-    except KpairError as e:
-        print(f"kpair {args.command}: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("kpair: interrupted", file=sys.stderr)
-        return 130
+    with sigterm_unwinds():
+        try:
+            return args._command().run(args)
+        except KpairError as e:
+            print(f"kpair {args.command}: {e}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt as e:
+            remove_live_tempdirs()  # those of pool threads, which do not unwind
+            code = getattr(e, "exit_code", 130)
+            how = "terminated (SIGTERM)" if code == 143 else "interrupted"
+            print(f"kpair {args.command}: {how}; temporary files removed, earlier results "
+                  "left as they were", file=sys.stderr)
+            return code
+        except BrokenPipeError:
+            # The reader of stdout went away (| head): nothing more to say to it.
+            with contextlib.suppress(OSError):
+                sys.stdout = open(_devnull(), "w")  # noqa: SIM115 - for the exit flush
+            return 5
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"kpair {args.command}: {where}{e.strerror or e}", file=sys.stderr)
+            return 5
+
+
+def _devnull() -> str:
+    import os
+
+    return os.devnull

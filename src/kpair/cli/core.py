@@ -28,7 +28,11 @@ class Pair(Command):
                        help="validation_policy.json (default: byte-exact)")
         p.add_argument("--opt-launch", help='JSON launch override for opt, e.g. '
                        '\'{"grid": [64, 1, 1], "block": [256, 1, 1]}\'')
-        p.add_argument("-o", "--out", type=Path, required=True, help="harness directory")
+        p.add_argument("-o", "--out", type=Path, required=True,
+                       help="harness directory (new or empty)")
+        p.add_argument("--json", action="store_true",
+                       help="print one JSON document (the harness, its kernels, the "
+                       "planned differential runs) instead of lines")
 
     def run(self, args: argparse.Namespace) -> int:
         from ..harness import create_harness
@@ -42,9 +46,17 @@ class Pair(Command):
         h = create_harness(args.snapshot, args.out, ref=args.ref, opt=args.opt,
                            ref_kernel=args.ref_kernel, opt_kernel=args.opt_kernel,
                            policy=args.policy, opt_launch=launch)
+        mutations, source = h.planned_mutations()
+        if args.json:
+            print(json.dumps({"harness": str(h.root), "backend": h.backend,
+                              "policy": h.policy.mode, "ref": h.spec.ref.to_json(),
+                              "opt": h.spec.opt.to_json(), "differential": {
+                                  "source": source,
+                                  "mutations": [m.describe() for m in mutations]}},
+                             indent=1))
+            return 0
         print(f"harness written to {h.root} ({h.policy.mode}; ref {h.ref.kernel}, "
               f"opt {h.opt.kernel})")
-        mutations, source = h.planned_mutations()
         if mutations:
             print(f"differential runs ({source}): " + "; ".join(m.describe() for m in mutations))
         else:

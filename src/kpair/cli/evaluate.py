@@ -7,7 +7,14 @@ verdict goes to stdout as one JSON line (``{"n", "label", "status", "summary", "
 "ci95", "combined_ci95", "difference", "failed_check", "reason", "result"}``) — for external
 agents. Nothing a candidate prints reaches stdout: it goes to ``OUT/worker.log``. A request
 line that is not a JSON object with a ``binary`` gets ``{"error": ...}`` and the session goes
-on; no request field is ever executed or interpreted beyond these.
+on; no request field is ever executed or interpreted beyond these. With ``--json`` (and no
+``--jsonl``) stdout is one JSON document once every candidate is judged (``{"out",
+"attempts": [<the lines above>], "exit_code"}``); the per-candidate lines go to stderr.
+
+A re-used ``-o`` directory keeps its results: numbering goes on after its highest attempt.
+Exit status: the highest of the candidates' own — 0 every candidate passed, 1 some failed
+correctness and none errored, 2–5 some could not be judged (a bad request line 2, a bad
+candidate file 3, ...; ``kpair.errors``); every verdict is in attempts.jsonl either way.
 """
 
 from __future__ import annotations
@@ -17,9 +24,16 @@ import json
 import sys
 from pathlib import Path
 
+from .._util import check_output_dir
 from ..errors import KpairError, UsageError
 from .base import Command
-from .run import add_pool_arguments, add_run_arguments, options_from_args, pool_devices
+from .run import (
+    add_pool_arguments,
+    add_run_arguments,
+    check_harness_dir,
+    options_from_args,
+    pool_devices,
+)
 
 _FIELDS = {"binary", "kernel", "launch_override", "label", "source", "build", "strategy",
            "params"}
@@ -63,16 +77,20 @@ class Evaluate(Command):
 
         if not args.jsonl and not args.candidates:
             raise UsageError("give candidate files, or --jsonl to read them from stdin")
+        options_from_args(args)  # a usage error before anything is touched
+        check_harness_dir(args.harness)
+        check_output_dir(args.out)
         devices = pool_devices(args, _backend(args.harness))
         if devices is not None:
             return self._pooled(args, devices)
         worst = 0
+        emit = _Emitter(args)
         with Session(args.harness, options_from_args(args), out=args.out) as session:
             requests = self._requests(args) if args.jsonl else (
                 {"binary": str(c)} for c in args.candidates)
             for req in requests:
                 if "error" in req:
-                    print(json.dumps(req), flush=True)
+                    emit(req, f"ERROR: {req['error']}")
                     worst = max(worst, 2)
                     continue
                 try:
@@ -82,18 +100,13 @@ class Evaluate(Command):
                         source=req.get("source"), build=req.get("build"),
                         strategy=req.get("strategy"), params=req.get("params"))
                 except KpairError as e:
-                    line = {"error": str(e), "binary": req["binary"]}
-                    print(json.dumps(line) if args.jsonl else f"ERROR: {e}", flush=True)
+                    emit({"error": str(e), "binary": req["binary"]}, f"ERROR: {e}")
                     worst = max(worst, e.exit_code)
                     continue
-                if args.jsonl:
-                    print(json.dumps(_line(attempt, result, args.out)), flush=True)
-                else:
-                    print(f"[{attempt.n}] {req['binary']}: {result.summary()}", flush=True)
+                emit(_line(attempt, result, args.out),
+                     f"[{attempt.n}] {req['binary']}: {result.summary()}")
                 worst = max(worst, result.exit_code)
-        if not args.jsonl:
-            print(f"attempts: {args.out / 'attempts.jsonl'}")
-        return worst
+        return emit.end(worst)
 
     def _pooled(self, args: argparse.Namespace, devices: tuple[int, ...]) -> int:
         """One session per device, candidates dealt out; verdicts in completion order."""
@@ -106,30 +119,26 @@ class Evaluate(Command):
                 {"binary": str(c)} for c in args.candidates)
             for req in requests:
                 if "error" in req:
-                    print(json.dumps(req), flush=True)
+                    print(json.dumps(req) if args.jsonl else f"ERROR: {req['error']}",
+                          flush=True, file=sys.stdout if args.jsonl else sys.stderr)
                     bad.append(req)
                 else:
                     yield req
 
         worst = 0
+        emit = _Emitter(args)
         for e in evaluate_on(args.harness, valid(), options_from_args(args), devices,
                              args.out):
             binary = e.request.get("binary")
             if e.error is not None:
-                line = {"error": str(e.error), "binary": binary, "device": e.device}
-                print(json.dumps(line) if args.jsonl else f"ERROR: {e.error}", flush=True)
+                emit({"error": str(e.error), "binary": binary, "device": e.device},
+                     f"ERROR: {e.error}")
                 worst = max(worst, getattr(e.error, "exit_code", 5))
                 continue
-            if args.jsonl:
-                line = _line(e.attempt, e.result, args.out) | {"device": e.device}
-                print(json.dumps(line), flush=True)
-            else:
-                print(f"[{e.n}] {binary} (device {e.device}): {e.result.summary()}",
-                      flush=True)
+            emit(_line(e.attempt, e.result, args.out) | {"device": e.device},
+                 f"[{e.n}] {binary} (device {e.device}): {e.result.summary()}")
             worst = max(worst, e.result.exit_code)
-        if not args.jsonl:
-            print(f"attempts: {args.out / 'attempts.jsonl'}")
-        return max(worst, 2) if bad else worst
+        return emit.end(max(worst, 2) if bad else worst)
 
     @staticmethod
     def _requests(args: argparse.Namespace):
@@ -150,6 +159,30 @@ class Evaluate(Command):
                        f"{', '.join(sorted(_FIELDS))})"}
                 continue
             yield req
+
+
+class _Emitter:
+    """Where each verdict goes: a JSON line on stdout (``--jsonl``); a human line on stdout,
+    or on stderr under ``--json``, whose one document ``end`` prints."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.jsonl, self.json, self.out = args.jsonl, args.json and not args.jsonl, args.out
+        self.lines: list[dict] = []
+
+    def __call__(self, line: dict, human: str) -> None:
+        if self.jsonl:
+            print(json.dumps(line), flush=True)
+            return
+        self.lines.append(line)
+        print(human, flush=True, file=sys.stderr if self.json else sys.stdout)
+
+    def end(self, code: int) -> int:
+        if self.json:
+            print(json.dumps({"out": str(self.out), "attempts": self.lines,
+                              "exit_code": code}, indent=1))
+        elif not self.jsonl:
+            print(f"attempts: {self.out / 'attempts.jsonl'}")
+        return code
 
 
 def _backend(harness: Path) -> str:

@@ -109,23 +109,37 @@ class PolicyCmd(Command):
         s = sub.add_parser("suggest", help="write a tolerance policy from the spread of "
                            "repeated ref runs", description=__doc__)
         s.add_argument("harness", type=Path)
-        s.add_argument("-o", "--out", type=Path, help="policy file (default: print it)")
+        s.add_argument("-o", "--out", type=Path, help="policy file (default: print it); an "
+                       "existing file is not replaced without --force")
+        s.add_argument("--force", action="store_true", help="replace an existing --out file")
+        s.add_argument("--json", action="store_true",
+                       help="print one JSON document: the policy and the notes")
         s.add_argument("--runs", type=int, default=8, help="ref runs (default 8)")
         s.add_argument("--margin", type=float, default=4.0,
                        help="tolerance = margin x observed spread (default 4)")
 
     def run(self, args: argparse.Namespace) -> int:
+        from .._util import check_output
+        from .run import check_harness_dir
+
         if args.runs < 2 or not args.margin >= 1:
             raise UsageError("need --runs >= 2 and --margin >= 1")
+        check_harness_dir(args.harness)
+        if args.out:  # refused before ref runs, not after
+            check_output(args.out, replace=args.force)
         posts, pre, hints, current = ref_runs(args.harness, args.runs)
         policy, notes = suggest_policy(current, posts, hints=hints, pre=pre,
                                        margin=args.margin)
-        for line in notes or ["ref is deterministic over these runs: no tolerance needed"]:
+        notes = notes or ["ref is deterministic over these runs: no tolerance needed"]
+        for line in notes:
             print(f"kpair policy: {line}", file=sys.stderr)
         if args.out:
-            save_policy(policy, args.out)
+            save_policy(policy, args.out, replace=args.force)
             print(f"policy written to {args.out}; pair again with --policy {args.out}",
                   file=sys.stderr)
-        else:
+        if args.json:
+            print(json.dumps({"policy": policy.to_json(), "notes": notes,
+                              "out": str(args.out) if args.out else None}, indent=1))
+        elif not args.out:
             print(json.dumps(policy.to_json(), indent=1))
         return 0

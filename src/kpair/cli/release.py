@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .base import Command
 
 if TYPE_CHECKING:
@@ -50,7 +50,9 @@ def describe_row(row: Row) -> str:
         line = (f"PASS {row.correctness.label}, {h.speedup:.3f}x "
                 f"[{lo:.3f}, {hi:.3f}], slot_bias {h.slot_bias:.4f}")
         return f"{line}; {row.reason}" if row.reason else line  # a refused pass says why
-    return f"{row.status.upper()}: {row.reason}"
+    head, reason = row.status.upper(), row.reason or ""
+    # A fail's reason is its correctness summary, which already starts "FAIL ...".
+    return reason if reason.startswith(head) else f"{head}: {reason}"
 
 
 def describe_summary(index: Index) -> list[str]:
@@ -294,13 +296,29 @@ class Report(Command):
         p.add_argument("-o", "--out", type=Path, help="output directory (default: ROOT)")
         p.add_argument("--markdown-only", action="store_true",
                        help="skip the HTML page (no matplotlib needed)")
+        p.add_argument("--json", action="store_true",
+                       help='print {"markdown": PATH, "html": PATH} as one JSON document')
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..report import write_report
+        import json
 
+        from .._util import check_output, check_output_dir
+        from ..release import INDEX
+        from ..report import HTML_NAME, MD_NAME, write_report
+
+        if not (args.root / INDEX).is_file():
+            raise InputError(f"no {INDEX} here: not a release (make one with `kpair release "
+                             "add` or `kpair demo`)", path=args.root)
+        out = args.out if args.out is not None else args.root
+        check_output_dir(out)
+        for name in (MD_NAME, HTML_NAME):  # the report's own files, rewritten each time
+            check_output(out / name, replace=True)
         written = write_report(args.root, args.out, html_page=not args.markdown_only)
-        for kind, path in written.items():
-            print(f"{kind}: {path}")
+        if args.json:
+            print(json.dumps({kind: str(path) for kind, path in written.items()}, indent=1))
+        else:
+            for kind, path in written.items():
+                print(f"{kind}: {path}")
         return 0
 
 
@@ -322,9 +340,28 @@ class Demo(Command):
         p.add_argument("--backend", choices=("host", "cuda"), default="host")
         p.add_argument("--time-cap", type=float, default=None,
                        help="seconds of ABBA measurement per operator (default: demo's own)")
+        p.add_argument("--json", action="store_true",
+                       help="progress to stderr; stdout: one JSON document (root, index, "
+                       "report, operators, as_expected)")
 
     def run(self, args: argparse.Namespace) -> int:
+        import json
+
+        from .._util import check_output_dir
         from ..demo import run_demo
 
-        result = run_demo(args.out, backend=args.backend, time_cap_s=args.time_cap)
+        if args.time_cap is not None and not 0 < args.time_cap < 1e6:
+            raise UsageError("--time-cap must be a positive number of seconds")
+        check_output_dir(args.out, empty=True)  # refused before anything is built
+        log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else \
+            (lambda s: print(s, flush=True))
+        result = run_demo(args.out, backend=args.backend, time_cap_s=args.time_cap, log=log)
+        if args.json:
+            print(json.dumps({
+                "root": str(result.root), "index": str(result.index),
+                "report": {k: str(v) for k, v in result.report.items()},
+                "operators": [{"key": f"level{row.level}/{row.name}", "status": row.status,
+                               "reason": row.reason} for row in result.rows],
+                "wall_s": round(result.wall_s, 3), "as_expected": result.as_expected},
+                indent=1))
         return 0 if result.as_expected else 1

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .base import Command
 
 #: Exit status per outcome: reproduced, not reproduced, no verdict (a runtime failure).
@@ -32,11 +32,17 @@ class Replay(Command):
     def run(self, args: argparse.Namespace) -> int:
         from ..formats import to_builtins
         from ..isolation import replay_isolated
+        from ..snapshot import Snapshot
 
         if args.runs < 1:
             raise UsageError("--runs must be at least 1")
-        if not (args.snapshot / "snapshot.json").is_file():
-            raise UsageError(f"{args.snapshot} is not a snapshot (no snapshot.json)")
+        if not args.timeout > 0:
+            raise UsageError("--timeout must be a positive number of seconds")
+        if not args.snapshot.exists():
+            raise InputError("no such snapshot directory", path=args.snapshot)
+        # A bad snapshot is a bad input file here as in inspect and pair (exit 3), found
+        # before a worker starts: every blob is read and checked against its sha256.
+        Snapshot.open(args.snapshot).verify()
         rep = replay_isolated(args.snapshot, args.runs, timeout_s=args.timeout)
         if args.json:
             print(json.dumps(to_builtins(rep), indent=1))

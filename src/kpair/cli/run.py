@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import FormatError, KpairError
+from ..errors import FormatError, InputError, KpairError
 from .base import Command
 
 
@@ -78,16 +78,31 @@ class Run(Command):
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("harness", type=Path)
-        p.add_argument("-o", "--out", type=Path, help="result path (default: HARNESS/result.json)")
+        p.add_argument("-o", "--out", type=Path,
+                       help="result path (default: HARNESS/result.json, the harness's latest "
+                       "result, replaced by each run); its samples and worker log go beside "
+                       "it (r2.json: r2.samples.npz, r2.worker.log). An existing file is not "
+                       "replaced without --force")
+        p.add_argument("--force", action="store_true",
+                       help="replace an existing --out file (and its samples and log)")
         add_run_arguments(p)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..isolation import run_isolated
 
-        if not (args.harness / "harness.json").is_file():
-            raise FormatError("no harness.json here: not a kpair harness", path=args.harness)
-        result = run_isolated(args.harness, options_from_args(args), out=args.out)
+        options = options_from_args(args)  # a usage error before anything is touched
+        check_harness_dir(args.harness)
+        result = run_isolated(args.harness, options, out=args.out,
+                              replace=args.out is None or args.force)
         return report(result, args.json, args.out or args.harness / "result.json")
+
+
+def check_harness_dir(path: Path) -> None:
+    """Refuse, as a bad input (exit 3), a path that is no harness directory."""
+    if not path.exists():
+        raise InputError("no such harness directory", path=path)
+    if not (path / "harness.json").is_file():
+        raise FormatError("no harness.json here: not a kpair harness", path=path)
 
 
 def harness_main(root: Path, argv: list[str]) -> int:
@@ -98,11 +113,17 @@ def harness_main(root: Path, argv: list[str]) -> int:
                                 description=f"Run the pair harness in {root}.")
     add_run_arguments(p)
     args = p.parse_args(argv)
-    try:
-        result = run_isolated(root, options_from_args(args))
-    except KpairError as e:
-        print(f"kpair: {e}", file=sys.stderr)
-        return e.exit_code
+    from .base import sigterm_unwinds
+
+    with sigterm_unwinds():
+        try:
+            result = run_isolated(root, options_from_args(args))
+        except KpairError as e:
+            print(f"kpair: {e}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt as e:
+            print("kpair: interrupted; result.json left as it was", file=sys.stderr)
+            return getattr(e, "exit_code", 130)
     return report(result, args.json, root / "result.json")
 
 

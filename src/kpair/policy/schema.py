@@ -290,7 +290,7 @@ def load_policy(path: str | Path) -> Policy:
     return Policy.from_json(obj, path=path)
 
 
-def save_policy(policy: Policy, path: str | Path) -> None:
-    write(Path(path), policy.to_json())
+def save_policy(policy: Policy, path: str | Path, *, replace: bool = True) -> None:
+    write(Path(path), policy.to_json(), replace=replace)
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import msgspec
 
-from .._util import pid_alive, utc_now
-from ..errors import FormatError, UsageError
+from .._util import make_dirs, pid_alive, utc_now
+from ..errors import FormatError, InputError, UsageError
 from ..pipeline import RunOptions
 from ..result import Result
 from ..scale.jobs import HarnessJob, Journal, finished, run_job, run_local
@@ -288,10 +288,9 @@ def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: 
         raise FormatError("no harness.json here: not a kpair harness", path=harness)
     prov_src = Path(provenance) if provenance is not None else None
     if prov_src is not None and not prov_src.is_dir():
-        raise UsageError(f"--provenance {prov_src} is not a directory")
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"{root} exists and is not a directory")
-    root.mkdir(parents=True, exist_ok=True)
+        raise InputError(f"--provenance {prov_src}: " + (
+            "not a directory" if prov_src.exists() else "no such directory"))
+    make_dirs(root)  # refuses a file, a device, a folder that cannot be written
     options = options or RunOptions()
     key = rel_dir(level, name)
     with locked(root):
@@ -410,7 +409,7 @@ def refuse_operator(root: str | os.PathLike, harness: str | os.PathLike, *, leve
     level, name = check_key(level, name)
     root, harness = Path(root), Path(harness)
     prov_src = Path(provenance) if provenance is not None else None
-    root.mkdir(parents=True, exist_ok=True)
+    make_dirs(root)
     key = rel_dir(level, name)
     with locked(root):
         sweep_stale_staging(root)

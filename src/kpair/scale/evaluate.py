@@ -12,15 +12,14 @@ a device whose session cannot start gives its candidates to the others.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..formats import to_builtins
+from .._util import make_dirs
 from ..pipeline import RunOptions
 from ..result import Result
-from ..session import ATTEMPTS, Attempt, Session
+from ..session import Attempt, Session, record_attempt, taken_numbers
 from .pool import DevicePool, Task
 
 DEVICES = "devices"
@@ -43,7 +42,8 @@ def evaluate_on(harness: Path, requests: Iterable[dict], options: RunOptions,
                 devices: Sequence[int], out: Path) -> Iterator[Evaluated]:
     """Judge every request (``{"binary": ..., "kernel": ..., ...}`` as ``kpair evaluate
     --jsonl`` reads them) on a pool of sessions, one per device."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
+    first = taken_numbers(out)  # a re-used directory: numbering goes on after it
 
     @contextlib.contextmanager
     def open_worker(device: int):
@@ -58,7 +58,7 @@ def evaluate_on(harness: Path, requests: Iterable[dict], options: RunOptions,
             yield judge
 
     tasks = (Task(str(i), req) for i, req in enumerate(requests))
-    n = 0
+    n = first
     for done in DevicePool(devices).run(tasks, open_worker):
         n += 1
         if done.error is not None:
@@ -68,8 +68,7 @@ def evaluate_on(harness: Path, requests: Iterable[dict], options: RunOptions,
         if attempt is not None:
             attempt = attempt.replace(n=n, device=done.device,
                                       result=f"{DEVICES}/{done.device}/{attempt.result}")
-            with open(out / ATTEMPTS, "a") as f:
-                f.write(json.dumps(to_builtins(attempt)) + "\n")
+            record_attempt(out, attempt)
         yield Evaluated(n, done.task.payload, done.device, result, attempt)
 
 
