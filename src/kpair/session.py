@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import progress
 from ._util import private_tempdir, sweep_stale_tempdirs, utc_now
 from .errors import UsageError
 from .formats import Record, to_builtins
@@ -152,7 +153,8 @@ class Session:
         started = time.monotonic()
         self.evaluated += 1
         n = self.evaluated
-        outcome = self._judge(n, image, kernel, launch_override, where)
+        with progress.task(where, n):
+            outcome = self._judge(n, image, kernel, launch_override, where)
         result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3),
                                         opt=Side(kernel=kernel, binary=where))
         path = attempt = None
