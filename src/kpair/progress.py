@@ -68,8 +68,8 @@ class Meter:
                 _finite(x) for x in self.ci95) else ""
             parts.append(f"{self.speedup:.3f}x{ci}")
         if _finite(self.rel_ci):
-            goal = f" (target {self.target:.1%})" if _finite(self.target) else ""
-            parts.append(f"\u00b1{self.rel_ci:.2%}{goal}")
+            goal = f" (target {_percent(self.target)})" if _finite(self.target) else ""
+            parts.append(f"\u00b1{_percent(self.rel_ci)}{goal}")
         if _finite(self.eta_s):
             parts.append(f"ETA {_duration(self.eta_s)}")
         return ", ".join(parts)
@@ -335,6 +335,10 @@ def note(line: str) -> None:
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.3g}%"
 
 
 def _duration(s: float) -> str:
