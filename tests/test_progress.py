@@ -57,8 +57,8 @@ def test_plain_lines_name_tasks_at_once_stages_once_and_repeat_after_silence():
                 said = out.getvalue().splitlines()
                 assert len(said) == 2
                 assert said[1].startswith("kpair test: [2/5] level1/op: measure - replicate "
-                                          "1/4, 24 blocks, 1.050x [1.010, 1.090]")
-                assert "\u00b12% (target 0.5%)" in said[1] and "ETA 6.5 s" in said[1]
+                                          "1/4, 24 blocks, ETA 6.5 s, 1.050x [1.010, 1.090]")
+                assert "\u00b12% (target 0.5%)" in said[1]
                 lines.beat(t0 + 2000)  # the heartbeat: silent for an interval, said again
                 lines.beat(t0 + 4000)
                 assert len(out.getvalue().splitlines()) == 4
@@ -137,7 +137,7 @@ def test_a_terminal_gets_the_live_display():
     finally:
         stream.close()
         os.close(master)
-    assert b"measure - A/B, 16 blocks, 1.200x" in shown
+    assert b"measure - A/B, 16 blocks, ETA 4.0 s, 1.200x" in shown
 
 
 # ----------------------------------------------------------------- commands

@@ -41,6 +41,8 @@ from typing import TextIO
 
 #: Seconds of silence after which a plain-line reporter repeats a lane's status.
 INTERVAL_S = 3.0
+#: A task's name is cut to this many characters (from the left: a path keeps its file name).
+TITLE_CHARS = 48
 
 
 # --------------------------------------------------------------------------- what is said
@@ -63,6 +65,8 @@ class Meter:
 
     def describe(self) -> str:
         parts = [f"{self.what}, {self.blocks} blocks" if self.what else f"{self.blocks} blocks"]
+        if _finite(self.eta_s):  # before the numbers: on a narrow terminal it stays in view
+            parts.append(f"ETA {_duration(self.eta_s)}")
         if _finite(self.speedup):
             ci = f" [{self.ci95[0]:.3f}, {self.ci95[1]:.3f}]" if self.ci95 and all(
                 _finite(x) for x in self.ci95) else ""
@@ -70,8 +74,6 @@ class Meter:
         if _finite(self.rel_ci):
             goal = f" (target {_percent(self.target)})" if _finite(self.target) else ""
             parts.append(f"\u00b1{_percent(self.rel_ci)}{goal}")
-        if _finite(self.eta_s):
-            parts.append(f"ETA {_duration(self.eta_s)}")
         return ", ".join(parts)
 
 
@@ -249,6 +251,7 @@ class Live(Reporter):
     def _render(self):
         from rich.spinner import Spinner
         from rich.table import Table
+        from rich.text import Text
 
         now = time.monotonic()
         with self._lock:
@@ -257,8 +260,8 @@ class Live(Reporter):
             rows = [lane.status(now) for lane in lanes]
         grid = Table.grid(padding=(0, 1))
         for row in rows:
-            grid.add_row(Spinner("dots", style="cyan"), f"[bold]{self.prog}[/]",
-                         _escape(row))
+            grid.add_row(Spinner("dots", style="cyan"), Text(self.prog, style="bold"),
+                         Text(row, no_wrap=True, overflow="ellipsis"))
         return grid
 
 
@@ -307,7 +310,11 @@ def for_command(prog: str, *, quiet: bool = False, stream: TextIO | None = None)
 
 @contextlib.contextmanager
 def task(what: str, k: int | None = None, n: int | None = None) -> Iterator[None]:
-    """A unit of work in this thread: ``[k/n] what`` (or ``[k] what``, or ``what``)."""
+    """A unit of work in this thread: ``[k/n] what`` (or ``[k] what``, or ``what``); a long
+    ``what`` (a path) keeps its end, the part that tells items apart."""
+    what = str(what)
+    if len(what) > TITLE_CHARS:
+        what = "\u2026" + what[-(TITLE_CHARS - 1):]
     title = f"[{k}/{n}] {what}" if k is not None and n is not None else \
         f"[{k}] {what}" if k is not None else what
     reporter = _current
@@ -356,12 +363,6 @@ def _printable(text: str, *, limit: int = 200, keep_newlines: bool = False) -> s
     lines = str(text).split("\n") if keep_newlines else [str(text)]
     out = ["".join(c if c.isprintable() else "?" for c in line)[:limit] for line in lines]
     return "\n".join(out)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 def _isatty(stream) -> bool:
