@@ -216,9 +216,12 @@ class Lines(Reporter):
             lanes = list(self._lanes.values())
             busy = [lane for lane in lanes if lane.tasks]
             for lane in busy or lanes or [self._idle]:
-                new = lane.stage is not None and lane.stage != lane.shown and \
-                    now - lane.stage_started >= self.announce
-                if new or now - lane.said >= self.interval:
+                settled = now - lane.stage_started >= self.announce
+                new = lane.stage is not None and lane.stage != lane.shown and settled
+                # A stage that has just begun is named once it settles (at most `announce`
+                # later), not as "0.0 s in stage".
+                silent = now - lane.said >= self.interval + (0 if settled else self.announce)
+                if new or silent:
                     lane.shown = lane.stage
                     self._said(lane, lane.status(now))
 
