@@ -13,10 +13,20 @@ one way a worker is started, for ``kpair run`` (``run_isolated``) and for sessio
   ``PYTHON*`` variables), the parent's resolved import path minus the current directory, a
   private scratch directory as its working directory, and stdout/stderr sent to a log file
   beside the result (``worker.log``, named in ``result.json``), never to the terminal;
-- a lifetime bound to the parent's: its own process group, killed on timeout, on Ctrl-C and on
-  any exception in the parent; ``PR_SET_PDEATHSIG`` kills it if the parent dies (SIGKILL
-  included). Scratch directories carry their owner's pid, and each run sweeps those whose
-  owner is gone.
+- a lifetime bound to the parent's: its own process group, killed when it hangs (below), on
+  Ctrl-C and on any exception in the parent; ``PR_SET_PDEATHSIG`` kills it if the parent
+  dies (SIGKILL included). Scratch directories carry their owner's pid, and each run sweeps
+  those whose owner is gone.
+
+The hang limit: with ``RunOptions.timeout_s`` set (``--timeout``), a worker has that many
+seconds for its setup and for each candidate. Without it (the default), the limit follows
+ref's own time: the parent times ref's stage (its baseline runs, restores and checks
+included) as the worker reports it, and from then on kills a worker that sends no sign of
+progress (a stage, a measurement tick) for ``hang_limit(ref_s)`` = max(``HANG_FLOOR_S``,
+``HANG_FACTOR`` x that time) seconds; before ref has run, setup may go ``SETUP_LIMIT_S``
+without news. opt's code runs only after ref's stage, so a hanging opt costs seconds, not
+minutes. The worker's stages and ticks also feed the parent's progress display
+(``kpair.progress``).
 
 The setup/retry rule lives in ``start`` and nowhere else: when ref itself cannot take a
 mutated input (the worker faulted or hung during stage ``trust:mutate``), the mutation says
@@ -40,10 +50,12 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import replace as replace_
 from pathlib import Path
 
+from . import progress
 from ._util import (
     check_output,
     private_tempdir,
@@ -63,6 +75,7 @@ from .protocol import (
     Report,
     Reproduction,
     Stage,
+    Tick,
     Verdict,
     decode_request,
     encode_request,
@@ -77,6 +90,21 @@ from .snapshot import sha256
 LOG = "worker.log"
 LOG_CAP = 1 << 20          # bytes of worker output kept in the log
 _GRACE_S = 5.0             # for a worker to exit once it has sent its result
+_TICK_S = 0.5              # the worker sends a measurement tick at most this often
+
+#: The hang limit without --timeout (module docstring): seconds of silence allowed once ref's
+#: stage has been timed, at least HANG_FLOOR_S and HANG_FACTOR times that stage's time ...
+HANG_FLOOR_S = 15.0
+HANG_FACTOR = 50.0
+#: ... and before it, during setup (verifying, placing and loading a large snapshot).
+SETUP_LIMIT_S = 600.0
+#: The stage whose wall time sets the hang limit.
+REF_STAGE = "ref"
+
+
+def hang_limit(ref_s: float) -> float:
+    """Seconds a worker may go without news once ref's stage took ``ref_s`` seconds."""
+    return max(HANG_FLOOR_S, HANG_FACTOR * ref_s)
 
 #: The stage in which ref runs alone on the mutated inputs (see ``start``).
 MUTATE_STAGE = "trust:mutate"
@@ -204,7 +232,7 @@ class Worker:
                  session: bool = False, warnings: list[str] | None = None,
                  extra: tuple[str, ...] = ()):
         self.root, self.options, self.warnings = root, options, list(warnings or ())
-        self.deadline = time.monotonic() + options.timeout_s
+        self.deadline = self._limit()
         key = secrets.token_bytes(KEY_BYTES)
         channel_r, channel_w = os.pipe()
         output_r, output_w = os.pipe()
@@ -244,6 +272,22 @@ class Worker:
         _kill_group(self.proc)  # the worker's group: anything it left behind
         self.pump.close()
 
+    def _limit(self):
+        """The deadline of the next wait: fixed (``--timeout`` from now), or a function of
+        the time of the worker's last news and of ref's time (the hang limit)."""
+        if self.options.timeout_s is not None:
+            return time.monotonic() + self.options.timeout_s
+        started = time.monotonic()
+
+        def deadline() -> float:
+            pump = getattr(self, "pump", None)
+            if pump is None:
+                return started + SETUP_LIMIT_S
+            news = max(started, pump.news)
+            return news + (SETUP_LIMIT_S if pump.ref_s is None else hang_limit(pump.ref_s))
+
+        return deadline
+
     def drain(self) -> None:
         """Log the rest of the worker's output while it exits (a few seconds at most)."""
         self.pump.run(time.monotonic() + _GRACE_S, want=None)
@@ -260,7 +304,7 @@ class Worker:
 
     def judge(self, judge: Judge) -> Outcome:
         """Send a session worker one candidate and wait (the timeout) for its verdict."""
-        deadline = time.monotonic() + self.options.timeout_s
+        deadline = self._limit()
         try:
             self.proc.stdin.write(encode_request(judge))
             self.proc.stdin.flush()
@@ -270,7 +314,7 @@ class Worker:
                 kind="WorkerFailed", exit_code=WorkerFailed.exit_code)))
         return self.verdict(deadline, id=judge.id)
 
-    def verdict(self, deadline: float, *, id: int | None = None) -> Outcome:
+    def verdict(self, deadline: Deadline, *, id: int | None = None) -> Outcome:
         """The next ``Verdict`` (its Result validated, its samples checked against their
         sha256), or an error Result saying why none came: the worker crashed, exited, ran
         past ``deadline`` (then it is killed), or sent something that is no verdict."""
@@ -292,7 +336,7 @@ class Worker:
                 "the worker's samples do not match the sha256 in its result", "measure")))
         return Outcome(self._warned(result), samples)
 
-    def reproduction(self, deadline: float, runs: int) -> ReproductionReport:
+    def reproduction(self, deadline: Deadline, runs: int) -> ReproductionReport:
         """The ``Reproduction`` of a ``--reproduce`` worker, or an error report saying why
         none came."""
         message = self.pump.run(deadline, want=Reproduction)
@@ -305,14 +349,13 @@ class Worker:
             why = f"the worker's report is not valid: {message.why}"
         else:
             why = _describe_exit(self.proc.poll(), self.pump.stage) \
-                if self.proc.poll() is not None else \
-                f"timed out after {self.options.timeout_s:g} s"
+                if self.proc.poll() is not None else self._timed_out(self.pump.stage)
         return ReproductionReport(snapshot=str(self.root), kernel="", runs=runs,
                                   status="error", error=why)
 
     # -------------------------------------------------------------- internals
 
-    def _ready(self, deadline: float) -> Result | None:
+    def _ready(self, deadline: Deadline) -> Result | None:
         message = self.pump.run(deadline, want=Ready)
         if not isinstance(message, Ready):
             return self._warned(self._no_message(message, deadline))
@@ -324,21 +367,35 @@ class Worker:
             return self._warned(self._error(f"the worker's result is not valid: {e}",
                                             self.pump.stage))
 
-    def _no_message(self, message: Invalid | None, deadline: float) -> Result:
+    def _no_message(self, message: Invalid | None, deadline: Deadline) -> Result:
         """The error Result when no awaited message came (``message``: what came instead)."""
         stage = self.pump.stage
         if isinstance(message, Invalid):
             return self._error(f"the worker's message is not valid: {message.why}", stage)
         try:
-            code: int | None = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            code: int | None = self.proc.wait(timeout=max(0.0, _at(deadline) -
+                                                          time.monotonic()))
         except subprocess.TimeoutExpired:
             code = None
             _kill_group(self.proc)
         if code is None:
-            return error_result(self.root, f"timed out after {self.options.timeout_s:g} s "
-                                f"in stage {stage!r}; the worker was killed", stage=stage,
+            return error_result(self.root, f"{self._timed_out(stage)}; the worker was killed",
+                                stage=stage,
                                 kind="Timeout", exit_code=WorkerFailed.exit_code)
         return self._error(_describe_exit(code, stage), stage)
+
+    def _timed_out(self, stage: str | None) -> str:
+        """Why the worker was given up on, in words (the limit that ran out)."""
+        where = f" in stage {stage!r}" if stage else ""
+        if self.options.timeout_s is not None:
+            return f"timed out after {self.options.timeout_s:g} s{where} (--timeout)"
+        ref_s = self.pump.ref_s
+        if ref_s is None:
+            return (f"timed out{where}: no sign of progress for {SETUP_LIMIT_S:g} s before "
+                    "ref's stage ended (--timeout sets another limit)")
+        return (f"timed out{where}: no sign of progress for {hang_limit(ref_s):.1f} s (the "
+                f"hang limit: max({HANG_FLOOR_S:g} s, {HANG_FACTOR:g} x ref's stage of "
+                f"{ref_s:.3g} s); --timeout sets another)")
 
     def _error(self, message: str, stage: str | None) -> Result:
         return error_result(self.root, message, stage=stage, kind=WorkerFailed.__name__,
@@ -379,10 +436,14 @@ class _Pump:
         self.stage: str | None = None
         self.messages: list[Report | Invalid] = []
         self.open_fds = {channel, output}
+        self.news = time.monotonic()          # when the last signed message came
+        self.ref_s: float | None = None      # the wall time of ref's stage, once it ended
+        self._ref_started: float | None = None
 
-    def run(self, deadline: float, *, want: type | None) -> Report | Invalid | None:
+    def run(self, deadline: Deadline, *, want: type | None) -> Report | Invalid | None:
         """Read until a message of type ``want`` (or an ``Invalid`` one) arrives (returned),
-        both pipes end, or the deadline passes (None)."""
+        both pipes end, or the deadline passes (None). Stages and ticks go on to the
+        progress display; a callable ``deadline`` is asked again after every read."""
         sel = selectors.DefaultSelector()
         for fd in self.open_fds:
             sel.register(fd, selectors.EVENT_READ)
@@ -391,7 +452,7 @@ class _Pump:
                 for i, m in enumerate(self.messages):
                     if want is not None and isinstance(m, (want, Invalid)):
                         return self.messages.pop(i)
-                left = deadline - time.monotonic()
+                left = _at(deadline) - time.monotonic()
                 if not self.open_fds or left <= 0:
                     return None
                 for k, _ in sel.select(timeout=min(left, 1.0)):
@@ -403,12 +464,24 @@ class _Pump:
                         self._to_log(chunk)
                     else:
                         for m in self.reader.feed(chunk):
-                            if isinstance(m, Stage):
-                                self.stage = m.name
-                            else:
-                                self.messages.append(m)
+                            self._heard(m)
         finally:
             sel.close()
+
+    def _heard(self, m: Report | Invalid) -> None:
+        now = self.news = time.monotonic()
+        if self._ref_started is not None and self.ref_s is None and \
+                not (isinstance(m, Stage) and m.name == REF_STAGE):
+            self.ref_s = now - self._ref_started  # whatever follows ref's stage ends it
+        if isinstance(m, Stage):
+            self.stage = m.name
+            if m.name == REF_STAGE and self._ref_started is None:
+                self._ref_started = now
+            progress.stage(m.name)
+        elif isinstance(m, Tick):
+            progress.measuring(m.meter)
+        else:
+            self.messages.append(m)
 
     def _to_log(self, chunk: bytes) -> None:
         room = max(0, LOG_CAP - self.logged)
@@ -424,6 +497,14 @@ class _Pump:
         for fd in (self.channel, self.output):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+#: A deadline: a monotonic time, or a function giving it (it moves as news comes).
+Deadline = float | Callable[[], float]
+
+
+def _at(deadline: Deadline) -> float:
+    return deadline() if callable(deadline) else deadline
 
 
 def _import_path() -> list[str]:
@@ -486,11 +567,30 @@ def worker_main(argv: list[str]) -> int:
     channel = Channel(args.channel, key)
     # Nothing printed by the worker or a kernel reaches the channel: it is a separate fd.
     os.set_inheritable(args.channel, False)
-    if args.reproduce is not None:
-        channel.send(Reproduction.of(_reproduce(args.harness, args.reproduce)))
-        return 0
-    requests = (decode_request(line) for line in stdin) if args.session else None
-    return _serve(args.harness, read_options(args.options), channel, requests)
+    with progress.using(_ToParent(channel)):
+        if args.reproduce is not None:
+            channel.send(Reproduction.of(_reproduce(args.harness, args.reproduce)))
+            return 0
+        requests = (decode_request(line) for line in stdin) if args.session else None
+        return _serve(args.harness, read_options(args.options), channel, requests)
+
+
+class _ToParent(progress.Reporter):
+    """The worker's progress reporter: stages and measurement ticks (at most one per
+    ``_TICK_S``) go to the parent over the channel, which shows them."""
+
+    def __init__(self, channel: Channel):
+        super().__init__()
+        self.channel, self.sent = channel, 0.0
+
+    def stage(self, name: str) -> None:
+        self.channel.send(Stage(name))
+
+    def measuring(self, meter: progress.Meter) -> None:
+        now = time.monotonic()
+        if now - self.sent >= _TICK_S:
+            self.sent = now
+            self.channel.send(Tick(meter))
 
 
 def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> int:
@@ -502,9 +602,8 @@ def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> in
     facts = Facts(harness=str(harness), started=utc_now())
     current: dict[str, str | None] = {"stage": None}
 
-    def stage(name: str) -> None:
+    def stage(name: str) -> None:  # the stage also goes to the parent, as progress
         current["stage"] = name
-        channel.send(Stage(name))
 
     def guarded(job) -> tuple[Result, bytes | None, bool]:
         """(result, samples, whether the process is still fit for the next job)."""
@@ -557,7 +656,9 @@ def _reproduce(root: Path, runs: int):
     from .snapshot import Snapshot
 
     try:
+        progress.stage("verify")
         snapshot = Snapshot.open(root)
+        progress.stage(f"replay x{runs}")
         with open_device(snapshot.manifest.backend) as device:
             device.seal()
             return reproduce(device, snapshot, runs)

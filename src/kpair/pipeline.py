@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import progress
 from .errors import KpairError, UsageError
 from .formats import convert
 from .result import Checks, Correctness, Result, Side, Speed, TrustEntry
@@ -55,7 +56,10 @@ class RunOptions:
 
     ``device`` is the backend's device ordinal (``--device N``; cuda and hip: the GPU as the
     driver numbers the visible ones; host: a worker slot, recorded only). None means 0 unless
-    ``device_options`` names one."""
+    ``device_options`` names one.
+
+    ``timeout_s`` bounds a worker's whole run (seconds); None (the default) derives the hang
+    limit from ref's own time instead (``kpair.isolation.hang_limit``)."""
 
     device_options: dict | None = None
     device: int | None = None
@@ -68,7 +72,7 @@ class RunOptions:
     time_cap_s: float | None = None
     seed: int | None = None
     replicates: int = 6
-    timeout_s: float = 600.0
+    timeout_s: float | None = None
     control: bool = True
     checks: bool = True
     skip_checks: tuple[str, ...] = ()
@@ -83,6 +87,10 @@ class RunOptions:
         if isinstance(self.replicates, bool) or not isinstance(self.replicates, int) \
                 or not 1 <= self.replicates <= 64:
             raise UsageError(f"replicates must be an integer in [1, 64], not {self.replicates!r}")
+        if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not isinstance(
+                self.timeout_s, (int, float)) or not 0 < self.timeout_s < float("inf")):
+            raise UsageError(f"timeout must be a positive number of seconds, not "
+                             f"{self.timeout_s!r}")
         if self.cache not in ("cold", "warm"):
             raise UsageError(f"cache must be 'cold' or 'warm', not {self.cache!r}")
         _check_measure_options(self)
@@ -369,7 +377,9 @@ def _measure(run: Run) -> None:
     for i in range(n):
         if i:  # fresh loads of both kernels: another placement of their code
             _reload(run)
-        abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i))
+        abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i),
+                             progress=_meter(f"replicate {i + 1}/{n}" if n > 1 else "A/B",
+                                             rule, after=n - 1 - i))
         parts.append(abba)
         samples.append(part)
     clocks_after = run.device.clocks()
@@ -437,10 +447,32 @@ def _rule(run: Run):
                                                "rel_ci_halfwidth", "time_cap_s") if k in cfg})
 
 
+def _meter(what: str, rule, *, after: int = 0) -> Callable[[int, Any], None]:
+    """A ``measure`` progress callback reporting a ``progress.Meter`` for ``what``; its ETA
+    counts ``after`` more measurements like this one (replicates still to come)."""
+    started = time.monotonic()
+
+    def report(blocks: int, result) -> None:
+        elapsed = time.monotonic() - started
+        rel = result.rel_ci_halfwidth if result is not None else None
+        eta = progress.eta_s(blocks=blocks, elapsed_s=elapsed, rel_ci=rel,
+                             target=rule.rel_ci_halfwidth, min_blocks=rule.min_blocks,
+                             max_blocks=rule.max_blocks, time_cap_s=rule.time_cap_s)
+        if eta is not None and after:
+            eta += after * (elapsed + eta)
+        progress.measuring(progress.Meter(
+            what, blocks, round(elapsed, 3), result.speedup if result else None,
+            tuple(result.ci95) if result else None, rel, rule.rel_ci_halfwidth, eta))
+
+    return report
+
+
 def _aa_control(run: Run) -> None:
     from .measure import measure
 
-    aa, _ = measure(run.time_one, rule=_rule(run), seed=run.options.seed, aa=True)
+    rule = _rule(run)
+    aa, _ = measure(run.time_one, rule=rule, seed=run.options.seed, aa=True,
+                    progress=_meter("A/A", rule))
     run.speed = run.speed.replace(aa_control=convert(aa.to_json(), Speed))
 
 
@@ -449,8 +481,10 @@ def _control(run: Run) -> None:
     from .result import Systematic
 
     if run.systematic is None:  # once per placement: ref and its second load do not change
+        rule = _rule(run)
         ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"),
-                         rule=_rule(run), seed=run.options.seed)
+                         rule=rule, seed=run.options.seed,
+                         progress=_meter("ref vs its second load", rule))
         run.systematic = Systematic(control="identical binary (ref loaded twice)",
                                     speedup=ctl.speedup, ci95=ctl.ci95,
                                     slot_bias=ctl.slot_bias, blocks=ctl.blocks,
@@ -515,6 +549,7 @@ def _steps(run: Run, steps: list[Stage], stage: Callable[[str], None]) -> Result
                 _clock(run.facts, current, t0)
                 current, t0 = name, time.monotonic()
                 stage(name)
+                progress.stage(name)
             outcome = step(run)
             if outcome is not None:
                 return outcome

@@ -9,12 +9,13 @@ A worker (``kpair.isolation``) and its parent talk over three channels:
   per line, plain JSON (``encode_request`` / ``decode_request``). The worker trusts its
   parent, so these lines are not signed.
 - **reports** (worker → parent, a pipe of their own): ``Stage`` as the worker enters each
-  stage; ``Ready`` once the harness is set up (with the Result that ends the run there, if
-  any); then a ``Verdict`` per candidate — or, for ``kpair replay``, one ``Reproduction``.
-  Each line is ``<hmac-sha256 hex> <json>``, signed with the key (``Channel.send``); the
-  parent's ``Reader`` drops (and counts) every line that does not verify, so bytes a
-  candidate writes to any descriptor it finds cannot pass for kpair's, and drops a line longer
-  than ``MAX_LINE`` unread.
+  stage and ``Tick`` as a measurement goes (for the parent's progress display, and as a
+  sign of life for its hang limit); ``Ready`` once the harness is set up (with the Result
+  that ends the run there, if any); then a ``Verdict`` per candidate — or, for
+  ``kpair replay``, one ``Reproduction``. Each line is ``<hmac-sha256 hex> <json>``, signed
+  with the key (``Channel.send``); the parent's ``Reader`` drops (and counts) every line that
+  does not verify, so bytes a candidate writes to any descriptor it finds cannot pass for
+  kpair's, and drops a line longer than ``MAX_LINE`` unread.
 
 The messages are tagged (``{"type": "verdict", ...}``); bytes (a code object, the raw
 samples) are written as base64 by msgspec itself. Results travel as JSON objects and are read
@@ -35,6 +36,7 @@ import msgspec
 from .errors import KpairError
 from .formats import convert, to_builtins
 from .pipeline import Candidate, RunOptions
+from .progress import Meter
 from .replay import Reproduction as ReproductionReport
 from .result import Result
 
@@ -77,6 +79,13 @@ class Stage(Message, tag="stage"):
     name: str
 
 
+class Tick(Message, tag="tick"):
+    """How far a measurement in the current stage is (``kpair.progress.Meter``): shown by
+    the parent, never part of a verdict."""
+
+    meter: Meter
+
+
 class Ready(Message, tag="ready"):
     """Setup is done: ``failed`` is the Result that ends the run there (the baseline itself
     failed a check, or setup raised), None when candidates can be judged."""
@@ -116,7 +125,7 @@ class Reproduction(Message, tag="reproduction"):
 
 
 #: Everything a worker may send.
-Report = Stage | Ready | Verdict | Reproduction
+Report = Stage | Tick | Ready | Verdict | Reproduction
 
 
 class Invalid(msgspec.Struct, frozen=True):
@@ -206,5 +215,5 @@ class Reader:
 
 
 __all__ = ["KEY_BYTES", "MAX_LINE", "Channel", "Invalid", "Judge", "Message", "Ready",
-           "Reader", "Report", "Reproduction", "Stage", "Verdict", "decode_request",
+           "Reader", "Report", "Reproduction", "Stage", "Tick", "Verdict", "decode_request",
            "encode_request", "options_arg", "read_options", "read_result", "sign"]

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import progress
 from ._util import append_text, make_dirs, private_tempdir, sweep_stale_tempdirs, utc_now
 from .errors import InputError
 from .formats import Record, to_builtins
@@ -160,7 +161,8 @@ class Session:
         started = time.monotonic()
         self.evaluated += 1
         n = self.first + self.evaluated
-        outcome = self._judge(n, image, kernel, launch_override, where)
+        with progress.task(where, n):
+            outcome = self._judge(n, image, kernel, launch_override, where)
         result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3),
                                         opt=Side(kernel=kernel, binary=where))
         path = attempt = None

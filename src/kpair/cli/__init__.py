@@ -14,11 +14,11 @@ import argparse
 import contextlib
 import sys
 
-from .. import __version__
+from .. import __version__, progress
 from .._util import remove_live_tempdirs
 from ..errors import KpairError
 from .asm import Asm
-from .base import Command, sigterm_unwinds
+from .base import Command, HelpFormatter, sigterm_unwinds
 from .capture import Capture
 from .core import Inspect, Pair
 from .evaluate import Evaluate
@@ -44,14 +44,32 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(cls.name, help=cls.help, description=cls.__doc__)
         cls.add_arguments(p)
         p.set_defaults(_command=cls)
+    for p in _parsers(parser):
+        p.formatter_class = HelpFormatter
+        if p is not parser and not any(isinstance(a, argparse._SubParsersAction)
+                                       for a in p._actions):
+            p.add_argument("-q", "--quiet", action="store_true",
+                           help="no progress on stderr (default: progress on stderr, live on "
+                           "a terminal, plain lines otherwise; KPAIR_PROGRESS=plain|off)")
     return parser
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """``parser`` and every subcommand's parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with sigterm_unwinds():
         try:
-            return args._command().run(args)
+            with progress.using(progress.for_command(f"kpair {args.command}",
+                                                     quiet=getattr(args, "quiet", False))):
+                return args._command().run(args)
         except KpairError as e:
             print(f"kpair {args.command}: {e}", file=sys.stderr)
             return e.exit_code

@@ -21,10 +21,11 @@ class Asm(Command):
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         sub = p.add_subparsers(dest="asm_command", metavar="ACTION", required=True)
         d = sub.add_parser("disassemble", help="code object -> DIR/code.s")
-        d.add_argument("code_object", type=Path)
+        d.add_argument("code_object", type=Path, help="AMDGPU code object (ELF) to read")
         d.add_argument("-o", "--out", type=Path, required=True, help="directory to write")
         a = sub.add_parser("assemble", help="DIR/code.s -> code object")
-        a.add_argument("directory", type=Path)
+        a.add_argument("directory", type=Path,
+                       help="directory written by disassemble (code.s and its metadata)")
         a.add_argument("-o", "--out", type=Path, required=True, help="code object to write")
 
     def run(self, args: argparse.Namespace) -> int:

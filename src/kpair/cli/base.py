@@ -10,6 +10,18 @@ from typing import ClassVar
 from ..errors import Interrupted
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default: "(default: X)" is added where the help
+    does not already say it and there is one (not None, off, or empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, "", [], argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class Command:
     name: ClassVar[str]
     help: ClassVar[str]

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import progress
 from ..capture.child import child_command, child_environment, status_of, strip_separator
 from ..capture.program import ENV
 from ..errors import UsageError
@@ -89,6 +90,7 @@ class Capture(Command):
                     "command": command}
         if args.top is not None:
             return self.run_top(args, argv, settings)
+        progress.stage("the program runs, capturing")
         proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading))
         status = status_of(proc.returncode)
         report(out / SUMMARY, status)
@@ -101,6 +103,7 @@ class Capture(Command):
         from ..capture.session import SUMMARY
 
         with tempfile.TemporaryDirectory(prefix="kpair-profile-") as tmp:
+            progress.stage("the program runs, profiling")
             status, profile = run_profile(settings["command"], Path(tmp) / PROFILE)
             data = (Path(tmp) / PROFILE).read_bytes() if profile is not None else b""
         if profile is None:
@@ -130,6 +133,7 @@ class Capture(Command):
                      "chosen": [{"rank": i, "name": t.name, "demangled": t.demangled,
                                  "launches": t.launches, "total_ns": t.total_ns,
                                  "share": t.share} for i, t in enumerate(chosen, 1)]})
+        progress.stage("the program runs again, capturing")
         proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading))
         status = status_of(proc.returncode)
         out = args.out

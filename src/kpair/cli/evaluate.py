@@ -60,7 +60,7 @@ class Evaluate(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        p.add_argument("harness", type=Path)
+        p.add_argument("harness", type=Path, help="pair harness directory (its ref judges)")
         p.add_argument("candidates", nargs="*", type=Path, help="candidate code objects")
         p.add_argument("-o", "--out", type=Path, default=Path("evaluations"),
                        help="results, attempts.jsonl and worker.log (default ./evaluations)")

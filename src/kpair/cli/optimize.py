@@ -69,15 +69,25 @@ class Optimize(Command):
                         help="triton: configs built per kernel, fewest changes first "
                         "(default 48)")
         m = p.add_argument_group("measurement")
-        m.add_argument("--timeout", type=float, default=120.0,
-                       help="seconds before a candidate that hangs is killed (default 120)")
-        m.add_argument("--prune-max-blocks", type=int, default=16)
-        m.add_argument("--prune-time-cap", type=float, default=1.0)
-        m.add_argument("--time-cap", type=float,
-                       help="seconds of ABBA timing in the confirming and publishing runs")
-        m.add_argument("--min-blocks", type=int)
-        m.add_argument("--max-blocks", type=int)
-        m.add_argument("--seed", type=int)
+        m.add_argument("--timeout", type=float, metavar="S",
+                       help="seconds a candidate's worker has before it is killed (default: "
+                       "derived from ref's own time, as for kpair run)")
+        m.add_argument("--prune-max-blocks", type=int, default=16, metavar="N",
+                       help="ABBA blocks at most in the prune stage's short measurement of "
+                       "every candidate")
+        m.add_argument("--prune-time-cap", type=float, default=1.0, metavar="S",
+                       help="seconds of ABBA timing at most per candidate in the prune stage")
+        m.add_argument("--time-cap", type=float, metavar="S",
+                       help="seconds of ABBA timing in the confirming and publishing runs "
+                       "(default: the harness's measure setting, else kpair run's)")
+        m.add_argument("--min-blocks", type=int, metavar="N",
+                       help="ABBA blocks before the CI may stop the confirming and publishing "
+                       "runs (default: as kpair run)")
+        m.add_argument("--max-blocks", type=int, metavar="N",
+                       help="ABBA blocks at most in the confirming and publishing runs "
+                       "(default: as kpair run)")
+        m.add_argument("--seed", type=int,
+                       help="seed of every ABBA schedule (default: random)")
         p.add_argument("command", nargs=argparse.REMAINDER,
                        help="-- python prog.py ARGS... (the program to capture)")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import progress
 from ..errors import UsageError
 from ..policy import FLOAT_DTYPES, Policy, Tolerance, decode, dtype_size, save_policy
 from .base import Command
@@ -90,7 +91,10 @@ def ref_runs(harness: Path, runs: int, device_options: dict | None = None
         replay = Replay(device, h.snapshot)
         ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
         replay.check_abi(ref, "ref")
-        posts = [replay.run(ref, h.launch(h.ref)) for _ in range(runs)]
+        posts = []
+        for i in range(runs):
+            progress.stage(f"ref run {i + 1}/{runs}")
+            posts.append(replay.run(ref, h.launch(h.ref)))
         pre = dict(replay.pre)
     hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
     return posts, pre, hints, h.policy
@@ -108,7 +112,7 @@ class PolicyCmd(Command):
         sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
         s = sub.add_parser("suggest", help="write a tolerance policy from the spread of "
                            "repeated ref runs", description=__doc__)
-        s.add_argument("harness", type=Path)
+        s.add_argument("harness", type=Path, help="pair harness directory")
         s.add_argument("-o", "--out", type=Path, help="policy file (default: print it); an "
                        "existing file is not replaced without --force")
         s.add_argument("--force", action="store_true", help="replace an existing --out file")

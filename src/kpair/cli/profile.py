@@ -33,6 +33,9 @@ class ProfileCmd(Command):
 
         if args.top < 1:
             raise UsageError(f"--top must be 1 or more, got {args.top}")
+        from .. import progress
+
+        progress.stage("the program runs, profiling")
         status, profile = run_profile(strip_separator(args.command), args.out)
         if profile is None:
             print(f"kpair profile: the program ended with status {status} and no profile was "

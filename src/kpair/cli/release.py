@@ -17,30 +17,22 @@ if TYPE_CHECKING:
 
 
 class ProgressLine:
-    """Batch progress on stderr: a redrawn bar on a terminal, one line per operator otherwise
-    (logs and CI keep every line)."""
+    """Batch progress: one kept line per finished operator, through ``kpair.progress``
+    (whose live display or plain lines show the harnesses in flight)."""
 
-    def __init__(self, stream=None, width: int = 24):
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.width = width
+    def __init__(self):
         self.started = time.monotonic()
 
     def __call__(self, done: int, total: int, key: str, row: Row | None) -> None:
+        from .. import progress
+
         if row is None:
-            if self.tty:
-                filled = self.width * done // max(total, 1)
-                bar = "#" * filled + "." * (self.width - filled)
-                self.stream.write(f"\r[{bar}] {done}/{total} {key} ...\x1b[K")
-                self.stream.flush()
             self.started = time.monotonic()
             return
         # Since the previous line: one harness's time in a serial run; in a pool, the gap
         # between completions.
         took, self.started = time.monotonic() - self.started, time.monotonic()
-        line = f"[{done}/{total}] {key}: {describe_row(row)} ({took:.1f} s)"
-        self.stream.write(("\r\x1b[K" if self.tty else "") + line + "\n")
-        self.stream.flush()
+        progress.note(f"[{done}/{total}] {key}: {describe_row(row)} ({took:.1f} s)")
 
 
 def describe_row(row: Row) -> str:
@@ -337,7 +329,8 @@ class Demo(Command):
         p.add_argument("--out", type=Path, default=Path("kpair-demo"),
                        help="release directory to create; must be absent or empty "
                             "(default: ./kpair-demo)")
-        p.add_argument("--backend", choices=("host", "cuda"), default="host")
+        p.add_argument("--backend", choices=("host", "cuda"), default="host",
+                       help="where the demo's kernels run: host (any CPU) or cuda")
         p.add_argument("--time-cap", type=float, default=None,
                        help="seconds of ABBA measurement per operator (default: demo's own)")
         p.add_argument("--json", action="store_true",

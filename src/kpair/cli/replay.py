@@ -23,7 +23,7 @@ class Replay(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        p.add_argument("snapshot", type=Path)
+        p.add_argument("snapshot", type=Path, help="snapshot directory")
         p.add_argument("--runs", type=int, default=3, help="replays (default 3)")
         p.add_argument("--timeout", type=float, default=600.0,
                        help="seconds before a hung worker is killed (default 600)")

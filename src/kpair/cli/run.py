@@ -11,6 +11,8 @@ from .base import Command
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    from ..isolation import HANG_FACTOR, HANG_FLOOR_S
+    from ..measure import StoppingRule
     from ..pipeline import RunOptions
     from ..trust import CHECKS
 
@@ -24,23 +26,41 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    "this process sees; default 0); recorded as environment.device_index")
     p.add_argument("--relocate", action="store_true",
                    help="force relocation (test the pointer-patching path)")
-    p.add_argument("--min-blocks", type=int)
-    p.add_argument("--max-blocks", type=int)
-    p.add_argument("--rel-ci", type=float, help="stop when the CI half-width is below this")
-    p.add_argument("--time-cap", type=float, help="seconds of measurement at most")
-    p.add_argument("--seed", type=int, help="seed of the ABBA schedule and bootstrap")
+    rule = StoppingRule()
+    p.add_argument("--min-blocks", type=int, metavar="N",
+                   help="ABBA blocks (a ref and an opt launch each) timed before the CI may "
+                   "stop a measurement (default: the harness's measure setting, else "
+                   f"{rule.min_blocks})")
+    p.add_argument("--max-blocks", type=int, metavar="N",
+                   help="ABBA blocks at most per measurement (default: the harness's "
+                   f"measure setting, else {rule.max_blocks})")
+    p.add_argument("--rel-ci", type=float, metavar="FRACTION",
+                   help="stop when the speedup CI's half-width is below this fraction of it "
+                   f"(default: the harness's measure setting, else {rule.rel_ci_halfwidth:g})")
+    p.add_argument("--time-cap", type=float, metavar="S",
+                   help="seconds of ABBA timing at most per measurement: the A/B "
+                   "measurement (shared by its replicates), the identical-binary control and "
+                   "the A/A control each get this much (default: the harness's measure "
+                   f"setting, else {rule.time_cap_s:g})")
+    p.add_argument("--seed", type=int,
+                   help="seed of the ABBA schedule and bootstrap (default: random, recorded "
+                   "in result.json)")
     p.add_argument("--replicates", type=int, default=RunOptions.replicates, metavar="N",
                    help="independent measurements on fresh loads of both kernels, read "
                    f"together as a re-run interval (default {RunOptions.replicates}; 1: one "
                    "ABBA run, its own CI)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds before a hung worker is killed (default 600)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="seconds the worker has for its setup and for each opt before it is "
+                   "killed (default: derived from ref's own time: a worker that shows no "
+                   f"progress for max({HANG_FLOOR_S:g} s, {HANG_FACTOR:g} x the time of "
+                   "ref's stage) is killed; see docs/format.md)")
     p.add_argument("--json", action="store_true", help="print result.json instead of a line")
     p.add_argument("--no-checks", action="store_true",
                    help="skip every trust check (guards, poison, repeats, mutations, timing "
                    "cross-checks): faster, and trusts opt not to cheat")
     p.add_argument("--skip-check", action="append", default=[], choices=CHECKS,
-                   metavar="CHECK", help=f"skip one trust check (repeatable): {', '.join(CHECKS)}")
+                   metavar="CHECK", help="skip one trust check (repeatable; default: none "
+                   f"skipped): {', '.join(CHECKS)}")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -77,7 +97,7 @@ class Run(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        p.add_argument("harness", type=Path)
+        p.add_argument("harness", type=Path, help="pair harness directory")
         p.add_argument("-o", "--out", type=Path,
                        help="result path (default: HARNESS/result.json, the harness's latest "
                        "result, replaced by each run); its samples and worker log go beside "
@@ -107,17 +127,21 @@ def check_harness_dir(path: Path) -> None:
 
 def harness_main(root: Path, argv: list[str]) -> int:
     """Entry point of a harness's generated ``run_harness.py``."""
+    from .. import progress
     from ..isolation import run_isolated
+    from .base import HelpFormatter
 
-    p = argparse.ArgumentParser(prog="run_harness.py",
+    p = argparse.ArgumentParser(prog="run_harness.py", formatter_class=HelpFormatter,
                                 description=f"Run the pair harness in {root}.")
     add_run_arguments(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = p.parse_args(argv)
     from .base import sigterm_unwinds
 
     with sigterm_unwinds():
         try:
-            result = run_isolated(root, options_from_args(args))
+            with progress.using(progress.for_command("run_harness.py", quiet=args.quiet)):
+                result = run_isolated(root, options_from_args(args))
         except KpairError as e:
             print(f"kpair: {e}", file=sys.stderr)
             return e.exit_code

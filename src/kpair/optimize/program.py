@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import progress
 from ..errors import BackendUnavailable, KpairError, UsageError
 from ..formats import Record, read, to_builtins, write
 from ..pipeline import RunOptions
@@ -176,6 +177,7 @@ def capture_program(command: Sequence[str], work: Path, *, top: int, kernel: str
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--top", str(top),
            *(["--kernel", kernel] if kernel else []), "--", *command]
+    progress.stage("profiling and capturing the program")
     log(f"kpair optimize: profiling and capturing the top {top} kernels"
         f"{f' matching {kernel!r}' if kernel else ''}: "
         f"{' '.join(command)}")
@@ -226,6 +228,7 @@ def _proposals(harness, context: Context, opts: OptimizeOptions, log: Log):
             log(f"    {name}: not applicable ({why_not})")
             continue
         log(f"    {name}: building candidates")
+        progress.stage(f"{name}: building candidates")
         build = context.work / "builds" / name
         build.mkdir(parents=True, exist_ok=True)
         ctx = Context(work=build, source=context.source, variants=context.variants,
@@ -376,8 +379,9 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
             continue
         log(f"{head}: searching")
         try:
-            outcome = optimize_operator(op, release, work / "ops" / f"level{op.level}-"
-                                        f"{op.name}", opts, log)
+            with progress.task(op.key, i, len(operators)):
+                outcome = optimize_operator(op, release, work / "ops" / f"level{op.level}-"
+                                            f"{op.name}", opts, log)
         except KpairError as e:  # one operator's trouble does not end the run
             outcome = OperatorOutcome(op, "failed", f"not optimized: {e}")
         outcomes.append(outcome)

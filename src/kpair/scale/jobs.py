@@ -17,12 +17,14 @@ manifest itself), says ``pass`` or ``fail``, and names the current manifest's sh
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import progress
 from .._util import utc_now, write_text_atomic
 from ..errors import FormatError
 from ..pipeline import RunOptions
@@ -65,10 +67,17 @@ def run_job(job: HarnessJob, options: RunOptions, device: int) -> Result:
 def run_local(jobs: Iterable[HarnessJob], options: RunOptions, devices: Sequence[int]
               ) -> Iterator[tuple[HarnessJob, int, Result]]:
     """Every job on a pool of ``devices``, one in flight per device; completion order."""
-    def open_worker(device: int):
-        return contextlib.nullcontext(lambda job: run_job(job, options, device))
-
     tasks = [Task(j.key, j, j.device) for j in jobs]
+    started = itertools.count(1)  # the k of "harness k of n", as devices take them
+
+    def open_worker(device: int):
+        def work(job: HarnessJob) -> Result:
+            where = f"{job.key} on device {device}" if len(devices) > 1 else job.key
+            with progress.task(where, next(started), len(tasks)):
+                return run_job(job, options, device)
+
+        return contextlib.nullcontext(work)
+
     for done in DevicePool(devices).run(tasks, open_worker):
         result = done.value
         if done.error is not None:  # run_job does not raise; a pool fault still gets a row
