@@ -10,6 +10,7 @@ AMDGPU assembly (``kpair asm``), or a ready code object. A cubin, whatever made 
 
 from __future__ import annotations
 
+import base64
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,8 +63,6 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
     with tempfile.TemporaryDirectory(prefix="kpair-mcp-build-") as tmp:
         tmp = Path(tmp)
         if form == "binary":
-            from .workspace import decode_binary
-
             image = decode_binary(code, path)
             if not image:
                 raise UsageError("the candidate is empty")
@@ -118,6 +117,18 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
             return Built(out.read_bytes(), kernel, source="AMDGPU assembly (submitted)",
                          build="kpair asm assemble")
     raise UsageError(f"unknown form {form!r}")
+
+
+def decode_binary(code: str | None, path: str | None) -> bytes:
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"candidate {p}: no such file")
+        return p.read_bytes()
+    try:
+        return base64.b64decode(code or "", validate=True)
+    except ValueError:
+        raise UsageError("'code' of a binary candidate must be base64") from None
 
 
 def _need(h, backend: str, form: str) -> None:

@@ -13,7 +13,6 @@ candidate's code object (``candidates/NNNN.<ext>``, kept for ``publish``). Sessi
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -25,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AbiMismatch, KpairError, UsageError
+from ..errors import KpairError, UsageError
 from ..harness import EXTENSIONS, Harness, create_harness
 from ..pipeline import RunOptions
-from ..snapshot import Snapshot, detect_format
+from ..snapshot import Snapshot
+from .build import build_candidate
 
 #: What ``submit`` accepts as ``form``, and what each means.
 FORMS = {
@@ -196,8 +196,6 @@ class Workspace:
         with self.lock:
             state = self.state(operator)
             started = time.monotonic()
-            from .build import build_candidate
-
             built = build_candidate(state, form, code=code, path=path, kernel=kernel,
                                     ptxas_options=ptxas_options or [], config=config)
             override = launch_override if launch_override is not None else built.launch
@@ -319,17 +317,4 @@ class Workspace:
         return path
 
 
-def decode_binary(code: str | None, path: str | None) -> bytes:
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UsageError(f"candidate {p}: no such file")
-        return p.read_bytes()
-    try:
-        return base64.b64decode(code or "", validate=True)
-    except ValueError:
-        raise UsageError("'code' of a binary candidate must be base64") from None
-
-
-__all__ = ["FORMS", "OperatorState", "Workspace", "decode_binary", "detect_format",
-           "AbiMismatch"]
+__all__ = ["FORMS", "OperatorState", "Workspace"]
