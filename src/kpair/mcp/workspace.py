@@ -178,7 +178,7 @@ class Workspace:
         if result.speed is not None:
             state.ref_s = result.speed.debug_only.get("ref_median_us", 0) * 1e-6 or None
         if result.sol is not None:  # ref's time against the floor (opt here is ref again)
-            state.last_sol = result.sol.to_json()
+            state.last_sol = result.sol.replace(opt_s=None, opt_fraction=None).to_json()
 
     # ------------------------------------------------------------------ submit
 
