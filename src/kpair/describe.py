@@ -73,3 +73,92 @@ def describe(path: Path, verify: bool = True) -> tuple[dict, str]:
         return info, "\n".join(lines)
     raise FormatError("neither a snapshot (snapshot.json) nor a harness (harness.json)",
                       path=path)
+
+
+def _clip(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [{len(text) - limit} more characters]"
+
+
+def operator_code(h, *, max_chars: int, work: Path | None = None) -> dict:
+    """ref's code as text, at every level kpair can reach: the Triton source kept at capture,
+    PTX, SASS (cuobjdump/nvdisasm), AMDGPU assembly (``kpair asm``); each with where it came
+    from or why it is absent."""
+    from .ptx import ref_ptx, sass
+
+    m = h.snapshot.manifest
+    image, fmt = h.binary(h.ref), h.ref.format
+    code: dict = {"kernel": h.ref.kernel, "format": fmt, "arch": m.arch,
+                  "code_object_bytes": len(image)}
+    triton = (m.provenance or {}).get("triton") or {}
+    if isinstance(triton.get("source"), str):
+        code["triton_source"] = _clip(triton["source"], max_chars)
+        code["triton_config"] = {k: v for k, v in (triton.get("metadata") or {}).items()
+                                 if k in ("num_warps", "num_stages", "maxnreg", "shared")}
+        code["triton_constants"] = triton.get("constants")
+    if h.backend == "cuda":
+        text, how = ref_ptx(image, fmt, m.provenance)
+        code["ptx"], code["ptx_from"] = _clip(text, max_chars), how
+        text, how = sass(image, fmt)
+        code["sass"], code["sass_from"] = _clip(text, max_chars), how
+    elif h.backend == "hip" and work is not None:
+        from .amd.asm import SOURCE, disassemble
+        from .errors import KpairError
+
+        try:
+            ref = work / "ref-asm" / "ref.co"
+            ref.parent.mkdir(parents=True, exist_ok=True)
+            ref.write_bytes(image)
+            disassemble(ref, work / "ref-asm")
+            text = (work / "ref-asm" / SOURCE).read_text()
+            code["amdgpu_asm"], code["amdgpu_asm_from"] = _clip(text, max_chars), "kpair asm"
+        except KpairError as e:
+            code["amdgpu_asm"], code["amdgpu_asm_from"] = None, str(e)
+    elif h.backend == "host":
+        src = (m.provenance or {}).get("source")
+        if isinstance(src, dict) and isinstance(src.get("text"), str):
+            code["c_source"] = _clip(src["text"], max_chars)
+    return code
+
+
+def describe_operator(h, *, code: bool = True, max_chars: int = 200_000,
+                      ref_s: float | None = None, sol: dict | None = None,
+                      work: Path | None = None) -> dict:
+    """One operator (a harness) for an agent: launch, kernarg layout, regions with sizes and
+    what ref reads and writes, policy, ref's code, ref's measured time, speed of light."""
+    from .sol import snapshot_traffic
+
+    m = h.snapshot.manifest
+    t = snapshot_traffic(h.snapshot)
+    roles = {r.name: r for r in t.regions}
+    out = {
+        "backend": h.backend, "arch": m.arch, "complete": m.complete,
+        "kernel": h.ref.kernel,
+        "launch": {"grid": list(m.launch.grid), "block": list(m.launch.block),
+                   "dynamic_shared_bytes": m.launch.dynamic_shared_bytes,
+                   "attributes": [a.name for a in m.launch.attributes]},
+        "kernarg": {"bytes": m.kernarg.blob.size,
+                    "params": [{"name": p.name, "offset": p.offset, "size": p.size,
+                                "kind": p.kind} for p in m.kernarg.params]},
+        "regions": [{"name": r.name, "address": hex(r.address), "size": r.size,
+                     "dtype": r.dtype, "ref": "reads" if roles[r.name].role == "read"
+                     else "writes", "bytes_written": roles[r.name].bytes
+                     if roles[r.name].role == "written" else 0} for r in m.regions],
+        "must_move_bytes": {"read": t.read_bytes, "written": t.written_bytes,
+                            "total": t.total},
+        "policy": h.policy.to_json(),
+        "policy_text": [h.policy.mode] + [tol.describe() for tol in h.policy.tolerances],
+        "ref_time_us": round(ref_s * 1e6, 3) if ref_s else None,
+        "ref_time_note": "median of ref's timed launches in the session's measurement; "
+                         "absolute times drift: compare ratios",
+        "sol": sol,
+    }
+    if sol:
+        from .formats import convert
+        from .sol import SpeedOfLight
+
+        out["sol_text"] = convert(sol, SpeedOfLight).summary()
+    if code:
+        out["code"] = operator_code(h, max_chars=max_chars, work=work)
+    return out

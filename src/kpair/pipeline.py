@@ -173,6 +173,7 @@ class Run:
     candidate: Candidate | None = None
     systematic: Any = None     # the identical-binary control: measured once per placement
     setup_stage_s: dict[str, float] = field(default_factory=dict)
+    traffic: Any = None        # kpair.sol.Traffic of the snapshot: read once per placement
 
     def begin(self, candidate: Candidate) -> None:
         """Forget the previous candidate; keep the placement, ref's runs, the baselines."""
@@ -227,7 +228,22 @@ class Run:
     def passed(self) -> Result:
         trust, warnings = self.trust()
         return Result.make(status="pass", correctness=self.correctness(), speed=self.speed,
-                           trust=trust, warnings=warnings, **self.facts.keep())
+                           trust=trust, warnings=warnings, sol=self.speed_of_light(),
+                           **self.facts.keep())
+
+    def speed_of_light(self):
+        """ref's and opt's distance to the device's floor (``kpair.sol``); None when it cannot
+        be had: an optional figure never costs a verdict."""
+        from .sol import peaks_for, snapshot_traffic, speed_of_light
+
+        try:
+            if self.traffic is None:
+                self.traffic = snapshot_traffic(self.harness.snapshot)
+            peaks = peaks_for(self.device)
+        except (KpairError, OSError, ValueError, MemoryError):
+            return None
+        ref_s, opt_s = self.medians
+        return speed_of_light(self.traffic, peaks, ref_s=ref_s or None, opt_s=opt_s or None)
 
 
 #: A stage: its name (the key of ``stage_s``) and what it does. A stage returns a Result to

@@ -22,6 +22,7 @@ from . import __version__
 from ._util import utc_now
 from .errors import FormatError, WorkerFailed
 from .formats import Record, read, write
+from .sol import SpeedOfLight
 
 SCHEMA = "kpair.result"
 SCHEMA_VERSION = 1
@@ -172,6 +173,7 @@ class Result(Record, omit_defaults=True, kw_only=True):
     stage_s: dict[str, float] | None = None
     wall_s: float | None = None
     log: str | None = None
+    sol: SpeedOfLight | None = None
 
     def __post_init__(self) -> None:
         if self.correct is not (True if self.status == "pass" else

@@ -451,6 +451,21 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
             self.drv("cuMemFree", buffer)
         return n / max(best, 1e-9)
 
+    def measure_copy_bandwidth(self, nbytes: int) -> float:
+        """Best of 8 event-timed, gated device-to-device copies of ``nbytes`` bytes, counting
+        bytes read plus written per s (the speed of light's peak, ``kpair.sol``)."""
+        n = max(int(nbytes), 4)
+        src, dst = int(self.drv("cuMemAlloc", n)), int(self.drv("cuMemAlloc", n))
+        try:
+            self.drv("cuMemsetD8Async", src, 1, n, self.stream)
+            best = min(self._timed(lambda: self.drv("cuMemcpyDtoDAsync", dst, src, n,
+                                                    self.stream), " after a copy")
+                       for _ in range(8))
+        finally:
+            self.drv("cuMemFree", src)
+            self.drv("cuMemFree", dst)
+        return 2 * n / max(best, 1e-9)
+
     # ------------------------------------------------------------------ teardown
 
     def close(self) -> None:

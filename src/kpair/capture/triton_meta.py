@@ -13,6 +13,8 @@ import sys
 from typing import Any
 
 _MAX_SOURCE = 64 * 1024
+#: Triton's PTX of the launched kernel, kept for PTX-level edits (``kpair.ptx``).
+_MAX_PTX = 1 << 20
 _MAX_DEPTH = 24
 _META_KEYS = ("name", "hash", "num_warps", "num_stages", "num_ctas", "shared", "cluster_dims",
               "target", "global_scratch_size", "profile_scratch_size", "maxnreg", "arch",
@@ -58,6 +60,10 @@ def _from_compiled(obj: Any, handle: int) -> dict | None:
     if meta is not None:
         as_dict = meta._asdict() if hasattr(meta, "_asdict") else vars(meta)
         info["metadata"] = {k: _jsonable(as_dict[k]) for k in _META_KEYS if k in as_dict}
+    asm = getattr(obj, "asm", None)
+    ptx = asm.get("ptx") if isinstance(asm, dict) else None
+    if isinstance(ptx, str) and len(ptx) <= _MAX_PTX:
+        info["ptx"] = ptx
     return info
 
 
@@ -91,7 +97,7 @@ def _from_autotuner(obj: Any, name: str, handle: int) -> dict | None:
             compiled = _from_compiled(getattr(launcher, attr, None), handle)
             if compiled:
                 info.update({k: v for k, v in compiled.items()
-                             if k in ("constants", "signature", "attrs", "metadata")})
+                             if k in ("constants", "signature", "attrs", "metadata", "ptx")})
                 info["launched_config"] = _config(getattr(launcher, "config", None))
                 return info
     return info

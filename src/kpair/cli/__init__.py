@@ -22,6 +22,7 @@ from .base import Command, HelpFormatter, sigterm_unwinds
 from .capture import Capture
 from .core import Inspect, Pair
 from .evaluate import Evaluate
+from .mcp import McpCmd
 from .optimize import Optimize
 from .policy import PolicyCmd
 from .profile import ProfileCmd
@@ -31,7 +32,8 @@ from .run import Run
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
 COMMANDS: list[type[Command]] = [ProfileCmd, Capture, Replay, Pair, Run, Evaluate, Inspect,
-                                 PolicyCmd, ReleaseCmd, Verify, Report, Demo, Optimize, Asm]
+                                 PolicyCmd, ReleaseCmd, Verify, Report, Demo, Optimize, Asm,
+                                 McpCmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,6 +35,7 @@ from ..formats import Record, check_version, convert, parse, write
 from ..measure import geomean
 from ..policy import Policy, Tolerance
 from ..result import Result
+from ..sol import SpeedOfLight
 
 SCHEMA = "kpair.release_index"
 SCHEMA_VERSION = 2
@@ -283,6 +284,7 @@ class Row(Record, omit_defaults=True):
     refused_by: Literal["optimizer"] | None = None
     ref_identity: RefIdentity | None = None
     verifications: list[Verification] = []
+    sol: SpeedOfLight | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -555,7 +557,7 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
                     else f"{base}/result.json",
                     provenance=f"{base}/{PROVENANCE}" if provenance_dir else None),
         replay=(result.replay or {}).get("mode"), inputs_digest=result.inputs_digest,
-        verified=result.started or None, ref_identity=identity)
+        verified=result.started or None, ref_identity=identity, sol=result.sol)
 
 
 def device_run(device: int, result: Result, path: str) -> DeviceRun:

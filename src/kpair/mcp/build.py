@@ -1,0 +1,189 @@
+"""Candidates of every form built into a code object, ABI checked before anything launches.
+
+``build_candidate(state, form, ...)`` returns a ``Built``: the code object's bytes, the kernel
+name in it, the launch it needs (Triton: block from num_warps, shared memory, grid recomputed)
+and its provenance. Forms: C (host), CUDA C++, PTX (parameters checked against ref's layout,
+then ``ptxas``), Triton source (compiled with the captured signature and config), edited
+AMDGPU assembly (``kpair asm``), or a ready code object. A cubin, whatever made it, has its
+``.nv.info`` parameter layout checked against the snapshot's kernarg layout too.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import KpairError, UsageError
+from ..harness import EXTENSIONS
+from ..snapshot import detect_format
+
+
+@dataclass
+class Built:
+    image: bytes
+    kernel: str
+    source: str | None = None
+    build: str | None = None
+    launch: dict | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def suffix(self) -> str:
+        try:
+            return EXTENSIONS[detect_format(self.image)]
+        except KpairError:
+            return ".bin"
+
+
+def _ref_layout(state) -> tuple[list[tuple[int, int]], list[str]]:
+    m = state.harness.snapshot.manifest
+    return [(p.offset, p.size) for p in m.kernarg.params], [p.name for p in m.kernarg.params]
+
+
+def _check_cubin(state, image: bytes, kernel: str, what: str) -> None:
+    from ..ptx import check_abi, cubin_params
+
+    layout, names = _ref_layout(state)
+    check_abi(cubin_params(image, kernel), layout, ref_names=names, what=what)
+
+
+def build_candidate(state, form: str, *, code: str | None, path: str | None,
+                    kernel: str | None, ptxas_options: list[str], config: dict | None) -> Built:
+    h = state.harness
+    kernel = kernel or h.opt.kernel
+    arch = h.snapshot.manifest.arch
+    text = code if code is not None else None
+    if form != "binary" and text is None:
+        text = Path(path).read_text() if Path(path).is_file() else None
+        if text is None:
+            raise UsageError(f"candidate {path}: no such file")
+    with tempfile.TemporaryDirectory(prefix="kpair-mcp-build-") as tmp:
+        tmp = Path(tmp)
+        if form == "binary":
+            image = decode_binary(code, path)
+            if not image:
+                raise UsageError("the candidate is empty")
+            if detect_format(image) == "cubin":
+                _check_cubin(state, image, kernel, "the candidate cubin")
+            return Built(image, kernel, build="given code object")
+        if form == "c":
+            if h.backend != "host":
+                raise UsageError(f"C source builds host kernels; this operator runs on "
+                                 f"{h.backend}")
+            from ..toolchain import compile_shared
+
+            (tmp / "cand.c").write_text(text)
+            out = compile_shared(tmp / "cand.c", tmp / "cand.so")
+            return Built(out.read_bytes(), kernel, source="C source (submitted)",
+                         build="cc -shared -fPIC -O2 (kpair.toolchain)")
+        if form == "cuda":
+            _need(h, "cuda", form)
+            from ..toolchain import compile_cuda
+
+            (tmp / "cand.cu").write_text(text)
+            out = compile_cuda(tmp / "cand.cu", tmp / "cand.cubin", arch=arch)
+            image = out.read_bytes()
+            _check_cubin(state, image, kernel, "the candidate")
+            return Built(image, kernel, source="CUDA source (submitted)",
+                         build=f"nvcc -cubin -arch={arch} -O3")
+        if form == "ptx":
+            _need(h, "cuda", form)
+            from ..ptx import assemble, check_abi, entries, entry_params
+
+            names = entries(text)
+            name = kernel if kernel in names else (names[0] if len(names) == 1 else kernel)
+            layout, ref_names = _ref_layout(state)
+            check_abi(entry_params(text, name), layout, ref_names=ref_names,
+                      what="the candidate PTX")
+            image = assemble(text, arch=arch, options=ptxas_options)
+            return Built(image, name, source="PTX (submitted)",
+                         build=" ".join(["ptxas", f"-arch={arch}", *ptxas_options]),
+                         params={"ptxas_options": ptxas_options})
+        if form == "triton":
+            _need(h, "cuda", form)
+            return _triton(state, text, config or {}, tmp)
+        if form == "amdgpu-asm":
+            _need(h, "hip", form)
+            from ..amd.asm import SOURCE, assemble, disassemble
+
+            ref = tmp / "ref.co"
+            ref.write_bytes(h.binary(h.ref))
+            disassemble(ref, tmp / "asm")
+            (tmp / "asm" / SOURCE).write_text(text)
+            out = assemble(tmp / "asm", tmp / "cand.co")
+            return Built(out.read_bytes(), kernel, source="AMDGPU assembly (submitted)",
+                         build="kpair asm assemble")
+    raise UsageError(f"unknown form {form!r}")
+
+
+def decode_binary(code: str | None, path: str | None) -> bytes:
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"candidate {p}: no such file")
+        return p.read_bytes()
+    try:
+        return base64.b64decode(code or "", validate=True)
+    except ValueError:
+        raise UsageError("'code' of a binary candidate must be base64") from None
+
+
+def _need(h, backend: str, form: str) -> None:
+    if h.backend != backend:
+        raise UsageError(f"a {form} candidate needs a {backend} operator; this one runs on "
+                         f"{h.backend}")
+
+
+def _triton(state, source: str, config: dict, tmp: Path) -> Built:
+    """The submitted source compiled as the captured kernel was (signature, specialisation,
+    constexprs), with ``config`` (num_warps, num_stages, maxnreg, constants) over the
+    captured config; the launch follows the config, the grid recomputed from its formula."""
+    from dataclasses import replace
+
+    from ..optimize.strategies import triton as tri
+
+    h = state.harness
+    m = h.snapshot.manifest
+    info = tri.kernel_info(m.provenance or {})
+    if info is None:
+        raise UsageError("this operator has no captured Triton metadata (not a Triton "
+                         "launch, or its source was not recorded whole)")
+    info = tri.resolve(info, m, h.snapshot.kernarg())
+    if isinstance(info, str):
+        raise KpairError(info)
+    if f"def {info.function}(" not in source:
+        raise UsageError(f"the source must define the captured kernel {info.function}(...)")
+    unknown = set(config) - {"num_warps", "num_stages", "maxnreg", "constants"}
+    if unknown:
+        raise UsageError(f"unknown config key {sorted(unknown)[0]!r} (num_warps, num_stages, "
+                         "maxnreg, constants)")
+    constants = dict(config.get("constants") or {})
+    bad = [k for k in constants if k not in info.constants]
+    if bad:
+        raise UsageError(f"{bad[0]!r} is not a constexpr of {info.function} "
+                         f"({', '.join(info.constants)})")
+    chosen = {"num_warps": int(config.get("num_warps") or info.metadata.get("num_warps", 4)),
+              "num_stages": int(config.get("num_stages") or info.metadata.get("num_stages", 3)),
+              "maxnreg": config.get("maxnreg"), "constants": constants}
+    edited = replace(info, source=source)
+    kernarg = h.snapshot.kernarg()
+    formula = tri.dispatch_formula(info, m, kernarg)
+    if constants and formula is None:
+        raise UsageError("the grid formula of this kernel is unknown, so its block-size "
+                         "constexprs cannot change (num_warps and num_stages can)")
+    fn = tri.load_function(edited, tmp)
+    built = tri.compile_config(edited, fn, chosen, m.arch)
+    captured = int(info.metadata.get("global_scratch_size") or 0)
+    if built["global_scratch_size"] > captured:
+        raise KpairError("the kernel needs global scratch memory the captured dispatch did "
+                         "not provide")
+    _check_cubin(state, built["cubin"], built["name"], "the compiled Triton kernel")
+    launch = tri.launch_override(info, chosen, shared=built["shared"], formula=formula,
+                                 values=tri.scalars(info, m, kernarg))
+    label = " ".join(f"{k}={v}" for k, v in chosen.items() if k != "constants" and v)
+    return Built(built["cubin"], built["name"], source="Triton source (submitted)",
+                 build=f"triton.compile({info.function}, {label} {constants or ''})".strip(),
+                 launch=launch, params={k: v for k, v in chosen.items() if v is not None})

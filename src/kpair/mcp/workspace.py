@@ -1,0 +1,320 @@
+"""A work directory as an agent sees it: operators to describe, candidates to submit, winners
+to publish. No MCP here: ``kpair.mcp.server`` exposes these methods as tools.
+
+``Workspace(root, options)`` finds the operators under ``root`` (every snapshot directory and
+every harness, a harness's own ``capture/`` not counted twice). Each operator gets, on first
+use, an ``OperatorState`` under ``root/mcp/<operator>/``: the harness candidates are judged
+on (a harness operator is its own; a snapshot's is an A/A pair of its captured code object,
+``base/``), one persistent ``kpair.session.Session`` (``evaluations/``: attempts.jsonl and
+one result.json per candidate, exactly as ``kpair evaluate`` writes them) and every
+candidate's code object (``candidates/NNNN.<ext>``, kept for ``publish``). Sessions live until
+``close``. Every method raises ``KpairError`` with kpair's own message on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import KpairError, UsageError
+from ..harness import EXTENSIONS, Harness, create_harness
+from ..pipeline import RunOptions
+from ..snapshot import Snapshot
+from .build import build_candidate
+
+#: What ``submit`` accepts as ``form``, and what each means.
+FORMS = {
+    "c": "C source of a host kernel (built with cc, as the host backend's code objects are)",
+    "cuda": "CUDA C++ source (nvcc -cubin for the harness's architecture); extern \"C\" kernel",
+    "ptx": "PTX text: its .entry parameters checked against ref's, then ptxas -> cubin",
+    "triton": "the Triton kernel's Python source (same name and signature as the captured one), "
+              "compiled with the captured config unless 'config' overrides it",
+    "amdgpu-asm": "kpair asm's code.s of ref, edited (assembled back with LLVM)",
+    "binary": "a code object (.so, cubin, fatbin, PTX or hsaco): base64 in 'code' or a 'path'",
+}
+_SKIP = {"mcp", "evaluations", ".git", "__pycache__", "blobs"}
+MAX_TEXT = 200_000
+
+
+def _name(rel: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", rel).strip("._-+")[:120] or "operator"
+
+
+@dataclass
+class OperatorState:
+    """One operator's evaluation state: its base harness, session and candidates."""
+
+    name: str
+    harness: Harness
+    work: Path
+    session: Any
+    candidates: dict[int, dict] = field(default_factory=dict)
+    ref_s: float | None = None
+    last_sol: dict | None = None
+
+
+class Workspace:
+    """Operators under ``root`` and their sessions (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike, options: RunOptions | None = None, *,
+                 publish_options: RunOptions | None = None):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise UsageError(f"work directory {self.root} does not exist")
+        self.options = options or RunOptions()
+        self.publish_options = publish_options or self.options
+        self.lock = threading.RLock()  # tools may be called from worker threads
+        self._states: dict[str, OperatorState] = {}
+
+    def close(self) -> None:
+        with self.lock:
+            for state in self._states.values():
+                state.session.close()
+            self._states.clear()
+
+    # ------------------------------------------------------------------ operators
+
+    def operators(self) -> dict[str, tuple[str, Path]]:
+        """name -> (kind, directory), for every snapshot and harness under the root."""
+        found: dict[str, tuple[str, Path]] = {}
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            d = Path(dirpath)
+            dirnames[:] = sorted(n for n in dirnames if n not in _SKIP and not n.startswith("."))
+            kind = "harness" if "harness.json" in filenames else \
+                "snapshot" if "snapshot.json" in filenames else None
+            if kind is None:
+                continue
+            if kind == "harness":
+                dirnames[:] = []  # its capture/ is part of it
+            rel = d.relative_to(self.root).as_posix()
+            found[_name(rel if rel != "." else d.name)] = (kind, d)
+        return found
+
+    def list(self) -> list[dict]:
+        out = []
+        for name, (kind, path) in self.operators().items():
+            row: dict[str, Any] = {"operator": name, "kind": kind,
+                                   "path": str(path.relative_to(self.root))}
+            try:
+                if kind == "harness":
+                    h = Harness.open(path, verify=False)
+                    m = h.snapshot.manifest
+                    row.update(kernel=h.ref.kernel, format=h.ref.format)
+                else:
+                    m = Snapshot.open(path).manifest
+                    row.update(kernel=m.code.kernel_name, format=m.code.format)
+                row.update(backend=m.backend, arch=m.arch, complete=m.complete,
+                           grid=list(m.launch.grid), block=list(m.launch.block),
+                           region_bytes=sum(r.size for r in m.regions))
+            except KpairError as e:
+                row["error"] = str(e)
+            out.append(row)
+        return out
+
+    def _find(self, operator: str) -> tuple[str, Path]:
+        ops = self.operators()
+        if operator not in ops:
+            raise UsageError(f"no operator {operator!r} in {self.root} (operators: "
+                             f"{', '.join(sorted(ops)) or 'none'})")
+        return ops[operator]
+
+    def state(self, operator: str) -> OperatorState:
+        """The operator's state, made on first use (its base harness, its session)."""
+        from ..session import Session
+
+        with self.lock:
+            if operator in self._states:
+                return self._states[operator]
+            kind, path = self._find(operator)
+            work = self.root / "mcp" / operator
+            work.mkdir(parents=True, exist_ok=True)
+            if kind == "harness":
+                harness = Harness.open(path)
+            else:
+                base = work / "base"
+                if (base / "harness.json").is_file():
+                    harness = Harness.open(base)
+                else:
+                    snap = Snapshot.open(path)
+                    image = work / f"ref{EXTENSIONS[snap.manifest.code.format]}"
+                    image.write_bytes(snap.code_object())
+                    harness = create_harness(path, base, opt=image)
+            session = Session(harness.root, self.options, out=work / "evaluations")
+            state = OperatorState(operator, harness, work, session)
+            self._states[operator] = state
+            return state
+
+    # ------------------------------------------------------------------ describe
+
+    def describe(self, operator: str, *, measure: bool = True, code: bool = True,
+                 max_chars: int = MAX_TEXT) -> dict:
+        """Everything an agent needs about one operator (see ``kpair.describe.operator``)."""
+        from ..describe import describe_operator
+
+        with self.lock:
+            state = self.state(operator)
+            if measure and state.ref_s is None:
+                self._measure_ref(state)
+            return describe_operator(state.harness, code=code, max_chars=max_chars,
+                                     ref_s=state.ref_s, sol=state.last_sol,
+                                     work=state.work) | {
+                "operator": operator, "evaluations": str(state.session.out),
+                "forms": FORMS}
+
+    def _measure_ref(self, state: OperatorState) -> None:
+        """ref against itself through the session: ref's time (and the setup paid once)."""
+        h = state.harness
+        result, _ = state.session.attempt(h.binary(h.ref), kernel=h.ref.kernel,
+                                          label="ref (baseline measurement)",
+                                          strategy="mcp:baseline")
+        if result.speed is not None:
+            state.ref_s = result.speed.debug_only.get("ref_median_us", 0) * 1e-6 or None
+        if result.sol is not None:  # ref's time against the floor (opt here is ref again)
+            state.last_sol = result.sol.replace(opt_s=None, opt_fraction=None).to_json()
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(self, operator: str, form: str, *, code: str | None = None,
+               path: str | None = None, kernel: str | None = None,
+               ptxas_options: list[str] | None = None, config: dict | None = None,
+               launch_override: dict | None = None, label: str | None = None) -> dict:
+        """Build a candidate of ``form`` (``FORMS``), refuse an ABI mismatch before anything
+        launches, and judge it in the operator's session: the verdict as ``kpair evaluate
+        --jsonl`` prints it, plus build seconds and judge seconds."""
+        if form not in FORMS:
+            raise UsageError(f"form must be one of {', '.join(FORMS)}, not {form!r}")
+        if (code is None) == (path is None) and form != "binary":
+            raise UsageError("give the candidate as 'code' (its text) or 'path', one of them")
+        with self.lock:
+            state = self.state(operator)
+            started = time.monotonic()
+            built = build_candidate(state, form, code=code, path=path, kernel=kernel,
+                                    ptxas_options=ptxas_options or [], config=config)
+            override = launch_override if launch_override is not None else built.launch
+            build_s = time.monotonic() - started
+            result, attempt = state.session.attempt(
+                built.image, kernel=built.kernel, launch_override=override or None,
+                label=label or f"{form} candidate", source=built.source, build=built.build,
+                strategy=f"mcp:{form}", params=built.params)
+            keep = state.work / "candidates" / f"{attempt.n:04d}{built.suffix}"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            keep.write_bytes(built.image)
+            state.candidates[attempt.n] = {"file": keep, "kernel": built.kernel,
+                                           "launch_override": override or None,
+                                           "form": form, "status": result.status}
+            s = result.speed
+            return {
+                "attempt": attempt.n, "status": result.status, "summary": result.summary(),
+                "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
+                "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
+                "difference": s.difference if s else None,
+                "failed_check": result.correctness.failed_check
+                if result.correctness else None,
+                "reason": result.reason, "exit_code": result.exit_code,
+                "sol": result.sol.summary() if result.sol else None,
+                "result": str(state.session.out / attempt.result),
+                "candidate": str(keep), "build_s": round(build_s, 3),
+                "judge_s": result.wall_s}
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(self, operator: str, attempt: int, release: str, *, level: int | None = None,
+                name: str | None = None, replace: bool = False,
+                allow_slower: bool = False) -> dict:
+        """``release add`` of a passing candidate: a harness of ref and that candidate, run
+        again in full, published only if it passes and is faster."""
+        from ..optimize.program import level_of
+        from ..release import add_operator
+
+        with self.lock:
+            state = self.state(operator)
+            cand = state.candidates.get(attempt)
+            if cand is None:
+                raise UsageError(f"operator {operator} has no attempt {attempt} in this "
+                                 f"session (attempts: {sorted(state.candidates) or 'none'})")
+            if cand["status"] != "pass":
+                raise UsageError(f"attempt {attempt} did not pass ({cand['status']}); only a "
+                                 "passing candidate can be published")
+            h = state.harness
+            out = state.work / "winners" / f"{attempt:04d}"
+            if not (out / "harness.json").is_file():
+                ref_file = state.work / f"ref-for-publish{Path(h.ref.binary).suffix}"
+                ref_file.write_bytes(h.binary(h.ref))
+                create_harness(h.snapshot.root, out, ref=ref_file, opt=cand["file"],
+                               ref_kernel=h.ref.kernel, opt_kernel=cand["kernel"],
+                               policy=h.root / h.spec.policy,
+                               opt_launch=cand["launch_override"])
+            level = level or level_of(h.ref.kernel)
+            outcome = add_operator(release, out, level=level, name=name or operator,
+                                   replace=replace, options=self.publish_options,
+                                   allow_slower=allow_slower)
+            return {"published": outcome.added, "key": f"level{level}/{name or operator}",
+                    "release": str(Path(release).resolve()), "status": outcome.result.status,
+                    "summary": outcome.result.summary(), "reason": outcome.row.reason,
+                    "harness": str(out), "exit_code": outcome.exit_code}
+
+    # ------------------------------------------------------------------ programs
+
+    def run_kpair(self, argv: list[str], log_name: str) -> tuple[int, str]:
+        """``python -m kpair ARGV`` in a child whose output goes to a log (stdout is the MCP
+        channel on stdio): (exit status, the log's last lines)."""
+        logs = self.root / "mcp" / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{log_name}.log"
+        with open(log, "w") as f:
+            proc = subprocess.run([sys.executable, "-m", "kpair", *argv], stdout=f, stderr=f,
+                                  stdin=subprocess.DEVNULL, cwd=self.root)
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        return proc.returncode, tail
+
+    def capture(self, command: list[str], *, out: str, top: int | None = 5,
+                kernel: str | None = None) -> dict:
+        if not command:
+            raise UsageError("give the program to run, e.g. ['python', 'prog.py']")
+        dest = self._inside(out)
+        argv = ["capture", "-o", str(dest), *(["--top", str(top)] if top else []),
+                *(["--kernel", kernel] if kernel else []), "--", *command]
+        status, tail = self.run_kpair(argv, "capture")
+        summary = dest / "capture.json"
+        if not summary.is_file():
+            raise KpairError(f"kpair capture wrote no capture.json (exit status {status}):\n"
+                             f"{tail}")
+        data = json.loads(summary.read_text())
+        ops = {p: n for n, (_, p) in self.operators().items()}
+        captured = [{"snapshot": d.get("snapshot"), "kernel": d.get("kernel"),
+                     "operator": ops.get((dest / d["snapshot"]).resolve())}
+                    for d in data.get("dispatches", []) if d.get("status") == "captured"]
+        return {"exit_status": status, "captured": captured, "log_tail": tail,
+                "directory": str(dest)}
+
+    def profile(self, command: list[str], *, out: str, top: int = 20) -> dict:
+        if not command:
+            raise UsageError("give the program to run, e.g. ['python', 'prog.py']")
+        dest = self._inside(out)
+        status, tail = self.run_kpair(["profile", "-o", str(dest), "--top", str(top), "--",
+                                       *command], "profile")
+        if not dest.is_file():
+            raise KpairError(f"kpair profile wrote no profile (exit status {status}):\n{tail}")
+        data = json.loads(dest.read_text())
+        kernels = sorted(data.get("kernels", []), key=lambda k: -k.get("total_ns", 0))[:top]
+        return {"exit_status": status, "profile": str(dest), "kernels": kernels,
+                "log_tail": tail}
+
+    def _inside(self, rel: str) -> Path:
+        path = (self.root / rel).resolve()
+        if self.root not in path.parents:
+            raise UsageError(f"{rel!r} leaves the work directory")
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise UsageError(f"{rel} exists and is not empty; choose a new name")
+        return path
+
+
+__all__ = ["FORMS", "OperatorState", "Workspace"]
