@@ -15,8 +15,11 @@ one way a worker is started, for ``kpair run`` (``run_isolated``) and for sessio
   beside the result (``worker.log``, named in ``result.json``), never to the terminal;
 - a lifetime bound to the parent's: its own process group, killed when it hangs (below), on
   Ctrl-C and on any exception in the parent; ``PR_SET_PDEATHSIG`` kills it if the parent
-  dies (SIGKILL included). Scratch directories carry their owner's pid, and each run sweeps
-  those whose owner is gone.
+  dies (SIGKILL included) — it is forked from a thread that lives as long as the parent
+  (``_spawn``), since that signal follows the forking thread. An idle session worker waiting
+  for its next candidate is never timed: the hang limit runs only while it is judging.
+  Scratch directories carry their owner's pid, and each run sweeps those whose owner is
+  gone.
 
 The hang limit: with ``RunOptions.timeout_s`` set (``--timeout``), a worker has that many
 seconds for its setup and for each candidate. Without it (the default), the limit follows
@@ -40,6 +43,7 @@ What the parent can and cannot trust is in docs/format.md ("Trust model").
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -48,6 +52,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -240,9 +245,9 @@ class Worker:
                "--channel", str(channel_w), "--parent", str(os.getpid()),
                "--options", options_arg(options), *extra] + (["--session"] if session else [])
         try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=output_w,
-                                         stderr=output_w, cwd=scratch, env=_worker_env(),
-                                         pass_fds=(channel_w,), start_new_session=True)
+            self.proc = _spawn(cmd, stdin=subprocess.PIPE, stdout=output_w,
+                               stderr=output_w, cwd=scratch, env=_worker_env(),
+                               pass_fds=(channel_w,), start_new_session=True)
         finally:
             os.close(channel_w)
             os.close(output_w)
@@ -513,6 +518,29 @@ def _import_path() -> list[str]:
     cwd = os.getcwd()
     here = str(Path(__file__).resolve().parent.parent)
     return [here] + [p for p in sys.path if p and os.path.isabs(p) and p != cwd and p != here]
+
+
+#: The thread that starts workers for callers on other threads (see ``_spawn``).
+_SPAWNER: concurrent.futures.ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawn(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen`` from a thread that lives as long as this process.
+
+    The worker asks for ``PR_SET_PDEATHSIG``, and Linux sends that signal when the *thread*
+    that forked it ends, not the process. A caller on a short-lived thread (the MCP SDK runs
+    each tool call on an anyio worker thread, which exits after 10 s idle) would have its
+    idle session worker SIGKILLed, its log empty. So workers are forked from the main thread
+    or from one long-lived spawner thread, never from a passing one."""
+    global _SPAWNER
+    if threading.current_thread() is threading.main_thread():
+        return subprocess.Popen(cmd, **kwargs)
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="kpair-spawner")
+    return _SPAWNER.submit(subprocess.Popen, cmd, **kwargs).result()
 
 
 def _worker_env() -> dict[str, str]:
