@@ -144,3 +144,42 @@ def test_without_the_sdk_the_error_gives_the_install_command(tmp_path, monkeypat
     monkeypatch.setattr(server, "_sdk", missing)
     assert main(["mcp", str(tmp_path)]) == 4
     assert "pip install 'kpair[mcp]'" in capsys.readouterr().err
+
+
+def test_the_listing_skips_releases_and_kpairs_own_outputs(work, tmp_path):
+    """A release published inside the work directory, and an optimize work directory there,
+    hold harnesses that are not operators: the listing shows the captured snapshot and the
+    harness, nothing else."""
+    from kpair.mcp.workspace import Workspace
+    from kpair.pipeline import RunOptions
+    from kpair.release import add_operator
+
+    d, _ = work
+    root = tmp_path / "w"
+    snap = _snapshot_copy(d, root / "captures" / "snap")
+    create_harness(snap, root / "pairs" / "mm", opt=d / "nowrite.so")
+    quick = RunOptions(time_cap_s=0.3, min_blocks=4, max_blocks=8, seed=5, replicates=1,
+                       timeout_s=120)
+    add_operator(root / "release", d / "work" / "matmul", level=1, name="matmul",
+                 options=quick, allow_slower=True)
+    assert (root / "release" / "level1" / "matmul" / "harness" / "harness.json").is_file()
+    optimize_op = root / "opt-work" / "ops" / "level1-matmul"
+    (optimize_op / "captured.bin").parent.mkdir(parents=True)
+    (optimize_op / "captured.bin").write_bytes(b"x")
+    create_harness(snap, optimize_op / "base", opt=d / "nowrite.so")
+
+    ws = Workspace(root)
+    ops = {name: (kind, path.relative_to(root).as_posix())
+           for name, (kind, path) in ws.operators().items()}
+    assert ops == {"captures_snap": ("snapshot", "captures/snap"),
+                   "pairs_mm": ("harness", "pairs/mm")}
+    # Served from inside the release, its harnesses are what there is to list.
+    inside = Workspace(root / "release")
+    assert [k for k, _ in inside.operators().values()] == ["harness"]
+
+
+def _snapshot_copy(d: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(d / "snap", dest)
+    return dest

@@ -44,6 +44,27 @@ _SKIP = {"mcp", "evaluations", ".git", "__pycache__", "blobs"}
 MAX_TEXT = 200_000
 
 
+def _kpair_output(d: Path, dirnames: list[str], filenames: list[str]) -> bool:
+    """Whether ``d`` is something kpair wrote whose harnesses are not operators: a release
+    (its ``index.json`` or writer lock; its harnesses pair published winners) or one
+    operator's work directory of ``kpair optimize`` (``captured.bin`` beside its A/A
+    ``base/`` and the ``search/`` candidates)."""
+    from ..release import INDEX
+    from ..release.store import LOCK
+
+    if LOCK in filenames:
+        return True
+    if INDEX in filenames:
+        try:
+            with open(d / INDEX, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            return False
+        if b"kpair.release_index" in head:
+            return True
+    return "captured.bin" in filenames and "base" in dirnames
+
+
 def _name(rel: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", rel).strip("._-+")[:120] or "operator"
 
@@ -83,10 +104,15 @@ class Workspace:
     # ------------------------------------------------------------------ operators
 
     def operators(self) -> dict[str, tuple[str, Path]]:
-        """name -> (kind, directory), for every snapshot and harness under the root."""
+        """name -> (kind, directory), for every snapshot and harness under the root that is
+        an operator: not inside a release or another of kpair's outputs (``_kpair_output``),
+        whose harnesses only repeat operators (or candidates) found elsewhere."""
         found: dict[str, tuple[str, Path]] = {}
         for dirpath, dirnames, filenames in os.walk(self.root):
             d = Path(dirpath)
+            if d != self.root and _kpair_output(d, dirnames, filenames):
+                dirnames[:] = []
+                continue
             dirnames[:] = sorted(n for n in dirnames if n not in _SKIP and not n.startswith("."))
             kind = "harness" if "harness.json" in filenames else \
                 "snapshot" if "snapshot.json" in filenames else None
