@@ -48,7 +48,8 @@ def _env(tmp: Path) -> dict:
 
 async def _session(work_dir: Path, calls):
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "kpair", "mcp", str(work_dir), *QUICK],
+                                   args=["-m", "kpair", "mcp", str(work_dir), *QUICK,
+                                         "--quick-max-blocks", "8"],
                                    env=_env(work_dir.parent))
     async with Client(params, read_timeout_seconds=600) as client:
         return await calls(client)
@@ -77,6 +78,10 @@ def test_an_agent_lists_describes_submits_and_publishes_over_stdio(work, tmp_pat
             "operator": "matmul", "form": "c", "code": honest_c, "label": "loop order"}))
         out["cheat"] = _data(await client.call_tool("submit_candidate", {
             "operator": "matmul", "form": "binary", "path": str(cheat), "label": "nowrite"}))
+        out["honest_full"] = _data(await client.call_tool("submit_candidate", {
+            "operator": "matmul", "form": "c", "code": honest_c, "full": True}))
+        out["cheat_full"] = _data(await client.call_tool("submit_candidate", {
+            "operator": "matmul", "form": "binary", "path": str(cheat), "full": True}))
         out["ptx_on_host"] = await client.call_tool("submit_candidate", {
             "operator": "matmul", "form": "ptx", "code": ".version 8.0"})
         out["unknown"] = await client.call_tool("describe_operator", {"operator": "nope"})
@@ -98,10 +103,18 @@ def test_an_agent_lists_describes_submits_and_publishes_over_stdio(work, tmp_pat
     assert "SOL" in desc["sol_text"] and desc["policy_text"][0]
     assert [p["name"] for p in desc["kernarg"]["params"]] == ["a", "b", "c", "n"]
 
-    # The verdicts are kpair evaluate's on the same candidates.
+    # The verdicts are kpair evaluate's on the same candidates, quick or full: the quick
+    # measurement keeps every trust check, so the cheat fails both ways.
     honest, cheated = out["honest"], out["cheat"]
     assert honest["status"] == "pass", honest["summary"]
     assert cheated["status"] == "fail" and cheated["failed_check"], cheated["summary"]
+    assert (honest["judged"], out["honest_full"]["judged"]) == ("quick", "full")
+    assert out["honest_full"]["status"] == "pass", out["honest_full"]["summary"]
+    assert out["cheat_full"]["failed_check"] == cheated["failed_check"]
+    quick_r = json.loads(Path(honest["result"]).read_text())
+    full_r = json.loads(Path(out["honest_full"]["result"]).read_text())
+    assert quick_r["speed"]["blocks"] <= 8  # --quick-max-blocks
+    assert "systematic" not in quick_r["speed"] and full_r["speed"]["systematic"]
     evaluated = _evaluate(d / "work" / "matmul", [Path(honest["candidate"]), cheat], tmp_path)
     assert [e["status"] for e in evaluated] == ["pass", "fail"]
     assert evaluated[1]["failed_check"] == cheated["failed_check"]
@@ -113,8 +126,10 @@ def test_an_agent_lists_describes_submits_and_publishes_over_stdio(work, tmp_pat
 
     # Every submission is in attempts.jsonl, the baseline measurement first.
     attempts = read_attempts(d / "work" / "mcp" / "matmul" / "evaluations" / "attempts.jsonl")
-    assert [(a.strategy, a.status) for a in attempts] == [
-        ("mcp:baseline", "pass"), ("mcp:c", "pass"), ("mcp:binary", "fail")]
+    assert [(a.n, a.strategy, a.status, a.params["judged"]) for a in attempts] == [
+        (1, "mcp:baseline", "pass", "quick"), (2, "mcp:c", "pass", "quick"),
+        (3, "mcp:binary", "fail", "quick"), (4, "mcp:c", "pass", "full"),
+        (5, "mcp:binary", "fail", "full")]
 
     pub = out["publish"]
     assert pub["published"] is True and pub["status"] == "pass", pub

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..mcp import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
 from .base import Command
 from .run import add_run_arguments, options_from_args
 
@@ -26,16 +27,32 @@ class McpCmd(Command):
         p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
         p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
         add_run_arguments(p)
+        q = p.add_argument_group(
+            "quick measurement", "submissions are judged quick unless the agent asks for "
+            "full=true: every trust check, with a short measurement; the options above make "
+            "the full one (full=true, and publish)")
+        q.add_argument("--quick-max-blocks", type=int, default=QUICK_MAX_BLOCKS, metavar="N",
+                       help=f"ABBA blocks at most (default {QUICK_MAX_BLOCKS})")
+        q.add_argument("--quick-time-cap", type=float, default=QUICK_TIME_CAP_S, metavar="S",
+                       help=f"seconds of ABBA timing at most (default {QUICK_TIME_CAP_S:g})")
+        q.add_argument("--quick-replicates", type=int, default=QUICK_REPLICATES, metavar="N",
+                       help=f"replicates (default {QUICK_REPLICATES})")
+        q.add_argument("--no-quick", action="store_true",
+                       help="judge every submission with the full measurement")
 
     def run(self, args: argparse.Namespace) -> int:
         from ..errors import UsageError
         from ..mcp.server import _sdk, serve
-        from ..mcp.workspace import Workspace
+        from ..mcp.workspace import Workspace, quick_options
 
         _sdk()  # the install hint before anything else
         if not args.workdir.is_dir():
             raise UsageError(f"work directory {args.workdir} does not exist")
-        ws = Workspace(args.workdir, options_from_args(args))
+        full = options_from_args(args)
+        quick = None if args.no_quick else quick_options(
+            full, max_blocks=args.quick_max_blocks, time_cap_s=args.quick_time_cap,
+            replicates=args.quick_replicates)
+        ws = Workspace(args.workdir, full, quick=quick)
         serve(ws, "stdio" if args.transport == "stdio" else "http", host=args.host,
               port=args.port)
         return 0

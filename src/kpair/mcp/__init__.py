@@ -8,3 +8,9 @@ server (stdio or streamable HTTP) and turns kpair's errors into MCP tool errors.
 """
 
 INSTALL_HINT = "pip install 'kpair[mcp]'"
+
+#: The quick measurement's defaults (``kpair mcp --quick-*``): as ``kpair optimize``'s prune
+#: stage, shorter still — a ~10 us kernel is judged in well under a second.
+QUICK_MAX_BLOCKS = 16
+QUICK_TIME_CAP_S = 0.15
+QUICK_REPLICATES = 1

@@ -29,8 +29,9 @@ def _sdk():
 INSTRUCTIONS = """kpair judges GPU (or host) kernels on real captured dispatches.
 Loop: list_operators -> describe_operator (launch, regions ref reads/writes, policy, ref's
 code as Triton/PTX/SASS/asm, ref's time, speed of light) -> submit_candidate (any form; the
-verdict is kpair's: PASS with a speedup and CI, or FAIL naming the trust check) -> publish a
-passing, faster candidate into a release. Every submission is recorded in attempts.jsonl."""
+verdict is kpair's: PASS with a speedup and CI, or FAIL naming the trust check; quick by
+default, full=true for the full measurement) -> publish a passing, faster candidate into a
+release (it is measured in full again first). Every submission is recorded in attempts.jsonl."""
 
 
 def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
@@ -68,9 +69,12 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
                          ptxas_options: list[str] | None = None,
                          config: dict[str, Any] | None = None,
                          launch_override: dict[str, Any] | None = None,
-                         label: str | None = None) -> dict[str, Any]:
-        """Judge a candidate against ref in the operator's persistent session, exactly as
-        `kpair evaluate` does (all trust checks, ABBA timing); recorded in attempts.jsonl.
+                         label: str | None = None, full: bool = False) -> dict[str, Any]:
+        """Judge a candidate against ref in the operator's persistent session with every
+        trust check (a cheat fails either way), recorded in attempts.jsonl. By default a
+        quick, exploratory measurement (one replicate, few ABBA blocks, a short time cap, no
+        identical-binary control; 'judged': 'quick'); full=true gives the full replicated
+        measurement, the verdict `kpair evaluate` gives (publish always runs it again).
         form: """ + "; ".join(f"{k}: {v}" for k, v in FORMS.items()) + """.
         code: the candidate's text (base64 for form=binary), or path: a file on the server.
         ptxas_options (ptx), config (triton: num_warps, num_stages, maxnreg, constants),
@@ -78,7 +82,7 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
         must match ref's (offsets and sizes), or nothing runs."""
         return ws.submit(operator, form, code=code, path=path, kernel=kernel,
                          ptxas_options=ptxas_options, config=config,
-                         launch_override=launch_override, label=label)
+                         launch_override=launch_override, label=label, full=full)
 
     @tool
     def publish(operator: str, attempt: int, release: str, level: int | None = None,

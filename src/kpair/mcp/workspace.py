@@ -5,10 +5,19 @@ to publish. No MCP here: ``kpair.mcp.server`` exposes these methods as tools.
 every harness, a harness's own ``capture/`` not counted twice). Each operator gets, on first
 use, an ``OperatorState`` under ``root/mcp/<operator>/``: the harness candidates are judged
 on (a harness operator is its own; a snapshot's is an A/A pair of its captured code object,
-``base/``), one persistent ``kpair.session.Session`` (``evaluations/``: attempts.jsonl and
-one result.json per candidate, exactly as ``kpair evaluate`` writes them) and every
-candidate's code object (``candidates/NNNN.<ext>``, kept for ``publish``). Sessions live until
-``close``. Every method raises ``KpairError`` with kpair's own message on bad input.
+``base/``), persistent ``kpair.session.Session`` s writing to one ``evaluations/``
+(attempts.jsonl and one result.json per candidate, exactly as ``kpair evaluate`` writes them,
+numbered in one sequence) and every candidate's code object (``candidates/NNNN.<ext>``, kept
+for ``publish``). Sessions live until ``close``. Every method raises ``KpairError`` with
+kpair's own message on bad input.
+
+Two measurements, both with every trust check (a cheat fails either way): a submission is
+judged *quick* by default — the light options of ``kpair optimize``'s prune stage
+(``quick_options``: one replicate, few ABBA blocks, a short time cap, no identical-binary
+control), an exploratory verdict in a fraction of a second for a short kernel — or *full*
+on request (``full=True``: the workspace's run options, replicated and controlled, the
+verdict ``kpair evaluate`` gives). Each has its own session, started on first use. ``publish``
+always runs the full measurement again (``release add``), whatever judged the candidate.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from ..errors import KpairError, UsageError
 from ..harness import EXTENSIONS, Harness, create_harness
 from ..pipeline import RunOptions
 from ..snapshot import Snapshot
+from . import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
 from .build import build_candidate
 
 #: What ``submit`` accepts as ``form``, and what each means.
@@ -41,6 +51,8 @@ FORMS = {
     "binary": "a code object (.so, cubin, fatbin, PTX or hsaco): base64 in 'code' or a 'path'",
 }
 _SKIP = {"mcp", "evaluations", ".git", "__pycache__", "blobs"}
+QUICK_NOTE = (" [quick measurement: exploratory; full=true, or publish, runs the full "
+              "replicated one]")
 MAX_TEXT = 200_000
 
 
@@ -69,28 +81,48 @@ def _name(rel: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", rel).strip("._-+")[:120] or "operator"
 
 
+def quick_options(full: RunOptions, *, max_blocks: int = QUICK_MAX_BLOCKS,
+                  time_cap_s: float = QUICK_TIME_CAP_S,
+                  replicates: int = QUICK_REPLICATES) -> RunOptions:
+    """The quick measurement beside ``full``: the same checks, device, placement, cache,
+    seed and timeout; few blocks, a short cap, ``replicates`` replicates, no control."""
+    from dataclasses import replace
+
+    return replace(full, replicates=replicates, min_blocks=min(4, max_blocks),
+                   max_blocks=max_blocks, time_cap_s=time_cap_s, rel_ci=None,
+                   control=False, aa=False)
+
+
 @dataclass
 class OperatorState:
-    """One operator's evaluation state: its base harness, session and candidates."""
+    """One operator's evaluation state: its base harness, sessions (``quick``, ``full``:
+    made on first use, sharing ``evaluations/``) and candidates."""
 
     name: str
     harness: Harness
     work: Path
-    session: Any
+    sessions: dict[str, Any] = field(default_factory=dict)
     candidates: dict[int, dict] = field(default_factory=dict)
     ref_s: float | None = None
     last_sol: dict | None = None
+    taken: int = 0  # the highest attempt number in evaluations/ (both sessions number on)
+
+    @property
+    def out(self) -> Path:
+        return self.work / "evaluations"
 
 
 class Workspace:
     """Operators under ``root`` and their sessions (see the module docstring)."""
 
     def __init__(self, root: str | os.PathLike, options: RunOptions | None = None, *,
-                 publish_options: RunOptions | None = None):
+                 quick: RunOptions | None = None, publish_options: RunOptions | None = None):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise UsageError(f"work directory {self.root} does not exist")
-        self.options = options or RunOptions()
+        self.options = options or RunOptions()  # the full measurement
+        #: The quick one (None: every submission is judged in full).
+        self.quick = quick
         self.publish_options = publish_options or self.options
         self.lock = threading.RLock()  # tools may be called from worker threads
         self._states: dict[str, OperatorState] = {}
@@ -98,7 +130,8 @@ class Workspace:
     def close(self) -> None:
         with self.lock:
             for state in self._states.values():
-                state.session.close()
+                for session in state.sessions.values():
+                    session.close()
             self._states.clear()
 
     # ------------------------------------------------------------------ operators
@@ -153,8 +186,8 @@ class Workspace:
         return ops[operator]
 
     def state(self, operator: str) -> OperatorState:
-        """The operator's state, made on first use (its base harness, its session)."""
-        from ..session import Session
+        """The operator's state, made on first use (its base harness)."""
+        from ..session import taken_numbers
 
         with self.lock:
             if operator in self._states:
@@ -173,10 +206,25 @@ class Workspace:
                     image = work / f"ref{EXTENSIONS[snap.manifest.code.format]}"
                     image.write_bytes(snap.code_object())
                     harness = create_harness(path, base, opt=image)
-            session = Session(harness.root, self.options, out=work / "evaluations")
-            state = OperatorState(operator, harness, work, session)
+            state = OperatorState(operator, harness, work)
+            state.taken = taken_numbers(state.out)
             self._states[operator] = state
             return state
+
+    def session(self, state: OperatorState, *, full: bool):
+        """The operator's quick or full session (started on first use), ready to number its
+        next attempt after every one ``evaluations/`` holds, whichever session made it."""
+        from ..session import Session
+
+        mode = "full" if full or self.quick is None else "quick"
+        session = state.sessions.get(mode)
+        if session is None:
+            session = state.sessions[mode] = Session(
+                state.harness.root, self.options if mode == "full" else self.quick,
+                out=state.out)
+        # One numbering for both sessions (calls are serialised by the workspace lock).
+        session.first = state.taken - session.evaluated
+        return session, mode
 
     # ------------------------------------------------------------------ describe
 
@@ -192,15 +240,17 @@ class Workspace:
             return describe_operator(state.harness, code=code, max_chars=max_chars,
                                      ref_s=state.ref_s, sol=state.last_sol,
                                      work=state.work) | {
-                "operator": operator, "evaluations": str(state.session.out),
+                "operator": operator, "evaluations": str(state.out),
                 "forms": FORMS}
 
     def _measure_ref(self, state: OperatorState) -> None:
         """ref against itself through the session: ref's time (and the setup paid once)."""
         h = state.harness
-        result, _ = state.session.attempt(h.binary(h.ref), kernel=h.ref.kernel,
+        session, mode = self.session(state, full=False)
+        result, attempt = session.attempt(h.binary(h.ref), kernel=h.ref.kernel,
                                           label="ref (baseline measurement)",
-                                          strategy="mcp:baseline")
+                                          strategy="mcp:baseline", params={"judged": mode})
+        state.taken = attempt.n
         if result.speed is not None:
             state.ref_s = result.speed.debug_only.get("ref_median_us", 0) * 1e-6 or None
         if result.sol is not None:  # ref's time against the floor (opt here is ref again)
@@ -211,10 +261,12 @@ class Workspace:
     def submit(self, operator: str, form: str, *, code: str | None = None,
                path: str | None = None, kernel: str | None = None,
                ptxas_options: list[str] | None = None, config: dict | None = None,
-               launch_override: dict | None = None, label: str | None = None) -> dict:
+               launch_override: dict | None = None, label: str | None = None,
+               full: bool = False) -> dict:
         """Build a candidate of ``form`` (``FORMS``), refuse an ABI mismatch before anything
-        launches, and judge it in the operator's session: the verdict as ``kpair evaluate
-        --jsonl`` prints it, plus build seconds and judge seconds."""
+        launches, and judge it in the operator's quick session (``full``: the full one): the
+        verdict as ``kpair evaluate --jsonl`` prints it, which measurement gave it, build
+        seconds and judge seconds."""
         if form not in FORMS:
             raise UsageError(f"form must be one of {', '.join(FORMS)}, not {form!r}")
         if (code is None) == (path is None) and form != "binary":
@@ -226,19 +278,23 @@ class Workspace:
                                     ptxas_options=ptxas_options or [], config=config)
             override = launch_override if launch_override is not None else built.launch
             build_s = time.monotonic() - started
-            result, attempt = state.session.attempt(
+            session, mode = self.session(state, full=full)
+            result, attempt = session.attempt(
                 built.image, kernel=built.kernel, launch_override=override or None,
                 label=label or f"{form} candidate", source=built.source, build=built.build,
-                strategy=f"mcp:{form}", params=built.params)
+                strategy=f"mcp:{form}", params={**built.params, "judged": mode})
+            state.taken = attempt.n
             keep = state.work / "candidates" / f"{attempt.n:04d}{built.suffix}"
             keep.parent.mkdir(parents=True, exist_ok=True)
             keep.write_bytes(built.image)
             state.candidates[attempt.n] = {"file": keep, "kernel": built.kernel,
                                            "launch_override": override or None,
-                                           "form": form, "status": result.status}
+                                           "form": form, "status": result.status,
+                                           "judged": mode}
             s = result.speed
             return {
-                "attempt": attempt.n, "status": result.status, "summary": result.summary(),
+                "attempt": attempt.n, "status": result.status, "judged": mode,
+                "summary": result.summary() + (QUICK_NOTE if mode == "quick" else ""),
                 "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
                 "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
                 "difference": s.difference if s else None,
@@ -246,7 +302,7 @@ class Workspace:
                 if result.correctness else None,
                 "reason": result.reason, "exit_code": result.exit_code,
                 "sol": result.sol.summary() if result.sol else None,
-                "result": str(state.session.out / attempt.result),
+                "result": str(state.out / attempt.result),
                 "candidate": str(keep), "build_s": round(build_s, 3),
                 "judge_s": result.wall_s}
 
