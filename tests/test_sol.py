@@ -141,3 +141,106 @@ def test_a_passing_run_carries_sol_into_result_json(tmp_path, matmul_libs):
     schema = json.loads((ROOT / "docs/schemas/result.schema.json").read_text())
     assert "sol" in schema["$defs"]["Result"]["properties"]
     assert np.isfinite(sol.peak_bytes_per_s)
+
+
+# --------------------------------------------------------------------------- in the report
+
+
+def _sol(ref_fraction, opt_fraction=None, bound="memory"):
+    return speed_of_light(traffic([("x", bytes(4000), bytes(4000)),
+                                   ("y", bytes(4000), b"\x01" * 4000)]),
+                          Peaks(device="d", backend="host", copy_bytes_per_s=8e9,
+                                copy_method="m", measured="now"),
+                          ref_s=1e-6 / ref_fraction,
+                          opt_s=1e-6 / opt_fraction if opt_fraction else None
+                          ).replace(bound=bound)
+
+
+def test_the_release_report_has_a_sol_column(tmp_path):
+    from fake_release import fake_row
+    from kpair import release
+    from kpair.report import render_html, render_markdown
+
+    rows = [fake_row(1, "copyish", 1.2).replace(sol=_sol(0.40, 0.48)),
+            fake_row(1, "gemmish", 1.1).replace(sol=_sol(0.30, None, bound="compute")),
+            fake_row(1, "unknown", 1.05)]
+    release.build_index(rows, []).write(tmp_path / "index.json")
+    index = release.load_index(tmp_path)
+    md = render_markdown(index)
+    assert "| slot_bias | SOL | Director" in md
+    lines = {line.split(" | ")[1]: line for line in md.splitlines()
+             if line.startswith("| 1 | ")}
+    assert "| 48% of copy bandwidth (ref 40%) |" in lines["copyish"]
+    assert "| ref 30% of GEMM rate |" in lines["gemmish"]
+    assert "| 1.0000 | — |" in lines["unknown"]  # slot_bias, then no SOL
+    page = render_html(index) if _has_matplotlib() else ""
+    if page:
+        assert "<th>SOL</th>" in page and "48% of copy bandwidth (ref 40%)" in page
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- in kpair optimize
+
+
+def test_headroom_words_and_ranking():
+    from kpair.optimize.program import (
+        NEAR_LIMIT,
+        Operator,
+        OperatorOutcome,
+        headroom_ranking,
+        headroom_text,
+    )
+
+    assert headroom_text(None) is None and headroom_text(_sol(0.5).replace(
+        ref_fraction=None)) is None
+    near = headroom_text(_sol(0.91, 0.95))
+    assert near == "ref at SOL 91% of copy bandwidth, opt 95%: already near its limit, " \
+        "little headroom"
+    assert "headroom 4.0x" in headroom_text(_sol(0.25)) and NEAR_LIMIT == 0.85
+    outcomes = [OperatorOutcome(Operator(1, "near"), "refused", "x", _sol(0.9)),
+                OperatorOutcome(Operator(1, "unknown"), "refused", "x"),
+                OperatorOutcome(Operator(1, "far"), "published", "x", _sol(0.1, 0.2)),
+                OperatorOutcome(Operator(2, "mid"), "published", "x", _sol(0.5)),
+                OperatorOutcome(Operator(1, "done"), "skipped", "x")]
+    lines = headroom_ranking(outcomes)
+    assert [line.split(":")[0].strip() for line in lines[1:4]] == \
+        ["level1/far", "level2/mid", "level1/near"]
+    assert lines[-1] == "  not known: level1/unknown"
+    assert headroom_ranking(outcomes[1:2]) == []
+
+
+def test_optimize_says_how_near_each_operator_is_to_its_limit(tmp_path, capsys):
+    from conftest import CSRC
+    from kpair.cli import main as kpair
+    from kpair.optimize.strategy import KernelSource
+    from kpair.record import record_call
+    from kpair.release import load_index
+    from kpair.toolchain import compile_shared
+
+    source = CSRC / "matmul_variants.c"
+    ref = compile_shared(source, tmp_path / "ref.so")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 64), np.float32), rng.standard_normal((64, 64), np.float32)
+    record_call(ref, "kp_matmul", [a, b, np.zeros((64, 64), np.float32), np.int32(64)],
+                tmp_path / "1_matmul", names=["a", "b", "c", "n"],
+                provenance=KernelSource.given(source, "kp_matmul").provenance())
+    assert kpair(["optimize", "-o", str(tmp_path / "rel"), "--work", str(tmp_path / "w"),
+                  "--snapshot", str(tmp_path / "1_matmul"), "--strategy", "host-c",
+                  "--flags=-O2", "--keep", "1", "--variant", "KP_VARIANT=1",
+                  "--timeout", "60", "--prune-max-blocks", "8", "--prune-time-cap", "0.5",
+                  "--time-cap", "1", "--min-blocks", "4", "--max-blocks", "16",
+                  "--seed", "3"]) == 0
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if x.startswith("[1/1] level1/1_matmul: ")][-1]
+    (row,) = load_index(tmp_path / "rel").operators + load_index(tmp_path / "rel").refused
+    assert row.sol is not None and row.sol.ref_fraction
+    assert f"ref at SOL {row.sol.ref_fraction:.0%} of copy bandwidth" in line, line
+    assert "headroom (speed of light known), most first:" in err
+    assert "  level1/1_matmul: ref at SOL" in err

@@ -75,6 +75,19 @@ def _measured(row: Row) -> str:
     return ", ".join(parts)
 
 
+def _sol(row: Row) -> str:
+    """How near opt comes to the device's floor for this dispatch (``kpair.sol``): "48% of
+    copy bandwidth", ref's figure beside it; "—" where no speed of light was had."""
+    sol = row.sol
+    if sol is None or (sol.opt_fraction is None and sol.ref_fraction is None):
+        return "—"
+    what = "copy bandwidth" if sol.bound == "memory" else "GEMM rate"
+    if sol.opt_fraction is None:
+        return f"ref {sol.ref_fraction:.0%} of {what}"
+    ref = f" (ref {sol.ref_fraction:.0%})" if sol.ref_fraction is not None else ""
+    return f"{sol.opt_fraction:.0%} of {what}{ref}"
+
+
 def _ci(row: Row) -> str:
     """The reported interval: the ABBA CI widened by the identical-binary control where one
     was measured (``combined_ci95``), as release add judged it."""
@@ -187,15 +200,15 @@ def render_markdown(index: Index) -> str:
     lines += [f"- **{k}**: {v}" for k, v in _summary_lines(index)]
     lines += ["", "## Operators", "",
               "| level | operator | backend/arch | correctness | Harness speedup [95% CI] "
-              "| slot_bias | Director (ref. only) | status |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| slot_bias | SOL | Director (ref. only) | status |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in index.operators:
         h = r.harness
         speed = f"{_x(h.speedup)} {_ci(r)}" if h else "—"
         corr = r.correctness.label + (f" ({_measured(r)})" if _measured(r) else "")
         lines.append("| " + " | ".join(_md_cell(v) for v in (
             r.level, r.name, f"{r.backend}/{r.arch}", corr, speed,
-            _f(h.slot_bias if h else None), _x(_director(r)), r.status)) + " |")
+            _f(h.slot_bias if h else None), _sol(r), _x(_director(r)), r.status)) + " |")
     devices, table = _per_device(index)
     if table:
         lines += ["", "## Per device (verified on every device; the verdict must agree)", "",
@@ -224,7 +237,10 @@ def render_markdown(index: Index) -> str:
     lines += ["", "Speedup = t_ref / t_opt from ABBA-interleaved replays of the captured "
               "dispatch; only ratios are reported. The interval is the ABBA CI widened by "
               "the identical-binary control (ref against a second load of itself) where it "
-              "was measured. Director numbers come from each operator's "
+              "was measured. SOL: opt's speed of light, the least time the bytes the "
+              "captured dispatch must move take at the device's copy bandwidth as kpair "
+              "measured it, over opt's median time (ref's in parentheses). Director numbers "
+              "come from each operator's "
               "provenance (`director_validation.json`) and are for reference only.", ""]
     return "\n".join(lines)
 
@@ -408,7 +424,7 @@ def _cell(v: object, cls: str = "") -> str:
 def _operators_table(index: Index) -> str:
     head = ("<tr><th>level</th><th>operator</th><th>backend/arch</th><th>correctness</th>"
             "<th>measured</th><th>Harness speedup</th><th>95% CI</th><th>slot_bias</th>"
-            "<th>Director (ref. only)</th><th>status</th></tr>")
+            "<th>SOL</th><th>Director (ref. only)</th><th>status</th></tr>")
     body = []
     for r in index.operators:
         h = r.harness
@@ -416,7 +432,7 @@ def _operators_table(index: Index) -> str:
             _cell(r.level), _cell(r.name), _cell(f"{r.backend}/{r.arch}"),
             _cell(r.correctness.label), _cell(_measured(r) or "—"),
             _cell(_x(h.speedup if h else None), "num"), _cell(_ci(r), "num"),
-            _cell(_f(h.slot_bias if h else None), "num"),
+            _cell(_f(h.slot_bias if h else None), "num"), _cell(_sol(r), "num"),
             _cell(_x(_director(r)), "num"),
             _cell(r.status, r.status))) + "</tr>")
     return f"<table>{head}{''.join(body)}</table>"

@@ -13,6 +13,11 @@ that an interrupted run resumes where it stopped:
                  the search's reason (``release.refuse_operator``)
     report       report.md / report.html of the release
 
+Each operator's log line says how near ref (and opt) come to the dispatch's speed of light
+where a run measured it (``kpair.sol``), and when ref is already near its limit
+(``NEAR_LIMIT``); at the end the operators whose speed of light is known are ranked by
+headroom, most first.
+
 Operators already in the release's index (published or refused) are skipped; a base harness
 or a finished search (``search.json``) in the work directory is reused.
 """
@@ -111,6 +116,48 @@ class OperatorOutcome:
     operator: Operator
     status: str           # "published", "refused", "skipped"
     line: str
+    sol: Any = None       # kpair.sol.SpeedOfLight of the run that decided it, when known
+
+
+#: ref at or above this fraction of its speed of light is near its limit: little to gain.
+NEAR_LIMIT = 0.85
+
+
+def headroom_text(sol) -> str | None:
+    """The log's words for a ``SpeedOfLight``: "ref at SOL 91% of copy bandwidth, opt 95%:
+    already near its limit", or the headroom left; None when ref's fraction is unknown."""
+    if sol is None or not sol.ref_fraction:
+        return None
+    what = "copy bandwidth" if sol.bound == "memory" else "GEMM rate"
+    text = f"ref at SOL {sol.ref_fraction:.0%} of {what}"
+    if sol.opt_fraction:
+        text += f", opt {sol.opt_fraction:.0%}"
+    if sol.ref_fraction >= NEAR_LIMIT:
+        return text + ": already near its limit, little headroom"
+    return text + f" (headroom {1 / sol.ref_fraction:.1f}x)"
+
+
+def _with_sol(outcome: OperatorOutcome, sol) -> OperatorOutcome:
+    """The outcome with its speed of light, said at the end of its line."""
+    from dataclasses import replace
+
+    text = headroom_text(sol)
+    return replace(outcome, sol=sol, line=f"{outcome.line}; {text}" if text else outcome.line)
+
+
+def headroom_ranking(outcomes: Sequence[OperatorOutcome]) -> list[str]:
+    """Log lines ranking the operators whose speed of light is known by headroom (floor over
+    ref's time, lowest SOL fraction first); the others named as unknown."""
+    known = sorted((o for o in outcomes if o.sol is not None and o.sol.ref_fraction),
+                   key=lambda o: o.sol.ref_fraction)
+    if not known:
+        return []
+    lines = ["headroom (speed of light known), most first:"]
+    lines += [f"  {o.operator.key}: {headroom_text(o.sol)}" for o in known]
+    unknown = [o.operator.key for o in outcomes if o not in known and o.status != "skipped"]
+    if unknown:
+        lines.append(f"  not known: {', '.join(unknown)}")
+    return lines
 
 
 # --------------------------------------------------------------------------- operators
@@ -330,7 +377,8 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
         added = refuse_operator(release, base.root, level=op.level, name=op.name,
                                 result=result, reason=record.reason or "no candidate",
                                 provenance=prov if prov.is_dir() else None)
-        return OperatorOutcome(op, "refused", f"excluded: {added.row.reason}")
+        return _with_sol(OperatorOutcome(op, "refused", f"excluded: {added.row.reason}"),
+                         result.sol)
     w = record.winner
     pair = work / "pair"
     if pair.exists():
@@ -345,9 +393,12 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
     h = added.row.harness
     if added.added:
         lo, hi = h.reported_ci95
-        return OperatorOutcome(op, "published", f"published ({w['strategy']} {w['label']}): "
-                               f"{h.speedup:.3f}x [{lo:.3f}, {hi:.3f}]")
-    return OperatorOutcome(op, "refused", f"excluded by release add: {added.row.reason}")
+        return _with_sol(OperatorOutcome(op, "published", f"published ({w['strategy']} "
+                                         f"{w['label']}): {h.speedup:.3f}x [{lo:.3f}, "
+                                         f"{hi:.3f}]"), added.row.sol)
+    return _with_sol(OperatorOutcome(op, "refused",
+                                     f"excluded by release add: {added.row.reason}"),
+                     added.result.sol)
 
 
 # --------------------------------------------------------------------------- many
@@ -386,6 +437,8 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
             outcome = OperatorOutcome(op, "failed", f"not optimized: {e}")
         outcomes.append(outcome)
         log(f"{head}: {outcome.line}")
+    for line in headroom_ranking(outcomes):
+        log(line)
     if report and load_index(release) is not None:
         from ..report import write_report
 
@@ -398,7 +451,8 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
     return outcomes
 
 
-__all__ = ["OptimizeOptions", "Operator", "OperatorOutcome", "SearchRecord",
-           "capture_program", "level_of", "operator_from_harness", "operator_from_snapshot",
+__all__ = ["NEAR_LIMIT", "OptimizeOptions", "Operator", "OperatorOutcome", "SearchRecord",
+           "capture_program", "headroom_ranking", "headroom_text", "level_of",
+           "operator_from_harness", "operator_from_snapshot",
            "operator_name", "operators_from_capture", "optimize", "optimize_operator",
            "write_provenance"]
