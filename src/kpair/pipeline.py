@@ -391,8 +391,9 @@ def _measure(run: Run) -> None:
     clocks_before = run.device.clocks()
     parts, samples = [], []
     for i in range(n):
-        if i:  # fresh loads of both kernels: another placement of their code
-            _reload(run)
+        if i:  # fresh loads of both kernels and fresh pages under the regions: another
+            _reload(run)   # placement of code and data, as a re-run in a new process meets
+            run.device.renew_memory()
         abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i),
                              progress=_meter(f"replicate {i + 1}/{n}" if n > 1 else "A/B",
                                              rule, after=n - 1 - i))
