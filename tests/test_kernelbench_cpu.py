@@ -87,7 +87,7 @@ def test_scaling_divides_the_named_constants_and_nothing_else():
 def test_scaling_by_one_or_unnamed_changes_nothing_and_never_reaches_zero():
     assert kb.scale_source(PROBLEM, 1) == (PROBLEM, {})
     assert kb.scale_source(PROBLEM, 8, ("name", "bias_shape", "missing")) == (PROBLEM, {})
-    text, scaled = kb.scale_source(PROBLEM, 1000)
+    text, scaled = kb.scale_source(PROBLEM, 1000, ("batch_size",))
     assert scaled == {"batch_size": [16, 1]}
     assert run_module(text)["get_inputs"]()[0] == (1, 3, 128, 128)
     with pytest.raises(ValueError):
@@ -193,3 +193,76 @@ def test_the_operator_chosen_is_a_byte_exact_triton_dispatch_with_the_most_bytes
             {**base, "kernel": "triton_poi_fused_3", "region_bytes": 999, "level": 1}]
     assert kb.choose_operator(rows, p)["kernel"] == "triton_red_fused_1"
     assert kb.choose_operator(rows[3:4], p) is None
+
+
+class _FakeTorch:
+    """What the runner calls of torch, on the CPU: a forward pass "launches" kernels by
+    bumping the capture session's launch counter."""
+
+    class Tensor:
+        def __init__(self, shape):
+            self.shape = shape
+
+        def cuda(self):
+            return self
+
+    def __init__(self, session):
+        import contextlib
+        import types
+
+        self.session, self.compiled = session, []
+        self.device = lambda name: contextlib.nullcontext()
+        self.no_grad = contextlib.nullcontext
+        self.manual_seed = lambda seed: None
+        self.cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None)
+        self._dynamo = types.SimpleNamespace(reset=lambda: None)
+
+    def compile(self, model):
+        self.compiled.append(model)
+        return model
+
+
+def test_the_runner_marks_each_problems_launches_and_goes_on_after_a_failure(
+        tmp_path, monkeypatch):
+    import types
+
+    import kpair.capture
+
+    session = types.SimpleNamespace(launches=7)
+    torch = _FakeTorch(session)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(kpair.capture, "_tracer", types.SimpleNamespace(session=session),
+                        raising=False)
+    good = textwrap.dedent('''\
+        import torch
+        batch_size = 4
+        class Model:
+            def __init__(self, n):
+                self.n = n
+            def eval(self):
+                return self
+            def __call__(self, x):
+                import kpair.capture
+                kpair.capture._tracer.session.launches += self.n * x.shape[0]
+                return x
+        def get_inputs():
+            return [torch.Tensor((batch_size, 8))]
+        def get_init_inputs():
+            return [3]
+        ''')
+    (tmp_path / "good.py").write_text(good)
+    (tmp_path / "bad.py").write_text(good.replace("return [3]", "raise MemoryError('CUDA out "
+                                                  "of memory')"))
+    plan = {"mode": "compiled", "marks": str(tmp_path / "marks.json"), "problems": [
+        {"key": "level1/1_good", "file": str(tmp_path / "good.py"), "module": "good"},
+        {"key": "level1/2_bad", "file": str(tmp_path / "bad.py"), "module": "bad"},
+        {"key": "level1/3_good", "file": str(tmp_path / "good.py"), "module": "good3"}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    assert kb.main([kb.RUNNER, str(tmp_path / "plan.json")]) == 0
+    marks = json.loads((tmp_path / "marks.json").read_text())
+    assert [(m["key"], m["ok"], m["first_launch"], m["last_launch"]) for m in marks] == [
+        ("level1/1_good", True, 8, 19), ("level1/2_bad", False, 20, 19),
+        ("level1/3_good", True, 20, 31)]
+    assert marks[1]["error"] == "MemoryError: CUDA out of memory"
+    assert len(torch.compiled) == 2
+    assert kb.owner(20, marks) == "level1/3_good"
