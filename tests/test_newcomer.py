@@ -655,3 +655,27 @@ def test_an_opt_that_writes_a_file_fails_by_name(k, lab):
     result = json.loads((lab / "HW" / "result.json").read_text())
     assert result["correctness"]["failed_check"] == "refused_calls"
     assert result["trust"]["refused_calls"]["finding"]["opt"]["calls"]["openat"] == 3
+
+
+# ---------------------------------------------------------------------- found on a second pass
+
+
+@pytest.mark.parametrize("target", ["", ".", "/"])
+def test_run_onto_an_empty_or_directory_name(k, lab, target):
+    """``-o ""`` once ended in a ValueError traceback (exit 1: "incorrect")."""
+    before = state(lab / "H")
+    expect(k("run", "H", "-o", target, *QUICK), 2, "is a directory", "give a file path")
+    assert state(lab / "H") == before and k.leftovers() == []
+
+
+def test_optimize_onto_a_file_a_device_or_an_unwritable_folder(k, lab):
+    """Once an OSError at the first write (exit 5), after the capture or search had begun."""
+    (lab / "opt-file").write_text("mine")
+    expect(k("optimize", "-o", "opt-file", "--harness", "H"), 2, "opt-file",
+           "not a directory")
+    expect(k("optimize", "-o", "OPTR", "--work", "/dev/null", "--harness", "H"), 2,
+           "/dev/null", "character device")
+    target = "/sys/kpair-opt" if os.geteuid() == 0 else "/proc/kpair-opt"
+    expect(k("optimize", "-o", target, "--harness", "H"), 2, "cannot be written")
+    assert (lab / "opt-file").read_text() == "mine" and not (lab / "OPTR").exists()
+    assert not (lab / "OPTR.work").exists()

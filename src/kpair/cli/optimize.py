@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from .._util import check_output_dir
 from ..errors import UsageError
 from .base import Command
 
@@ -138,6 +139,10 @@ class Optimize(Command):
             confirm=RunOptions(**timing), publish=RunOptions(**timing))
         release = args.out
         work = args.work or release.with_name(release.name + ".work")
+        # Refused before any capture or search: a release or work path that is a file, a
+        # special file or in a folder that cannot be written (exit 2).
+        check_output_dir(release)
+        check_output_dir(work)
         if command:
             capture = capture_program(command, work, top=args.top,
                                       kernel=args.kernel_filter)
