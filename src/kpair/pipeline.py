@@ -196,13 +196,23 @@ class Run:
         return self.audit.failure() if self.audit is not None else None
 
     def trust(self) -> tuple[dict[str, TrustEntry] | None, list[str] | None]:
-        if self.audit is None:
-            return None, None
+        if self.audit is None:  # unchecked: refused system calls are still told
+            return None, self._refusal_warning()
         found = self.audit.findings()
         entries = {name: TrustEntry(**f.to_json()) for name, f in found.items()}
         warnings = [f"{name}: {f.reason}" for name, f in found.items()
                     if f.passed is None and f.reason]
         return entries, warnings or None
+
+    def _refusal_warning(self) -> list[str] | None:
+        from .trust.findings import refused_calls
+
+        if not self.opt or not self.ref:
+            return None
+        f = refused_calls(self.device.refused_calls(self.ref[0]),
+                          self.device.refused_calls(self.opt[0]))
+        return [f"refused_calls: {f.reason}; not judged: the checks are off"] if f.reason \
+            else None
 
     def correctness(self) -> Correctness:
         policy = self.harness.policy

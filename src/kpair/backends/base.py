@@ -229,6 +229,12 @@ class Device(ABC):
         False where the backend does not (the memory stays where it is)."""
         return False
 
+    def refused_calls(self, kernel: Kernel) -> dict | None:
+        """The system calls a sandbox refused ``kernel``'s code object so far (``count``,
+        ``at_load``, ``calls``: name -> count), or None where the backend runs no sandbox that
+        can tell (GPU kernels make no system calls)."""
+        return None
+
     def mapped_ranges(self) -> list[tuple[int, int]] | None:
         """The [start, end) replay-address ranges ``map`` made accessible, or None if unknown.
 
