@@ -234,6 +234,17 @@ def test_evaluate_onto_a_file_is_refused(k, lab):
     assert (lab / "evfile").read_text() == "x"
 
 
+def test_evaluate_of_a_missing_candidate_makes_nothing(k, lab):
+    expect(k("evaluate", "H", "fast.so", "gone.so", "-o", "EVGONE", *QUICK), 3, "gone.so",
+           "no such candidate")
+    assert not (lab / "EVGONE").exists()
+
+
+def test_evaluate_json_and_jsonl_exclude_each_other(k, lab):
+    expect(k("evaluate", "H", "--json", "--jsonl", "-o", "EVBOTH", *QUICK), 2, "--jsonl")
+    assert not (lab / "EVBOTH").exists()
+
+
 # ---------------------------------------------------------------------- machine output (4)
 
 
