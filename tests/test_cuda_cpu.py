@@ -180,6 +180,7 @@ def test_missing_bindings_name_the_install_command(monkeypatch):
 class R(enum.IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209
     CUDA_ERROR_NOT_FOUND = 500
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
@@ -654,6 +655,51 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
         assert audit.diff_runs and all(r.verdict.passed for r in audit.diff_runs)
         assert not audit.failure(), audit.failure()
         assert all(f.passed is not False for f in audit.findings().values())
+    finally:
+        dev.close()
+
+
+def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judged(tmp_path):
+    """A replicate's fresh placement: new physical memory under the same addresses (all new
+    handles taken before an old one goes), zeroed; every launch after it restores, checks and
+    passes as before."""
+    from kpair.policy import Policy
+    from kpair.replay import Replay
+    from kpair.snapshot import Snapshot
+    from kpair.trust.audit import Audit
+
+    snap = Snapshot.open(_axpbyz_snapshot(tmp_path))
+    drv = KernelDriver()
+    dev = CudaDevice(drv)
+    try:
+        replay = Replay(dev, snap)
+        audit = Audit(replay, Policy(), {r.name: "float32" for r in snap.manifest.regions},
+                      seed=3)
+        ref, opt = dev.load(b"cubin", "axpbyz"), dev.load(b"cubin", "axpbyz")
+        launch = snap.manifest.launch
+        audit.baseline(ref, launch)
+        audit.discover(ref, launch)
+        audit.mutate(ref, launch)
+        assert audit.run_opt(opt, launch).passed
+        mapped, z = dev.mapped_ranges(), replay.address_of("z")
+        n_before = len(drv.calls)
+        assert dev.renew_memory()
+        calls = [c[0] for c in drv.calls[n_before:]]
+        creates = [i for i, c in enumerate(calls) if c == "cuMemCreate"]
+        unmaps = [i for i, c in enumerate(calls) if c == "cuMemUnmap"]
+        assert len(creates) == len(mapped) == len(unmaps) and max(creates) < min(unmaps)
+        assert calls.count("cuMemRelease") == len(mapped)
+        assert dev.mapped_ranges() == mapped and replay.address_of("z") == z
+        assert dev.read(z, 16) == bytes(16)          # other pages, zeroed
+        for _ in range(8):
+            audit.time_one(opt, launch, "opt")
+            audit.time_one(ref, launch, "ref")
+        assert audit.timed["checked"] == 8 and not audit.timed["failed"]
+        audit.differential(opt, launch)
+        assert not audit.failure(), audit.failure()
+        # No room for a second copy: the placement stays, and says so.
+        drv.fail["cuMemCreate"] = R.CUDA_ERROR_OUT_OF_MEMORY
+        assert not dev.renew_memory() and dev.mapped_ranges() == mapped
     finally:
         dev.close()
 

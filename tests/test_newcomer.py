@@ -234,6 +234,17 @@ def test_evaluate_onto_a_file_is_refused(k, lab):
     assert (lab / "evfile").read_text() == "x"
 
 
+def test_evaluate_of_a_missing_candidate_makes_nothing(k, lab):
+    expect(k("evaluate", "H", "fast.so", "gone.so", "-o", "EVGONE", *QUICK), 3, "gone.so",
+           "no such candidate")
+    assert not (lab / "EVGONE").exists()
+
+
+def test_evaluate_json_and_jsonl_exclude_each_other(k, lab):
+    expect(k("evaluate", "H", "--json", "--jsonl", "-o", "EVBOTH", *QUICK), 2, "--jsonl")
+    assert not (lab / "EVBOTH").exists()
+
+
 # ---------------------------------------------------------------------- machine output (4)
 
 
@@ -454,3 +465,228 @@ def test_cubin_symbol_and_parameter_layout_are_read_without_a_gpu():
         check_kernel(cubin, "cubin", "_Z8kp_scaleIfEvPT_S0_i", add, "opt")
     with pytest.raises(ArchitectureMismatch, match="host backend"):
         check_kernel(cubin, "cubin", "kp_add", manifest(backend="host"), "opt")
+
+
+# ---------------------------------------------------------------------- every verb's --json (4)
+
+
+@pytest.fixture
+def program(monkeypatch, tmp_path):
+    """``kpair capture`` and ``kpair profile`` without a GPU: the stand-in children of
+    tests/test_capture_cpu.py and tests/test_profile_cpu.py (a real CaptureSession on a fake
+    driver; the real profiler over a stand-in CUPTI), each printing to stdout as a program
+    does (the profiled one is ``PROG``, run for real)."""
+    import kpair.capture.profiler as profiler
+    import kpair.cli.capture as cli_capture
+    from kpair.capture import cupti
+    from test_capture_cpu import FAKE_CHILD
+    from test_profile_cpu import PROFILE_CHILD
+
+    tests = str(Path(__file__).parent)
+    cap, prof = tmp_path / "cap_child.py", tmp_path / "prof_child.py"
+    cap.write_text(FAKE_CHILD.format(tests=tests))
+    prof.write_text(PROFILE_CHILD.format(tests=tests))
+    monkeypatch.setattr(cupti, "find_cupti", lambda *a: "/fake/libcupti.so")
+    monkeypatch.setattr(cli_capture, "child_command", lambda cmd: [sys.executable, str(cap)])
+    monkeypatch.setattr(profiler, "child_command",
+                        lambda command, **kw: [sys.executable, str(prof), *command[1:]])
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+PROG = ["--", "python", "-c", "print('the program', 'ran')"]  # printed unlike its text
+
+
+def _one_document(out: str) -> dict:
+    doc = json.loads(out)   # exactly one JSON document: nothing before or after it
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_capture_json_is_one_document_and_the_program_prints_to_stderr(program, capfd):
+    from kpair.cli import main
+
+    assert main(["capture", "-o", "cap", "--json", "--", "python", "prog.py"]) == 3
+    out, err = capfd.readouterr()
+    doc = _one_document(out)
+    assert doc["exit_status"] == 3 and doc["capture"]["exit_status"] == 3
+    assert doc["out"] == "cap" and "the program ran" in err and "the program ran" not in out
+    assert "0 dispatches captured" in err and "Traceback" not in err
+
+
+def test_capture_refuses_a_device_a_file_and_a_non_empty_directory(program, capfd):
+    from kpair.cli import main
+
+    (program / "mine.txt").write_text("mine")
+    (program / "full").mkdir()
+    (program / "full" / "keep").write_text("mine")
+    for target, words in (("/dev/full", "character device"), ("mine.txt", "not a directory"),
+                          ("full", "not empty")):
+        assert main(["capture", "-o", target, "--", "python", "prog.py"]) == 2
+        err = capfd.readouterr().err
+        assert words in err and err.startswith("kpair capture: "), err
+    assert (program / "mine.txt").read_text() == "mine"
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+    assert sorted(os.listdir(program / "full")) == ["keep"]
+
+
+def test_profile_json_force_and_refusals(program, capfd):
+    from kpair.cli import main
+
+    assert main(["profile", "-o", "p.json", "--json", *PROG]) == 0
+    out, err = capfd.readouterr()
+    doc = _one_document(out)
+    assert doc["out"] == "p.json" and len(doc["profile"]["kernels"]) == 3
+    assert "the program ran" in err and "the program ran" not in out
+    assert doc["profile"] == json.loads((program / "p.json").read_text())
+    # the file is the user's now: not replaced without --force, refused before the program runs
+    (program / "p.json").write_text("my notes")
+    assert main(["profile", "-o", "p.json", *PROG]) == 2
+    out, err = capfd.readouterr()
+    assert "p.json exists" in err and "--force" in err and "the program ran" not in err + out
+    assert (program / "p.json").read_text() == "my notes"
+    assert main(["profile", "-o", "p.json", "--force", *PROG]) == 0
+    assert json.loads((program / "p.json").read_text())["schema"] == "kpair.profile"
+    capfd.readouterr()
+    for target, words in (("/dev/full", "character device"), (".", "is a directory")):
+        assert main(["profile", "-o", target, "--force", *PROG]) == 2
+        err = capfd.readouterr().err
+        assert words in err and err.startswith("kpair profile: "), err
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+    assert not list(program.glob(".p.json.*"))   # no temporary file left
+
+
+def test_optimize_json_is_one_document(k, lab):
+    """A resumed optimize (the operator is already in the release): the summary as JSON."""
+    before = state(lab / "REL" / "index.json")
+    proc = k("optimize", "-o", "REL", "--harness", "H", "--name", "mm", "--level", "1",
+             "--json")
+    expect(proc, 0, "already in")
+    doc = _one_document(proc.stdout)
+    assert doc["skipped"] == 1 and doc["published"] == 0 and doc["exit_code"] == 0
+    assert doc["operators"] == [{"key": "level1/mm", "status": "skipped",
+                                 "line": "already in the release", "snapshot": None,
+                                 "harness": "H"}]
+    assert state(lab / "REL" / "index.json") == before
+
+
+def test_optimize_messages_name_the_verb_not_the_program(k):
+    """The program after ``--`` once took the place of the verb's name in every message."""
+    err = expect(k("optimize", "-o", "REL-X", "--harness", "H", "--", "python", "x.py"), 2)
+    assert err.startswith("kpair optimize: give exactly one of"), err
+
+
+def test_asm_json_and_its_refusals(k, lab):
+    expect(k("asm", "disassemble", "no-such.co", "-o", "ASM"), 3, "no-such.co",
+           "no such code object")
+    assert not (lab / "ASM").exists()
+    (lab / "asm-taken.co").write_text("mine")
+    (lab / "asmsrc").mkdir(exist_ok=True)
+    (lab / "asmsrc" / "code.s").write_text("\t.text\n")
+    expect(k("asm", "assemble", "asmsrc", "-o", "asm-taken.co"), 2, "asm-taken.co", "--force")
+    expect(k("asm", "assemble", "asmsrc", "-o", "/dev/full", "--force"), 2, "character device")
+    assert (lab / "asm-taken.co").read_text() == "mine"
+    from amd_kit import _MISSING, build
+
+    if _MISSING is not None:
+        pytest.skip(f"the asm round trip needs LLVM's tools: {_MISSING}")
+    co = build("elementwise", lab)
+    proc = k("asm", "disassemble", str(co), "-o", "ASM", "--json")
+    expect(proc, 0)
+    doc = _one_document(proc.stdout)
+    assert doc["identical"] is True and (lab / "ASM" / "code.s").is_file()
+    before = state(lab / "ASM")
+    expect(k("asm", "disassemble", str(co), "-o", "ASM"), 2, "code.s", "--force")
+    assert state(lab / "ASM") == before
+    proc = k("asm", "assemble", "ASM", "-o", "asm-out.co", "--json")
+    expect(proc, 0)
+    assert _one_document(proc.stdout)["identical"] is True
+
+
+# ---------------------------------------------------------------------- API entry points (2)
+
+
+def test_write_report_of_a_non_release_is_the_clis_error(lab):
+    from kpair.errors import InputError
+    from kpair.report import write_report
+
+    with pytest.raises(InputError, match="no index.json here: not a release") as e:
+        write_report(lab / "H")
+    assert e.value.exit_code == 3
+    assert not (lab / "H" / "report.md").exists()
+
+
+def test_ray_names_samples_and_log_per_result_as_a_local_run(lab, tmp_path):
+    """The Ray runner writes a task's result as ``run_isolated`` does: r2.json beside
+    r2.samples.npz and r2.worker.log (no shared samples.npz), the result naming both."""
+    from types import SimpleNamespace as NS
+
+    from kpair.pipeline import RunOptions
+    from kpair.scale.jobs import HarnessJob
+    from kpair.scale.ray import RayRunner
+    from kpair.snapshot import sha256
+
+    result = json.loads((lab / "H" / "result.json").read_text())
+    samples = (lab / "H" / "samples.npz").read_bytes()
+    task = {"result": result, "samples": samples, "log": b"worker said hi\n",
+            "where": {"node": "n1", "gpu_ids": []}}
+    ray = NS(get=lambda ref: task)
+    (tmp_path / "samples.npz").write_bytes(b"someone else's")
+    for name in ("r2", "r3"):
+        job = HarnessJob(name, lab / "H", tmp_path / f"{name}.json")
+        _, _, written = RayRunner()._gather(ray, job, None, RunOptions())
+        assert written.speed.samples_file == f"{name}.samples.npz"
+        assert written.log == f"{name}.worker.log"
+        assert sha256((tmp_path / f"{name}.samples.npz").read_bytes()) == \
+            written.speed.samples_sha256
+        assert (tmp_path / f"{name}.worker.log").read_bytes() == b"worker said hi\n"
+    assert (tmp_path / "samples.npz").read_bytes() == b"someone else's"
+
+
+# ---------------------------------------------------------------------- the sandbox (11)
+
+
+def test_an_opt_that_writes_a_file_fails_by_name(k, lab):
+    """Item 11: a write the sandbox blocks no longer passes in silence."""
+    if not (lab / "HW").exists():
+        (lab / "writer.c").write_text(
+            '#include <fcntl.h>\n#include <stdint.h>\n#include <unistd.h>\n'
+            'void kp_matmul(const float *a, const float *b, float *c, int32_t n) {\n'
+            f'    int fd = open("{lab}/written-by-opt", O_CREAT | O_WRONLY, 0644);\n'
+            '    if (fd >= 0) { (void)!write(fd, "x", 1); close(fd); }\n'
+            '    for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) {\n'
+            '        float s = 0.0f;\n'
+            '        for (int q = 0; q < n; q++) s += a[i * n + q] * b[q * n + j];\n'
+            '        c[i * n + j] = s; }\n}\n')
+        compile_shared(lab / "writer.c", lab / "writer.so", flags=("-O0",))
+        create_harness(lab / "snap", lab / "HW", opt=lab / "writer.so")
+    proc = k("run", "HW", *QUICK)
+    expect(proc, 1, "FAIL [refused_calls]", "the host sandbox refused (openat")
+    assert not (lab / "written-by-opt").exists()
+    result = json.loads((lab / "HW" / "result.json").read_text())
+    assert result["correctness"]["failed_check"] == "refused_calls"
+    assert result["trust"]["refused_calls"]["finding"]["opt"]["calls"]["openat"] == 3
+
+
+# ---------------------------------------------------------------------- found on a second pass
+
+
+@pytest.mark.parametrize("target", ["", ".", "/"])
+def test_run_onto_an_empty_or_directory_name(k, lab, target):
+    """``-o ""`` once ended in a ValueError traceback (exit 1: "incorrect")."""
+    before = state(lab / "H")
+    expect(k("run", "H", "-o", target, *QUICK), 2, "is a directory", "give a file path")
+    assert state(lab / "H") == before and k.leftovers() == []
+
+
+def test_optimize_onto_a_file_a_device_or_an_unwritable_folder(k, lab):
+    """Once an OSError at the first write (exit 5), after the capture or search had begun."""
+    (lab / "opt-file").write_text("mine")
+    expect(k("optimize", "-o", "opt-file", "--harness", "H"), 2, "opt-file",
+           "not a directory")
+    expect(k("optimize", "-o", "OPTR", "--work", "/dev/null", "--harness", "H"), 2,
+           "/dev/null", "character device")
+    target = "/sys/kpair-opt" if os.geteuid() == 0 else "/proc/kpair-opt"
+    expect(k("optimize", "-o", target, "--harness", "H"), 2, "cannot be written")
+    assert (lab / "opt-file").read_text() == "mine" and not (lab / "OPTR").exists()
+    assert not (lab / "OPTR.work").exists()

@@ -494,7 +494,7 @@ def test_kpair_profile_when_the_program_crashes_before_writing(fake_children, mo
     assert not (fake_children.tmp / "profile.json").exists()
     (fake_children.tmp / "profile.json").write_text("mine")
     assert main(["profile", "--", "python", "prog.py"]) == 2  # never overwritten
-    assert "exists; kpair does not overwrite" in capsys.readouterr().err
+    assert "exists; kpair does not replace it (pass --force" in capsys.readouterr().err
     assert (fake_children.tmp / "profile.json").read_text() == "mine"
 
 

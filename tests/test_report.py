@@ -13,7 +13,7 @@ import pytest
 from fake_release import fake_row
 from kpair import release
 from kpair.cli import main as kpair
-from kpair.errors import BackendUnavailable, UsageError
+from kpair.errors import BackendUnavailable, InputError
 from kpair.report import render_markdown, write_report
 
 #: The published-interval band colour of the speedup chart (report._BAR_BAND), 8-bit RGB.
@@ -79,8 +79,9 @@ def test_missing_matplotlib_names_the_extra(root, monkeypatch, capsys):
 
 
 def test_report_needs_an_index(tmp_path):
-    with pytest.raises(UsageError, match="kpair verify"):
+    with pytest.raises(InputError, match="not a release") as e:   # as the CLI: exit 3
         write_report(tmp_path)
+    assert e.value.exit_code == 3
 
 
 def _chromium() -> str | None:

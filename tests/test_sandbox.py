@@ -33,7 +33,18 @@ pytestmark = pytest.mark.skipif(
 KPAIR = [sys.executable, "-c", "import sys; from kpair.cli import main; sys.exit(main())"]
 QUICK = ["--time-cap", "1", "--min-blocks", "4", "--max-blocks", "8", "--timeout", "240"]
 ATTACKS = ["parent_mem", "ptrace", "prlimit", "kill", "processes", "mount", "xattr", "ipc",
-           "files", "socket", "kernel_state", "setuid", "patch_ref", "spin_thread"]
+           "files", "socket", "kernel_state", "setuid", "patch_ref", "spin_thread",
+           "hide_refusals"]
+#: System calls the sandbox must report refusing, per attack (at least these; patch_ref and
+#: spin_thread make none it refuses: mprotect of its own pages and a thread are allowed).
+REFUSED = {"parent_mem": {"openat"}, "ptrace": {"ptrace", "process_vm_readv"},
+           "prlimit": {"prlimit64"}, "kill": {"kill", "tgkill", "tkill"},
+           "processes": {"clone", "execve"}, "mount": {"mount", "umount2", "fsopen"},
+           "xattr": {"setxattr", "fsetxattr"}, "ipc": {"shmget", "memfd_create"},
+           "files": {"openat", "mkdir", "unlink", "rename", "chmod", "truncate"},
+           "socket": {"socket", "socketpair"}, "kernel_state": {"reboot", "bpf", "unshare"},
+           "setuid": {"setuid", "capset"}, "patch_ref": set(), "spin_thread": set(),
+           "hide_refusals": {"rt_sigaction", "openat"}}
 
 
 def _descendants() -> set[int]:
@@ -118,6 +129,30 @@ def test_every_escape_fails_and_leaves_nothing(kit, nothing_left, attack):
             assert replay.run(opt) == replay.expected, f"{attack}: an escape got through"
             dev.synchronize()
         assert replay.run(ref) == replay.expected   # ref unaffected (patch_ref, spin)
+        # Every refusal was reported to the judge, named, none of them at load time.
+        seen = dev.refused_calls(opt)
+        assert REFUSED[attack] <= set(seen["calls"]), seen
+        assert (seen["count"] > 0) == bool(REFUSED[attack]) and seen["at_load"] == 0, seen
+        assert seen["count"] == sum(seen["calls"].values())
+        assert dev.refused_calls(ref) == {"count": 0, "at_load": 0, "calls": {}}
+    finally:
+        dev.close()
+
+
+def test_refusals_add_up_over_every_load_of_a_code_object(kit, nothing_left):
+    """A replicate reloads opt: its tally goes on; another code object keeps its own."""
+    image = kit["libs"]["attacks"].read_bytes()
+    dev, replay, (first,) = _replay(kit, [(kit["libs"]["attacks"], "kp_socket")])
+    try:
+        replay.run(first)
+        assert dev.refused_calls(first)["count"] == 4
+        dev.unload(first)
+        again = dev.load(image, "kp_socket", fmt="elf-so")
+        replay.run(again)
+        assert dev.refused_calls(again) == {"count": 8, "at_load": 0,
+                                            "calls": {"socket": 6, "socketpair": 2}}
+        other = dev.load(image, "kp_files", fmt="elf-so")
+        assert dev.refused_calls(other)["count"] == 0   # loaded, not yet run
     finally:
         dev.close()
 
@@ -126,6 +161,9 @@ def test_a_constructor_attacks_sandboxed_too(kit, nothing_left):
     dev, replay, (opt,) = _replay(kit, [(kit["libs"]["ctor"], "kp_matmul")])
     try:
         assert replay.run(opt) == replay.expected, "the constructor got out"
+        seen = dev.refused_calls(opt)   # the constructor's refusals, counted at load
+        assert seen["count"] == seen["at_load"] > 10, seen
+        assert {"openat", "socket", "clone", "kill", "mount"} <= set(seen["calls"]), seen
     finally:
         dev.close()
 
@@ -180,26 +218,72 @@ def test_a_crash_names_the_signal(kit, nothing_left, tmp_path):
         dev.close()
 
 
+def test_a_refused_call_with_sigsys_blocked_is_a_named_crash(kit, nothing_left):
+    """system() blocks every signal before it asks for a process: the refusal cannot become
+    EPERM, the executor dies of SIGSYS, and the judge says why and counts it."""
+    from kpair.errors import DriverError
+
+    dev, replay, (opt,) = _replay(kit, [(kit["libs"]["attacks"], "kp_spawn")])
+    try:
+        with pytest.raises(DriverError, match="crashed: SIGSYS: it made a system call the "
+                                              "sandbox refuses while SIGSYS was blocked"):
+            replay.run(opt)
+        seen = dev.refused_calls(opt)
+        assert seen["calls"].get("(unnamed: made with SIGSYS blocked)") == 1, seen
+    finally:
+        dev.close()
+    assert not (kit["dir"] / "spawned").exists()
+
+
 def _kpair_run(harness: Path, cwd: Path) -> tuple[int, dict]:
     proc = subprocess.run(KPAIR + ["run", str(harness), "--json", *QUICK], cwd=cwd,
                           capture_output=True, text=True, timeout=600)
     return proc.returncode, json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize(("lib", "kernel"), [
-    ("ctor", "kp_matmul"), ("killer", "kp_kill"), ("attacks", "kp_prlimit"),
-    ("attacks", "kp_patch_ref"), ("attacks", "kp_parent_mem"), ("attacks", "kp_mount")])
-def test_kpair_run_judges_an_attacker_as_an_honest_kernel(kit, nothing_left, tmp_path, lib,
-                                                          kernel):
-    """End to end: the worker, its executors, the signed channel; the attacker's escapes all
-    fail, so it is judged on its (correct) answer, and kpair ends with its own JSON."""
+@pytest.mark.parametrize(("lib", "kernel", "calls"), [
+    ("ctor", "kp_matmul", "openat"), ("killer", "kp_kill", "kill"),
+    ("attacks", "kp_prlimit", "prlimit64"), ("attacks", "kp_patch_ref", None),
+    ("attacks", "kp_parent_mem", "(openat ×"), ("attacks", "kp_files", "openat"),
+    ("attacks", "kp_hide_refusals", "rt_sigaction")])
+def test_kpair_run_fails_an_attacker_by_its_refused_calls(kit, nothing_left, tmp_path, lib,
+                                                           kernel, calls):
+    """End to end: the worker, its executors, the signed channel. Every escape fails; an
+    attacker whose attempts the sandbox refused fails ``refused_calls``, which names them in
+    the verdict line, though its answer is right; one that made no refused call (patch_ref:
+    mprotect of its own code) is judged on its answer. kpair ends with its own JSON."""
     h = create_harness(kit["snap"], tmp_path / "h", opt=kit["libs"][lib], opt_kernel=kernel)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     code, result = _kpair_run(h.root, cwd)
-    assert result["status"] == "pass" and code == 0, result.get("error") or result
     assert result["sandbox"]["mechanism"] == "seccomp allowlist (libseccomp) + separate process"
     assert _listing(str(cwd)) == []
+    found = result["trust"]["refused_calls"]
+    if calls is None:
+        assert result["status"] == "pass" and code == 0, result.get("error") or result
+        assert found["passed"] is True and found["finding"]["opt"]["count"] == 0
+        return
+    assert result["status"] == "fail" and code == 1, result.get("error") or result
+    assert result["correctness"]["failed_check"] == "refused_calls"
+    summary = result["correctness"]["summary"]
+    assert summary.startswith("FAIL [refused_calls]: opt made ") and calls in summary, summary
+    assert "the host sandbox refused" in summary and "FAIL: FAIL" not in summary
+    assert found["passed"] is False and found["finding"]["ref"]["count"] == 0
+    # ref and its control copy made none; they were judged like any run of a checked pass
+    assert result["trust"]["baseline_determinism"]["passed"] is True
+
+
+def test_an_unchecked_run_warns_of_refused_calls(kit, nothing_left, tmp_path):
+    h = create_harness(kit["snap"], tmp_path / "h", opt=kit["libs"]["attacks"],
+                       opt_kernel="kp_socket")
+    proc = subprocess.run(KPAIR + ["run", str(h.root), "--json", "--no-checks", *QUICK],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = json.loads(proc.stdout)
+    assert result["status"] == "pass" and proc.returncode == 0, result
+    # 4 refused calls a launch, every launch counted (timed ones too)
+    assert any(w.startswith("refused_calls: opt made ") and "the host sandbox refused (socket ×"
+               in w and w.endswith("not judged: the checks are off")
+               for w in result["warnings"] or ()), result
 
 
 def test_kpair_run_with_a_spinning_thread_completes(kit, nothing_left, tmp_path):
@@ -211,3 +295,23 @@ def test_kpair_run_with_a_spinning_thread_completes(kit, nothing_left, tmp_path)
     assert result["status"] in ("pass", "fail") and code in (0, 1), result
     summary = result["correctness"]["summary"]
     assert result["status"] == "pass" or "timing_integrity" in summary, summary
+
+
+def test_the_refused_calls_check_judges_only_what_ref_does_not_do():
+    from kpair.trust.findings import refused_calls
+
+    none = {"count": 0, "at_load": 0, "calls": {}}
+    assert refused_calls(none, None).ran is False          # a GPU: nothing to tell
+    assert refused_calls(none, none).passed is True
+    bad = refused_calls(none, {"count": 3, "at_load": 1, "calls": {"openat": 2, "socket": 1}})
+    assert bad.failed and bad.reason.startswith(
+        "opt made 3 system calls the host sandbox refused (openat ×2, socket; 1 while "
+        "loading): "), bad.reason
+    assert bad.finding["not_excused"] == {"openat": 2, "socket": 1}
+    # ref's own library call (sysconf reading /sys) is not held against opt: a warning
+    same = refused_calls({"count": 4, "at_load": 0, "calls": {"openat": 4}},
+                         {"count": 1, "at_load": 0, "calls": {"openat": 1}})
+    assert same.passed is None and "all of kinds ref makes too" in same.reason
+    mixed = refused_calls({"count": 4, "at_load": 0, "calls": {"openat": 4}},
+                          {"count": 2, "at_load": 0, "calls": {"openat": 1, "write": 1}})
+    assert mixed.failed and mixed.finding["not_excused"] == {"write": 1}

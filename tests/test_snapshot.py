@@ -248,9 +248,29 @@ def test_a_blob_declaring_a_terabyte_without_a_frame_size_is_refused_without_all
         snap_dir):
     _bomb(snap_dir, 1 << 40, bytes(4096), content_size=False)
     snap = Snapshot.open(snap_dir)
-    with pytest.raises(SnapshotFormatError, match=r"regions\[1\]\.post.*holds 4096 bytes") as e:
+    # No zstd stream of a few bytes holds a terabyte (a block of <= 128 KiB takes >= 4 bytes):
+    # refused before a byte is decompressed.
+    with pytest.raises(SnapshotFormatError,
+                       match=r"regions\[1\]\.post.*no zstd stream that short") as e:
         snap.post(1)
     assert e.value.exit_code == 3
+
+
+def test_a_blob_declaring_more_than_it_holds_is_read_piece_by_piece(snap_dir):
+    import os
+    import tracemalloc
+
+    # 64 MiB declared, 4 KiB of random bytes stored: plausible by size, so it is read, but in
+    # pieces that stop at what the stream holds, never allocating what the manifest claims.
+    _bomb(snap_dir, 64 << 20, os.urandom(4096), content_size=False)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SnapshotFormatError, match=r"holds 4096 bytes, manifest says"):
+            Snapshot.open(snap_dir).post(1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
 
 
 def test_a_frame_claiming_more_than_the_manifest_is_refused_before_decompressing(snap_dir):
@@ -287,3 +307,106 @@ def test_kpair_inspect_on_a_bomb_exits_3(snap_dir, capsys):
     _bomb(snap_dir, 1 << 40, bytes(4096), content_size=False)
     assert main(["inspect", str(snap_dir)]) == 3
     assert "holds 4096 bytes" in capsys.readouterr().err
+
+
+# --- big regions: a blob is never held in host memory twice (issue 23) --------------------
+
+def _region_snapshot(root: Path, data: bytes, *, chunk: int) -> Snapshot:
+    w = SnapshotWriter(root, level=1, chunk=chunk)
+    ref = w.put(data)
+    return w.finish(Manifest(
+        backend="host", arch="x86_64", code=CodeObject(w.put(b"\x7fELF"), "elf-so", "k"),
+        launch=Launch(), kernarg=Kernarg(w.put(bytes(8)), (Param(0, 8, "pointer", "x"),)),
+        regions=(Region("x", 0x10000, len(data), ref, ref),)))
+
+
+def _peak(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_large_blob_is_written_as_a_stream_and_read_without_a_second_copy(tmp_path):
+    import os
+
+    import zstandard
+
+    size, chunk = 24 << 20, 1 << 20
+    data = os.urandom(size)  # incompressible: a one-shot compress would hold ~size again
+    holder = {}
+    peak = _peak(lambda: holder.update(s=_region_snapshot(tmp_path / "s", data, chunk=chunk)))
+    assert peak < 6 * chunk, peak
+    snap = holder["s"]
+    blob = tmp_path / "s" / snap.manifest.regions[0].pre.path
+    # streamed frames still record the raw size: readers rely on it
+    assert zstandard.frame_content_size(blob.read_bytes()[:18]) == size
+
+    peak = _peak(lambda: holder.update(pre=snap.pre(0)))
+    assert holder["pre"] == data and isinstance(holder["pre"], bytes)
+    assert peak < size + 6 * chunk, peak  # the bytes returned, and no second copy
+
+    buffer = bytearray(size)
+    peak = _peak(lambda: snap.read_into(snap.manifest.regions[0].post, buffer, chunk=chunk))
+    assert buffer == data and peak < 6 * chunk, peak
+    peak = _peak(lambda: holder.update(n=snap.verify(chunk=chunk)))
+    assert holder["n"] == 2 * size + 4 + 8 and peak < 6 * chunk, peak
+
+
+def test_read_into_refuses_a_wrong_buffer_and_a_tampered_blob(tmp_path):
+    snap = _region_snapshot(tmp_path / "s", bytes(range(256)) * 4096, chunk=64 << 10)
+    ref = snap.manifest.regions[0].pre
+    with pytest.raises(ValueError, match="writable buffer of 1048576 bytes"):
+        snap.read_into(ref, bytearray(10))
+    with pytest.raises(ValueError, match="read-only"):
+        snap.read_into(ref, bytes(ref.size))
+    import zstandard
+
+    (tmp_path / "s" / ref.path).write_bytes(zstandard.ZstdCompressor().compress(
+        bytes(ref.size)))
+    with pytest.raises(SnapshotFormatError, match=r"regions\[0\]\.pre.*sha256"):
+        snap.read_into(ref, bytearray(ref.size), "regions[0].pre", chunk=64 << 10)
+    with pytest.raises(SnapshotFormatError, match="sha256"):
+        snap.verify()
+
+
+def test_large_blobs_use_every_cpu_and_say_how_far_they_are(tmp_path, monkeypatch):
+    from kpair import progress
+    from kpair.snapshot import store
+
+    monkeypatch.setattr(store, "THREADED_BYTES", 1 << 20)
+    monkeypatch.setattr(store, "PROGRESS_BYTES", 1 << 20)
+    monkeypatch.setattr(store, "CHUNK", 256 << 10)
+
+    said = []
+
+    class Recorder(progress.Silent):
+        def stage(self, name: str) -> None:
+            said.append(name)
+
+    data = bytes(range(256)) * (16 << 10)  # 4 MiB
+    with progress.using(Recorder()):
+        snap = _region_snapshot(tmp_path / "s", data, chunk=256 << 10)
+        assert snap.pre(0) == data
+        snap.verify(chunk=256 << 10)
+    assert snap.manifest.regions[0].pre.size == 4 << 20
+    assert any(s.startswith("store blob: ") and s.endswith("of 4.0 MiB") for s in said), said
+    assert "load regions[0].pre (4.0 MiB)" in said
+    assert any(s.startswith("check regions[0].pre: ") for s in said), said
+    made = store.Compressors(1)  # one compressor on every CPU for large blobs, one for small
+    assert made.for_size(4 << 20) is made.for_size(2 << 20) is not made.for_size(10)
+
+
+def test_verify_reads_a_blob_named_twice_once(snap_dir, monkeypatch):
+    snap = Snapshot.open(snap_dir)
+    seen = []
+    real = Snapshot.check_blob
+    monkeypatch.setattr(Snapshot, "check_blob",
+                        lambda self, ref, field="blob", **kw: seen.append(ref.sha256)
+                        or real(self, ref, field, **kw))
+    assert snap.verify() == 15 + 20 + 4 * 4096
+    assert len(seen) == len(set(seen)) == 4

@@ -50,6 +50,18 @@ def _kind(mode: int) -> str | None:
     return "not a regular file"
 
 
+def _lstat(path: Path, refusal: str) -> os.stat_result | None:
+    """``path``'s own status (None: nothing there); an unreadable one is an OutputError."""
+    from .errors import OutputError
+
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise OutputError(f"{path}: {refusal} ({e.strerror or e})") from None
+
+
 def check_output(path: str | os.PathLike, *, replace: bool = False,
                  hint: str = FORCE_HINT) -> Path:
     """Refuse (``OutputError``, exit 2) an output path kpair must not write: a directory, a
@@ -58,12 +70,7 @@ def check_output(path: str | os.PathLike, *, replace: bool = False,
     from .errors import OutputError
 
     path = Path(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise OutputError(f"{path}: cannot be written ({e.strerror or e})") from None
+    st = _lstat(path, "cannot be written")
     if st is not None:
         kind = _kind(st.st_mode)
         if kind is not None:
@@ -102,12 +109,7 @@ def check_output_dir(path: str | os.PathLike, *, empty: bool = False) -> Path:
     from .errors import OutputError
 
     path = Path(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise OutputError(f"{path}: cannot be used ({e.strerror or e})") from None
+    st = _lstat(path, "cannot be used")
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{path} exists and is {_kind(st.st_mode) or 'a file'}, not a "
                           "directory")

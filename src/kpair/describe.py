@@ -13,10 +13,14 @@ from .errors import FormatError
 
 
 def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
+    from .snapshot import describe_left_out, left_out
+
     m = snap.manifest
     verified = snap.verify() if verify else None
     info = {"kind": "snapshot", "path": str(snap.root), **m.to_json(),
             "stored_bytes": snap.stored_bytes(), "verified_bytes": verified}
+    if not m.complete:
+        info["omitted_regions"] = [o.to_json() for o in left_out(m)]
     lines = [
         f"snapshot {snap.root}  (schema v{m.schema_version}, "
         f"{'complete' if m.complete else 'INCOMPLETE'})",
@@ -34,6 +38,11 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
         changed = "written" if r.pre.sha256 != r.post.sha256 else "unchanged"
         lines.append(f"    {r.name:<16} {hex(r.address)}  {human_bytes(r.size):>10}  "
                      f"{r.dtype or '':<8} {changed}")
+    missing = describe_left_out(m)
+    if missing:
+        lines.append(f"  INCOMPLETE: {missing[0]}")
+        lines += [f"    {line}" for line in missing[1:]]
+        lines.append("  replay, pair and run refuse it")
     if verify:
         lines.append(f"  verified {human_bytes(verified)} of blobs: sizes and sha256 match")
     return info, lines
@@ -44,7 +53,7 @@ def describe(path: Path, verify: bool = True) -> tuple[dict, str]:
     from .snapshot import Snapshot
 
     if (path / "harness.json").is_file():
-        h = Harness.open(path, verify=verify)
+        h = Harness.open(path, verify=verify, complete=False)
         snap_info, lines = describe_snapshot(h.snapshot, verify)
         info = {"kind": "harness", "path": str(path), "backend": h.backend,
                 "ref": h.ref.to_json(), "opt": h.opt.to_json(), "policy": h.policy.to_json(),

@@ -70,6 +70,12 @@ class SnapshotFormatError(FormatError):
     """A snapshot directory or one of its blobs is malformed, truncated or tampered with."""
 
 
+class IncompleteSnapshot(SnapshotFormatError):
+    """A snapshot whose capture left out memory the kernel can reach (``complete: false``):
+    it cannot be replayed, so every verb that would place it refuses it, naming what is
+    missing and the capture flag that keeps it."""
+
+
 class PolicyError(FormatError):
     """A validation policy is malformed or does not fit the snapshot it is applied to."""
 

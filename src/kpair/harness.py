@@ -35,7 +35,7 @@ from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
 from .policy.lint import lint
 from .policy.mutation import derive
-from .snapshot import CODE_FORMATS, Launch, Snapshot, detect_format, sha256
+from .snapshot import CODE_FORMATS, Launch, Snapshot, detect_format, require_complete, sha256
 
 SCHEMA = "kpair.harness"
 SCHEMA_VERSION = 1
@@ -84,7 +84,10 @@ class Harness:
         return self.spec.to_json()
 
     @classmethod
-    def open(cls, root: str | os.PathLike, *, verify: bool = True) -> Harness:
+    def open(cls, root: str | os.PathLike, *, verify: bool = True,
+             complete: bool = True) -> Harness:
+        """Read and check a harness; ``complete=False`` (``kpair inspect``) also opens one
+        whose snapshot capture left memory out, which every run refuses."""
         root = Path(root)
         spec_path = root / "harness.json"
         if not spec_path.is_file():
@@ -101,6 +104,8 @@ class Harness:
                                f"{spec.backend!r}", path=spec_path, field="arch")
         snapshot = Snapshot.open(root / spec.snapshot)
         m = snapshot.manifest
+        if complete:
+            require_complete(m, snapshot.root)
         for key, mine, theirs in (("backend", spec.backend, m.backend),
                                   ("arch", spec.arch, m.arch)):
             if mine != theirs:
@@ -288,6 +293,7 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
     if not snapshot_dir.exists():
         raise InputError("no such snapshot directory", path=snapshot_dir)
     src = Snapshot.open(snapshot_dir)
+    require_complete(src.manifest, snapshot_dir)  # before the (long) blob checks
     src.verify()
     m = src.manifest
     out = Path(out)

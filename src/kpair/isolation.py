@@ -136,7 +136,8 @@ def beside(out: str | os.PathLike) -> tuple[Path, Path]:
 def check_outputs(out: str | os.PathLike, *, replace: bool) -> None:
     """Refuse, before a run starts, a result path (or its samples file or log) that may not
     be written (``_util.check_output``)."""
-    for path in (Path(out), *beside(out)):
+    check_output(out, replace=replace)  # first: "" or "." is a directory, not a file name
+    for path in beside(out):
         check_output(path, replace=replace)
 
 

@@ -196,13 +196,23 @@ class Run:
         return self.audit.failure() if self.audit is not None else None
 
     def trust(self) -> tuple[dict[str, TrustEntry] | None, list[str] | None]:
-        if self.audit is None:
-            return None, None
+        if self.audit is None:  # unchecked: refused system calls are still told
+            return None, self._refusal_warning()
         found = self.audit.findings()
         entries = {name: TrustEntry(**f.to_json()) for name, f in found.items()}
         warnings = [f"{name}: {f.reason}" for name, f in found.items()
                     if f.passed is None and f.reason]
         return entries, warnings or None
+
+    def _refusal_warning(self) -> list[str] | None:
+        from .trust.findings import refused_calls
+
+        if not self.opt or not self.ref:
+            return None
+        f = refused_calls(self.device.refused_calls(self.ref[0]),
+                          self.device.refused_calls(self.opt[0]))
+        return [f"refused_calls: {f.reason}; not judged: the checks are off"] if f.reason \
+            else None
 
     def correctness(self) -> Correctness:
         policy = self.harness.policy
@@ -391,8 +401,9 @@ def _measure(run: Run) -> None:
     clocks_before = run.device.clocks()
     parts, samples = [], []
     for i in range(n):
-        if i:  # fresh loads of both kernels: another placement of their code
-            _reload(run)
+        if i:  # fresh loads of both kernels and fresh pages under the regions: another
+            _reload(run)   # placement of code and data, as a re-run in a new process meets
+            run.device.renew_memory()
         abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i),
                              progress=_meter(f"replicate {i + 1}/{n}" if n > 1 else "A/B",
                                              rule, after=n - 1 - i))

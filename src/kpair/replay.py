@@ -37,7 +37,7 @@ from .backends.base import Held, fill_bytes
 from .errors import AbiMismatch, ArchitectureMismatch
 from .formats import Record
 from .placement import patch_pointers, span_of
-from .snapshot import Launch, Snapshot
+from .snapshot import Launch, Snapshot, require_complete
 
 
 class LaunchHooks(Protocol):
@@ -118,6 +118,7 @@ class Replay:
     def __init__(self, device: Device, snapshot: Snapshot, *, relocate: bool = False,
                  cache: str = "cold"):
         m = snapshot.manifest
+        require_complete(m, snapshot.root)  # before anything is placed: it cannot replay
         if m.backend != device.backend:
             raise ArchitectureMismatch(f"snapshot was captured for backend {m.backend!r}, "
                                        f"this device is {device.backend!r}")

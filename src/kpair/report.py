@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from ._util import write_text_atomic
-from .errors import BackendUnavailable, UsageError
+from ._util import make_dirs, write_text_atomic
+from .errors import BackendUnavailable, InputError
 from .release import SLOT_BIAS_BAND, Index, Row, load_index
 
 HTML_NAME, MD_NAME = "report.html", "report.md"
@@ -547,10 +547,10 @@ def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, 
     """
     root = Path(root)
     index = load_index(root)
-    if index is None:
-        raise UsageError(f"no index.json in {root}: run `kpair verify {root}` first")
-    out = Path(out) if out is not None else root
-    out.mkdir(parents=True, exist_ok=True)
+    if index is None:  # as `kpair report` says it: a bad input, exit status 3
+        raise InputError("no index.json here: not a release (make one with `kpair release "
+                         "add` or `kpair demo`)", path=root)
+    out = make_dirs(out if out is not None else root)
     written = {"markdown": out / MD_NAME}
     write_text_atomic(written["markdown"], render_markdown(index))
     if html_page:

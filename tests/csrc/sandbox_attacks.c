@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ipc.h>
 #include <sys/mman.h>
@@ -254,6 +255,25 @@ static void attack_patch_ref(void) {
     mprotect((void *)page, 4096, PROT_READ | PROT_EXEC);
 }
 KERNEL(patch_ref)
+
+/* Refused calls are reported by the executor's SIGSYS handler: replace it, ignore SIGSYS,
+   then write a file, hoping the refusal goes unreported. */
+static void quiet(int sig) { (void)sig; }
+
+static void attack_hide_refusals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = quiet;
+    refused(sigaction(SIGSYS, &sa, NULL));
+    refused(signal(SIGSYS, SIG_IGN) == SIG_ERR ? -1 : 0);
+    refused(open(KP_DIR "/hidden", O_CREAT | O_WRONLY, 0644));
+}
+KERNEL(hide_refusals)
+
+/* system() blocks every signal, SIGSYS included, before it asks for a process: the refused
+   call cannot be answered with EPERM, so the executor dies of SIGSYS (a crash, reported). */
+static void attack_spawn(void) { (void)!system("touch " KP_DIR "/spawned"); }
+KERNEL(spawn)
 
 /* A thread left spinning after the call returns (a bounded spin, once per executor). */
 static void *spin(void *arg) {

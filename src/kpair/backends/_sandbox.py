@@ -20,10 +20,15 @@ The allowlist is what running an already loaded kernel needs: memory (mmap, mpro
 ...), threads (clone only with CLONE_THREAD and no namespace flag; clone3 answers ENOSYS so
 the C library falls back to clone), futexes, signals to itself only (kill and tgkill whose
 first argument is its own pid), clocks and sleeps, reading and writing descriptors it
-already holds. Every other system call fails with EPERM: files cannot be opened (after the
-load), created or changed; no process, socket, mount, namespace, IPC object, trace, reboot,
-clock change, BPF program or perf event can be made; no other process can be signalled,
-limited or read.
+already holds, signal handlers other than SIGSYS's. Every other system call fails with EPERM:
+files cannot be opened (after the load), created or changed; no process, socket, mount,
+namespace, IPC object, trace, reboot, clock change, BPF program or perf event can be made; no
+other process can be signalled, limited or read.
+
+A refused call is not silent: the filters trap it (SECCOMP_RET_TRAP), the executor's SIGSYS
+handler writes a record naming the call to the reply pipe and makes the call return EPERM;
+the judge counts the records (``HostDevice.refused_calls``, the ``refused_calls`` trust
+check). ``syscall_name`` turns a number back into its name.
 """
 
 from __future__ import annotations
@@ -51,13 +56,15 @@ ALLOWED = (
     "read", "write", "readv", "writev", "pread64", "close", "fstat", "newfstatat", "statx",
     "lseek", "mmap", "munmap", "mprotect", "mremap", "madvise", "brk", "futex",
     "set_robust_list", "get_robust_list", "rseq", "set_tid_address", "exit", "exit_group",
-    "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "sigaltstack", "clock_gettime",
+    "rt_sigreturn", "rt_sigprocmask", "sigaltstack", "clock_gettime",
     "clock_getres", "gettimeofday", "nanosleep", "clock_nanosleep", "sched_yield",
     "sched_getaffinity", "getpid", "gettid", "getrandom", "membarrier",
 )
 #: Open flags that write or create: O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND __O_TMPFILE.
 _WRITE_FLAGS = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000 | 0o20000000
 _CLONE_THREAD = 0x00010000
+#: SIGSYS (31 on x86_64 and aarch64): its handler reports refused calls and stays in place.
+_SIGSYS = 31
 #: Namespace flags of clone(2): CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
 _CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000
@@ -102,9 +109,11 @@ def check() -> None:
 
 def _build(pid: int, *, loading: bool) -> bytes:
     sc = _seccomp()
-    f = sc.SyscallFilter(sc.ERRNO(errno.EPERM))
+    # TRAP: the executor's SIGSYS handler reports the call, then answers it with EPERM.
+    f = sc.SyscallFilter(sc.TRAP)
     for name in ALLOWED:
         _add(sc, f, sc.ALLOW, name)
+    _add(sc, f, sc.ALLOW, "rt_sigaction", sc.Arg(0, sc.NE, _SIGSYS))
     _add(sc, f, sc.ERRNO(errno.ENOSYS), "clone3")
     _add(sc, f, sc.ALLOW, "clone",
          sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD | _CLONE_NEW, _CLONE_THREAD))
@@ -133,6 +142,16 @@ def _add(sc, f, action: int, name: str, *args) -> None:
     if nr == -1:  # unknown to libseccomp
         return
     f.add_rule(action, nr, *args)
+
+
+@lru_cache(maxsize=512)
+def syscall_name(nr: int) -> str:
+    """The name of system call ``nr`` on this architecture (``syscall 1234`` if unknown)."""
+    try:
+        name = _seccomp().resolve_syscall(_seccomp().Arch.NATIVE, int(nr))
+    except (OSError, ValueError, SandboxUnavailable):
+        return f"syscall {nr}"
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def filters(pid: int) -> tuple[bytes, bytes]:
@@ -184,8 +203,10 @@ def describe(*, filter_bytes: int, rlimits: dict) -> dict:
             "gid": NOBODY if as_root else os.getegid(), "groups": [] if as_root else None,
             "capabilities": "none", "no_new_privs": True, "allowlist": list(ALLOWED) + [
                 "clone (CLONE_THREAD only)", "kill/tgkill (own pid only)",
+                "rt_sigaction (not SIGSYS)",
                 "clone3 (ENOSYS)", "openat/open (read-only, while loading)",
                 "seccomp (SET_MODE_FILTER, while loading)"],
-            "default_action": "EPERM", "rlimits": rlimits,
+            "default_action": "EPERM, reported (SECCOMP_RET_TRAP: the executor's SIGSYS "
+            "handler tells the judge which call was refused)", "rlimits": rlimits,
             "filter_instructions": filter_bytes // 8, "timer": "executor CPU clock, read "
             "by the judge from outside"}

@@ -222,6 +222,19 @@ class Device(ABC):
         cannot read them (a GPU's loaded code is not readable through the driver)."""
         return None
 
+    def renew_memory(self) -> bool:
+        """Back what ``map`` mapped with other physical memory at the same addresses, its
+        bytes zeroed (a replay restores the regions before each launch), so that a
+        measurement replicate meets another placement of the data as a fresh process does.
+        False where the backend does not (the memory stays where it is)."""
+        return False
+
+    def refused_calls(self, kernel: Kernel) -> dict | None:
+        """The system calls a sandbox refused ``kernel``'s code object so far (``count``,
+        ``at_load``, ``calls``: name -> count), or None where the backend runs no sandbox that
+        can tell (GPU kernels make no system calls)."""
+        return None
+
     def mapped_ranges(self) -> list[tuple[int, int]] | None:
         """The [start, end) replay-address ranges ``map`` made accessible, or None if unknown.
 

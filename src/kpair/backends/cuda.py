@@ -439,6 +439,29 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
     def mapped_ranges(self) -> list[tuple[int, int]]:
         return [(address, address + size) for address, size in self._mapped]
 
+    def renew_memory(self) -> bool:
+        if not self._handles or len(self._handles) != len(self._mapped):
+            return False
+        self.drv("cuStreamSynchronize", self.stream)
+        fresh: list = []
+        try:   # all new handles before any old one goes: the new pages cannot be the old ones
+            for _, size in self._mapped:
+                fresh.append(self.drv("cuMemCreate", size, self._prop, 0))
+        except DriverError:   # no room for a second copy: keep the placement there is
+            for handle in fresh:
+                self.drv.quiet("cuMemRelease", handle)
+            return False
+        for (address, size), new in zip(self._mapped, fresh, strict=True):
+            self.drv("cuMemUnmap", address, size)
+            self.drv("cuMemMap", address, size, 0, new, 0)
+            self.drv("cuMemSetAccess", address, size, [self._access], 1)
+            self.drv("cuMemsetD8Async", address, 0, size, self.stream)
+        for old in self._handles:
+            self.drv("cuMemRelease", old)
+        self._handles = fresh
+        self.drv("cuStreamSynchronize", self.stream)
+        return True
+
     def measure_bandwidth(self, nbytes: int) -> float:
         """Best of 8 event-timed, gated memsets of ``nbytes`` bytes (bytes written per s)."""
         n = max(-(-int(nbytes) // 4) * 4, 4)

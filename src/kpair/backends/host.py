@@ -13,7 +13,8 @@ as root, drops every capability, sets no_new_privs and rlimits, maps the regions
 the code object under a seccomp allowlist (its ELF constructors run confined) and calls the
 kernel when the judge says so. The judge (this process) makes itself non-dumpable, so a
 same-user process cannot read its memory or environment. If the sandbox cannot be set up,
-nothing runs (``SandboxUnavailable``).
+nothing runs (``SandboxUnavailable``). Every call the sandbox refuses reaches the judge as a
+record on the reply pipe; ``refused_calls`` sums them over every load of a code object.
 
 Regions live in memfds: ``map`` creates one per call, maps it MAP_SHARED here (the judge's
 view, which ``write``/``read``/``stage``/``restore`` use) and chooses the executor
@@ -44,6 +45,7 @@ import hashlib
 import math
 import os
 import platform
+import select
 import signal
 import struct
 import sys
@@ -88,6 +90,10 @@ _REGION = struct.Struct("=4Q")
 _REPLY = struct.Struct("=QIII")
 _MAGIC = 0x3158504B
 _ST_OK, _ST_SETUP, _ST_LOAD, _ST_SYMBOL, _ST_PLACE = range(5)
+#: The sequence number of a refused-call record (its status is the system call's number).
+_REFUSED = 0xFFFFFFFF
+#: A refused call made with SIGSYS blocked kills the executor before it can say which.
+_UNNAMED = "(unnamed: made with SIGSYS blocked)"
 
 #: Where relocated spans go in an executor: far above a small C program's heap, far below
 #: its libraries and stack (x86_64 and aarch64 with 39-bit or more of address space).
@@ -101,6 +107,10 @@ class KernelCrashed(DriverError):
     """An executor died during (or right after) a launch: the kernel crashed it."""
 
     def __init__(self, how: str, role: str):
+        if how == "SIGSYS":
+            how = ("SIGSYS: it made a system call the sandbox refuses while SIGSYS was blocked "
+                   "(system(), popen() and posix_spawn() block every signal), so the call "
+                   "could not just fail with EPERM")
         KpairError.__init__(self, f"the host kernel crashed: {how} (in its executor, {role})")
         self.call, self.code, self.explanation = "host kernel call", how, role
 
@@ -170,6 +180,35 @@ def _llc_bytes() -> int:
     return best or (32 << 20)
 
 
+class _Refusals:
+    """The system calls the sandbox refused one code object (every load of it), in the
+    order the records arrived; distinct numbers beyond the first 64 are counted together."""
+
+    KEEP = 64
+
+    def __init__(self) -> None:
+        self.count, self.at_load = 0, 0
+        self.by_nr: dict[int, int] = {}
+        self.other = 0
+
+    def add(self, nr: int, loading: bool) -> None:
+        self.count += 1
+        self.at_load += loading
+        if nr in self.by_nr or len(self.by_nr) < self.KEEP:
+            self.by_nr[nr] = self.by_nr.get(nr, 0) + 1
+        else:
+            self.other += 1
+
+    def to_json(self) -> dict:
+        calls = {}
+        for nr, n in self.by_nr.items():
+            name = _sandbox.syscall_name(nr) if nr >= 0 else _UNNAMED
+            calls[name] = calls.get(name, 0) + n
+        if self.other:
+            calls["(others)"] = self.other
+        return {"count": self.count, "at_load": self.at_load, "calls": calls}
+
+
 @dataclass
 class _Arena:
     """One map() call: a memfd, its view in the judge, its spans at executor addresses."""
@@ -183,11 +222,14 @@ class _Arena:
 class _Executor:
     """One executor process and the judge's side of its pipes."""
 
-    def __init__(self, pid: int, cmd: int, reply: int, role: str):
+    def __init__(self, pid: int, cmd: int, reply: int, role: str,
+                 refusals: _Refusals | None = None):
         self.pid, self.cmd, self.reply, self.role = pid, cmd, reply, role
         self.clock = ((~pid) << 3) | 2
         self.stopped, self.dead, self.last_cpu = False, None, 0.0
         self.nonce, self.seq, self.pending = int.from_bytes(os.urandom(8), "little"), 0, b""
+        self.refusals = refusals if refusals is not None else _Refusals()
+        self.loading = True   # until the setup reply: refusals then come from the load
 
     def cpu(self) -> float:
         if self.dead is None:
@@ -207,18 +249,47 @@ class _Executor:
         if pid == 0:
             return None
         if os.WIFSIGNALED(status):
-            self.dead = _signame(os.WTERMSIG(status))
+            self._died_of(os.WTERMSIG(status))
         elif os.WIFEXITED(status):
             self.dead = f"it exited with status {os.WEXITSTATUS(status)}"
         else:
             return None
         return self.dead
 
+    def _take_refusals(self) -> None:
+        """Count and remove the refused-call records received so far (wherever they lie:
+        a kernel's own bytes may come between them)."""
+        mark = struct.pack("=QI", self.nonce, _REFUSED)
+        at = self.pending.find(mark)
+        while at >= 0 and len(self.pending) >= at + _REPLY.size:
+            _, _, nr, _ = _REPLY.unpack_from(self.pending, at)
+            self.refusals.add(nr, self.loading)
+            self.pending = self.pending[:at] + self.pending[at + _REPLY.size:]
+            at = self.pending.find(mark, at)
+
+    def drain(self) -> None:
+        """Read what the executor has written without waiting (refusals from a thread that
+        outlived its launch), keeping any reply for ``read_reply``."""
+        with contextlib.suppress(OSError, ValueError):
+            while select.select([self.reply], [], [], 0)[0]:
+                chunk = os.read(self.reply, 1 << 16)
+                if not chunk:
+                    break
+                self.pending += chunk
+        self._take_refusals()
+
+    def _died_of(self, sig: int) -> None:
+        self.dead = _signame(sig)
+        if sig == signal.SIGSYS:   # a refused call it could not be told of: count it too
+            self.refusals.add(-1, self.loading)
+
     def read_reply(self) -> tuple[int, str]:
         """The executor's next reply. A kernel can write into the reply pipe too: bytes
-        before the header it expects (nonce, sequence number) are skipped."""
+        before the header it expects (nonce, sequence number) are skipped; refused-call
+        records are counted wherever they come."""
         want = struct.pack("=QI", self.nonce, self.seq)
         while True:
+            self._take_refusals()
             at = self.pending.find(want)
             if at >= 0 and len(self.pending) >= at + _REPLY.size:
                 _, _, status, n = _REPLY.unpack_from(self.pending, at)
@@ -229,7 +300,7 @@ class _Executor:
                     self.seq += 1
                     return status, msg.decode(errors="replace")
             elif at < 0 and len(self.pending) > 1 << 16:
-                self.pending = self.pending[-len(want):]
+                self.pending = self.pending[-_REPLY.size:]
             try:
                 chunk = os.read(self.reply, 1 << 16)
             except InterruptedError:
@@ -260,9 +331,11 @@ class _Executor:
             if os.WIFSTOPPED(status):
                 self.stopped = True
                 return
-            if os.WIFSIGNALED(status) or os.WIFEXITED(status):
-                self.dead = _signame(os.WTERMSIG(status)) if os.WIFSIGNALED(status) \
-                    else f"it exited with status {os.WEXITSTATUS(status)}"
+            if os.WIFSIGNALED(status):
+                self._died_of(os.WTERMSIG(status))
+                break
+            if os.WIFEXITED(status):
+                self.dead = f"it exited with status {os.WEXITSTATUS(status)}"
                 break
         raise KernelCrashed(self.dead, self.role)
 
@@ -305,6 +378,10 @@ class HostKernel(Kernel):
     def __init__(self, name: str, executor: _Executor):
         self.name, self.executor = name, executor
 
+    @property
+    def refusals(self) -> _Refusals:
+        return self.executor.refusals
+
 
 class HostDevice(Device):
     backend = "host"
@@ -326,6 +403,9 @@ class HostDevice(Device):
         self._threads_before: int | None = None  # other threads when the last launch began
         self._filter_bytes = 0
         self._rlimits: dict = {}
+        # Refused system calls per code object (sha256 of the image, symbol): every load of
+        # the same code adds to one tally (replicates reload it; ref's control copy is ref).
+        self._refusals: dict[tuple[str, str], _Refusals] = {}
 
     def arch(self) -> str:
         return host_arch()
@@ -446,13 +526,26 @@ class HostDevice(Device):
                                        f"{self.arch()}")
         _sandbox.check()
         _undumpable()
-        ex = self._spawn(image, kernel_name, f"kernel {kernel_name!r} #{len(self._executors)}")
+        key = (hashlib.sha256(image).hexdigest(), kernel_name)
+        tally = self._refusals.setdefault(key, _Refusals())
+        ex = self._spawn(image, kernel_name, f"kernel {kernel_name!r} #{len(self._executors)}",
+                         tally)
         return HostKernel(kernel_name, ex)
+
+    def refused_calls(self, kernel: HostKernel) -> dict:
+        """The system calls the sandbox refused ``kernel``'s code object, over every load of
+        it on this device so far (at load: its ELF constructors): ``count``, ``at_load``,
+        ``calls`` (name -> count)."""
+        for ex in self._executors:
+            if ex.refusals is kernel.refusals:
+                ex.drain()
+        return kernel.refusals.to_json()
 
     def unload(self, kernel: HostKernel) -> None:
         """End the kernel's executor (a replicate's fresh load replaces it)."""
         ex = kernel.executor
         if ex in self._executors:
+            ex.drain()   # its last refusals count for its code object
             ex.close()
             self._executors.remove(ex)
             if self._last is ex:
@@ -482,7 +575,7 @@ class HostDevice(Device):
                 "nproc": _tasks_of(uid) + _NPROC_EXTRA, "core": 0, "fsize": 0,
                 "memlock": 0, "msgqueue": 0}
 
-    def _spawn(self, image: bytes, symbol: str, role: str) -> _Executor:
+    def _spawn(self, image: bytes, symbol: str, role: str, refusals: _Refusals) -> _Executor:
         exe = _sandbox.executor()
         code = os.memfd_create("kpair-code", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         cmd_r, cmd_w = os.pipe()
@@ -505,7 +598,7 @@ class HostDevice(Device):
         finally:
             for fd in (cmd_r, reply_w, code, *theirs):
                 os.close(fd)
-        ex = _Executor(pid, cmd_w, reply_r, role)
+        ex = _Executor(pid, cmd_w, reply_r, role, refusals)
         self._executors.append(ex)
         try:
             f1, f2 = _sandbox.filters(pid)
@@ -522,6 +615,7 @@ class HostDevice(Device):
             with contextlib.suppress(BrokenPipeError):  # it died: the reply says how
                 os.write(cmd_w, setup)
             status, msg = ex.read_reply()
+            ex.loading = False
         except BaseException:
             ex.close()
             self._executors.remove(ex)

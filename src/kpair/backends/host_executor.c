@@ -18,6 +18,8 @@
      setup   : struct setup, then the regions, the symbol name, filter 1, filter 2
      reply   : struct reply {u64 nonce; u32 seq, status, len;} then len bytes of message
      command : struct call (op CALL or EXIT); the reply to CALL comes when the call returns.
+     refused : struct reply with seq REFUSED and status the system call's number, written by
+               the SIGSYS handler the moment the sandbox refuses a call (see refused_call).
    The kernel is called through one trampoline: every integer register, every float
    register, then NSTACK 8-byte stack slots, as the x86_64 SysV and Linux AAPCS64 ABIs pass
    them; the judge places each argument. */
@@ -38,6 +40,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #ifndef MAP_FIXED_NOREPLACE
@@ -62,6 +65,7 @@
 enum { FD_CMD = 0, FD_REPLY = 3, FD_CODE = 4, FD_REGIONS = 5 }; /* regions: 5, 6, ... */
 enum { OP_CALL = 1, OP_EXIT = 2 };
 enum { ST_OK = 0, ST_SETUP = 1, ST_LOAD = 2, ST_SYMBOL = 3, ST_PLACE = 4 };
+#define REFUSED 0xFFFFFFFFu /* the seq of a refused-call record */
 
 struct setup {
     uint32_t magic, judge_pid, uid, gid; /* uid/gid to become when root */
@@ -153,6 +157,37 @@ static void drop_privileges(const struct setup *s) {
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail(ST_SETUP, "PR_SET_DUMPABLE");
 }
 
+/* The filters answer a call off the allowlist with SECCOMP_RET_TRAP: the kernel sends this
+   handler SIGSYS in the calling thread instead of running the call. It writes one record to
+   the reply pipe at once — the judge counts it, and a kernel cannot take back bytes already
+   in the pipe — then makes the call return -EPERM, as an ERRNO action would. The filters
+   refuse rt_sigaction on SIGSYS, so the handler cannot be replaced; a kernel that blocks
+   SIGSYS and makes a refused call dies of it (a forced signal), which the judge sees too. */
+static void refused_call(int sig, siginfo_t *si, void *context) {
+    (void)sig;
+    int saved = errno;
+    struct reply r = {nonce, REFUSED, (uint32_t)si->si_syscall, 0};
+    ssize_t put;
+    do put = write(FD_REPLY, &r, sizeof r); /* < PIPE_BUF: atomic, never interleaved */
+    while (put < 0 && errno == EINTR);
+    ucontext_t *uc = context;
+#if defined(__x86_64__)
+    uc->uc_mcontext.gregs[REG_RAX] = -EPERM;
+#elif defined(__aarch64__)
+    uc->uc_mcontext.regs[0] = (uint64_t)(int64_t)-EPERM;
+#endif
+    errno = saved;
+}
+
+static void report_refusals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = refused_call;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSYS, &sa, NULL) != 0) fail(ST_SETUP, "sigaction(SIGSYS)");
+}
+
 static void install(const unsigned char *code, uint32_t len, const char *which) {
     struct sock_fprog prog = {(unsigned short)(len / sizeof(struct sock_filter)),
                               (struct sock_filter *)(void *)code};
@@ -240,6 +275,7 @@ int main(int argc, char **argv) {
     }
     close_from(FD_REGIONS);
 
+    report_refusals();
     install(f1, s.filter1_len, "seccomp filter 1");
     void *lib = dlopen("/proc/self/fd/4", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {

@@ -4,7 +4,9 @@ Dispatches of one program share a lot: the same code object, the same weights, a
 one kernel left unchanged for the next. Each blob is compressed and written once, into
 ``<capture>/blobs/``, and hard-linked into every snapshot that holds it, so each snapshot
 directory stays complete on its own (the format's paths never leave it) while the disk holds
-one copy. Where hard links are refused, the blob is copied.
+one copy. Where hard links are refused, the blob is copied. Blobs are hashed where they lie
+and compressed as a stream (``kpair.snapshot.store.write_blob``): a multi-GiB region costs one
+piece of host memory beyond the caller's own buffer.
 """
 
 from __future__ import annotations
@@ -14,34 +16,32 @@ import shutil
 from pathlib import Path
 
 from ..snapshot import BlobRef, SnapshotWriter, sha256
-from ..snapshot.store import BLOBS, _zstd
+from ..snapshot.store import BLOBS, CHUNK, Compressors, _bytes_view, write_blob
 
 
 class BlobPool:
     """The shared store. Counters: raw bytes offered, compressed bytes written, raw bytes
     that were already present (deduplicated)."""
 
-    def __init__(self, root: str | os.PathLike, *, level: int = 1):
+    def __init__(self, root: str | os.PathLike, *, level: int = 1, chunk: int = CHUNK):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.level = level
-        self._cctx = _zstd().ZstdCompressor(level=level)
+        self.level, self.chunk = level, chunk
+        self.compressors = Compressors(level)
         self.raw_bytes = self.stored_bytes = self.deduped_bytes = 0
 
-    def add(self, data: bytes) -> tuple[str, Path, int]:
+    def add(self, data: bytes | bytearray | memoryview) -> tuple[str, Path, int]:
         """Store ``data`` unless present; (sha256, pooled path, compressed bytes written)."""
-        digest = sha256(data)
+        view = _bytes_view(data)
+        digest = sha256(view)
         path = self.root / f"{digest}.zst"
-        self.raw_bytes += len(data)
+        self.raw_bytes += len(view)
         if path.exists():
-            self.deduped_bytes += len(data)
+            self.deduped_bytes += len(view)
             return digest, path, 0
-        packed = self._cctx.compress(data)
-        tmp = path.with_name(f".{digest}.tmp{os.getpid()}")
-        tmp.write_bytes(packed)
-        os.replace(tmp, path)
-        self.stored_bytes += len(packed)
-        return digest, path, len(packed)
+        written = write_blob(path, view, self.compressors, chunk=self.chunk)
+        self.stored_bytes += written
+        return digest, path, written
 
     def writer(self, snapshot_dir: str | os.PathLike) -> PooledWriter:
         return PooledWriter(snapshot_dir, self)
@@ -51,18 +51,18 @@ class PooledWriter(SnapshotWriter):
     """A SnapshotWriter whose blobs come from (and go to) a BlobPool."""
 
     def __init__(self, root: str | os.PathLike, pool: BlobPool):
-        super().__init__(root, level=pool.level)
+        super().__init__(root, level=pool.level, chunk=pool.chunk)
         self.pool = pool
         self.new_bytes = 0      # compressed bytes this snapshot added to the pool
         self.deduped_bytes = 0  # raw bytes this snapshot found already in the pool
 
     def put(self, data: bytes | bytearray | memoryview) -> BlobRef:
-        data = bytes(data)
+        view = _bytes_view(data)
         before = self.pool.deduped_bytes
-        digest, pooled, written = self.pool.add(data)
+        digest, pooled, written = self.pool.add(view)
         self.new_bytes += written
         self.deduped_bytes += self.pool.deduped_bytes - before
-        self.bytes_raw += len(data)
+        self.bytes_raw += len(view)
         self.bytes_stored += written
         rel = f"{BLOBS}/{digest}.zst"
         target = self.root / rel
@@ -71,4 +71,4 @@ class PooledWriter(SnapshotWriter):
                 os.link(pooled, target)
             except OSError:
                 shutil.copyfile(pooled, target)
-        return BlobRef(rel, len(data), digest)
+        return BlobRef(rel, len(view), digest)

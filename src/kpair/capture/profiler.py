@@ -125,8 +125,10 @@ def main() -> int:
 
 # ---------------------------------------------------------------- the parent
 
-def run_profile(command: list[str], out: str | os.PathLike) -> tuple[int, Profile | None]:
-    """Run ``command`` (``python ... prog.py ARGS``) under the profiler, writing ``out``.
+def run_profile(command: list[str], out: str | os.PathLike, *, stdout: int | None = None
+                ) -> tuple[int, Profile | None]:
+    """Run ``command`` (``python ... prog.py ARGS``) under the profiler, writing ``out``;
+    ``stdout``: where the program's stdout goes (a descriptor; None: inherited).
 
     Returns the program's exit status and the profile (None when the child wrote none: it
     could not start, or it died before the program returned)."""
@@ -137,7 +139,7 @@ def run_profile(command: list[str], out: str | os.PathLike) -> tuple[int, Profil
                          "another with -o)")
     cupti.find_cupti()  # fail here, with the install hint, rather than inside the child
     env = child_environment(ENV, {"out": str(out), "command": list(command)})
-    status = status_of(subprocess.run(argv, env=env).returncode)
+    status = status_of(subprocess.run(argv, env=env, stdout=stdout).returncode)
     return status, read_profile(out) if out.exists() else None
 
 

@@ -34,6 +34,7 @@ from ..snapshot import (
     Kernarg,
     Launch,
     Manifest,
+    OmittedRegion,
     Param,
     Region,
     detect_format,
@@ -248,11 +249,14 @@ class CaptureSession:
         launch = Launch(p.launch.grid, p.launch.block, p.launch.dynamic_shared_bytes,
                         p.launch.attributes)
         complete = not p.record["omitted_regions"]
+        omitted = tuple(OmittedRegion(o["name"], int(o["address"], 16), o["size"], o["reason"],
+                                      self.max_region_bytes)
+                        for o in p.record["omitted_regions"])
         env = self.environment()
         manifest = Manifest(backend="cuda", arch=env.get("arch", "unknown"), code=code_obj,
                             launch=launch, kernarg=Kernarg(writer.put(p.kernarg), p.params),
                             regions=regions, environment=env, provenance=p.provenance,
-                            complete=complete)
+                            complete=complete, omitted_regions=omitted or UNSET)
         writer.finish(manifest)
         p.record.update({"status": "captured", "snapshot": name, "complete": complete,
                          "state_bytes": 2 * p.record["region_bytes"],

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from .. import progress
+from .._util import check_output_dir, write_bytes_atomic
 from ..capture.child import child_command, child_environment, status_of, strip_separator
 from ..capture.program import ENV
 from ..errors import UsageError
@@ -60,14 +61,18 @@ class Capture(Command):
                        help="CUDA_MODULE_LOADING for the program (default eager: every code "
                        "object is reported as it loads; lazy is cheaper, but drivers have been "
                        "seen not to report the code objects of cudart kernels, PyTorch's own)")
-        p.add_argument("command", nargs=argparse.REMAINDER,
+        p.add_argument("--json", action="store_true",
+                       help='print {"out", "exit_status", "capture": capture.json} as one '
+                       "JSON document on stdout (the program's own stdout then goes to stderr)")
+        # dest "program": "command" is the subcommand's name (messages say "kpair VERB")
+        p.add_argument("program", metavar="command", nargs=argparse.REMAINDER,
                        help="-- python prog.py ARGS... (the program to run)")
 
     def run(self, args: argparse.Namespace) -> int:
         from ..capture.cupti import find_cupti
         from ..capture.session import SUMMARY
 
-        command = strip_separator(args.command)
+        command = strip_separator(args.program)
         argv = child_command(command)
         if args.max is not None and args.max < 0:
             raise UsageError(f"--max must be 0 (no limit) or more, got {args.max}")
@@ -79,10 +84,7 @@ class Capture(Command):
             if args.nth != 1 or args.max is not None or args.distinct:
                 raise UsageError("--top takes the first dispatch of each chosen kernel: it "
                                  "does not combine with --nth, --max or --distinct")
-        out = args.out
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise UsageError(f"{out} exists and is not empty; capture writes into a new or "
-                             "empty directory")
+        out = check_output_dir(args.out, empty=True)  # a new or empty directory, writable
         find_cupti()  # fail here, with the install hint, rather than inside the child
         settings = {"out": str(out.resolve()), "kernel": args.kernel, "nth": args.nth,
                     "max": 1 if args.max is None else args.max or None,
@@ -91,9 +93,11 @@ class Capture(Command):
         if args.top is not None:
             return self.run_top(args, argv, settings)
         progress.stage("the program runs, capturing")
-        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading))
+        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading),
+                              stdout=_program_stdout(args))
         status = status_of(proc.returncode)
-        report(out / SUMMARY, status)
+        summary = report(out / SUMMARY, status)
+        _emit(args, out, status, summary)
         return status
 
     def run_top(self, args: argparse.Namespace, argv: list[str], settings: dict) -> int:
@@ -104,11 +108,13 @@ class Capture(Command):
 
         with tempfile.TemporaryDirectory(prefix="kpair-profile-") as tmp:
             progress.stage("the program runs, profiling")
-            status, profile = run_profile(settings["command"], Path(tmp) / PROFILE)
+            status, profile = run_profile(settings["command"], Path(tmp) / PROFILE,
+                                          stdout=_program_stdout(args))
             data = (Path(tmp) / PROFILE).read_bytes() if profile is not None else b""
         if profile is None:
             print(f"kpair capture: the profiling run ended with status {status} and wrote no "
                   "profile: nothing captured", file=sys.stderr)
+            _emit(args, args.out, status, None, note="the profiling run wrote no profile")
             return status or 5
         chosen = top(profile, args.top, args.kernel)
         if status:
@@ -118,6 +124,7 @@ class Capture(Command):
             what = f" matched --kernel {args.kernel!r}" if args.kernel else " ran"
             print(f"kpair capture: no kernel{what} in the profiling run "
                   f"({len(profile.kernels)} kernels timed): nothing captured", file=sys.stderr)
+            _emit(args, args.out, status, None, note=f"no kernel{what} in the profiling run")
             return status
         share = sum(t.share for t in chosen)
         print(f"kpair capture: profiling run: the {len(chosen)} most expensive kernels take "
@@ -134,23 +141,41 @@ class Capture(Command):
                                  "launches": t.launches, "total_ns": t.total_ns,
                                  "share": t.share} for i, t in enumerate(chosen, 1)]})
         progress.stage("the program runs again, capturing")
-        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading))
+        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading),
+                              stdout=_program_stdout(args))
         status = status_of(proc.returncode)
         out = args.out
         if out.is_dir():
-            (out / PROFILE).write_bytes(data)
-        report(out / SUMMARY, status)
+            write_bytes_atomic(out / PROFILE, data, replace=False)
+        summary = report(out / SUMMARY, status)
+        _emit(args, out, status, summary)
         return status
 
 
-def report(path: Path, status: int) -> None:
-    """Say what was captured (to stderr: the program's stdout stays its own)."""
+def _program_stdout(args: argparse.Namespace) -> int | None:
+    """Where the program's stdout goes: its own (inherited), or stderr under ``--json``, so
+    that kpair's stdout holds nothing but its one JSON document."""
+    return sys.stderr.fileno() if args.json else None
+
+
+def _emit(args: argparse.Namespace, out: Path, status: int, summary: dict | None,
+          note: str | None = None) -> None:
+    if args.json:
+        doc = {"out": str(out), "exit_status": status, "capture": summary}
+        if note:
+            doc["note"] = note
+        print(json.dumps(doc, indent=1))
+
+
+def report(path: Path, status: int) -> dict | None:
+    """Say what was captured (to stderr: the program's stdout stays its own); the summary
+    read back (None when the program left none)."""
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         print(f"kpair capture: the program ended with status {status} and left no "
               f"{path.name}: capture did not start", file=sys.stderr)
-        return
+        return None
     captured = [d for d in summary["dispatches"] if d["status"] == "captured"]
     failed = [d for d in summary["dispatches"] if d["status"] != "captured"]
     print(f"kpair capture: {len(captured)} dispatches captured into {path.parent} "
@@ -164,3 +189,4 @@ def report(path: Path, status: int) -> None:
         print(f"  not captured: {d['kernel']}: {d.get('reason', d['status'])}", file=sys.stderr)
     for note in summary.get("notes", []):
         print(f"kpair capture: {note}", file=sys.stderr)
+    return summary

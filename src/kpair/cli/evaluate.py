@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from .._util import check_output_dir
-from ..errors import KpairError, UsageError
+from ..errors import InputError, KpairError, UsageError
 from .base import Command
 from .run import (
     add_pool_arguments,
@@ -77,6 +77,13 @@ class Evaluate(Command):
 
         if not args.jsonl and not args.candidates:
             raise UsageError("give candidate files, or --jsonl to read them from stdin")
+        if args.jsonl and getattr(args, "json", False):
+            raise UsageError("--json (one document) and --jsonl (one line per candidate) "
+                             "exclude each other: give one")
+        for c in [] if args.jsonl else args.candidates:  # before anything is made
+            if not c.is_file():
+                raise InputError("no such candidate file" if not c.exists() else
+                                 "not a file: a candidate is a code object", path=c)
         options_from_args(args)  # a usage error before anything is touched
         check_harness_dir(args.harness)
         check_output_dir(args.out)

@@ -4,9 +4,12 @@ publish the winners into a release (``kpair.optimize.program``)."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
+from .._util import check_output_dir
 from ..errors import UsageError
 from .base import Command
 
@@ -88,7 +91,12 @@ class Optimize(Command):
                        "(default: as kpair run)")
         m.add_argument("--seed", type=int,
                        help="seed of every ABBA schedule (default: random)")
-        p.add_argument("command", nargs=argparse.REMAINDER,
+        p.add_argument("--json", action="store_true",
+                       help="print the outcome as one JSON document on stdout: the release, "
+                       "the counts and one row per operator (key, status, line); the "
+                       "progress lines stay on stderr")
+        # dest "program": "command" is the subcommand's name (messages say "kpair VERB")
+        p.add_argument("program", metavar="command", nargs=argparse.REMAINDER,
                        help="-- python prog.py ARGS... (the program to capture)")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -105,7 +113,7 @@ class Optimize(Command):
         from ..optimize.strategy import KernelSource
         from ..pipeline import RunOptions
 
-        command = list(args.command)
+        command = list(args.program)
         if command and command[0] == "--":
             command = command[1:]
         given = sum(bool(x) for x in (command, args.snapshot, args.harness))
@@ -131,6 +139,10 @@ class Optimize(Command):
             confirm=RunOptions(**timing), publish=RunOptions(**timing))
         release = args.out
         work = args.work or release.with_name(release.name + ".work")
+        # Refused before any capture or search: a release or work path that is a file, a
+        # special file or in a folder that cannot be written (exit 2).
+        check_output_dir(release)
+        check_output_dir(work)
         if command:
             capture = capture_program(command, work, top=args.top,
                                       kernel=args.kernel_filter)
@@ -152,6 +164,23 @@ class Optimize(Command):
         outcomes = optimize(operators, release, work, opts)
         published = sum(o.status == "published" for o in outcomes)
         refused = sum(o.status in ("refused", "failed") for o in outcomes)
-        print(f"kpair optimize: {published} published, {refused} excluded, "
-              f"{sum(o.status == 'skipped' for o in outcomes)} already in {release}")
-        return 0 if all(o.status != "failed" for o in outcomes) else 5
+        skipped = sum(o.status == "skipped" for o in outcomes)
+        code = 0 if all(o.status != "failed" for o in outcomes) else 5
+        line = (f"kpair optimize: {published} published, {refused} excluded, {skipped} "
+                f"already in {release}")
+        if not args.json:
+            print(line)
+            return code
+        print(line, file=sys.stderr)
+        print(json.dumps({
+            "release": str(release), "work": str(work), "published": published,
+            "excluded": refused, "skipped": skipped, "exit_code": code,
+            "operators": [{"key": o.operator.key, "status": o.status, "line": o.line,
+                           "snapshot": _str(o.operator.snapshot),
+                           "harness": _str(o.operator.harness)} for o in outcomes]},
+            indent=1))
+        return code
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)

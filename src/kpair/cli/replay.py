@@ -32,7 +32,7 @@ class Replay(Command):
     def run(self, args: argparse.Namespace) -> int:
         from ..formats import to_builtins
         from ..isolation import replay_isolated
-        from ..snapshot import Snapshot
+        from ..snapshot import Snapshot, require_complete
 
         if args.runs < 1:
             raise UsageError("--runs must be at least 1")
@@ -42,7 +42,10 @@ class Replay(Command):
             raise InputError("no such snapshot directory", path=args.snapshot)
         # A bad snapshot is a bad input file here as in inspect and pair (exit 3), found
         # before a worker starts: every blob is read and checked against its sha256.
-        Snapshot.open(args.snapshot).verify()
+        # An incomplete one (capture left memory out) is refused first, naming what is missing.
+        snapshot = Snapshot.open(args.snapshot)
+        require_complete(snapshot.manifest, args.snapshot)
+        snapshot.verify()
         rep = replay_isolated(args.snapshot, args.runs, timeout_s=args.timeout)
         if args.json:
             print(json.dumps(to_builtins(rep), indent=1))

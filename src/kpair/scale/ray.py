@@ -73,8 +73,7 @@ def run_task(harness: str, digest: str, shipped: list, options: dict) -> dict:
     """The body of one task, on whichever node Ray chose (see the module docstring)."""
     from .._util import private_tempdir
     from ..harness import MANIFEST
-    from ..isolation import LOG, run_isolated
-    from ..pipeline import SAMPLES
+    from ..isolation import beside, run_isolated
     from ..snapshot import sha256
 
     ray = load_ray()
@@ -92,8 +91,7 @@ def run_task(harness: str, digest: str, shipped: list, options: dict) -> dict:
         out = scratch / "out" / "result.json"
         out.parent.mkdir()
         result = run_isolated(root, RunOptions.from_json(options), out=out)
-        samples = out.with_name(SAMPLES)
-        log = out.with_name(LOG)
+        samples, log = beside(out)
         return {"result": result.to_json(), "where": where,
                 "samples": samples.read_bytes() if samples.is_file() else None,
                 "log": log.read_bytes() if log.is_file() else b""}
@@ -143,8 +141,8 @@ class RayRunner:
 
     def _gather(self, ray, job: HarnessJob, ref, options: RunOptions
                 ) -> tuple[HarnessJob, int, Result]:
-        from .._util import write_bytes_atomic
-        from ..isolation import LOG, with_device_index, write_outcome
+        from .._util import make_dirs
+        from ..isolation import Outcome, with_device_index
 
         try:
             out = ray.get(ref)
@@ -153,15 +151,15 @@ class RayRunner:
             device = where["gpu_ids"][0] if where["gpu_ids"] else 0
             env = {**(result.environment or {}), "ray": where}
             result = result.replace(harness=str(job.harness.resolve()), environment=env)
-            job.out.parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(job.out.with_name(LOG), out["log"])
-            write_outcome(result, out["samples"], job.out)
+            # Named as a local run names them (``isolation.beside``): r2.json beside
+            # r2.samples.npz and r2.worker.log, so that every result has its own.
+            result = Outcome(result, out["samples"]).write(job.out, log=out["log"])
         except Exception as e:  # noqa: BLE001 - a task that failed past its retries is a row
             device = 0
             result = error_result(job.harness, f"{type(e).__name__}: {e}", stage="ray",
                                   kind=type(e).__name__)
             result = result.replace(environment=with_device_index(None, options))
-            job.out.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(job.out.parent)
             result.write(job.out)
         return job, device, result
 

@@ -1,5 +1,6 @@
 """Snapshot format v1: one captured dispatch as a manifest plus verified, compressed blobs."""
 
+from .completeness import describe_left_out, left_out, require_complete
 from .model import (
     CODE_FORMATS,
     DTYPE_HINTS,
@@ -13,6 +14,7 @@ from .model import (
     LaunchAttribute,
     LaunchOverride,
     Manifest,
+    OmittedRegion,
     Param,
     Region,
     detect_format,
@@ -22,6 +24,7 @@ from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
 __all__ = [
     "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION", "BlobRef",
     "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
-    "Manifest", "Param", "Region",
-    "Snapshot", "SnapshotWriter", "detect_format", "sha256", "write_json_atomic",
+    "Manifest", "OmittedRegion", "Param", "Region",
+    "Snapshot", "SnapshotWriter", "describe_left_out", "detect_format", "left_out",
+    "require_complete", "sha256", "write_json_atomic",
 ]

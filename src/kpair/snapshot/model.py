@@ -156,6 +156,29 @@ class Region(Record, omit_defaults=True):
         return self.address + self.size
 
 
+class OmittedRegion(Record, omit_defaults=True):
+    """Memory the dispatch reaches that capture left out of the snapshot: the kernarg words
+    of region ``name`` point there, but its bytes are not stored. ``max_region_bytes`` is the
+    per-region cap capture ran with: a region larger than it was left out by the cap (and
+    ``kpair capture --max-region-bytes`` keeps it); otherwise ``reason`` says why."""
+
+    name: str
+    address: Address
+    size: Count
+    reason: str
+    max_region_bytes: Count | None = None
+
+    def __post_init__(self) -> None:
+        _coerce(self, "address", Address)
+
+    @property
+    def over_cap(self) -> bool:
+        """Left out by the size cap (older snapshots record the cap in ``reason`` only)."""
+        if self.max_region_bytes is None:
+            return "per-region cap" in self.reason
+        return self.size > self.max_region_bytes
+
+
 class Kernarg(Record):
     """The kernel argument blob exactly as launched, and its parameter layout."""
 
@@ -194,9 +217,17 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     regions: tuple[Region, ...]
     environment: dict[str, Any] = msgspec.field(default_factory=dict)
     provenance: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Written only when capture left memory out (then ``complete`` is false): a complete
+    # snapshot's manifest reads exactly as before the field existed.
+    omitted_regions: tuple[OmittedRegion, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         _coerce(self, "regions", tuple)
+        if self.omitted_regions is not msgspec.UNSET:
+            _coerce(self, "omitted_regions", tuple)
+            if self.omitted_regions and self.complete:
+                raise Invalid("a snapshot that lists omitted regions is not complete",
+                              "complete")
         names: set[str] = set()
         for i, reg in enumerate(self.regions):
             if reg.name in names:

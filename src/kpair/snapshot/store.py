@@ -11,16 +11,27 @@ the same buffer seen by several dispatches written into one directory) are store
 refuses paths that leave the directory. ``SnapshotWriter`` never writes into a directory that
 already holds a snapshot, and writes ``snapshot.json`` last and atomically, so a directory with
 a manifest is always complete.
+
+Regions run to several GiB, so no path holds a region in host memory twice: ``write_blob``
+hashes the caller's buffer where it is and compresses it as a stream of ``CHUNK``-sized
+pieces (on every CPU from ``THREADED_BYTES`` on) into a temporary file renamed into place;
+``read_blob`` decompresses a blob whose frame records its size in one call into the one
+``bytes`` object it returns (the compressed file is memory-mapped, not read into memory);
+``read_into`` decompresses into a buffer the caller owns (a pinned staging buffer, say), a
+piece at a time; ``verify`` checks every distinct blob as a stream and keeps none of it.
+Blobs from ``PROGRESS_BYTES`` on say how far they are on the progress line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from pathlib import Path
 
-from .._util import write_text_atomic
+from .. import progress
+from .._util import human_bytes, write_text_atomic
 from ..errors import SnapshotFormatError, UsageError
 from .model import BlobRef, Manifest
 
@@ -43,11 +54,108 @@ def write_json_atomic(path: Path, obj: object) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
-# Decompressed bytes are gathered in pieces of this size, so memory follows what the blob
-# really holds rather than what a (possibly hostile) manifest or frame header claims.
-_CHUNK = 1 << 20
+#: Raw bytes per piece when a blob is compressed, checked or read into a caller's buffer as a
+#: stream: what a large blob costs in host memory beyond the region's own bytes.
+CHUNK = 8 << 20
+#: From this many raw bytes a blob is compressed by zstd's worker threads on every CPU
+#: (still one frame; blobs are named by the raw bytes' sha256, so the output may differ).
+THREADED_BYTES = 64 << 20
+#: From this many raw bytes, storing, loading and checking a blob show how far they are.
+PROGRESS_BYTES = 256 << 20
+# A zstd block decodes to at most 128 KiB and is stored in at least 4 bytes (an RLE block: a
+# 3-byte header and the byte), so no stream holds more raw bytes than this per stored byte.
+_MAX_RATIO = (128 << 10) // 4
+# Decompressed bytes of a blob whose frame does not record its size are gathered in pieces of
+# this size, so memory follows what the blob really holds, not what a (possibly hostile)
+# manifest claims.
+_PIECE = 1 << 20
 # The longest zstd frame header (magic number included): enough to read the content size.
 _FRAME_HEADER_MAX = 18
+
+
+class _Shown:
+    """How far one large blob is, said on the progress line about every 5% (a blob below
+    ``PROGRESS_BYTES`` says nothing)."""
+
+    def __init__(self, what: str, total: int):
+        self.what, self.total = what, total
+        self.next = 0 if total >= PROGRESS_BYTES else None
+
+    def at(self, done: int) -> None:
+        if self.next is None or done < self.next:
+            return
+        progress.stage(f"{self.what}: {human_bytes(min(done, self.total))} of "
+                       f"{human_bytes(self.total)}")
+        self.next = done + max(self.total // 20, CHUNK)
+
+
+def _bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise ValueError("a blob must be one contiguous buffer")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class Compressors:
+    """A zstd compressor for small blobs and one on every CPU for large ones, each made on
+    first use. Compressors are not shared between threads: one set per writer."""
+
+    def __init__(self, level: int):
+        self.level = level
+        self._made: dict[int, object] = {}
+
+    def for_size(self, size: int):
+        threads = -1 if size >= THREADED_BYTES else 0
+        if threads not in self._made:
+            self._made[threads] = _zstd().ZstdCompressor(level=self.level, threads=threads)
+        return self._made[threads]
+
+
+def write_blob(path: Path, data: bytes | bytearray | memoryview, compressors: Compressors, *,
+               chunk: int = CHUNK, what: str = "store blob") -> int:
+    """Compress ``data`` into ``path`` through a temporary file beside it and a rename, and
+    return the compressed bytes written. Above ``chunk`` bytes it goes as a stream of pieces
+    of that size: memory does not grow with the blob. The frame records the raw size either
+    way (``read_blob`` relies on it)."""
+    view = _bytes_view(data)
+    cctx = compressors.for_size(len(view))
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    shown = _Shown(what, len(view))
+    try:
+        with open(tmp, "wb") as f:
+            if len(view) <= chunk:
+                f.write(cctx.compress(view))
+            else:
+                with cctx.stream_writer(f, size=len(view), closefd=False) as w:
+                    for at in range(0, len(view), chunk):
+                        shown.at(at)
+                        w.write(view[at:at + chunk])
+            stored = f.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return stored
+
+
+def _frame_size(f, ref: BlobRef, fail) -> int:
+    """The raw size the blob's zstd frame header records (-1: none), checked against the
+    manifest and against what a stream of this many stored bytes can hold at all."""
+    zstd = _zstd()
+    header = f.read(_FRAME_HEADER_MAX)
+    f.seek(0)
+    try:
+        claimed = zstd.frame_content_size(header)
+    except zstd.ZstdError as e:
+        raise fail(f"is corrupt or truncated ({e})") from None
+    if claimed != -1 and claimed != ref.size:  # -1: the frame does not say
+        raise fail(f"holds {claimed} bytes by its zstd frame header, manifest says "
+                   f"{ref.size} (truncated or replaced)")
+    stored = os.fstat(f.fileno()).st_size
+    if ref.size > _MAX_RATIO * stored:
+        raise fail(f"is {stored} bytes: no zstd stream that short holds the {ref.size} bytes "
+                   "the manifest declares (truncated or replaced)")
+    return claimed
 
 
 def _read_bounded(path: Path, ref: BlobRef, fail) -> bytes:
@@ -55,7 +163,9 @@ def _read_bounded(path: Path, ref: BlobRef, fail) -> bytes:
 
     A blob is untrusted input: its frame header may claim any size, or none, and the manifest
     may declare a huge size to make a reader allocate it up front. Every size is checked before
-    bytes are produced, and decompression stops one byte past the declared size.
+    bytes are produced. A frame that records the declared size (every blob kpair writes) is
+    decompressed in one call into the ``bytes`` returned, from a memory map of the file; one
+    that does not is gathered piece by piece and stops one byte past the declared size.
     ``fail(message)`` builds the error (message starts after "blob <path> ").
     """
     zstd = _zstd()
@@ -66,20 +176,18 @@ def _read_bounded(path: Path, ref: BlobRef, fail) -> bytes:
                 raise fail(f"holds {stored} bytes, manifest says {ref.size} "
                            "(truncated or replaced)")
             return f.read()
-        header = f.read(_FRAME_HEADER_MAX)
-        try:
-            claimed = zstd.frame_content_size(header)
-        except zstd.ZstdError as e:
-            raise fail(f"is corrupt or truncated ({e})") from None
-        if claimed != -1 and claimed != ref.size:  # -1: the frame does not say
-            raise fail(f"holds {claimed} bytes by its zstd frame header, manifest says "
-                       f"{ref.size} (truncated or replaced)")
-        f.seek(0)
+        claimed = _frame_size(f, ref, fail)
+        if claimed == ref.size:
+            try:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as packed:
+                    return zstd.ZstdDecompressor().decompress(packed)
+            except (zstd.ZstdError, ValueError) as e:
+                raise fail(f"is corrupt or truncated ({e})") from None
         out = bytearray()
         try:
             with zstd.ZstdDecompressor().stream_reader(f, closefd=False) as reader:
                 while len(out) <= ref.size:
-                    piece = reader.read(min(_CHUNK, ref.size + 1 - len(out)))
+                    piece = reader.read(min(_PIECE, ref.size + 1 - len(out)))
                     if not piece:
                         break
                     out += piece
@@ -94,33 +202,67 @@ def _read_bounded(path: Path, ref: BlobRef, fail) -> bytes:
         return bytes(out)
 
 
+def _stream(path: Path, ref: BlobRef, fail, sink, *, chunk: int, what: str) -> None:
+    """Decompress the blob at ``path`` a piece at a time, at most ``chunk`` bytes each,
+    calling ``sink(offset, piece)``; refuses it when it holds more or fewer than
+    ``ref.size`` bytes (reading stops one byte past) or its sha256 differs."""
+    zstd = _zstd()
+    digest, done, shown = hashlib.sha256(), 0, _Shown(what, ref.size)
+    with open(path, "rb") as f:
+        try:
+            if ref.compression == "none":
+                stored = os.fstat(f.fileno()).st_size
+                if stored != ref.size:
+                    raise fail(f"holds {stored} bytes, manifest says {ref.size} "
+                               "(truncated or replaced)")
+                reader = f
+            else:
+                _frame_size(f, ref, fail)
+                reader = zstd.ZstdDecompressor().stream_reader(f, closefd=False)
+            while done <= ref.size:
+                shown.at(done)
+                piece = reader.read(min(chunk, ref.size + 1 - done))
+                if not piece:
+                    break
+                if done + len(piece) > ref.size:
+                    raise fail(f"decompresses to more than the {ref.size} bytes the manifest "
+                               "declares (refused before reading further)")
+                digest.update(piece)
+                sink(done, piece)
+                done += len(piece)
+        except zstd.ZstdError as e:
+            raise fail(f"is corrupt or truncated ({e})") from None
+    if done < ref.size:
+        raise fail(f"holds {done} bytes, manifest says {ref.size} (truncated or replaced)")
+    if digest.hexdigest() != ref.sha256:
+        raise fail("does not match its sha256")
+
+
 class SnapshotWriter:
     """Collects blobs into ``root/blobs`` and finally writes ``root/snapshot.json``."""
 
-    def __init__(self, root: str | os.PathLike, *, level: int = 3):
+    def __init__(self, root: str | os.PathLike, *, level: int = 3, chunk: int = CHUNK):
         self.root = Path(root)
         if (self.root / MANIFEST).exists():
             raise UsageError(f"{self.root} already holds a snapshot; choose another directory")
         if self.root.exists() and any(p.name != BLOBS for p in self.root.iterdir()):
             raise UsageError(f"{self.root} exists and is not empty; refusing to write into it")
         (self.root / BLOBS).mkdir(parents=True, exist_ok=True)
-        self._cctx = _zstd().ZstdCompressor(level=level)
+        self.compressors = Compressors(level)
+        self.chunk = chunk
         self.bytes_raw = 0
         self.bytes_stored = 0
 
     def put(self, data: bytes | bytearray | memoryview) -> BlobRef:
-        data = bytes(data)
-        digest = sha256(data)
+        """Store ``data`` (any contiguous buffer; neither copied nor kept) unless present."""
+        view = _bytes_view(data)
+        digest = sha256(view)
         rel = f"{BLOBS}/{digest}.zst"
         path = self.root / rel
-        self.bytes_raw += len(data)
+        self.bytes_raw += len(view)
         if not path.exists():
-            packed = self._cctx.compress(data)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(packed)
-            os.replace(tmp, path)
-            self.bytes_stored += len(packed)
-        return BlobRef(rel, len(data), digest)
+            self.bytes_stored += write_blob(path, view, self.compressors, chunk=self.chunk)
+        return BlobRef(rel, len(view), digest)
 
     def finish(self, manifest: Manifest) -> Snapshot:
         write_json_atomic(self.root / MANIFEST, manifest.to_json())
@@ -157,15 +299,43 @@ class Snapshot:
                                       field=field)
         return path
 
+    def _fail(self, ref: BlobRef, field: str):
+        return lambda message: SnapshotFormatError(f"blob {ref.path} {message}",
+                                                   path=self.root / MANIFEST, field=field)
+
     def read_blob(self, ref: BlobRef, field: str = "blob") -> bytes:
         """The verified raw bytes of ``ref``; ``field`` names it in errors."""
         path = self._blob_path(ref, field)
-        data = _read_bounded(path, ref, lambda message: SnapshotFormatError(
-            f"blob {ref.path} {message}", path=self.root / MANIFEST, field=field))
+        if ref.size >= PROGRESS_BYTES:  # one call: the progress line's heartbeat times it
+            progress.stage(f"load {field} ({human_bytes(ref.size)})")
+        data = _read_bounded(path, ref, self._fail(ref, field))
         if sha256(data) != ref.sha256:
             raise SnapshotFormatError(f"blob {ref.path} does not match its sha256",
                                       path=self.root / MANIFEST, field=field)
         return data
+
+    def read_into(self, ref: BlobRef, buffer, field: str = "blob", *,
+                  chunk: int = CHUNK) -> None:
+        """Decompress ``ref`` into ``buffer`` (writable, exactly ``ref.size`` bytes, owned by
+        the caller: a pinned staging buffer, a mapped file), verified as it streams: on an
+        error the buffer holds part of the blob and must not be used."""
+        view = _bytes_view(buffer)
+        if view.readonly or len(view) != ref.size:
+            raise ValueError(f"read_into needs a writable buffer of {ref.size} bytes, got "
+                             f"{len(view)}{' (read-only)' if view.readonly else ''}")
+
+        def sink(at: int, piece: bytes) -> None:
+            view[at:at + len(piece)] = piece
+
+        _stream(self._blob_path(ref, field), ref, self._fail(ref, field), sink, chunk=chunk,
+                what=f"load {field}")
+
+    def check_blob(self, ref: BlobRef, field: str = "blob", *, chunk: int = CHUNK) -> int:
+        """Check ``ref`` (size and sha256) as a stream, holding at most ``chunk`` raw bytes of
+        it at a time; return its raw size."""
+        _stream(self._blob_path(ref, field), ref, self._fail(ref, field),
+                lambda at, piece: None, chunk=chunk, what=f"check {field}")
+        return ref.size
 
     # Convenience accessors, each naming its field for errors.
     def code_object(self) -> bytes:
@@ -180,11 +350,25 @@ class Snapshot:
     def post(self, index: int) -> bytes:
         return self.read_blob(self.manifest.regions[index].post, f"regions[{index}].post")
 
-    def verify(self) -> int:
-        """Read and check every blob; return the number of raw bytes verified."""
-        total = len(self.code_object()) + len(self.kernarg())
-        for i in range(len(self.manifest.regions)):
-            total += len(self.pre(i)) + len(self.post(i))
+    def blob_fields(self) -> list[tuple[BlobRef, str]]:
+        """Every blob the manifest names, with the field that names it."""
+        m = self.manifest
+        refs = [(m.code.blob, "code_object.blob"), (m.kernarg.blob, "kernarg.blob")]
+        for i, r in enumerate(m.regions):
+            refs += [(r.pre, f"regions[{i}].pre"), (r.post, f"regions[{i}].post")]
+        return refs
+
+    def verify(self, *, chunk: int = CHUNK) -> int:
+        """Check every blob; return the raw bytes the manifest names (a blob named twice,
+        such as an input's unchanged pre- and post-state, counts twice but is read once).
+        Streams: at most ``chunk`` raw bytes are held at a time, whatever the regions' size."""
+        total, checked = 0, set()
+        for ref, field in self.blob_fields():
+            key = (ref.path, ref.size, ref.sha256, ref.compression)
+            if key not in checked:
+                self.check_blob(ref, field, chunk=chunk)
+                checked.add(key)
+            total += ref.size
         return total
 
     def stored_bytes(self) -> int:

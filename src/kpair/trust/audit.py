@@ -83,6 +83,9 @@ class Audit:
         self._block: tuple[int, bool] = (0, False)   # the current block's input, second slot
         self._output_names: list[str] | None = None
         self._cache: tuple[tuple, dict[str, Finding]] | None = None
+        # The latest load of each kernel: the device tallies refused system calls per code
+        # object, over every load of it (``Device.refused_calls``).
+        self.kernels: dict[str, Kernel | None] = {"ref": None, "opt": None}
 
     def reset_candidate(self) -> None:
         """Forget everything observed of the last opt; keep ref's runs, the poison plan, the
@@ -95,6 +98,7 @@ class Audit:
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
         self.rejudged, self.ref_code = [], None
+        self.kernels["opt"] = None
         self._cache = None
         self.armor.drop_held()
 
@@ -127,6 +131,7 @@ class Audit:
     def baseline(self, ref: Kernel, launch: Launch) -> list[dict[str, bytes]]:
         """ref, REF_RUNS times on the pre-state; the first run is the fidelity run."""
         n = 1 if "baseline_determinism" in self.skip else REF_RUNS
+        self.kernels["ref"] = ref
         self.ref_posts = [self._ref(ref, launch, f"ref run {i + 1}") for i in range(n)]
         self.found["baseline_determinism"] = trust.skipped(
             "baseline_determinism", "skipped by request") if n == 1 else \
@@ -194,6 +199,7 @@ class Audit:
         """opt, OPT_RUNS times, each with fresh poison and canaries; the first failing verdict
         (or the first)."""
         r = self.replay
+        self.kernels["opt"] = opt
         for i in range(OPT_RUNS):
             post = self._launch(opt, launch, poison=True)
             v = check(self.policy, r.expected, post, dtype_hints=self.hints)
@@ -263,6 +269,7 @@ class Audit:
 
     def ref_reloaded(self, ref: Kernel) -> None:
         """ref was loaded afresh (a measurement replicate): later launches use that load."""
+        self.kernels["ref"] = ref
         if self._mutating_ref:
             self._mutating_ref = (ref, self._mutating_ref[1])
 
@@ -323,6 +330,8 @@ class Audit:
             index = int(self._variant_rng.integers(len(self.variants)))
         self._block = (index, not second)
         label, state, expected, poison = self.variants[index]
+        if role == "opt":
+            self.kernels["opt"] = kernel   # a replicate's fresh load
         t = self.replay.time_one(kernel, launch, state=state,
                                  hooks=self.armor.poisoned_pre if poison else self.armor.guarded)
         tally = self.timed if role == "opt" else self.ref_timed
@@ -393,20 +402,31 @@ class Audit:
 
     # ---------------------------------------------------------------- verdicts
 
+    def refusals(self) -> tuple[dict | None, dict | None]:
+        """(ref's, opt's) refused system calls as the device saw them (None: it cannot tell,
+        or that kernel has not run)."""
+        dev = self.replay.device
+        return tuple(dev.refused_calls(k) if k is not None else None
+                     for k in (self.kernels["ref"], self.kernels["opt"]))
+
     def findings(self) -> dict[str, Finding]:
         """One Finding per check, from everything observed so far (cached until more is)."""
-        key = (len(self.found), len(self.opt_runs), len(self.diff_runs),
+        refused = self.refusals()
+        key = (tuple(r and r["count"] for r in refused), len(self.found), len(self.opt_runs),
+               len(self.diff_runs),
                len(self.windows["opt"]), self.timed["launches"], self.timed["checked"],
                len(self.timed["failed"]), len(self.timed["violations"]),
                self.ref_timed["checked"], len(self.ref_timed["failed"]), len(self.rejudged),
                self.ref_code is not None)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self._findings())
+            self._cache = (key, self._findings(refused))
         return dict(self._cache[1])
 
-    def _findings(self) -> dict[str, Finding]:
+    def _findings(self, refused: tuple[dict | None, dict | None]) -> dict[str, Finding]:
         f = dict(self.found)
         runs = self.opt_runs + self.diff_runs
+        if self.kernels["opt"] is not None:
+            f["refused_calls"] = trust.refused_calls(*refused)
         plan = {n: runs_ for n, (_, _, runs_) in self.armor.plan.items()}
         modified = self._modified()
         inputs = [n for n in self.replay.pre if not modified[n] and n not in plan]

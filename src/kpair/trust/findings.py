@@ -25,7 +25,8 @@ from ..policy.judge import _plain
 from .armor import Band, Runs, describe_violation, left_mask, mask_runs, poison_left
 
 #: Every check, in the order its failure is reported first.
-CHECKS = ("baseline_determinism", "ref_integrity", "guard_bands", "input_integrity",
+CHECKS = ("baseline_determinism", "ref_integrity", "guard_bands", "refused_calls",
+          "input_integrity",
           "poisoned_outputs", "opt_determinism", "differential", "timed_outputs", "bias",
           "timing_integrity", "impossible_speed", "noop")
 #: A one-sided error is "significant" from this sign-test z-score on.
@@ -337,6 +338,44 @@ def differential(source: str, mutations: Sequence, runs: Sequence[OptRun],
         info["warning"] = "no mutation changed ref's output: these runs prove nothing"
         return Finding("differential", True, None, info, info["warning"])
     return Finding("differential", True, True, info)
+
+
+# ------------------------------------------------------------------ the sandbox
+
+
+def _calls(tally: dict) -> str:
+    """``openat ×2, socket`` (most frequent first, at most 6 names)."""
+    calls = sorted(tally["calls"].items(), key=lambda kv: (-kv[1], kv[0]))
+    out = ", ".join(f"{name} ×{n}" if n > 1 else name for name, n in calls[:6])
+    return out + (f" and {len(calls) - 6} more" if len(calls) > 6 else "")
+
+
+def refused_calls(ref: dict | None, opt: dict | None) -> Finding:
+    """opt must not reach for what the sandbox refuses (files, sockets, processes, signals to
+    others...): ``ref`` and ``opt`` are what the backend saw of each code object
+    (``Device.refused_calls``: ``count``, ``at_load``, ``calls`` name -> count), None where it
+    runs no sandbox. A call of a kind ref makes too is not held against opt (a library
+    function both use); it is reported as a warning."""
+    if opt is None:
+        return skipped("refused_calls", "the backend runs no sandbox that reports system "
+                                        "calls (a GPU kernel makes none)")
+    ref = ref or {"count": 0, "at_load": 0, "calls": {}}
+    own = {name: n for name, n in opt["calls"].items() if name not in ref["calls"]}
+    info = {"opt": opt, "ref": ref, "not_excused": own}
+    if not opt["count"]:
+        return Finding("refused_calls", True, True, info)
+    n = opt["count"]
+    what = (f"opt made {n} system call{'s' * (n != 1)} the host sandbox refused "
+            f"({_calls(opt)}" + (f"; {opt['at_load']} while loading" if opt["at_load"] else "")
+            + ")")
+    if not own:
+        info["warning"] = (f"{what}, all of kinds ref makes too: not held against it, but "
+                           "both computed without what those calls would have given")
+        return Finding("refused_calls", True, None, info, info["warning"])
+    return Finding("refused_calls", True, False, info, (
+        f"{what}: a candidate may only compute on its regions, and one that tries to open, "
+        "write or create files, sockets or processes is treated as hostile (each call failed "
+        "with EPERM)"))
 
 
 # ------------------------------------------------------------------ guard bands
