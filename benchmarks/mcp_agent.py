@@ -205,7 +205,9 @@ def _data(result):
         else data
 
 
-async def agent(args, work: Path) -> dict:
+async def agent(args, work: Path, summary: dict) -> None:
+    """The agent's loop; ``summary`` is filled as it goes (so a run cut short still says
+    what it did) and finished by ``finish``."""
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters
 
@@ -213,9 +215,11 @@ async def agent(args, work: Path) -> dict:
                                                         os.environ.get("PYTHONPATH", "")])}
     server = StdioServerParameters(command=sys.executable, args=[
         "-m", "kpair", "mcp", str(work), *args.run_options], env=env)
-    summary: dict = {"backend": args.backend, "work": str(work), "candidates": [],
-                     "published": []}
-    t0 = time.monotonic()
+    t0 = summary["t0"] = time.monotonic()
+    # With a budget, exploring stops early enough to leave ``reserve`` for confirming and
+    # publishing.
+    deadline = t0 + args.budget_s if args.budget_s else float("inf")
+    reserve = min(args.reserve_s, (args.budget_s or 0) / 3) if args.budget_s else 0.0
     async with Client(server, read_timeout_seconds=900) as client:
         tools = sorted(t.name for t in (await client.list_tools()).tools)
         summary["tools"] = tools
@@ -249,26 +253,33 @@ async def agent(args, work: Path) -> dict:
                 "sass_from": code.get("sass_from"), "has_triton_source":
                 bool(code.get("triton_source")), "candidates_planned": len(cands)}
         summary["setup_s"] = round(time.monotonic() - t0, 2)
-        for op, cands in plans.items():
-            for c in cands:
-                started = time.monotonic()
-                res = await client.call_tool("submit_candidate", {"operator": op, **c})
-                seconds = round(time.monotonic() - started, 3)
-                row = {"operator": op, "form": c["form"], "label": c["label"],
-                       "seconds": seconds}
-                if res.is_error:
-                    row.update(status="tool error", reason=res.content[0].text[:300])
-                else:
-                    v = _data(res)
-                    row.update(_verdict_row(v))
-                summary["candidates"].append(row)
-                print(f"[{len(summary['candidates'])}] {op} {c['label']}: {row['status']} "
-                      f"{row.get('speedup') or ''} ({seconds} s)", file=sys.stderr, flush=True)
+        # Round robin over the operators: a budget cut leaves every operator tried.
+        queue = [(op, c) for i in range(max(map(len, plans.values()), default=0))
+                 for op, cands in plans.items() if i < len(cands) for c in (cands[i],)]
+        for op, c in queue:
+            if time.monotonic() > deadline - reserve:
+                summary["stopped"] = "budget: exploring stopped to confirm and publish"
+                break
+            started = time.monotonic()
+            res = await client.call_tool("submit_candidate", {"operator": op, **c})
+            seconds = round(time.monotonic() - started, 3)
+            row = {"operator": op, "form": c["form"], "label": c["label"],
+                   "seconds": seconds}
+            if res.is_error:
+                row.update(status="tool error", reason=res.content[0].text[:300])
+            else:
+                v = _data(res)
+                row.update(_verdict_row(v))
+            summary["candidates"].append(row)
+            print(f"[{len(summary['candidates'])}] {op} {c['label']}: {row['status']} "
+                  f"{row.get('speedup') or ''} ({seconds} s)", file=sys.stderr, flush=True)
         summary["explore_s"] = round(time.monotonic() - t0 - summary["setup_s"], 2)
         # Confirm: the best quick pass of each operator judged again with the full
         # measurement (the publishable verdict); the best confirmed one is published.
-        confirmed = []
+        confirmed = summary["confirmed"]
         for op in plans:
+            if time.monotonic() > deadline - reserve / 2:
+                break
             passed = [r for r in summary["candidates"]
                       if r["operator"] == op and r["status"] == "pass"]
             passed.sort(key=lambda r: -(r.get("speedup") or 0))
@@ -285,12 +296,13 @@ async def agent(args, work: Path) -> dict:
                 print(f"[confirm] {op} {c['label']}: {row['status']} "
                       f"{row.get('speedup') or ''} ({row['seconds']} s)", file=sys.stderr,
                       flush=True)
-        summary["confirmed"] = confirmed
         ranked = sorted((r for r in confirmed if r["status"] == "pass"),
                         key=lambda r: -((r.get("combined_ci95") or [0])[0]))
         release = str(work / "release")
         for allow_slower in (False, True):
             for r in ranked[:3]:
+                if time.monotonic() > deadline and summary["published"]:
+                    break
                 started = time.monotonic()
                 res = await client.call_tool("publish", {
                     "operator": r["operator"], "attempt": r["attempt"], "release": release,
@@ -305,6 +317,11 @@ async def agent(args, work: Path) -> dict:
                     break
             if any(p.get("published") for p in summary["published"]):
                 break
+
+
+def finish(summary: dict) -> dict:
+    """The summary's totals and medians, from what the agent did (all of it or part)."""
+    confirmed = summary["confirmed"]
     judged = [r for r in summary["candidates"] if r["status"] in ("pass", "fail")]
 
     def median(key: str, rows=judged) -> float | None:
@@ -324,7 +341,7 @@ async def agent(args, work: Path) -> dict:
         judged_by={m: sum(r.get("judged") == m for r in summary["candidates"] + confirmed)
                    for m in ("quick", "full")},
         ptx_candidates=sum(r["form"] == "ptx" for r in summary["candidates"]),
-        total_s=round(time.monotonic() - t0, 2))
+        total_s=round(time.monotonic() - summary.pop("t0", time.monotonic()), 2))
     return summary
 
 
@@ -367,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--program", nargs="+",
                    default=[str(ROOT / "benchmarks" / "programs" / "tiny_compiled.py")],
                    help="cuda: the program to capture (a Python file and its arguments)")
+    p.add_argument("--budget-s", type=float, metavar="S",
+                   help="seconds for the whole loop: exploring stops in time to confirm and "
+                   "publish (default: no limit)")
+    p.add_argument("--reserve-s", type=float, default=120.0, metavar="S",
+                   help="of the budget, kept for confirming and publishing (at most a third; "
+                   "default 120)")
     p.add_argument("--run-options", nargs=argparse.REMAINDER, default=[],
                    help="options passed to kpair mcp (e.g. --time-cap 0.2 --replicates 2)")
     args = p.parse_args(argv)
@@ -377,12 +400,21 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         if args.backend == "host" and not (work / "host").exists():
             host_workdir(work)
-        summary = anyio.run(agent, args, work)
+        summary: dict = {"backend": args.backend, "work": str(work), "candidates": [],
+                         "confirmed": [], "published": []}
+        try:
+            anyio.run(agent, args, work, summary)
+        except BaseException as e:  # noqa: BLE001 - the JSON says what happened, then re-raise
+            summary["error"] = f"{type(e).__name__}: {e}"[:2000]
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            finish(summary)
+            if args.json:
+                args.json.write_text(json.dumps(summary, indent=1) + "\n")
     text = json.dumps(summary, indent=1)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    ok = summary["candidates_submitted"] >= 20 and summary["operators_with_candidates"] >= 3 \
+    ok = "error" not in summary and summary["candidates_submitted"] >= 20 and summary["operators_with_candidates"] >= 3 \
         and any(p.get("published") for p in summary["published"])
     return 0 if ok else 1
 
