@@ -337,6 +337,8 @@ def finish(summary: dict) -> dict:
         median_s_per_candidate=median("seconds"),
         median_build_s=median("build_s"), median_judge_s=median("judge_s"),
         median_stage_s=_median_stages(judged),
+        median_stage_s_note="seconds per stage in each verdict's result.json; 'load' and "
+        "'ref' include the session setup's share (counted once, in every result)",
         median_s_per_full_candidate=median("seconds", confirmed),
         judged_by={m: sum(r.get("judged") == m for r in summary["candidates"] + confirmed)
                    for m in ("quick", "full")},
