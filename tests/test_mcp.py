@@ -198,3 +198,18 @@ def _snapshot_copy(d: Path, dest: Path) -> Path:
 
     shutil.copytree(d / "snap", dest)
     return dest
+
+
+def test_quick_options_keep_the_checks_and_bad_quick_flags_are_usage_errors(tmp_path, capsys):
+    from kpair.cli import main
+    from kpair.mcp.workspace import quick_options
+    from kpair.pipeline import RunOptions
+
+    full = RunOptions(seed=7, timeout_s=30, skip_checks=("noop",), max_blocks=400)
+    quick = quick_options(full, max_blocks=12, time_cap_s=0.2)
+    assert (quick.replicates, quick.min_blocks, quick.max_blocks, quick.time_cap_s,
+            quick.control) == (1, 4, 12, 0.2, False)
+    assert (quick.checks, quick.seed, quick.timeout_s, quick.skip_checks) == \
+        (True, 7, 30, ("noop",))
+    assert main(["mcp", str(tmp_path), "--quick-max-blocks", "2"]) == 2
+    assert "--quick-max-blocks must be >= 4" in capsys.readouterr().err

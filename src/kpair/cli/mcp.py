@@ -49,6 +49,10 @@ class McpCmd(Command):
         if not args.workdir.is_dir():
             raise UsageError(f"work directory {args.workdir} does not exist")
         full = options_from_args(args)
+        if not args.no_quick and (args.quick_max_blocks < 4 or args.quick_time_cap <= 0
+                                  or not 1 <= args.quick_replicates <= 64):
+            raise UsageError("--quick-max-blocks must be >= 4, --quick-time-cap > 0 and "
+                             "--quick-replicates in [1, 64]")
         quick = None if args.no_quick else quick_options(
             full, max_blocks=args.quick_max_blocks, time_cap_s=args.quick_time_cap,
             replicates=args.quick_replicates)
