@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,3 +259,22 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def child_command(module: str, entry: str, *args: str) -> list[str]:
+    """``python -I`` running ``module.entry(argv)`` on ``args``, with this process's resolved
+    import path minus the current directory (a ``kpair/`` folder there must not replace
+    kpair): how kpair starts its workers and record_call its child."""
+    boot = (f"import sys, json; sys.path[:0] = json.loads(sys.argv.pop(1)); "
+            f"from {module} import {entry}; sys.exit({entry}(sys.argv[1:]))")
+    cwd, here = os.getcwd(), str(Path(__file__).resolve().parent.parent)
+    path = [here] + [p for p in sys.path if p and os.path.isabs(p) and p not in (cwd, here)]
+    return [sys.executable, "-I", "-c", boot, json.dumps(path), *args]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group (started with ``start_new_session``) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import json
 import os
 import secrets
 import selectors
@@ -63,6 +62,8 @@ from pathlib import Path
 from . import progress
 from ._util import (
     check_output,
+    child_command,
+    kill_group,
     private_tempdir,
     sweep_stale_tempdirs,
     utc_now,
@@ -242,9 +243,10 @@ class Worker:
         key = secrets.token_bytes(KEY_BYTES)
         channel_r, channel_w = os.pipe()
         output_r, output_w = os.pipe()
-        cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(root),
-               "--channel", str(channel_w), "--parent", str(os.getpid()),
-               "--options", options_arg(options), *extra] + (["--session"] if session else [])
+        cmd = child_command("kpair.isolation", "worker_main", str(root),
+                            "--channel", str(channel_w), "--parent", str(os.getpid()),
+                            "--options", options_arg(options), *extra,
+                            *(["--session"] if session else []))
         try:
             self.proc = _spawn(cmd, stdin=subprocess.PIPE, stdout=output_w,
                                stderr=output_w, cwd=scratch, env=_worker_env(),
@@ -275,7 +277,7 @@ class Worker:
         self.close()
 
     def close(self) -> None:
-        _kill_group(self.proc)  # the worker's group: anything it left behind
+        kill_group(self.proc)  # the worker's group: anything it left behind
         self.pump.close()
 
     def _limit(self):
@@ -383,7 +385,7 @@ class Worker:
                                                           time.monotonic()))
         except subprocess.TimeoutExpired:
             code = None
-            _kill_group(self.proc)
+            kill_group(self.proc)
         if code is None:
             return error_result(self.root, f"{self._timed_out(stage)}; the worker was killed",
                                 stage=stage,
@@ -513,14 +515,6 @@ def _at(deadline: Deadline) -> float:
     return deadline() if callable(deadline) else deadline
 
 
-def _import_path() -> list[str]:
-    """Where the worker finds kpair and its dependencies: this process's resolved path,
-    without the current directory (a ``kpair/`` folder there must not replace kpair)."""
-    cwd = os.getcwd()
-    here = str(Path(__file__).resolve().parent.parent)
-    return [here] + [p for p in sys.path if p and os.path.isabs(p) and p != cwd and p != here]
-
-
 #: The thread that starts workers for callers on other threads (see ``_spawn``).
 _SPAWNER: concurrent.futures.ThreadPoolExecutor | None = None
 _SPAWNER_LOCK = threading.Lock()
@@ -548,13 +542,6 @@ def _worker_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
 def _describe_exit(code: int | None, stage: str | None) -> str:
     where = f" during stage {stage!r}" if stage else ""
     if stage in _STAGE_CHECK:
@@ -570,11 +557,6 @@ def _describe_exit(code: int | None, stage: str | None) -> str:
 
 
 # ====================================================================== child
-
-#: The worker's first lines, run under ``python -I``: the import path comes from the parent.
-_BOOT = ("import sys, json; sys.path[:0] = json.loads(sys.argv.pop(1)); "
-         "from kpair.isolation import worker_main; sys.exit(worker_main(sys.argv[1:]))")
-
 
 def worker_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kpair worker")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import pickle
 import shutil
@@ -40,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, errors
-from ._util import utc_now
+from ._util import child_command, kill_group, utc_now
 from .backends import open_device
 from .errors import AbiMismatch, FormatError, KpairError, UsageError, WorkerFailed
 from .snapshot import (
@@ -233,33 +232,21 @@ def _record(request: dict, root: Path) -> None:
     writer.finish(manifest)
 
 
-# The child imports the same kpair as this process, never a ``kpair/`` folder in its cwd.
-_BOOT = ("import sys, json; sys.path[:0] = json.loads(sys.argv.pop(1)); "
-         "from kpair.record import _child_main; sys.exit(_child_main(sys.argv[1:]))")
-
-
-def _import_path() -> list[str]:
-    here = str(Path(__file__).resolve().parent.parent)
-    cwd = os.getcwd()
-    return [here] + [p for p in sys.path if p and os.path.isabs(p) and p not in (cwd, here)]
-
-
 def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
     with tempfile.TemporaryDirectory(prefix="kpair-record-") as tmp:
         ask, reply = Path(tmp) / "request.pkl", Path(tmp) / "reply.pkl"
         ask.write_bytes(pickle.dumps(request))
-        cmd = [sys.executable, "-I", "-c", _BOOT, json.dumps(_import_path()), str(ask),
-               str(reply), str(root)]
+        cmd = child_command("kpair.record", "_child_main", str(ask), str(reply), str(root))
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill(proc)
+            kill_group(proc)
             raise WorkerFailed(f"record_call: kernel {request['symbol']!r} did not finish "
                                f"within {timeout_s:g} s; its process was killed (raise "
                                "timeout_s if the call is really that slow)") from None
         except BaseException:
-            _kill(proc)  # Ctrl-C in the caller: the child goes too
+            kill_group(proc)  # Ctrl-C in the caller: the child goes too
             raise
         if reply.is_file():
             outcome = pickle.loads(reply.read_bytes())
@@ -271,12 +258,6 @@ def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
         raise WorkerFailed(f"record_call: the process running kernel {request['symbol']!r} "
                            f"from {request['library']} died ({how}) before the snapshot was "
                            "written; nothing was written")
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _rebuild(names: list[str], message: str, fields: dict) -> KpairError:

@@ -462,14 +462,17 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self.drv("cuStreamSynchronize", self.stream)
         return True
 
+    def _best_of_8(self, op, context: str) -> float:
+        """The shortest of 8 event-timed, gated runs of ``op(i)`` (i = 0..7), in seconds."""
+        return min(self._timed(lambda i=i: op(i), context) for i in range(8))
+
     def measure_bandwidth(self, nbytes: int) -> float:
         """Best of 8 event-timed, gated memsets of ``nbytes`` bytes (bytes written per s)."""
         n = max(-(-int(nbytes) // 4) * 4, 4)
         buffer = int(self.drv("cuMemAlloc", n))
         try:
-            best = min(self._timed(lambda i=i: self.drv("cuMemsetD32Async", buffer, i, n // 4,
-                                                        self.stream), " after a memset")
-                       for i in range(8))
+            best = self._best_of_8(lambda i: self.drv("cuMemsetD32Async", buffer, i, n // 4,
+                                                      self.stream), " after a memset")
         finally:
             self.drv("cuMemFree", buffer)
         return n / max(best, 1e-9)
@@ -481,9 +484,8 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         src, dst = int(self.drv("cuMemAlloc", n)), int(self.drv("cuMemAlloc", n))
         try:
             self.drv("cuMemsetD8Async", src, 1, n, self.stream)
-            best = min(self._timed(lambda: self.drv("cuMemcpyDtoDAsync", dst, src, n,
-                                                    self.stream), " after a copy")
-                       for _ in range(8))
+            best = self._best_of_8(lambda _: self.drv("cuMemcpyDtoDAsync", dst, src, n,
+                                                      self.stream), " after a copy")
         finally:
             self.drv("cuMemFree", src)
             self.drv("cuMemFree", dst)
