@@ -5,6 +5,7 @@ and not a half-written snapshot."""
 from __future__ import annotations
 
 import ctypes
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,8 +102,8 @@ def test_a_hanging_kernel_is_killed_at_the_timeout(faults, tmp_path):
 
 def test_a_child_that_dies_is_an_error_naming_the_signal(saxpy, tmp_path, monkeypatch):
     # Whatever kills the recording process (a driver fault, the OOM killer) looks like this.
-    monkeypatch.setattr(record, "_BOOT", "import os, signal; os.kill(os.getpid(), "
-                                         "signal.SIGKILL)")
+    monkeypatch.setattr(record, "child_command", lambda *args: [
+        sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     x, y = np.ones(8, np.float32), np.zeros(8, np.float32)
     with pytest.raises(WorkerFailed, match="died \\(signal SIGKILL\\)"):
         record_call(saxpy, "saxpy", [np.int32(8), np.float32(1), x, y], tmp_path / "s")
