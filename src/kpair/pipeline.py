@@ -173,7 +173,7 @@ class Run:
     candidate: Candidate | None = None
     systematic: Any = None     # the identical-binary control: measured once per placement
     setup_stage_s: dict[str, float] = field(default_factory=dict)
-    traffic: Any = None        # kpair.sol.Traffic of the snapshot: read once per placement
+    traffic: Any = None        # kpair.sol.Traffic of the snapshot: once per placement
 
     def begin(self, candidate: Candidate) -> None:
         """Forget the previous candidate; keep the placement, ref's runs, the baselines."""
@@ -244,11 +244,13 @@ class Run:
     def speed_of_light(self):
         """ref's and opt's distance to the device's floor (``kpair.sol``); None when it cannot
         be had: an optional figure never costs a verdict."""
-        from .sol import peaks_for, snapshot_traffic, speed_of_light
+        from .sol import peaks_for, speed_of_light, traffic
 
         try:
-            if self.traffic is None:
-                self.traffic = snapshot_traffic(self.harness.snapshot)
+            if self.traffic is None:   # from the states the replay holds: no blob read again
+                r = self.replay
+                self.traffic = traffic((g.name, r.pre[g.name], r.expected[g.name])
+                                       for g in r.regions)
             peaks = peaks_for(self.device)
         except (KpairError, OSError, ValueError, MemoryError):
             return None
