@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, errors
-from ._util import child_command, kill_group, utc_now
+from ._util import check_output_dir, child_command, kill_group, utc_now
 from .backends import open_device
 from .errors import AbiMismatch, FormatError, KpairError, UsageError, WorkerFailed
 from .snapshot import (
@@ -104,12 +104,8 @@ def _scalar(value: object, index: int, name: str) -> tuple[str, object]:
 
 
 def _check_out(out: Path) -> None:
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise UsageError(f"{out} exists and is not a directory; record_call writes a new "
-                         "snapshot directory (choose another path, nothing was written)")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"{out} exists and is not empty; record_call writes a new snapshot "
-                         "directory (choose another path, nothing was written)")
+    """A new or empty snapshot directory in a folder that exists (``check_output_dir``)."""
+    check_output_dir(out, empty=True)
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent} is not a directory; create it first")
 
