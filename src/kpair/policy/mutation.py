@@ -45,15 +45,16 @@ TILE = 64
 def _draw(values: np.ndarray, rng: np.random.Generator, out: np.ndarray, replace: bool
           ) -> None:
     """``values`` reordered (``replace``: drawn with replacement) into ``out``; past
-    ``EXACT`` elements tile by tile (see ``EXACT``)."""
+    ``EXACT`` elements tile by tile (see ``EXACT``): the tiles gathered into a scratch
+    buffer, then every tile's elements gathered into ``out`` (two passes at memory speed)."""
     n = values.size
     pick = (lambda k: rng.integers(0, k, k)) if replace else rng.permutation
     if n <= EXACT:
-        out[:] = values[pick(n)]
+        np.take(values, pick(n), out=out)
         return
     tiles, whole = n // TILE, n // TILE * TILE
-    np.take(values[:whole].reshape(tiles, TILE)[pick(tiles)], rng.permutation(TILE), axis=1,
-            out=out[:whole].reshape(tiles, TILE))
+    rows = np.take(values[:whole].reshape(tiles, TILE), pick(tiles), axis=0)
+    np.take(rows, rng.permutation(TILE), axis=1, out=out[:whole].reshape(tiles, TILE))
     out[whole:] = values[rng.integers(0, n, n - whole)] if replace else \
         values[whole:][rng.permutation(n - whole)]
 
@@ -132,25 +133,24 @@ class Mutation:
             self.start + (region_size - self.start) // size * size
         return self.start, end
 
-    def apply(self, data: bytes, rng: np.random.Generator) -> bytes:
-        """``data`` (the region's bytes) with the declared range mutated (one copy of the
-        region: regions can be hundreds of MB)."""
+    def apply(self, data: bytes | bytearray, rng: np.random.Generator) -> bytearray:
+        """``data`` (the region's bytes) with the declared range mutated, written into one
+        new buffer (regions can be hundreds of MB: no second copy)."""
         start, end = self.span(len(data))
         dtype = np.dtype(DTYPES[self.dtype])
-        values = np.frombuffer(data, dtype, count=(end - start) // dtype.itemsize,
-                               offset=start)
-        whole = memoryview(data)
+        count = (end - start) // dtype.itemsize
+        values = np.frombuffer(data, dtype, count=count, offset=start)
+        out = bytearray(len(data))
+        whole, view = memoryview(data).cast("B"), memoryview(out)
+        view[:start], view[end:] = whole[:start], whole[end:]
+        mutated = np.frombuffer(out, dtype, count=count, offset=start)
         if self.method != "sparse":
-            out = np.empty_like(values)
-            _draw(values, rng, out, replace=self.method == "resample")
-            return b"".join((whole[:start], out.data.cast("B"), whole[end:]))
+            _draw(values, rng, mutated, replace=self.method == "resample")
+            return out
+        mutated[:] = values
         at, new = _sparse(values, rng, swap=self.dtype not in FLOAT_DTYPES)
-        parts, pos = [], 0
-        for i in np.argsort(at).tolist():   # the changed elements, in address order
-            lo = start + int(at[i]) * dtype.itemsize
-            parts += [whole[pos:lo], new[i:i + 1].tobytes()]
-            pos = lo + dtype.itemsize
-        return b"".join([*parts, whole[pos:]])
+        mutated[at] = new
+        return out
 
     def sparse(self) -> Mutation:
         """The same range changed at a few secret positions only."""
