@@ -191,7 +191,8 @@ def check_region(name: str, expected: bytes, actual: bytes, tolerances: tuple = 
     an unknown hint is ignored."""
     tolerances = tuple(tolerances)
     criterion = "tolerance" if tolerances else "byte-exact"
-    if not tolerances and isinstance(expected, bytes) and expected == actual:
+    if not tolerances and isinstance(expected, (bytes, bytearray)) \
+            and isinstance(actual, (bytes, bytearray)) and expected == actual:
         return RegionVerdict(name, True, criterion)  # a memcmp, not numpy over the region
     e8, a8 = np.frombuffer(expected, np.uint8), np.frombuffer(actual, np.uint8)
     if e8.size != a8.size:
