@@ -164,6 +164,16 @@ def verify(rel: Path, times: int, hogs: int, identical_pairs: bool = True) -> di
     return summary(rel, walls, identical, hogs, times)
 
 
+def _ref_median_us(rel: Path, row: dict) -> float | None:
+    """ref's median time at publication, from the harness's result.json (None if absent)."""
+    path = (row.get("paths") or {}).get("result")
+    try:
+        speed = json.loads((rel / path).read_text())["speed"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+    return (speed.get("debug_only") or {}).get("ref_median_us")
+
+
 def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: int) -> dict:
     """The coverage document of a verified release (``verify``'s output)."""
     index = json.loads((rel / "index.json").read_text())
@@ -171,23 +181,30 @@ def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: in
     for row in index["operators"]:
         hs = row.get("harness") or {}
         published = hs.get("combined_ci95") or hs.get("ci95")
-        points = [v for v in row.get("verifications", []) if v.get("inside") is not None]
-        inside += sum(1 for v in points if v["inside"])
+        # Every re-run compared with the publication counts, a failed one as a miss (its
+        # "inside" is None): coverage is kpair verify's own "reproduced" rate.
+        points = [v for v in row.get("verifications", [])
+                  if v.get("outcome") in ("reproduced", "not reproduced")]
+        inside += sum(1 for v in points if v["outcome"] == "reproduced")
         compared += len(points)
         half = (published[1] - published[0]) / 2 / hs["speedup"] if published else None
         if half is not None:
             halves.append(half)
         ops.append({"name": row["name"], "speedup": hs.get("speedup"), "published": published,
-                    "half_width": half, "ref_median_us": (hs.get("debug_only") or {}).get(
-                        "ref_median_us"),
+                    "half_width": half, "ref_median_us": _ref_median_us(rel, row),
                     "reruns": [v.get("speedup") for v in points],
-                    "inside": [v["inside"] for v in points]})
+                    "inside": [v["outcome"] == "reproduced" for v in points],
+                    "failed": [v.get("reason") for v in points if v.get("verdict") != "pass"]})
     none = [r["difference"] == "none" for runs in identical.values() for r in runs]
+    long_halves = [o["half_width"] for o in ops
+                   if o["half_width"] is not None and (o["ref_median_us"] or 0) >= 5]
     n_harness = max(1, len(index["operators"]))
     return {"device": _device_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "hogs": hogs, "times": times, "operators": len(index["operators"]),
             "coverage": inside / compared if compared else None, "compared": compared,
             "inside": inside, "median_half_width": statistics.median(halves) if halves else None,
+            "median_half_width_ref_ge_5us": statistics.median(long_halves) if long_halves
+            else None,
             "wall_per_harness_s": statistics.median(walls) / n_harness if walls else None,
             "identical_no_difference": (sum(none) / len(none)) if none else None,
             "identical_runs": identical, "per_operator": ops,
