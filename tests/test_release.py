@@ -500,7 +500,8 @@ def test_verify_appends_a_record_per_run_and_keeps_the_published_row(harnesses, 
     assert published.ref_identity is not None and published.ref_identity.kernel == "kp_matmul"
     before = (root / "index.json").read_text()
     lo, hi = published.harness.reported_ci95
-    stored = Result.read(root / "level1" / "1_mm" / "harness" / "result.json")
+    publication = root / "level1" / "1_mm" / "harness" / "result.json"
+    stored, stored_bytes = Result.read(publication), publication.read_bytes()
 
     # A real re-run, through the CLI: its outcome is the machine's; its record is certain.
     code = kpair(["verify", str(root), *QUICK_ARGS])
@@ -508,6 +509,11 @@ def test_verify_appends_a_record_per_run_and_keeps_the_published_row(harnesses, 
     out = capsys.readouterr().out
     assert "level1/1_mm: reproduced" in out or "level1/1_mm: NOT reproduced" in out
     assert "reproduced 1 of 1" in out or "reproduced 0 of 1" in out
+    # The re-run has a result of its own; the publication's result.json is as published.
+    assert publication.read_bytes() == stored_bytes
+    record = release.load_index(root).operators[0].verifications[0]
+    assert record.result == "level1/1_mm/verify/1/result.json"
+    assert Result.read(root / record.result).status == record.verdict
     # Re-runs through the store's runner hook: one inside, one outside the interval.
     release.verify_release(root, QUICK, runner=_fake_runner(
         lambda job: _speed_like(stored, (lo + hi) / 2, (lo, hi))))

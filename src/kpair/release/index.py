@@ -45,6 +45,9 @@ INDEX = "index.json"
 HARNESS, PROVENANCE, EXCLUDED = "harness", "provenance", "excluded"
 #: ``level<N>/<op>/devices/<d>/``: results of ``verify --each`` on devices other than the first.
 DEVICES = "devices"
+#: ``level<N>/<op>/verify/<run>/``: the results of verification ``run`` of a published
+#: operator (the publication's own result.json under harness/ stays as it was published).
+VERIFY = "verify"
 DIRECTOR_FILE = "director_validation.json"
 LAYOUT = "level<N>/<op>/harness, level<N>/<op>/provenance"
 #: The band inside which slot_bias says "the slot position does not matter" (seed: 0.9914-1.0089).

@@ -42,6 +42,7 @@ from .index import (
     HARNESS,
     INDEX,
     PROVENANCE,
+    VERIFY,
     HarnessSpeed,
     Index,
     Row,
@@ -120,14 +121,18 @@ def _run_one(harness_dir: Path, options: RunOptions) -> Result:
 Runner = Callable[[list[HarnessJob], RunOptions], Iterator[tuple[HarnessJob, int, Result]]]
 
 
-def device_result_path(root: Path, level: int, name: str, device: int,
-                       primary: int) -> Path:
-    """Where ``verify --each`` keeps the result of one device: the primary device's is the
-    harness's own result.json; every other device's is ``level<N>/<op>/devices/<d>/``."""
+def device_result_path(root: Path, level: int, name: str, device: int, primary: int,
+                       run: int | None = None) -> Path:
+    """Where ``verify`` keeps the result of one device. A published operator's re-run
+    (``run``) goes to ``level<N>/<op>/verify/<run>/``, other devices of ``--each`` below it in
+    ``devices/<d>/``: the publication's result.json is never overwritten. Without ``run`` (the
+    verify publishes the operator) the primary device's is the harness's own result.json and
+    every other device's is ``level<N>/<op>/devices/<d>/``."""
     op = root / rel_dir(level, name)
+    base = op / VERIFY / str(run) if run is not None else None
     if device == primary:
-        return op / HARNESS / "result.json"
-    return op / DEVICES / str(device) / "result.json"
+        return (base or op / HARNESS) / "result.json"
+    return (base or op) / DEVICES / str(device) / "result.json"
 
 
 def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *,
@@ -167,12 +172,19 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
         if not ops and old is None:
             raise UsageError(f"no operators under {root} (expected "
                              "level<N>/<op>/harness/harness.json)")
+        before = {r.key: r for r in (old.operators if old else [])}
+        history = list(old.verifications) if old else []
+        run = max((v.run for v in history), default=0) + 1
+
+        def out(level: int, name: str, device: int) -> Path:
+            return device_result_path(root, level, name, device, devices[0],
+                                      run if (level, name) in before else None)
+
         jobs = [HarnessJob(key=rel_dir(level, name), harness=root / rel_dir(level, name) / HARNESS,
-                           out=device_result_path(root, level, name, d, devices[0]),
-                           device=d) for level, name in ops for d in devices] if each else \
+                           out=out(level, name, d), device=d)
+                for level, name in ops for d in devices] if each else \
             [HarnessJob(key=rel_dir(level, name), harness=root / rel_dir(level, name) / HARNESS,
-                        out=root / rel_dir(level, name) / HARNESS / "result.json")
-             for level, name in ops]
+                        out=out(level, name, devices[0])) for level, name in ops]
         settings = {"options": {k: v for k, v in options.to_json().items() if k != "device"},
                     "each": list(devices) if each else None}
         journal, resuming = Journal.begin(root, settings, fresh=fresh)
@@ -193,14 +205,11 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
             if progress:
                 level, name = _key_of(job.key)
                 progress(done, len(jobs), label(job, device),
-                         _row(root, level, name, {device: result}, (device,)))
+                         _row(root, level, name, {device: result}, (device,), out))
         reruns = [_row(root, level, name, {d: results[rel_dir(level, name), d] for d in devices}
                        if each else {devices[0]: results[rel_dir(level, name), None]},
-                       devices if each else (devices[0],))
+                       devices if each else (devices[0],), out)
                   for level, name in ops]
-        before = {r.key: r for r in (old.operators if old else [])}
-        history = list(old.verifications) if old else []
-        run = max((v.run for v in history), default=0) + 1
         rows = [verified_row(before[r.key], r, run=run) if r.key in before else r
                 for r in reruns]
         records = [latest(r, run) for r in rows if r.key in before]
@@ -221,17 +230,21 @@ def _key_of(key: str) -> tuple[int, str]:
 
 
 def _row(root: Path, level: int, name: str, results: dict[int, Result],
-         devices: tuple[int, ...]) -> Row:
+         devices: tuple[int, ...], out: Callable[[int, str, int], Path]) -> Row:
     """The operator's row: from its one result, or (several devices) from the first device's,
-    with every device's verdict side by side and a disagreement made an error."""
+    with every device's verdict side by side and a disagreement made an error. ``out``
+    (level, name, device) is where each device's result was written."""
     op = root / rel_dir(level, name)
     prov = op / PROVENANCE
     row = operator_row(level, name, results[devices[0]], harness_dir=op / HARNESS,
                        provenance_dir=prov if prov.is_dir() else None)
+    if row.paths.result is not None:
+        row = row.replace(paths=row.paths.replace(
+            result=out(level, name, devices[0]).relative_to(root).as_posix()))
     if len(devices) == 1:
         return row
-    runs = [device_run(d, results[d], device_result_path(root, level, name, d, devices[0])
-                       .relative_to(root).as_posix()) for d in devices]
+    runs = [device_run(d, results[d], out(level, name, d).relative_to(root).as_posix())
+            for d in devices]
     return with_devices(row, runs)
 
 
