@@ -682,6 +682,8 @@ def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judge
         audit.mutate(ref, launch)
         assert audit.run_opt(opt, launch).passed
         mapped, z = dev.mapped_ranges(), replay.address_of("z")
+        dev.flush_cache()
+        flush = dev._flush_ptr
         n_before = len(drv.calls)
         assert dev.renew_memory()
         calls = [c[0] for c in drv.calls[n_before:]]
@@ -689,6 +691,10 @@ def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judge
         unmaps = [i for i, c in enumerate(calls) if c == "cuMemUnmap"]
         assert len(creates) == len(mapped) == len(unmaps) and max(creates) < min(unmaps)
         assert calls.count("cuMemRelease") == len(mapped)
+        # The flush buffer moved as well: the new one taken before the old one was freed.
+        assert dev._flush_ptr != flush
+        assert calls.index("cuMemAlloc") < calls.index("cuMemFree")
+        assert [c[1] for c in drv.calls[n_before:] if c[0] == "cuMemFree"] == [flush]
         assert dev.mapped_ranges() == mapped and replay.address_of("z") == z
         assert dev.read(z, 16) == bytes(16)          # other pages, zeroed
         for _ in range(8):

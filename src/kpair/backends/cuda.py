@@ -459,6 +459,13 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         for old in self._handles:
             self.drv("cuMemRelease", old)
         self._handles = fresh
+        if self._flush_ptr:
+            # The cache flush's buffer moves too (the new one taken before the old is
+            # freed): its dirty lines are written back during the timed launch, and what
+            # that costs depends on where they lie, as for a region's pages.
+            old_flush, self._flush_ptr = self._flush_ptr, self._alloc(self.flush_bytes)
+            self.drv("cuMemFree", old_flush)
+            self._allocs.remove(old_flush)
         self.drv("cuStreamSynchronize", self.stream)
         return True
 
