@@ -63,6 +63,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -217,6 +218,7 @@ def module_from_source(source: str, name: str, filename: str):
 
     module = types.ModuleType(name)
     module.__file__ = filename
+    sys.modules[name] = module   # as an import would: torch.compile may look a class's module up
     exec(compile(source, filename, "exec"), module.__dict__)
     return module
 
@@ -414,7 +416,8 @@ def run_problems(plan_path: Path) -> int:
     plan = json.loads(plan_path.read_text())
     marks_path = Path(plan["marks"])
     per_problem = plan.get("distinct") == "problem"
-    marks = []
+    marks: list[dict] = []
+    marks_path.write_text("[]")   # the runner started: what goes wrong now is a problem's
     distinct_from_here(plan.get("skip", []))
     for p in plan["problems"]:
         if per_problem:
@@ -621,6 +624,19 @@ def write_table(results: Results, out: Path) -> dict:
 
 # --------------------------------------------------------------------------- the driver
 
+#: The kpair processes running now: each in its own process group, which outlives this
+#: process unless killed, so a SIGTERM (``timeout`` around a call) kills them first.
+_RUNNING: set = set()
+
+
+def _terminated(signum, frame) -> None:
+    from kpair._util import kill_group
+
+    for proc in list(_RUNNING):
+        kill_group(proc)
+    raise SystemExit(128 + signum)
+
+
 def kpair(*args: str, timeout: float) -> dict:
     """Run ``python -m kpair ARGS`` in its own process group (on a timeout the whole group
     is killed: ``kpair capture``'s program, which holds the GPU, with it); its exit code
@@ -630,6 +646,7 @@ def kpair(*args: str, timeout: float) -> dict:
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "kpair", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _RUNNING.add(proc)
     try:
         out, err = proc.communicate(timeout=max(1.0, timeout))
         code = proc.returncode
@@ -637,6 +654,8 @@ def kpair(*args: str, timeout: float) -> dict:
         kill_group(proc)
         out, err = proc.communicate()
         code, err = 124, f"{err or ''}\ntimed out after {timeout:g} s"
+    finally:
+        _RUNNING.discard(proc)
     return {"exit_code": code, "stdout": out or "", "stderr": err or "",
             "s": round(time.monotonic() - t0, 3)}
 
@@ -675,7 +694,8 @@ def estimates(problems: list[Problem], sizes: dict[str, dict]) -> dict[str, dict
             "eager": {"dispatches": len(eager), "state_bytes": sum(o[1] + o[2] for o in eager)},
             "compiled": {"dispatches": len(extern) + fused,
                          "state_bytes": min(size.get("state_bytes", 0),
-                                            sum(o[1] + o[2] for o in extern) + fused * io)}}
+                                            sum(o[1] + o[2] for o in extern) + fused * io),
+                         "operator_bytes": fused * (io - size.get("output_bytes", 0))}}
     return out
 
 
@@ -692,24 +712,27 @@ class Rates:
     compiled_s: float = 15.0       # one problem's Inductor compile and forward pass
     capture_gbps: float = 1.0      # state bytes (pre + post) read back, hashed, compressed
     replay_fixed_s: float = 4.0    # one kpair replay process: python, CUDA, placement
-    replay_gbps: float = 1.0       # state bytes per replay run: load, restore, compare
+    replay_gbps: float = 1.0       # state bytes loaded once: decompress, verify, upload
+    check_gbps: float = 3.0        # state bytes per replay run: restore, read back, compare
     optimize_s: float = 120.0      # one kpair optimize of one operator
 
-    def problem_s(self, mode: str, est: dict, runs: int, jobs: int, optimize: bool) -> float:
+    def problem_s(self, mode: str, est: dict, runs: int, jobs: int, optimize: int) -> float:
         """Seconds one problem adds to a batch (``est``: ``estimates()``' entry of this
-        mode): run, capture, replays (``jobs`` at a time), optimize."""
+        mode): run, capture, replays (``jobs`` at a time), and an optimize where its operator
+        is expected to hold ``optimize`` bytes or fewer (0: no optimize)."""
         state = est.get("state_bytes", 0) / 1e9
         s = self.eager_s if mode == "eager" else self.compiled_s
         s += state / self.capture_gbps
-        s += est.get("dispatches", 0) * self.replay_fixed_s / jobs + state * runs / self.replay_gbps
-        if optimize and mode == "compiled":
+        s += est.get("dispatches", 0) * self.replay_fixed_s / jobs
+        s += state / self.replay_gbps + state * runs / self.check_gbps
+        if mode == "compiled" and 0 < est.get("operator_bytes", 0) <= optimize:
             s += self.optimize_s
         return s
 
 
 def plan_batch(todo: list[Problem], est: dict[str, dict[str, dict]], mode: str, *,
                bytes_left: float, seconds_left: float, max_count: int, rates: Rates,
-               runs: int, jobs: int, optimize: bool) -> list[Problem]:
+               runs: int, jobs: int, optimize: int) -> list[Problem]:
     """The next batch: problems from the head of ``todo``, in order, while their estimated
     state bytes fit ``bytes_left`` (the disk) and their seconds ``seconds_left`` (the call).
     A first problem larger than the disk budget goes alone (its estimate is an upper bound);
@@ -777,7 +800,7 @@ class Call:
                                    bytes_left=min(self.args.batch_bytes, 0.8 * free),
                                    seconds_left=self.left(), max_count=self.args.batch_max,
                                    rates=self.rates, runs=self.args.runs,
-                                   jobs=self.args.jobs, optimize=self.args.optimize)
+                                   jobs=self.args.jobs, optimize=self.args.optimize_bytes)
                 if not batch:
                     print(f"kernelbench.py: {mode}: {len(todo)} problems left, no time for "
                           f"the next one in this call ({self.left():.0f} s left)",
@@ -817,9 +840,11 @@ class Call:
             rec["rows"] = fidelity_rows(mode, self.by_key, summary["marks"],
                                         {"dispatches": mine}, replays)
             if args.optimize and mode == "compiled":
-                if self.left() < self.rates.optimize_s:
+                row = choose_operator(rec["rows"], pr)
+                if row is not None and row["region_bytes"] <= args.optimize_bytes and \
+                        self.left() < self.rates.optimize_s:
                     break
-                rec["optimize"] = self.optimize(pr, rec["rows"], work / "capture")
+                rec["optimize"] = self.optimize(pr, row, work / "capture")
             self.results.append(rec)
             done += 1
         self.results.append({
@@ -857,7 +882,7 @@ class Call:
         (work / "plan.json").write_text(json.dumps(plan, indent=1))
         cap = work / "capture"
         reserve = sum(self.rates.problem_s(mode, self.expect(p, mode), args.runs,
-                                           args.jobs, args.optimize)
+                                           args.jobs, args.optimize_bytes)
                       - (self.rates.eager_s if mode == "eager" else self.rates.compiled_s)
                       for p in batch)
         run = kpair("capture", "-o", str(cap), "--distinct", "--max", "0",
@@ -866,7 +891,11 @@ class Call:
                     str(work / "plan.json"),
                     timeout=min(args.capture_timeout, max(30.0, self.left() - reserve)))
         marks_file = work / "marks.json"
-        marks = json.loads(marks_file.read_text()) if marks_file.exists() else []
+        if not marks_file.exists():   # no problem's fault: capture or torch never started
+            raise SystemExit(f"kernelbench.py: the runner never started under kpair capture "
+                             f"(exit {run['exit_code']}): "
+                             f"{run['stderr'].strip()[-2000:] or 'no message'}")
+        marks = json.loads(marks_file.read_text())
         summary = json.loads((cap / "capture.json").read_text()) \
             if (cap / "capture.json").exists() else {"dispatches": []}
         summary.update(marks=marks, exit_status=run["exit_code"],
@@ -915,12 +944,15 @@ class Call:
             return None
         return done
 
-    def optimize(self, pr: Problem, rows: list[dict], cap: Path) -> dict:
+    def optimize(self, pr: Problem, row: dict | None, cap: Path) -> dict:
         """``kpair optimize`` of the problem's chosen compiled dispatch into the release."""
-        row = choose_operator(rows, pr)
+        args = self.args
         if row is None:
             return {"status": "no operator", "reason": "no byte-exact Triton dispatch"}
-        args = self.args
+        if row["region_bytes"] > args.optimize_bytes:
+            return {"status": "skipped", "kernel": row["kernel"], "reason": (
+                f"its regions hold {row['region_bytes']} bytes, over --optimize-max-bytes "
+                f"{args.optimize_bytes}")}
         run = kpair("optimize", "-o", str(args.release), "--work", str(args.work / "optimize"),
                     "--snapshot", str(cap / row["snapshot"]), "--name", pr.name,
                     "--level", str(pr.level), "--strategy", "triton", "--json",
@@ -951,7 +983,7 @@ def load_sizes(path: Path | None) -> dict[str, dict]:
 
 def simulate(problems: list[Problem], est: dict[str, dict[str, dict]], modes: list[str], *,
              deadline: float, batch_bytes: float, batch_max: int, runs: int, jobs: int,
-             optimize: bool, rates: Rates = Rates()) -> dict:
+             optimize: int, rates: Rates = Rates()) -> dict:
     """The calls the whole run is expected to take: batches planned as ``Call`` plans them,
     each call starting with ``deadline`` seconds; a problem longer than a call gets one of its
     own (where it then runs until its own timeouts end it)."""
@@ -987,6 +1019,7 @@ def plan_main(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--jobs", type=int, default=4)
     p.add_argument("--optimize", action="store_true")
+    p.add_argument("--optimize-max-bytes", type=float, default=2**30)
     args = p.parse_args(argv)
     sizes = load_sizes(args.sizes)
     problems = [Problem(r["level"], 0, r["problem"], Path()) for r in sizes.values()]
@@ -994,7 +1027,7 @@ def plan_main(argv: list[str]) -> int:
     modes = [m for m in args.modes.split(",") if m]
     doc = simulate(problems, est, modes, deadline=args.deadline, batch_bytes=args.batch_bytes,
                    batch_max=args.batch_max, runs=args.runs, jobs=args.jobs,
-                   optimize=args.optimize)
+                   optimize=int(args.optimize_max_bytes) if args.optimize else 0)
     doc["expected"] = {m: {"dispatches": sum(e[m]["dispatches"] for e in est.values()),
                            "state_bytes": sum(e[m]["state_bytes"] for e in est.values())}
                        for m in modes}
@@ -1046,10 +1079,23 @@ def run_main(argv: list[str]) -> int:
     p.add_argument("--optimize-arg", action="append", default=[], metavar="ARG",
                    help="passed to kpair optimize (repeatable), e.g. --optimize-arg=--triton-"
                    "limit=12")
+    p.add_argument("--optimize-max-bytes", type=parse_size, default=1 << 30, metavar="SIZE",
+                   help="optimize only operators whose regions hold at most SIZE (default "
+                   "1GiB: a harness that size is measured in seconds and fits the disk)")
     p.add_argument("--optimize-timeout", type=float, default=300.0, metavar="S")
     p.add_argument("-o", "--out", type=Path, required=True,
                    help="results.jsonl, fidelity.json, scaling.json go here")
     args = p.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return run(args, p)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args, p: argparse.ArgumentParser) -> int:
+    """``kernelbench.py run``: one call's batches (0: everything decided; 3: time ran out
+    with problems left)."""
     t0 = time.monotonic()
     args.scale_names = tuple(n for n in args.scale_names.split(",") if n)
     modes = [m for m in args.modes.split(",") if m]
@@ -1057,6 +1103,7 @@ def run_main(argv: list[str]) -> int:
         p.error("--modes takes eager and/or compiled; --scale is 1 or more")
     args.work = args.work or args.out / "work"
     args.release = args.release or args.out / "release"
+    args.optimize_bytes = args.optimize_max_bytes if args.optimize else 0
     problems = discover(args.kernelbench, [int(x) for x in args.level.split(",")],
                         args.problems)
     problems = problems[args.start:None if args.count is None else args.start + args.count]

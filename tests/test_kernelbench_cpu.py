@@ -398,8 +398,16 @@ def test_estimates_take_each_op_once_in_eager_and_library_ops_every_time():
     assert est["level1/2_B"]["eager"] == {"dispatches": 1, "state_bytes": 51}
     assert est["level2/1_C"]["eager"] == {"dispatches": 2, "state_bytes": 1400 + 1200}
     # compiled: the convolution, plus one fused kernel over inputs and outputs (100 + 2 * 10)
-    assert est["level2/1_C"]["compiled"] == {"dispatches": 2, "state_bytes": 1400 + 120}
-    assert est["level1/1_A"]["compiled"] == {"dispatches": 1, "state_bytes": 120}
+    # (the fused kernel's regions, its operator if optimized: inputs, params, output)
+    assert est["level2/1_C"]["compiled"] == {"dispatches": 2, "state_bytes": 1400 + 120,
+                                             "operator_bytes": 110}
+    assert est["level1/1_A"]["compiled"] == {"dispatches": 1, "state_bytes": 120,
+                                             "operator_bytes": 110}
+    rates = kb.Rates(eager_s=0, compiled_s=0, replay_fixed_s=0, optimize_s=100)
+    e = est["level1/1_A"]["compiled"]
+    assert [rates.problem_s("compiled", e, 1, 1, limit) for limit in (0, 109, 110)] == \
+        pytest.approx([0, 0, 100], abs=1e-3)
+    assert rates.problem_s("eager", est["level1/1_A"]["eager"], 1, 1, 110) < 1
     assert kb.estimates(ps[:1], {})["level1/1_A"]["eager"] == {"dispatches": 0,
                                                                  "state_bytes": 0}
 
@@ -409,7 +417,8 @@ def test_batches_fit_the_disk_and_the_call_and_a_huge_problem_goes_alone():
     gb = 10 ** 9
     est = {p.key: {"eager": {"dispatches": 1, "state_bytes": b * gb}}
            for p, b in zip(ps, (1, 1, 50, 1, 1), strict=True)}
-    rates = kb.Rates(start_s=10, eager_s=0, capture_gbps=1, replay_fixed_s=0, replay_gbps=1e9)
+    rates = kb.Rates(start_s=10, eager_s=0, capture_gbps=1, replay_fixed_s=0, replay_gbps=1e9,
+                     check_gbps=1e9)
 
     def plan(todo, **kw):
         args = {"bytes_left": 10 * gb, "seconds_left": 1000, "max_count": 10, "rates": rates,
@@ -429,7 +438,8 @@ def test_simulate_counts_the_calls():
     ps = [kb.Problem(1, n, f"{n}_P", Path()) for n in range(1, 5)]
     est = {p.key: {m: {"dispatches": 0, "state_bytes": 0} for m in kb.MODES} for p in ps}
     est["level1/3_P"]["eager"]["state_bytes"] = 500e9   # longer than a call
-    rates = kb.Rates(start_s=10, eager_s=20, compiled_s=40, capture_gbps=1, replay_gbps=1e9)
+    rates = kb.Rates(start_s=10, eager_s=20, compiled_s=40, capture_gbps=1, replay_gbps=1e9,
+                     check_gbps=1e9)
     doc = kb.simulate(ps, est, ["eager", "compiled"], deadline=100, batch_bytes=1e12,
                       batch_max=10, runs=1, jobs=1, optimize=False, rates=rates)
     # eager: 1, 2 (10 + 20 + 20 = 50; 3 does not fit), then 3 alone, then 4;
@@ -462,6 +472,7 @@ class FakeKpair:
         self.kernels, self.crash, self.nondet = kernels, set(crash), set(nondeterministic)
         self.calls: list[tuple] = []
         self.on_capture = None
+        self.no_cupti = False
 
     def __call__(self, *args: str, timeout: float) -> dict:
         self.calls.append((args[0], timeout))
@@ -470,6 +481,9 @@ class FakeKpair:
     def capture(self, *args):
         cap = Path(args[args.index("-o") + 1])
         plan = json.loads(Path(args[-1]).read_text())
+        if self.no_cupti:
+            return {"exit_code": 2, "stdout": "", "s": 0.1, "stderr":
+                    "kpair capture: CUPTI not found: pip install nvidia-cuda-cupti"}
         cap.mkdir(parents=True)
         marks, dispatches, seen, launches = [], [], set(plan["skip"]), 0
         code = 0
@@ -545,6 +559,11 @@ def test_a_run_records_each_problem_deletes_snapshots_and_resumes(tmp_path, monk
         ("level1/1_A", "no operator"), ("level1/2_B", "no operator"), ("level2/1_C", "ran")]
     assert table["optimize"][2]["kernel"] == "triton_red_fused_1"   # the one with most bytes
     assert table["optimize"][2]["operators"][0]["status"] == "published"
+    skipped = tmp_path / "small"
+    assert _run(root, skipped, "--modes", "compiled", "--optimize",
+                "--optimize-max-bytes", "100") == 0
+    [last] = json.loads((skipped / "fidelity.json").read_text())["optimize"][2:]
+    assert last["status"] == "skipped" and "over --optimize-max-bytes 100" in last["reason"]
     assert not any((out / "work").iterdir())     # snapshots deleted after the verdicts
     lines = (out / "results.jsonl").read_text().splitlines()
     before = len(fake.calls)
@@ -639,3 +658,34 @@ def test_sizes_of_a_problem_on_the_meta_device_and_its_cpu_pass(tmp_path):
     assert rec["cpu_ok"] and rec["cpu_scale"] == 32
     assert rec["cpu_scaled"] == {"batch_size": [4096, 128]}
     assert rec["cpu_output"] == [[128, 256]]
+
+
+def test_a_terminated_driver_kills_the_process_groups_it_started():
+    """``timeout`` around a call sends SIGTERM to the driver; the capture it started runs in
+    a process group of its own, which would otherwise hold the GPU after the call ends."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    kb._RUNNING.add(proc)
+    try:
+        with pytest.raises(SystemExit) as e:
+            kb._terminated(15, None)
+        assert e.value.code == 143
+        assert proc.wait(timeout=30) == -9
+    finally:
+        kb._RUNNING.discard(proc)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_capture_that_cannot_start_ends_the_call_without_blaming_a_problem(tmp_path,
+                                                                            monkeypatch):
+    root = _problem_files(tmp_path / "kb", {1: ["1_A"]})
+    fake = FakeKpair({"level1/1_A": ["k1"]})
+    fake.no_cupti = True
+    monkeypatch.setattr(kb, "kpair", fake)
+    with pytest.raises(SystemExit, match="never started.*CUPTI not found"):
+        _run(root, tmp_path / "out", "--level", "1", "--modes", "eager")
+    results = kb.Results(tmp_path / "out" / "results.jsonl", HEADER | {
+        "scale_names": list(kb.DEFAULT_SCALE_NAMES)})
+    assert results.of_type("problem") == []
