@@ -558,7 +558,7 @@ class Results:
         first = self.entries[0]
         if first.get("schema") != SCHEMA:
             raise SystemExit(f"kernelbench.py: {path} is not a kernelbench results file")
-        for key in ("scale", "scale_names"):
+        for key in ("scale", "scale_names", "kernelbench"):
             if first.get(key) != header.get(key):
                 raise SystemExit(f"kernelbench.py: {path} was made with {key} "
                                  f"{first.get(key)!r}, not {header.get(key)!r}: use another -o")
@@ -767,6 +767,7 @@ class Call:
         self.args, self.results, self.est, self.rates = args, results, est, rates
         self.problems, self.deadline = problems, deadline
         self.by_key = {pr.key: pr for pr in problems}
+        self.batches = 0
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -801,11 +802,17 @@ class Call:
                                    seconds_left=self.left(), max_count=self.args.batch_max,
                                    rates=self.rates, runs=self.args.runs,
                                    jobs=self.args.jobs, optimize=self.args.optimize_bytes)
+                if not batch and not self.batches and self.rates.start_s + \
+                        self.rates.problem_s(mode, self.expect(todo[0], mode), self.args.runs,
+                                             self.args.jobs, self.args.optimize_bytes) \
+                        > self.args.deadline:   # longer than any call: it gets one alone
+                    batch = todo[:1]
                 if not batch:
                     print(f"kernelbench.py: {mode}: {len(todo)} problems left, no time for "
                           f"the next one in this call ({self.left():.0f} s left)",
                           file=sys.stderr)
                     return False
+                self.batches += 1
                 self.batch(batch, mode)
                 write_table(self.results, self.args.out)
         return True
@@ -835,15 +842,22 @@ class Call:
                 break
             mine = by_owner.get(pr.key, [])
             replays = self.replay(work / "capture", mine)
-            if replays is None:
+            row = None
+            if replays is not None:
+                rec["rows"] = fidelity_rows(mode, self.by_key, summary["marks"],
+                                            {"dispatches": mine}, replays)
+                row = choose_operator(rec["rows"], pr) if args.optimize else None
+            if replays is None or (mode == "compiled" and row is not None
+                                   and row["region_bytes"] <= args.optimize_bytes
+                                   and self.left() < self.rates.optimize_s):
+                # out of time: done again next call; an attempt only for the batch's first
+                # (the others did not have the call to themselves)
+                if pr is batch[0]:
+                    self.results.append({**rec, "final": False, "ok": False, "rows": [],
+                                         "error": "the call's time ran out in its replays "
+                                         "or optimize"})
                 break
-            rec["rows"] = fidelity_rows(mode, self.by_key, summary["marks"],
-                                        {"dispatches": mine}, replays)
             if args.optimize and mode == "compiled":
-                row = choose_operator(rec["rows"], pr)
-                if row is not None and row["region_bytes"] <= args.optimize_bytes and \
-                        self.left() < self.rates.optimize_s:
-                    break
                 rec["optimize"] = self.optimize(pr, row, work / "capture")
             self.results.append(rec)
             done += 1
@@ -881,15 +895,20 @@ class Call:
             plan["problems"].append({"key": p.key, "file": str(file), "module": module})
         (work / "plan.json").write_text(json.dumps(plan, indent=1))
         cap = work / "capture"
+        # the replays' and optimizes' share of the call, kept from the capture (at most 60%)
         reserve = sum(self.rates.problem_s(mode, self.expect(p, mode), args.runs,
                                            args.jobs, args.optimize_bytes)
                       - (self.rates.eager_s if mode == "eager" else self.rates.compiled_s)
                       for p in batch)
+        limit = min(args.capture_timeout,
+                    max(30.0, self.left() - min(reserve, 0.6 * self.left())))
         run = kpair("capture", "-o", str(cap), "--distinct", "--max", "0",
                     "--max-region-bytes", args.max_region_bytes, "--",
                     sys.executable, str(Path(__file__).resolve()), RUNNER,
-                    str(work / "plan.json"),
-                    timeout=min(args.capture_timeout, max(30.0, self.left() - reserve)))
+                    str(work / "plan.json"), timeout=limit)
+        # cut by the call's deadline rather than --capture-timeout: the problem in flight is
+        # blamed (an attempt) only when it had the batch to itself
+        deadline_cut = run["exit_code"] == 124 and limit < args.capture_timeout
         marks_file = work / "marks.json"
         if not marks_file.exists():   # no problem's fault: capture or torch never started
             raise SystemExit(f"kernelbench.py: the runner never started under kpair capture "
@@ -915,9 +934,10 @@ class Call:
                                                              if "error" in m else {})}
             elif not cut:   # the problem in flight when the program ended
                 cut = True
+                blamed = not deadline_cut or p is batch[0]
                 records[p.key] = {**base, "final": False, "ok": False, "error": (
                     f"the program ended in this problem (kpair capture exit "
-                    f"{run['exit_code']}: {said})")[:2000]}
+                    f"{run['exit_code']}: {said})")[:2000]} if blamed else None
             else:
                 records[p.key] = None
         return records, summary

@@ -530,6 +530,11 @@ class FakeKpair:
                            "line": "1.10x"}]})}
 
 
+def _results(out: Path) -> kb.Results:
+    return kb.Results(out / "results.jsonl", {"scale": 1, "kernelbench": {"commit": "abc123"},
+                                              "scale_names": list(kb.DEFAULT_SCALE_NAMES)})
+
+
 def _run(root, out, *extra):
     return kb.main(["run", "--kernelbench", str(root), "-o", str(out), *extra])
 
@@ -579,8 +584,7 @@ def test_a_crash_is_retried_then_decided_and_the_rest_goes_on(tmp_path, monkeypa
     monkeypatch.setattr(kb, "kpair", fake)
     out = tmp_path / "out"
     assert _run(root, out, "--level", "1", "--modes", "eager", "--retries", "1") == 0
-    results = kb.Results(out / "results.jsonl", {"scale": 1, "scale_names":
-                                                 list(kb.DEFAULT_SCALE_NAMES)})
+    results = _results(out)
     problems = results.of_type("problem")
     assert [(p["key"], p["final"], p["ok"]) for p in problems] == [
         ("level1/1_A", True, True),
@@ -601,26 +605,44 @@ def test_a_call_that_runs_out_of_time_records_nothing_half_done(tmp_path, monkey
     fake = FakeKpair({"level1/1_A": ["k1"], "level1/2_B": ["k2"]})
     monkeypatch.setattr(kb, "kpair", fake)
     out = tmp_path / "out"
-    # no time at all: nothing starts, and the call says so by its exit status
-    assert _run(root, out, "--level", "1", "--modes", "eager", "--deadline", "1") == 3
-    assert fake.calls == []
-    # time runs out during the replays: the batch's problems are left for the next call
     monkeypatch.setattr(kb.Call, "left", lambda self: self.remaining.pop(0)
                         if len(self.remaining) > 1 else self.remaining[0])
+    # too little time left for the next problem: nothing starts, and the exit status says so
+    monkeypatch.setattr(kb.Call, "remaining", [5.0], raising=False)
+    assert _run(root, out, "--level", "1", "--modes", "eager") == 3
+    assert fake.calls == []
+    # time runs out during the replays: the batch's problems are left for the next call
     monkeypatch.setattr(kb.Call, "remaining", [1e9] * 3 + [-1.0], raising=False)
     real_replay = fake.replay
     fake.replay = lambda *a: {**real_replay(*a), "exit_code": 124}
     assert _run(root, out, "--level", "1", "--modes", "eager") == 3
-    results = kb.Results(out / "results.jsonl", HEADER | {"scale_names":
-                                                          list(kb.DEFAULT_SCALE_NAMES)})
-    assert results.of_type("problem") == []
+    results = _results(out)
+    assert results.final() == []
+    # the batch's first problem had the call to itself: an attempt (retries end a problem
+    # that never fits); the second did not
+    [attempt] = results.of_type("problem")
+    assert attempt["key"] == "level1/1_A" and not attempt["final"] and attempt["rows"] == []
+    assert "time ran out" in attempt["error"]
     assert results.of_type("batch")[0]["recorded"] == 0
     # a fresh call with time finishes them
     monkeypatch.setattr(kb.Call, "remaining", [1e9], raising=False)
     fake.replay = real_replay
     assert _run(root, out, "--level", "1", "--modes", "eager") == 0
-    assert [p["key"] for p in kb.Results(out / "results.jsonl", HEADER | {
-        "scale_names": list(kb.DEFAULT_SCALE_NAMES)}).final()] == ["level1/1_A", "level1/2_B"]
+    assert [p["key"] for p in _results(out).final()] == ["level1/1_A", "level1/2_B"]
+
+
+def test_a_problem_longer_than_any_call_gets_a_call_of_its_own(tmp_path, monkeypatch):
+    root = _problem_files(tmp_path / "kb", {1: ["1_A", "2_B"]})
+    fake = FakeKpair({"level1/1_A": ["k1"], "level1/2_B": ["k2"]})
+    monkeypatch.setattr(kb, "kpair", fake)
+    out = tmp_path / "out"
+    # every problem is expected to take longer than a 1 s call: each call runs one
+    for n in (1, 2):
+        assert _run(root, out, "--level", "1", "--modes", "eager", "--deadline", "1") == \
+            (3 if n == 1 else 0)
+        assert [p["key"] for p in _results(out).final()] == \
+            ["level1/1_A", "level1/2_B"][:n]
+    assert [c[0] for c in fake.calls] == ["capture", "replay", "capture", "replay"]
 
 
 # --------------------------------------------------------------------------- sizes (torch)
@@ -686,6 +708,5 @@ def test_a_capture_that_cannot_start_ends_the_call_without_blaming_a_problem(tmp
     monkeypatch.setattr(kb, "kpair", fake)
     with pytest.raises(SystemExit, match="never started.*CUPTI not found"):
         _run(root, tmp_path / "out", "--level", "1", "--modes", "eager")
-    results = kb.Results(tmp_path / "out" / "results.jsonl", HEADER | {
-        "scale_names": list(kb.DEFAULT_SCALE_NAMES)})
+    results = _results(tmp_path / "out")
     assert results.of_type("problem") == []
