@@ -730,6 +730,20 @@ class Rates:
         return s
 
 
+def parse_rates(text: str) -> Rates:
+    """``--rates '{"capture_gbps": 0.6, ...}'``: ``Rates`` with the named fields replaced
+    (from what the first calls' batch lines measured)."""
+    try:
+        given = json.loads(text)
+        if not isinstance(given, dict):
+            raise ValueError("not a JSON object")
+        return dataclasses.replace(Rates(), **{k: float(v) for k, v in given.items()})
+    except (ValueError, TypeError) as e:
+        names = ", ".join(f.name for f in dataclasses.fields(Rates))
+        raise argparse.ArgumentTypeError(f"--rates takes a JSON object of {names}: {e}") \
+            from None
+
+
 def plan_batch(todo: list[Problem], est: dict[str, dict[str, dict]], mode: str, *,
                bytes_left: float, seconds_left: float, max_count: int, rates: Rates,
                runs: int, jobs: int, optimize: int) -> list[Problem]:
@@ -1040,6 +1054,8 @@ def plan_main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=4)
     p.add_argument("--optimize", action="store_true")
     p.add_argument("--optimize-max-bytes", type=float, default=2**30)
+    p.add_argument("--rates", type=parse_rates, default=Rates(), metavar="JSON",
+                   help="replace some of the assumed rates, e.g. '{\"capture_gbps\": 0.6}'")
     args = p.parse_args(argv)
     sizes = load_sizes(args.sizes)
     problems = [Problem(r["level"], 0, r["problem"], Path()) for r in sizes.values()]
@@ -1047,7 +1063,8 @@ def plan_main(argv: list[str]) -> int:
     modes = [m for m in args.modes.split(",") if m]
     doc = simulate(problems, est, modes, deadline=args.deadline, batch_bytes=args.batch_bytes,
                    batch_max=args.batch_max, runs=args.runs, jobs=args.jobs,
-                   optimize=int(args.optimize_max_bytes) if args.optimize else 0)
+                   optimize=int(args.optimize_max_bytes) if args.optimize else 0,
+                   rates=args.rates)
     doc["expected"] = {m: {"dispatches": sum(e[m]["dispatches"] for e in est.values()),
                            "state_bytes": sum(e[m]["state_bytes"] for e in est.values())}
                        for m in modes}
@@ -1081,6 +1098,9 @@ def run_main(argv: list[str]) -> int:
                    "than 80%% of the free disk)")
     p.add_argument("--batch-max", type=int, default=40, metavar="N",
                    help="problems per batch, at most (default 40)")
+    p.add_argument("--rates", type=parse_rates, default=Rates(), metavar="JSON",
+                   help="replace some of the rates batches are planned by, e.g. "
+                   "'{\"capture_gbps\": 0.6}' (fields of Rates)")
     p.add_argument("--retries", type=int, default=1,
                    help="attempts cut short (crash, timeout) before a problem is decided as "
                    "failed, minus one (default 1)")
@@ -1134,7 +1154,7 @@ def run(args, p: argparse.ArgumentParser) -> int:
         "scale": args.scale, "scale_names": list(args.scale_names)})
     every = discover(args.kernelbench, [int(x) for x in args.level.split(",")])
     call = Call(args, results, problems, estimates(every, load_sizes(args.sizes)),
-                t0 + args.deadline)
+                t0 + args.deadline, args.rates)
     finished = call.run(modes)
     table = write_table(results, args.out)
     s = table["summary"]

@@ -17,8 +17,8 @@
 # OPTIMIZE is set (the call's release without snapshot blobs and raw samples: the blobs of a
 # KernelBench-size harness do not fit what comes back).
 # Settings (environment): MODES (default eager,compiled), OPTIMIZE=1, OPTIMIZE_MAX (default
-# 1GiB), JOBS (replays at a time, default 4), W (work folder on the device, default
-# /tmp/kbwork).
+# 1GiB), JOBS (replays at a time, default 4), RATES (JSON: planning rates measured by earlier
+# calls, `kernelbench.py run --rates`), W (work folder on the device, default /tmp/kbwork).
 set -u
 OUT=${OUT:?set OUT to the folder that comes back}
 deadline=${1:-450}
@@ -50,7 +50,8 @@ fi
 timeout -k 15 $((deadline + 90)) python3 benchmarks/kernelbench.py run --kernelbench .kb \
   -o "$OUT" --work "$W/work" --release "$W/release" \
   --sizes benchmarks/results/kernelbench_sizes_cpu.json --deadline "$deadline" \
-  --modes "${MODES:-eager,compiled}" --jobs "${JOBS:-4}" "${opt[@]}" > "$OUT/run.log" 2>&1
+  --modes "${MODES:-eager,compiled}" --jobs "${JOBS:-4}" ${RATES:+--rates "$RATES"} \
+  "${opt[@]}" > "$OUT/run.log" 2>&1
 echo "kernelbench.py rc=$? at $(date -u +%T); df: $(df -h "$W" | tail -n 1)" >> "$OUT/run.log"
 if [ -d "$W/release" ]; then
   tar czf "$OUT/release.tgz" -C "$W" --exclude=blobs --exclude=samples.npz --exclude='*.lock' \

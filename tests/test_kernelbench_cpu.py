@@ -710,3 +710,13 @@ def test_a_capture_that_cannot_start_ends_the_call_without_blaming_a_problem(tmp
         _run(root, tmp_path / "out", "--level", "1", "--modes", "eager")
     results = _results(tmp_path / "out")
     assert results.of_type("problem") == []
+
+
+def test_rates_given_on_the_command_line_replace_the_named_fields():
+    import argparse
+
+    r = kb.parse_rates('{"capture_gbps": 0.5, "start_s": 60}')
+    assert (r.capture_gbps, r.start_s, r.eager_s) == (0.5, 60.0, kb.Rates().eager_s)
+    for bad in ('{"capture_gbs": 1}', "[1]", "{", '{"start_s": "x"}'):
+        with pytest.raises(argparse.ArgumentTypeError, match="JSON object of start_s"):
+            kb.parse_rates(bad)
