@@ -416,6 +416,7 @@ def run_problems(plan_path: Path) -> int:
     plan = json.loads(plan_path.read_text())
     marks_path = Path(plan["marks"])
     per_problem = plan.get("distinct") == "problem"
+    device = plan.get("device", "cuda")   # "cpu": the runner checked without a GPU
     marks: list[dict] = []
     marks_path.write_text("[]")   # the runner started: what goes wrong now is a problem's
     distinct_from_here(plan.get("skip", []))
@@ -428,11 +429,12 @@ def run_problems(plan_path: Path) -> int:
         try:
             module = module_from_source(Path(p["file"]).read_text(), f"kb_{p['module']}",
                                         p["file"])
-            model, inputs = instantiate(module, torch, "cuda")
+            model, inputs = instantiate(module, torch, device)
             fn = torch.compile(model) if plan["mode"] == "compiled" else model
             with torch.no_grad():
                 out = fn(*inputs)
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             mark["ok"] = True
         except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
             mark["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -441,7 +443,8 @@ def run_problems(plan_path: Path) -> int:
             if plan["mode"] == "compiled":
                 torch._dynamo.reset()
             gc.collect()
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
         last = _launches()
         mark.update(first_launch=None if first is None else first + 1, last_launch=last,
                     run_s=round(time.monotonic() - t0, 3))

@@ -720,3 +720,31 @@ def test_rates_given_on_the_command_line_replace_the_named_fields():
     for bad in ('{"capture_gbs": 1}', "[1]", "{", '{"start_s": "x"}'):
         with pytest.raises(argparse.ArgumentTypeError, match="JSON object of start_s"):
             kb.parse_rates(bad)
+
+
+def test_the_runner_with_real_torch_on_the_cpu(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "p.py").write_text(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+        class Model(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.lin = nn.Linear(n, n)
+            def forward(self, x):
+                return torch.relu(self.lin(x))
+        def get_inputs():
+            return [torch.rand(4, 8)]
+        def get_init_inputs():
+            return [8]
+        '''))
+    (tmp_path / "bad.py").write_text("def get_inputs():\n    return []\n")
+    plan = {"mode": "eager", "marks": str(tmp_path / "marks.json"), "device": "cpu",
+            "distinct": "run", "problems": [
+                {"key": "level2/1_P", "file": str(tmp_path / "p.py"), "module": "p"},
+                {"key": "level2/2_Bad", "file": str(tmp_path / "bad.py"), "module": "bad"}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    assert kb.main([kb.RUNNER, str(tmp_path / "plan.json")]) == 0
+    marks = json.loads((tmp_path / "marks.json").read_text())
+    assert [m["ok"] for m in marks] == [True, False]
+    assert marks[1]["error"] == "AttributeError: module 'kb_bad' has no attribute 'Model'"
