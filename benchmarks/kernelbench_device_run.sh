@@ -17,23 +17,25 @@
 # OPTIMIZE is set (the call's release without snapshot blobs and raw samples: the blobs of a
 # KernelBench-size harness do not fit what comes back).
 # Settings (environment): MODES (default eager,compiled), OPTIMIZE=1, OPTIMIZE_MAX (default
-# 1GiB), JOBS (replays at a time, default 4), RATES (JSON: planning rates measured by earlier
+# 1GiB), JOBS (replays at a time, default 4), KB (the .kb folder, default ./.kb: give it as
+# an absolute path when a wrapper runs this from another folder), RATES (JSON: planning rates measured by earlier
 # calls, `kernelbench.py run --rates`), W (work folder on the device, default /tmp/kbwork).
 set -u
 OUT=${OUT:?set OUT to the folder that comes back}
 deadline=${1:-450}
 W=${W:-/tmp/kbwork}
+KB=$(realpath -m "${KB:-.kb}")
 export PYTHONUNBUFFERED=1
-if ! python3 -c 'import zstandard, msgspec, elftools' 2>/dev/null; then
+if ! python3 -c 'import zstandard, msgspec, elftools, pyseccomp' 2>/dev/null; then
   [ -d .whl ] || { echo "kpair's dependencies are missing and no .whl was carried"; exit 2; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 3
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-[ -d .kb/KernelBench/level1 ] || { echo "no .kb/KernelBench/level1: carry .kb"; exit 2; }
+[ -d "$KB/KernelBench/level1" ] || { echo "no $KB/KernelBench/level1: carry .kb"; exit 2; }
 rm -rf "$W" && mkdir -p "$W"
-[ -f .kb/run/results.jsonl ] && cp .kb/run/results.jsonl "$OUT/results.jsonl"
+[ -f "$KB/run/results.jsonl" ] && cp "$KB/run/results.jsonl" "$OUT/results.jsonl"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', \
 torch.version.cuda, 'triton', triton.__version__)"
@@ -47,7 +49,7 @@ if [ -n "${OPTIMIZE:-}" ]; then
 fi
 # The driver starts nothing expected to end after the deadline; `timeout` is the backstop
 # (SIGTERM: the driver kills the capture or replay it started, then exits).
-timeout -k 15 $((deadline + 90)) python3 benchmarks/kernelbench.py run --kernelbench .kb \
+timeout -k 15 $((deadline + 90)) python3 benchmarks/kernelbench.py run --kernelbench "$KB" \
   -o "$OUT" --work "$W/work" --release "$W/release" \
   --sizes benchmarks/results/kernelbench_sizes_cpu.json --deadline "$deadline" \
   --modes "${MODES:-eager,compiled}" --jobs "${JOBS:-4}" ${RATES:+--rates "$RATES"} \
