@@ -887,6 +887,7 @@ class Call:
             "capture_s": capture_s, "wall_s": round(time.monotonic() - t0, 3),
             "exit_status": summary.get("exit_status"),
             "dispatches": len(summary["dispatches"]),
+            "unowned": [d["kernel"] for d in by_owner.get("", [])],  # outside every problem
             "stored_bytes": sum(d.get("stored_bytes", 0) for d in summary["dispatches"]),
             "state_bytes": sum(d.get("state_bytes", 0) for d in summary["dispatches"]),
             "estimated_state_bytes": sum(self.expect(pr, mode).get("state_bytes", 0)
@@ -936,8 +937,10 @@ class Call:
                              f"(exit {run['exit_code']}): "
                              f"{run['stderr'].strip()[-2000:] or 'no message'}")
         marks = json.loads(marks_file.read_text())
-        summary = json.loads((cap / "capture.json").read_text()) \
-            if (cap / "capture.json").exists() else {"dispatches": []}
+        if not (cap / "capture.json").exists():   # the session never opened: no dispatch
+            raise SystemExit(f"kernelbench.py: kpair capture wrote no capture.json (exit "
+                             f"{run['exit_code']}): {run['stderr'].strip()[-2000:]}")
+        summary = json.loads((cap / "capture.json").read_text())
         summary.update(marks=marks, exit_status=run["exit_code"],
                        disk_free=shutil.disk_usage(work).free)
         said = (run["stderr"].strip().splitlines() or [""])[-1]

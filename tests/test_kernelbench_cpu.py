@@ -473,6 +473,7 @@ class FakeKpair:
         self.calls: list[tuple] = []
         self.on_capture = None
         self.no_cupti = False
+        self.teardown = None
 
     def __call__(self, *args: str, timeout: float) -> dict:
         self.calls.append((args[0], timeout))
@@ -508,6 +509,11 @@ class FakeKpair:
                                    "capture_s": 0.01})
             marks.append({"key": p["key"], "ok": True, "first_launch": first,
                           "last_launch": launches, "run_s": 0.1})
+        if self.teardown and not code:   # a launch after the last problem, outside them all
+            launches += 1
+            dispatches.append({"index": len(dispatches) + 1, "status": "failed",
+                               "kernel": self.teardown, "launch_index": launches,
+                               "reason": "no loaded code object holds this kernel"})
         Path(plan["marks"]).write_text(json.dumps(marks))
         (cap / "capture.json").write_text(json.dumps({"dispatches": dispatches}))
         if self.on_capture:
@@ -544,10 +550,13 @@ def test_a_run_records_each_problem_deletes_snapshots_and_resumes(tmp_path, monk
     fake = FakeKpair({"level1/1_A": ["k_add", "k_mul"], "level1/2_B": ["k_add", "k_sum"],
                       "level2/1_C": ["triton_poi_fused_0", "triton_red_fused_1"]},
                      nondeterministic={"k_sum"})
+    fake.teardown = "k_cleanup"
     monkeypatch.setattr(kb, "kpair", fake)
     out = tmp_path / "out"
     assert _run(root, out, "--modes", "eager,compiled", "--optimize") == 0
     table = json.loads((out / "fidelity.json").read_text())
+    assert [b["unowned"] for b in table["batches"]] == [["k_cleanup"], ["k_cleanup"]]
+    assert all(r["kernel"] != "k_cleanup" for r in table["rows"])
     eager = [(r["problem"], r["kernel"], r["verdict"]) for r in table["rows"]
              if r["mode"] == "eager"]
     # eager: each kernel once in the whole run (2_B's k_add was 1_A's)
