@@ -27,9 +27,11 @@ process, so torch and CUDA start once per batch. The runner makes the model's pa
 inputs on the GPU (inside ``torch.device("cuda")``), runs one forward pass under ``no_grad``
 and writes, per problem, the capture session's launch counter before and after
 (``marks.json``): a captured dispatch belongs to the problem whose range holds its
-``launch_index``. ``--distinct`` counts per run in eager mode (the first launch of each kernel
-of the whole run: earlier batches' kernels are skipped) and per problem in compiled mode
-(Inductor's kernel names repeat across problems for different code). Every captured snapshot
+``launch_index``. A compiled model runs once uncaptured first (compile, autotune), so the
+captured launch of each Triton kernel is of the config Inductor chose. ``--distinct`` counts
+per run in eager mode (the first launch of each kernel of the whole run: earlier batches'
+kernels are skipped) and per problem in compiled mode (Inductor's kernel names repeat across
+problems for different code). Every captured snapshot
 is then replayed by ``kpair replay SNAP --runs R --json`` (its own process, ``--jobs`` at a
 time) and judged; ``--optimize`` runs ``kpair optimize --snapshot SNAP --name <problem>
 --level <level> --strategy triton`` on each compiled problem's byte-exact Triton dispatch with
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import json
 import os
@@ -406,6 +409,22 @@ def distinct_from_here(skip=()) -> None:
     seen.update(skip)
 
 
+@contextlib.contextmanager
+def capture_paused():
+    """Capture nothing inside: the filter's name list (a public field of kpair's Filter) is
+    empty meanwhile, so no launch matches and none counts as a kernel's first."""
+    session = _session()
+    if session is None:
+        yield
+        return
+    f = session.filter
+    names, f.names = f.names, ()
+    try:
+        yield
+    finally:
+        f.names = names
+
+
 def run_problems(plan_path: Path) -> int:
     """The child program: run each problem of the plan once, write marks.json as it goes.
 
@@ -434,7 +453,15 @@ def run_problems(plan_path: Path) -> int:
             module = module_from_source(Path(p["file"]).read_text(), f"kb_{p['module']}",
                                         p["file"])
             model, inputs = instantiate(module, torch, device)
-            fn = torch.compile(model) if plan["mode"] == "compiled" else model
+            fn = model
+            if plan["mode"] == "compiled":
+                # compile and autotune uncaptured: a kernel's first launch would otherwise be
+                # one of the configs Inductor's autotuner tries, not the one it chose
+                fn = torch.compile(model)
+                with capture_paused(), torch.no_grad():
+                    fn(*inputs)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
             with torch.no_grad():
                 out = fn(*inputs)
             if device == "cuda":
