@@ -742,8 +742,9 @@ class Rates:
     results.jsonl records what it really took, to set these from."""
 
     start_s: float = 30.0          # one capture process: python, torch, eager module loading
-    eager_s: float = 1.0           # one problem's forward pass
-    compiled_s: float = 15.0       # one problem's Inductor compile and forward pass
+    eager_s: float = 0.2           # one problem's forward pass (200 ran in 8 s uncaptured)
+    compiled_s: float = 15.0       # one problem's Inductor compile and two forward passes
+    capture_fixed_s: float = 0.6   # one captured dispatch: sync, kernarg, regions, manifest
     capture_gbps: float = 1.0      # state bytes (pre + post) read back, hashed, compressed
     replay_fixed_s: float = 4.0    # one kpair replay process: python, CUDA, placement
     replay_gbps: float = 1.0       # state bytes loaded once: decompress, verify, upload
@@ -756,7 +757,7 @@ class Rates:
         is expected to hold ``optimize`` bytes or fewer (0: no optimize)."""
         state = est.get("state_bytes", 0) / 1e9
         s = self.eager_s if mode == "eager" else self.compiled_s
-        s += state / self.capture_gbps
+        s += est.get("dispatches", 0) * self.capture_fixed_s + state / self.capture_gbps
         s += est.get("dispatches", 0) * self.replay_fixed_s / jobs
         s += state / self.replay_gbps + state * runs / self.check_gbps
         if mode == "compiled" and 0 < est.get("operator_bytes", 0) <= optimize:

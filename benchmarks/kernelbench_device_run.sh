@@ -20,6 +20,13 @@
 # 1GiB), JOBS (replays at a time, default 4), KB (the .kb folder, default ./.kb: give it as
 # an absolute path when a wrapper runs this from another folder), RATES (JSON: planning rates measured by earlier
 # calls, `kernelbench.py run --rates`), W (work folder on the device, default /tmp/kbwork).
+#
+# How many calls (`python benchmarks/kernelbench.py plan --sizes
+# benchmarks/results/kernelbench_sizes_cpu.json --deadline 450 [--modes ...] [--optimize]`, by
+# the assumed Rates, before any GPU measurement): eager 11, compiled 20, both 31 (~12,300 s of
+# work); with OPTIMIZE on operators up to 1 GiB 62, up to 256 MiB 40. Each call also costs a
+# machine start (1-2 min of device time). Recompute with --rates from the first calls' batch
+# lines in results.jsonl.
 set -u
 OUT=${OUT:?set OUT to the folder that comes back}
 deadline=${1:-450}

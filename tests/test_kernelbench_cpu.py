@@ -408,7 +408,8 @@ def test_estimates_take_each_op_once_in_eager_and_library_ops_every_time():
                                              "operator_bytes": 110}
     assert est["level1/1_A"]["compiled"] == {"dispatches": 1, "state_bytes": 120,
                                              "operator_bytes": 110}
-    rates = kb.Rates(eager_s=0, compiled_s=0, replay_fixed_s=0, optimize_s=100)
+    rates = kb.Rates(eager_s=0, compiled_s=0, replay_fixed_s=0, optimize_s=100,
+                     capture_fixed_s=0)
     e = est["level1/1_A"]["compiled"]
     assert [rates.problem_s("compiled", e, 1, 1, limit) for limit in (0, 109, 110)] == \
         pytest.approx([0, 0, 100], abs=1e-3)
@@ -422,8 +423,8 @@ def test_batches_fit_the_disk_and_the_call_and_a_huge_problem_goes_alone():
     gb = 10 ** 9
     est = {p.key: {"eager": {"dispatches": 1, "state_bytes": b * gb}}
            for p, b in zip(ps, (1, 1, 50, 1, 1), strict=True)}
-    rates = kb.Rates(start_s=10, eager_s=0, capture_gbps=1, replay_fixed_s=0, replay_gbps=1e9,
-                     check_gbps=1e9)
+    rates = kb.Rates(start_s=10, eager_s=0, capture_fixed_s=0, capture_gbps=1,
+                     replay_fixed_s=0, replay_gbps=1e9, check_gbps=1e9)
 
     def plan(todo, **kw):
         args = {"bytes_left": 10 * gb, "seconds_left": 1000, "max_count": 10, "rates": rates,
