@@ -17,9 +17,9 @@
 # OPTIMIZE is set (the call's release without snapshot blobs and raw samples: the blobs of a
 # KernelBench-size harness do not fit what comes back).
 # Settings (environment): MODES (default eager,compiled), OPTIMIZE=1, OPTIMIZE_MAX (default
-# 1GiB), JOBS (replays at a time, default 4), KB (the .kb folder, default ./.kb: give it as
-# an absolute path when a wrapper runs this from another folder), RATES (JSON: planning rates measured by earlier
-# calls, `kernelbench.py run --rates`), W (work folder on the device, default /tmp/kbwork).
+# 1GiB), JOBS (replays at a time, default 4), KB (the .kb folder, default ./.kb: an absolute
+# path when a wrapper runs this from another folder), RATES (JSON: planning rates measured by
+# earlier calls, `kernelbench.py run --rates`), W (work folder, default /tmp/kbwork).
 #
 # How many calls (`python benchmarks/kernelbench.py plan --sizes
 # benchmarks/results/kernelbench_sizes_cpu.json --deadline 450 [--modes ...] [--optimize]`, by
