@@ -150,3 +150,110 @@ def test_ptx_candidates_are_assembled_with_refs_fmad_setting():
     assert ptxas_defaults(types.SimpleNamespace(harness=types.SimpleNamespace(
         snapshot=types.SimpleNamespace(manifest=types.SimpleNamespace(provenance={})))),
         []) == []
+
+
+# ----------------------------------------------------------------------- the server's side
+
+
+def _state(provenance: dict, params: list[tuple[int, int]], scalars: dict[int, bytes],
+           grid, block, ref_image: bytes = b""):
+    """A stand-in for an OperatorState of a CUDA snapshot: what build.py reads of it."""
+    size = max(o + s for o, s in params)
+    kernarg = bytearray(size)
+    for offset, value in scalars.items():
+        kernarg[offset:offset + len(value)] = value
+    manifest = types.SimpleNamespace(
+        provenance=provenance, arch="sm_90",
+        launch=types.SimpleNamespace(grid=tuple(grid), block=tuple(block)),
+        kernarg=types.SimpleNamespace(params=[types.SimpleNamespace(
+            offset=o, size=s, name=f"arg{i}") for i, (o, s) in enumerate(params)]))
+    snapshot = types.SimpleNamespace(manifest=manifest, kernarg=lambda: bytes(kernarg))
+    ref = types.SimpleNamespace(kernel="k")
+    harness = types.SimpleNamespace(snapshot=snapshot, backend="cuda", ref=ref,
+                                    opt=types.SimpleNamespace(kernel="k"),
+                                    binary=lambda side: ref_image)
+    return types.SimpleNamespace(harness=harness)
+
+
+def test_describe_tells_the_agent_which_block_sizes_the_launch_follows():
+    """triton_facts on the provenance of a real H200 capture (an Inductor launch recorded
+    with its autotuner's configs only, no compiled kernel: no PTX kept)."""
+    import json
+    import struct
+
+    from kpair.mcp.build import triton_facts
+
+    data = json.loads((DATA / "inductor_launch_h200.json").read_text())
+    params = [(p["offset"], p["size"]) for p in data["params"]]
+    state = _state({"triton": data["triton"]}, params, {16: struct.pack("<i", 2097152)},
+                   data["launch"]["grid"], data["launch"]["block"])
+    facts = triton_facts(state)
+    assert facts["function"] == "triton_poi_fused_clone_expand_unsqueeze_5"
+    assert facts["num_warps"] == 8 and facts["constants"] == {"XBLOCK": 512}
+    assert facts["tunable_blocks"] == ["XBLOCK"]
+    assert facts["grid_formula"] == "cdiv(xnumel, XBLOCK)"
+    assert "ptx" not in data["triton"]  # why the server finds ref's PTX another way
+    # A grid no recorded config gives: which config ran is unknown, and the agent is told.
+    state = _state({"triton": data["triton"]}, params, {16: struct.pack("<i", 2097152)},
+                   [4095, 1, 1], data["launch"]["block"])
+    assert "config that ran is unknown" in triton_facts(state)["error"]
+    assert "error" in triton_facts(_state({}, params, {}, [1, 1, 1], [1, 1, 1]))
+
+
+def test_a_ptx_candidate_is_built_against_refs_layout_and_arch(tmp_path):
+    """build_candidate's PTX path on real Triton PTX: ABI checked, assembled for sm_90a
+    (the snapshot says sm_90), the cubin's own layout checked; a changed list refused."""
+    from kpair.mcp.build import build_candidate
+
+    if find_cuda_tool("ptxas") is None:
+        pytest.skip("ptxas is not installed")
+    ptx = (DATA / "triton_add_sm90a.ptx").read_text()
+    params = [(p.offset, p.size) for p in entry_params(ptx)]
+    triton = {"source": "def triton_poi_fused_add_mul_0(a, b, c, d, xnumel, XBLOCK):\n"
+                        "    pass\n", "function": "triton_poi_fused_add_mul_0",
+              "signature": {"a": "*fp32", "b": "*fp32", "c": "*fp32", "d": "*fp32",
+                            "xnumel": "i32", "XBLOCK": "constexpr"},
+              "metadata": {"num_warps": 4, "enable_fp_fusion": False}}
+    state = _state({"triton": triton}, params, {}, [4096, 1, 1], [128, 1, 1])
+    built = build_candidate(state, "ptx", code=ptx, path=None, kernel=None,
+                            ptxas_options=["-O3"], config=None)
+    assert built.kernel == "triton_poi_fused_add_mul_0"
+    assert "-arch=sm_90a" in built.build and "--fmad=false" in built.build
+    assert built.params["ptxas_options"] == ["-O3", "--fmad=false"]
+    assert cubin_params(built.image, built.kernel) == params
+    with pytest.raises(AbiMismatch, match="parameter 4"):
+        build_candidate(state, "ptx", code=ptx.replace(
+            ".param .u32 triton_poi_fused_add_mul_0_param_4",
+            ".param .u64 triton_poi_fused_add_mul_0_param_4"), path=None, kernel=None,
+            ptxas_options=[], config=None)
+
+
+def test_refs_ptx_by_compiling_the_captured_source_again(tmp_path):
+    """Where Triton is installed: the captured source compiled with the captured config
+    gives PTX, and the answer says whether its cubin is ref's."""
+    pytest.importorskip("triton")
+    from kpair.mcp.build import recompiled_ptx
+
+    source = (DATA / "triton_add_source.txt").read_text()
+    triton = {"source": source, "function": "triton_poi_fused_add_mul_0",
+              "signature": {"in_ptr0": "*fp32", "in_ptr1": "*fp32", "in_ptr2": "*fp32",
+                            "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
+              "constants": {"XBLOCK": 1024},
+              "attrs": {str((i,)): [["tt.divisibility", 16]] for i in range(5)},
+              "metadata": {"num_warps": 4, "num_stages": 1}}
+    ptx = (DATA / "triton_add_sm90a.ptx").read_text()
+    params = [(p.offset, p.size) for p in entry_params(ptx)]
+    cubin = (DATA / "triton_add_sm90a.cubin").read_bytes()
+    text, how = recompiled_ptx(_state({"triton": triton}, params, {}, [4096, 1, 1],
+                                      [128, 1, 1], cubin), tmp_path)
+    assert text is not None and entry_params(text) == entry_params(ptx), how
+    assert "compiled again" in how
+    # The line tables name another source file; the machine code is ref's (when the Triton
+    # here is the one that made the test data).
+    if pytest.importorskip("triton").__version__ == "3.6.0":
+        assert "is identical to ref's" in how
+    text, how = recompiled_ptx(_state({"triton": triton}, params, {}, [4096, 1, 1],
+                                      [128, 1, 1], b"not a cubin"), tmp_path)
+    assert "NOT identical" in how
+    text, how = recompiled_ptx(_state({}, params, {}, [1, 1, 1], [1, 1, 1]), tmp_path)
+    assert text is None and "no captured Triton source" in how

@@ -149,6 +149,19 @@ def cubin_params(cubin: bytes, kernel: str) -> list[tuple[int, int]]:
     return [params[i] for i in sorted(params)]
 
 
+def cubin_text(cubin: bytes) -> dict[str, bytes]:
+    """The machine code of a cubin: its ``.text.<kernel>`` sections by name (what runs;
+    line tables and other notes left out, which differ with the source file's path)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        elf = ELFFile(io.BytesIO(cubin))
+        return {s.name: s.data() for s in elf.iter_sections() if s.name.startswith(".text")}
+    except (ELFError, ValueError, struct.error) as e:
+        raise KpairError(f"not a readable cubin: {e}") from None
+
+
 def check_abi(params: Sequence[PtxParam] | Sequence[tuple[int, int]],
               ref: Sequence[tuple[int, int]], *, ref_names: Sequence[str] = (),
               what: str = "the candidate") -> None:
@@ -413,6 +426,6 @@ def triton_cache_ptx(cubin: bytes, dirs: Sequence[Path] | None = None
 
 
 __all__ = ["PTXAS_OPTIONS", "PtxParam", "assemble", "assemble_arch", "assemble_with",
-           "check_abi", "check_options", "cubin_params", "entries", "entry_params",
+           "check_abi", "check_options", "cubin_params", "cubin_text", "entries", "entry_params",
            "find_cuda_tool", "find_cuda_tools", "max_ptx_version", "ptx_header", "ptxas_for",
            "ref_ptx", "sass", "tool_release", "triton_cache_dirs", "triton_cache_ptx"]

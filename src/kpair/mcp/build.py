@@ -173,12 +173,17 @@ def recompiled_ptx(state, work: Path) -> tuple[str | None, str]:
                      f"{str(e).strip()[:300]}"
     if not built.get("ptx"):
         return None, "Triton's compiled kernel has no PTX"
+    from ..ptx import cubin_text
+
     h = state.harness
-    same = built["cubin"] == h.binary(h.ref)
+    try:
+        same = cubin_text(built["cubin"]) == cubin_text(h.binary(h.ref))
+    except KpairError:
+        same = False
     return built["ptx"], ("the captured Triton source compiled again with the captured "
-                          "config (asm['ptx']); its cubin is " +
-                          ("byte-identical to ref's" if same else
-                           "NOT byte-identical to ref's (another Triton or ptxas?)"))
+                          "config (asm['ptx']); its cubin's machine code (.text) is " +
+                          ("identical to ref's" if same else
+                           "NOT identical to ref's (another Triton or ptxas?)"))
 
 
 def ptxas_defaults(state, options: list[str]) -> list[str]:
