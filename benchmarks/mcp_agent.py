@@ -536,6 +536,14 @@ def _median_stages(rows: list[dict]) -> dict[str, float]:
     return {k: round(statistics.median(v), 4) for k, v in per.items() if k not in setup}
 
 
+def _leaves(e: BaseException) -> list[BaseException]:
+    """The exceptions inside ``e`` (anyio's task groups wrap them in groups)."""
+    subs = getattr(e, "exceptions", None)  # an ExceptionGroup (Python 3.11+)
+    if isinstance(subs, (list, tuple)) and subs:
+        return [x for sub in subs for x in _leaves(sub)]
+    return [e]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("host", "cuda"), default="host")
@@ -589,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
                 host_workdir(work)
             anyio.run(agent, args, work, summary, save)
         except BaseException as e:  # noqa: BLE001 - the JSON says what happened, then re-raise
-            summary["error"] = f"{type(e).__name__}: {e}"[:2000]
+            summary["error"] = "; ".join(f"{type(x).__name__}: {x}" for x in _leaves(e))[:2000]
             log(f"stopped: {summary['error']}")
             if not isinstance(e, (Exception, KeyboardInterrupt)):
                 raise
