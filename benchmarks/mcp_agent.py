@@ -498,6 +498,8 @@ def finish(summary: dict) -> dict:
             "ABI check refused a wrong parameter list":
                 (summary.get("abi_check") or {}).get("refused") is True,
             ">=1 published": any(p.get("published") for p in summary["published"]),
+            ">=1 published faster than ref (CI above 1)": any(
+                p.get("published") and not p["allow_slower"] for p in summary["published"]),
             "median s per candidate <= 0.3": (summary["median_s_per_candidate"] or 9) <= 0.3,
             "SOL within 10% of the hand calculation":
                 bool(sol) and all(abs(c["kpair_over_hand"] - 1) <= 0.1 for c in sol)}

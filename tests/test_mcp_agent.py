@@ -117,7 +117,7 @@ def test_the_summary_says_which_of_the_issues_checks_failed(agent):
     row = {"operator": "a", "form": "ptx", "label": "x", "status": "pass", "seconds": 0.2}
     summary = {"backend": "cuda", "candidates": [row] * 19 + [{**row, "form": "triton",
                                                                "operator": "b"}],
-               "confirmed": [], "published": [{"published": True}],
+               "confirmed": [], "published": [{"published": True, "allow_slower": True}],
                "abi_check": {"refused": True},
                "sol_check": [{"kpair_over_hand": 1.05}], "t0": 0.0}
     done = agent.finish(summary)
@@ -127,6 +127,7 @@ def test_the_summary_says_which_of_the_issues_checks_failed(agent):
     assert checks["Triton source candidates judged"] and checks["ABI check refused a wrong "
                                                                  "parameter list"]
     assert not checks[">=3 operators judged"]
+    assert checks[">=1 published"] and not checks[">=1 published faster than ref (CI above 1)"]
     assert checks["median s per candidate <= 0.3"]
     assert checks["SOL within 10% of the hand calculation"]
     summary["sol_check"] = [{"kpair_over_hand": 1.2}]

@@ -244,7 +244,11 @@ class Workspace:
                 "operator": operator, "evaluations": str(state.out),
                 "forms": FORMS}
             if state.harness.backend == "cuda":
-                out["triton"] = triton_facts(state)
+                try:
+                    out["triton"] = triton_facts(state)
+                except Exception as e:  # noqa: BLE001 - recorded metadata is best effort
+                    out["triton"] = {"error": f"unreadable Triton metadata: "
+                                              f"{type(e).__name__}: {e}"}
                 if code:
                     self._fill_ptx(state, out["code"], out["triton"], max_chars)
             return out
