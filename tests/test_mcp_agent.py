@@ -258,3 +258,48 @@ def test_refs_ptx_by_compiling_the_captured_source_again(tmp_path):
     assert "NOT identical" in how
     text, how = recompiled_ptx(_state({}, params, {}, [1, 1, 1], [1, 1, 1]), tmp_path)
     assert text is None and "no captured Triton source" in how
+
+
+def test_a_capture_past_its_time_limit_is_killed_with_its_children(tmp_path, monkeypatch):
+    """The capture tool's child (and what it started) is stopped at timeout_s; what the
+    capture wrote by then is what the tool answers from."""
+    import json
+    import os
+    import time
+
+    from kpair.errors import KpairError
+    from kpair.mcp.workspace import Workspace
+
+    pidfile = tmp_path / "grandchild.pid"
+    fake = tmp_path / "fakepython"
+    # Stands in for `python -m kpair capture -o DEST ...`: writes capture.json, starts a
+    # grandchild, then hangs.
+    fake.write_text(f"""#!/bin/sh
+dest="$5"
+mkdir -p "$dest"
+echo '{{"dispatches": []}}' > "$dest/capture.json"
+sleep 300 &
+echo $! > {pidfile}
+echo "capturing..."
+sleep 300
+""")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    ws = Workspace(tmp_path)
+    started = time.monotonic()
+    out = ws.capture(["python", "prog.py"], out="cap", timeout_s=1.0)
+    assert time.monotonic() - started < 60
+    assert out["exit_status"] == -9 and "stopped after 1 s" in out["log_tail"]
+    assert out["captured"] == [] and json.loads((tmp_path / "cap" / "capture.json")
+                                                .read_text()) == {"dispatches": []}
+    grandchild = int(pidfile.read_text())
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the capture's grandchild outlived the time limit")
+    with pytest.raises(KpairError, match="timeout_s"):
+        ws.capture(["python", "prog.py"], out="cap2", timeout_s=0)
