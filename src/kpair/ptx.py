@@ -9,7 +9,12 @@ compares either with ref's layout (the snapshot's kernarg: offset and size per p
 and raises ``AbiMismatch`` naming the first parameter that differs. ``assemble(ptx, arch,
 options)`` runs ptxas with options from a fixed list (``PTXAS_OPTIONS``: optimisation level,
 register limit, cache defaults) — never an output path or anything that reads a file.
-``ref_ptx`` and ``sass`` find ref's code as text, where the tools exist.
+The ptxas that runs is one whose CUDA release reads the PTX's ``.version`` (Triton writes
+the version its own bundled ptxas reads, which may be newer than a toolkit on PATH), and the
+architecture is the PTX's own ``.target`` when it names the same GPU (Triton targets
+``sm_90a``, which ptxas refuses to build for ``sm_90``). ``ref_ptx`` and ``sass`` find ref's
+code as text, where the tools exist: a Triton kernel's PTX kept at capture, else the PTX
+beside a byte-identical cubin in Triton's on-disk cache (``triton_cache_ptx``).
 
 CUDA tools are looked for in ``$KPAIR_CUDA_BIN``, on PATH, in /usr/local/cuda/bin and in
 the Triton installation's own ``backends/nvidia/bin`` (Triton ships ptxas, cuobjdump and
@@ -47,6 +52,8 @@ PTXAS_OPTIONS = (r"-O[0-3]", r"--opt-level=[0-3]", r"(--maxrregcount|-maxrregcou
 _OPTION = re.compile("|".join(f"(?:{o})" for o in PTXAS_OPTIONS))
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$%]*)\s*\(([^)]*)\)", re.S)
 _EIATTR_KPARAM_INFO = 0x17
+#: A PTX file larger than this in Triton's cache is not read.
+MAX_PTX_FILE = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,19 @@ def cubin_params(cubin: bytes, kernel: str) -> list[tuple[int, int]]:
     return [params[i] for i in sorted(params)]
 
 
+def cubin_text(cubin: bytes) -> dict[str, bytes]:
+    """The machine code of a cubin: its ``.text.<kernel>`` sections by name (what runs;
+    line tables and other notes left out, which differ with the source file's path)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        elf = ELFFile(io.BytesIO(cubin))
+        return {s.name: s.data() for s in elf.iter_sections() if s.name.startswith(".text")}
+    except (ELFError, ValueError, struct.error) as e:
+        raise KpairError(f"not a readable cubin: {e}") from None
+
+
 def check_abi(params: Sequence[PtxParam] | Sequence[tuple[int, int]],
               ref: Sequence[tuple[int, int]], *, ref_names: Sequence[str] = (),
               what: str = "the candidate") -> None:
@@ -169,24 +189,99 @@ def check_abi(params: Sequence[PtxParam] | Sequence[tuple[int, int]],
 # --------------------------------------------------------------------------- tools
 
 
-def find_cuda_tool(name: str) -> str | None:
-    """The path of a CUDA tool (ptxas, cuobjdump, nvdisasm), or None."""
-    places = [os.environ.get("KPAIR_CUDA_BIN"), None, "/usr/local/cuda/bin"]
-    spec = importlib.util.find_spec("triton") if "KPAIR_NO_TRITON_TOOLS" not in os.environ \
-        else None
-    if spec is not None and spec.submodule_search_locations:
-        for base in spec.submodule_search_locations:
-            places.append(str(Path(base) / "backends" / "nvidia" / "bin"))
+def _triton_dirs() -> list[Path]:
+    """Triton's installation folders (found without importing it), unless
+    ``KPAIR_NO_TRITON_TOOLS`` is set."""
+    if "KPAIR_NO_TRITON_TOOLS" in os.environ:
+        return []
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return []
+    return [Path(b) for b in (spec.submodule_search_locations or [])] if spec else []
+
+
+def find_cuda_tools(name: str) -> list[str]:
+    """Every distinct path of a CUDA tool (ptxas, cuobjdump, nvdisasm), in order:
+    ``$KPAIR_CUDA_BIN``, PATH, /usr/local/cuda/bin, Triton's ``backends/nvidia/bin``."""
+    places: list[str | None] = [os.environ.get("KPAIR_CUDA_BIN") or "", None,
+                                "/usr/local/cuda/bin"]
+    places += [str(base / "backends" / "nvidia" / "bin") for base in _triton_dirs()]
+    out: list[str] = []
     for place in places:
-        if place is None:
-            found = shutil.which(name)
-        elif place:
-            found = shutil.which(name, path=place)
-        else:
+        if place == "":
             continue
-        if found:
-            return found
-    return None
+        found = shutil.which(name) if place is None else shutil.which(name, path=place)
+        if found and os.path.realpath(found) not in map(os.path.realpath, out):
+            out.append(found)
+    return out
+
+
+def find_cuda_tool(name: str) -> str | None:
+    """The path of a CUDA tool (the first of ``find_cuda_tools``), or None."""
+    found = find_cuda_tools(name)
+    return found[0] if found else None
+
+
+def ptx_header(ptx: str) -> tuple[tuple[int, int] | None, str | None]:
+    """The PTX's ``.version`` (major, minor) and the first name of its ``.target``."""
+    text = _strip_comments(ptx[:20000])
+    v = re.search(r"^\s*\.version\s+(\d+)\.(\d+)", text, re.M)
+    t = re.search(r"^\s*\.target\s+([\w]+)", text, re.M)
+    return ((int(v.group(1)), int(v.group(2))) if v else None), (t.group(1) if t else None)
+
+
+def max_ptx_version(release: tuple[int, int]) -> tuple[int, int]:
+    """The newest PTX ISA version a CUDA release's ptxas reads (NVIDIA's release table:
+    12.0-12.5 read 8.0-8.5, 12.6 8.5, 12.8 8.7, 12.9 8.8, 13.x 9.x, 11.x 7.x)."""
+    major, minor = release
+    if major >= 13:
+        return 9 + (major - 13), minor
+    if major == 12:
+        return 8, minor if minor < 6 else minor - 1
+    if major == 11:
+        return 7, minor
+    return 6, 0
+
+
+_RELEASES: dict[str, tuple[int, int] | None] = {}
+
+
+def tool_release(path: str) -> tuple[int, int] | None:
+    """A CUDA tool's release (``--version``: "release 12.8"), cached per path."""
+    if path not in _RELEASES:
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+            m = re.search(r"release (\d+)\.(\d+)", out)
+            _RELEASES[path] = (int(m.group(1)), int(m.group(2))) if m else None
+        except (OSError, subprocess.TimeoutExpired):
+            _RELEASES[path] = None
+    return _RELEASES[path]
+
+
+def ptxas_for(ptx: str) -> list[str]:
+    """The ptxas paths to try for ``ptx``, best first: those whose release reads its
+    ``.version`` (in ``find_cuda_tools`` order), then the rest, newest first."""
+    tools = find_cuda_tools("ptxas")
+    version, _ = ptx_header(ptx)
+    if version is None:
+        return tools
+    reads = [t for t in tools if (r := tool_release(t)) and max_ptx_version(r) >= version]
+    rest = sorted((t for t in tools if t not in reads),
+                  key=lambda t: tool_release(t) or (0, 0), reverse=True)
+    return reads + rest
+
+
+def assemble_arch(ptx: str, arch: str) -> str:
+    """The ``-arch`` for ``ptx`` on a GPU of ``arch``: the PTX's own ``.target`` when it is
+    the same GPU with a suffix (sm_90a, sm_100f: code only that GPU runs), else ``arch``."""
+    _, target = ptx_header(ptx)
+    base = re.fullmatch(r"sm_(\d{2,3})[af]?", arch)
+    m = re.fullmatch(r"sm_(\d{2,3})[af]?", target or "")
+    if base and m and m.group(1) == base.group(1):
+        return target
+    return arch
 
 
 def check_options(options: Sequence[str]) -> list[str]:
@@ -201,25 +296,42 @@ def assemble(ptx: str | bytes, *, arch: str = "sm_90", options: Sequence[str] = 
              timeout_s: float = 120.0) -> bytes:
     """``ptxas -arch=<arch> [options] -o out.cubin in.ptx``: the cubin's bytes; the error
     carries ptxas's own message."""
+    return assemble_with(ptx, arch=arch, options=options, timeout_s=timeout_s)[0]
+
+
+def assemble_with(ptx: str | bytes, *, arch: str = "sm_90", options: Sequence[str] = (),
+                  timeout_s: float = 120.0) -> tuple[bytes, list[str]]:
+    """``assemble``, also returning the command that made the cubin (ptxas's path, the
+    ``-arch`` chosen by ``assemble_arch``, the options)."""
     if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
         raise UsageError(f"arch must be like sm_90, not {arch!r}")
     opts = check_options(options)
-    ptxas = find_cuda_tool("ptxas")
-    if ptxas is None:
+    text = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+    text = text.rstrip(b"\0")
+    as_str = text.decode(errors="replace")
+    tools = ptxas_for(as_str)
+    if not tools:
         raise BackendUnavailable("ptxas was not found: install the CUDA toolkit, or Triton "
                                  "(which ships one), or set KPAIR_CUDA_BIN")
-    text = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+    arch = assemble_arch(as_str, arch)
+    refusals = []
     with tempfile.TemporaryDirectory(prefix="kpair-ptxas-") as tmp:
         src, out = Path(tmp) / "in.ptx", Path(tmp) / "out.cubin"
-        src.write_bytes(text.rstrip(b"\0"))
-        cmd = [ptxas, f"-arch={arch}", *opts, "-o", str(out), str(src)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise KpairError(f"ptxas took longer than {timeout_s:g} s") from None
-        if proc.returncode != 0 or not out.is_file():
-            raise KpairError(f"ptxas refused the PTX:\n{proc.stderr.strip()}")
-        return out.read_bytes()
+        src.write_bytes(text)
+        for ptxas in tools:
+            out.unlink(missing_ok=True)
+            cmd = [ptxas, f"-arch={arch}", *opts, "-o", str(out), str(src)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise KpairError(f"ptxas took longer than {timeout_s:g} s") from None
+            if proc.returncode == 0 and out.is_file():
+                return out.read_bytes(), [ptxas, f"-arch={arch}", *opts]
+            refusals.append(f"{ptxas}: {proc.stderr.strip()}")
+            # Another ptxas may read a newer PTX version; any other refusal is the PTX's.
+            if "Unsupported .version" not in proc.stderr:
+                break
+        raise KpairError("ptxas refused the PTX:\n" + "\n".join(refusals))
 
 
 def _run_tool(cmd: list[str], image: bytes, suffix: str) -> str | None:
@@ -269,10 +381,51 @@ def ref_ptx(image: bytes, fmt: str, provenance: dict | None = None) -> tuple[str
             return text[start if start >= 0 else 0:], "cuobjdump -ptx of the fatbin"
         return None, "the fatbin holds no PTX"
     if fmt == "cubin":
+        found = triton_cache_ptx(image)
+        if found is not None:
+            return found
         return None, ("a cubin holds SASS only, no PTX (build ref as a fatbin with PTX, or "
                       "capture a Triton kernel, whose PTX kpair keeps)")
     return None, f"no PTX in a {fmt} code object"
 
 
-__all__ = ["PTXAS_OPTIONS", "PtxParam", "assemble", "check_abi", "check_options",
-           "cubin_params", "entries", "entry_params", "find_cuda_tool", "ref_ptx", "sass"]
+def triton_cache_dirs() -> list[Path]:
+    """Where Triton keeps compiled kernels on this machine: ``$TRITON_CACHE_DIR``,
+    ``~/.triton/cache`` and Inductor's ``<tmp>/torchinductor_<user>/triton/<device>``
+    (``$TORCHINDUCTOR_CACHE_DIR/triton/<device>``)."""
+    dirs = [os.environ.get("TRITON_CACHE_DIR"), str(Path.home() / ".triton" / "cache")]
+    inductor = [os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                *map(str, Path(tempfile.gettempdir()).glob("torchinductor_*"))]
+    for base in inductor:
+        if base:
+            dirs += map(str, Path(base).glob("triton/*"))
+    out: list[Path] = []
+    for d in dirs:
+        if d and Path(d).is_dir() and Path(d) not in out:
+            out.append(Path(d))
+    return out
+
+
+def triton_cache_ptx(cubin: bytes, dirs: Sequence[Path] | None = None
+                     ) -> tuple[str, str] | None:
+    """(PTX, where) of ``cubin`` from Triton's cache: Triton writes ``<kernel>.cubin`` and
+    ``<kernel>.ptx`` side by side in one folder per compilation, so the PTX beside a cubin
+    identical to ``cubin`` (same bytes) is the PTX it was assembled from."""
+    for base in triton_cache_dirs() if dirs is None else dirs:
+        for path in base.glob("*/*.cubin"):
+            try:
+                if path.stat().st_size != len(cubin) or path.read_bytes() != cubin:
+                    continue
+                text = path.with_suffix(".ptx").read_text(errors="replace")
+            except OSError:
+                continue
+            if ".entry" in text and len(text) <= MAX_PTX_FILE:
+                return text, (f"Triton's cache: {path.with_suffix('.ptx')} (beside a cubin "
+                              "byte-identical to ref's code object)")
+    return None
+
+
+__all__ = ["PTXAS_OPTIONS", "PtxParam", "assemble", "assemble_arch", "assemble_with",
+           "check_abi", "check_options", "cubin_params", "cubin_text", "entries", "entry_params",
+           "find_cuda_tool", "find_cuda_tools", "max_ptx_version", "ptx_header", "ptxas_for",
+           "ref_ptx", "sass", "tool_release", "triton_cache_dirs", "triton_cache_ptx"]

@@ -91,17 +91,19 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
                          build=f"nvcc -cubin -arch={arch} -O3")
         if form == "ptx":
             _need(h, "cuda", form)
-            from ..ptx import assemble, check_abi, entries, entry_params
+            from ..ptx import assemble_with, check_abi, entries, entry_params
 
             names = entries(text)
             name = kernel if kernel in names else (names[0] if len(names) == 1 else kernel)
             layout, ref_names = _ref_layout(state)
             check_abi(entry_params(text, name), layout, ref_names=ref_names,
                       what="the candidate PTX")
-            image = assemble(text, arch=arch, options=ptxas_options)
+            options = ptxas_defaults(state, ptxas_options)
+            image, cmd = assemble_with(text, arch=arch, options=options)
+            _check_cubin(state, image, name, "the assembled PTX")
             return Built(image, name, source="PTX (submitted)",
-                         build=" ".join(["ptxas", f"-arch={arch}", *ptxas_options]),
-                         params={"ptxas_options": ptxas_options})
+                         build=" ".join([Path(cmd[0]).name, *cmd[1:]]),
+                         params={"ptxas_options": options, "ptxas": cmd[0]})
         if form == "triton":
             _need(h, "cuda", form)
             return _triton(state, text, config or {}, tmp)
@@ -117,6 +119,84 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
             return Built(out.read_bytes(), kernel, source="AMDGPU assembly (submitted)",
                          build="kpair asm assemble")
     raise UsageError(f"unknown form {form!r}")
+
+
+def triton_facts(state) -> dict:
+    """What a Triton source candidate may change, for ``describe``: the captured kernel's
+    function, constexprs (by name), num_warps / num_stages / maxnreg, the block-size
+    constexprs whose change the launch can follow (``tunable_blocks``) and the grid formula;
+    or ``{"error": why not}``."""
+    from ..optimize.strategies import triton as tri
+
+    m = state.harness.snapshot.manifest
+    info = tri.kernel_info(m.provenance or {})
+    if info is None:
+        return {"error": "no captured Triton metadata (not a Triton launch, or its source "
+                         "was not recorded whole)"}
+    kernarg = state.harness.snapshot.kernarg()
+    info = tri.resolve(info, m, kernarg)
+    if isinstance(info, str):
+        return {"error": info}
+    formula = tri.dispatch_formula(info, m, kernarg)
+    return {"function": info.function,
+            "constants": {k: v for k, v in info.constants.items()
+                          if isinstance(v, (int, float, bool, str)) or v is None},
+            **{k: info.metadata.get(k) for k in ("num_warps", "num_stages", "maxnreg",
+                                                 "enable_fp_fusion")},
+            "tunable_blocks": tri.tunable_blocks(info, formula is not None),
+            "grid_formula": formula, "reduces": info.reduces}
+
+
+def recompiled_ptx(state, work: Path) -> tuple[str | None, str]:
+    """ref's PTX by compiling the captured Triton source with the captured config (when
+    capture did not keep the PTX): (PTX or None, how, or why not). The cubin of that
+    compilation is compared with ref's code object, and the answer says whether it is the
+    same."""
+    from ..optimize.strategies import triton as tri
+
+    m = state.harness.snapshot.manifest
+    info = tri.kernel_info(m.provenance or {})
+    if info is None:
+        return None, "no captured Triton source to compile"
+    info = tri.resolve(info, m, state.harness.snapshot.kernarg())
+    if isinstance(info, str):
+        return None, info
+    config = {"num_warps": int(info.metadata.get("num_warps") or 4),
+              "num_stages": int(info.metadata.get("num_stages") or 3),
+              "maxnreg": info.metadata.get("maxnreg"), "constants": {}}
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        fn = tri.load_function(info, work)
+        built = tri.compile_config(info, fn, config, m.arch)
+    except Exception as e:  # noqa: BLE001 - Triton's own errors are many; say which
+        return None, f"compiling the captured Triton source failed: {type(e).__name__}: " \
+                     f"{str(e).strip()[:300]}"
+    if not built.get("ptx"):
+        return None, "Triton's compiled kernel has no PTX"
+    from ..ptx import cubin_text
+
+    h = state.harness
+    try:
+        same = cubin_text(built["cubin"]) == cubin_text(h.binary(h.ref))
+    except KpairError:
+        same = False
+    return built["ptx"], ("the captured Triton source compiled again with the captured "
+                          "config (asm['ptx']); its cubin's machine code (.text) is " +
+                          ("identical to ref's" if same else
+                           "NOT identical to ref's (another Triton or ptxas?)"))
+
+
+def ptxas_defaults(state, options: list[str]) -> list[str]:
+    """``options`` plus what ref's own build used and the PTX does not say: Triton runs
+    ptxas with ``--fmad=false`` for a kernel compiled without FP fusion, and without it
+    ptxas would contract ref's separate multiplies and adds (other rounding)."""
+    from ..optimize.strategies import triton as tri
+
+    info = tri.kernel_info(state.harness.snapshot.manifest.provenance or {})
+    if info is not None and info.metadata.get("enable_fp_fusion") is False \
+            and not any(o.startswith(("--fmad", "-fmad")) for o in options):
+        return [*options, "--fmad=false"]
+    return list(options)
 
 
 def decode_binary(code: str | None, path: str | None) -> bytes:

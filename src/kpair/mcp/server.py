@@ -95,11 +95,12 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
 
     @tool
     def capture(command: list[str], out: str, top: int | None = 5,
-                kernel: str | None = None) -> dict[str, Any]:
+                kernel: str | None = None, timeout_s: float | None = 900) -> dict[str, Any]:
         """`kpair capture --top K -o OUT -- COMMAND` (CUDA): profile the program, capture the
         first dispatch of its K most expensive kernels into OUT (inside the work directory);
-        the new snapshots become operators."""
-        return ws.capture(command, out=out, top=top, kernel=kernel)
+        the new snapshots become operators. Stopped after timeout_s seconds (what was
+        captured by then is kept)."""
+        return ws.capture(command, out=out, top=top, kernel=kernel, timeout_s=timeout_s)
 
     @tool
     def profile(command: list[str], out: str, top: int = 20) -> dict[str, Any]:

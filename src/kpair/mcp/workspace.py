@@ -38,7 +38,7 @@ from ..harness import EXTENSIONS, Harness, create_harness
 from ..pipeline import RunOptions
 from ..snapshot import Snapshot
 from . import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
-from .build import build_candidate
+from .build import build_candidate, recompiled_ptx, triton_facts
 
 #: What ``submit`` accepts as ``form``, and what each means.
 FORMS = {
@@ -105,6 +105,7 @@ class OperatorState:
     candidates: dict[int, dict] = field(default_factory=dict)
     ref_s: float | None = None
     last_sol: dict | None = None
+    recompiled_ptx: tuple[str | None, str] | None = None  # (PTX, how), made once
     taken: int = 0  # the highest attempt number in evaluations/ (both sessions number on)
 
     @property
@@ -237,11 +238,36 @@ class Workspace:
             state = self.state(operator)
             if measure and state.ref_s is None:
                 self._measure_ref(state)
-            return describe_operator(state.harness, code=code, max_chars=max_chars,
-                                     ref_s=state.ref_s, sol=state.last_sol,
-                                     work=state.work) | {
+            out = describe_operator(state.harness, code=code, max_chars=max_chars,
+                                    ref_s=state.ref_s, sol=state.last_sol,
+                                    work=state.work) | {
                 "operator": operator, "evaluations": str(state.out),
                 "forms": FORMS}
+            if state.harness.backend == "cuda":
+                try:
+                    out["triton"] = triton_facts(state)
+                except Exception as e:  # noqa: BLE001 - recorded metadata is best effort
+                    out["triton"] = {"error": f"unreadable Triton metadata: "
+                                              f"{type(e).__name__}: {e}"}
+                if code:
+                    self._fill_ptx(state, out["code"], out["triton"], max_chars)
+            return out
+
+    def _fill_ptx(self, state: OperatorState, code: dict, triton: dict,
+                  max_chars: int) -> None:
+        """ref's PTX when capture kept none and Triton's cache has none: the captured
+        Triton source compiled again (once per operator)."""
+        if code.get("ptx") or "error" in triton:
+            return
+        if state.recompiled_ptx is None:
+            state.recompiled_ptx = recompiled_ptx(state, state.work / "ref-ptx")
+        text, how = state.recompiled_ptx
+        if text is not None:
+            code["ptx"] = text if len(text) <= max_chars else \
+                text[:max_chars] + f"\n... [{len(text) - max_chars} more characters]"
+            code["ptx_from"] = how
+        else:
+            code["ptx_from"] = f"{code.get('ptx_from')}; {how}"
 
     def _measure_ref(self, state: OperatorState) -> None:
         """ref against itself through the session: ref's time (and the setup paid once)."""
@@ -303,7 +329,7 @@ class Workspace:
                 "reason": result.reason, "exit_code": result.exit_code,
                 "sol": result.sol.summary() if result.sol else None,
                 "result": str(state.out / attempt.result),
-                "candidate": str(keep), "build_s": round(build_s, 3),
+                "candidate": str(keep), "build": built.build, "build_s": round(build_s, 3),
                 "judge_s": result.wall_s}
 
     # ------------------------------------------------------------------ publish
@@ -345,26 +371,45 @@ class Workspace:
 
     # ------------------------------------------------------------------ programs
 
-    def run_kpair(self, argv: list[str], log_name: str) -> tuple[int, str]:
+    def run_kpair(self, argv: list[str], log_name: str, timeout_s: float | None = None
+                  ) -> tuple[int, str]:
         """``python -m kpair ARGV`` in a child whose output goes to a log (stdout is the MCP
-        channel on stdio): (exit status, the log's last lines)."""
+        channel on stdio): (exit status, the log's last lines). Past ``timeout_s`` the
+        child's whole process group is killed (status -9, said in the tail)."""
+        from .._util import kill_group
+
         logs = self.root / "mcp" / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{log_name}.log"
+        note = ""
         with open(log, "w") as f:
-            proc = subprocess.run([sys.executable, "-m", "kpair", *argv], stdout=f, stderr=f,
-                                  stdin=subprocess.DEVNULL, cwd=self.root)
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        return proc.returncode, tail
+            proc = subprocess.Popen([sys.executable, "-m", "kpair", *argv], stdout=f,
+                                    stderr=f, stdin=subprocess.DEVNULL, cwd=self.root,
+                                    start_new_session=True)
+            try:
+                status = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                status, note = -9, f"\n[kpair mcp: stopped after {timeout_s:g} s]"
+            except BaseException:
+                kill_group(proc)
+                raise
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) + note
+        return status, tail
 
     def capture(self, command: list[str], *, out: str, top: int | None = 5,
-                kernel: str | None = None) -> dict:
+                kernel: str | None = None, timeout_s: float | None = 900) -> dict:
+        """``kpair capture`` of ``command`` into ``out``; stopped after ``timeout_s`` (what
+        it captured by then is kept: capture.json is rewritten after every dispatch)."""
         if not command:
             raise UsageError("give the program to run, e.g. ['python', 'prog.py']")
+        if timeout_s is not None and not 0 < timeout_s < float("inf"):
+            raise UsageError(f"timeout_s must be a positive number of seconds, not "
+                             f"{timeout_s!r}")
         dest = self._inside(out)
         argv = ["capture", "-o", str(dest), *(["--top", str(top)] if top else []),
                 *(["--kernel", kernel] if kernel else []), "--", *command]
-        status, tail = self.run_kpair(argv, "capture")
+        status, tail = self.run_kpair(argv, "capture", timeout_s)
         summary = dest / "capture.json"
         if not summary.is_file():
             raise KpairError(f"kpair capture wrote no capture.json (exit status {status}):\n"

@@ -330,7 +330,8 @@ def load_function(info: KernelInfo, where: Path):
 
 
 def compile_config(info: KernelInfo, fn, config: dict, arch: str) -> dict:
-    """Compile one config: {"cubin": bytes, "name", "shared", "global_scratch_size"}."""
+    """Compile one config: {"cubin": bytes, "ptx", "name", "shared",
+    "global_scratch_size"}."""
     triton = _triton()
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -359,7 +360,8 @@ def compile_config(info: KernelInfo, fn, config: dict, arch: str) -> dict:
     src = ASTSource(fn, dict(info.signature), constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
     meta = compiled.metadata
-    return {"cubin": compiled.asm["cubin"], "name": meta.name, "shared": int(meta.shared),
+    return {"cubin": compiled.asm["cubin"], "ptx": compiled.asm.get("ptx"),
+            "name": meta.name, "shared": int(meta.shared),
             "global_scratch_size": int(getattr(meta, "global_scratch_size", 0) or 0),
             "profile_scratch_size": int(getattr(meta, "profile_scratch_size", 0) or 0)}
 
