@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -540,3 +541,32 @@ def test_write_only_bytes_that_a_mutated_input_reads_are_not_poisoned(tmp_path):
     runs = r["trust"]["differential"]["finding"]["runs"]
     unpoisoned = [row["run"] for row in runs if not row["poisoned"]]
     assert unpoisoned and all("not poisoned" in poison["not_tested"][k] for k in unpoisoned)
+
+
+def test_timed_outputs_are_judged_once_per_bytes_object_and_input(monkeypatch):
+    """A tolerance harness's timed launches: outputs the replay matched on the device to bytes
+    it holds come back as the same host object and keep their verdict; other bytes, or the
+    same bytes for another input, are judged."""
+    from kpair.policy import Policy
+    from kpair.trust import audit as audit_mod
+
+    judged = []
+
+    def fake_check(policy, want, got, dtype_hints=None):
+        judged.append(got["y"])
+        ok = got["y"] == want["y"]
+        return SimpleNamespace(passed=ok, summary=lambda: "FAIL: y differs")
+
+    good, bad = b"\x01" * 8, b"\x02" * 8
+    reads = iter([good, good, bad, good, good])
+    replay = SimpleNamespace(read_back=lambda names: {"y": next(reads)})
+    a = audit_mod.Audit.__new__(audit_mod.Audit)
+    a.replay, a.policy, a.hints, a._judged = replay, Policy(), {}, []
+    monkeypatch.setattr(audit_mod, "check", fake_check)
+    want = {"y": good}
+    assert a._judge_timed(0, ["y"], want) is None
+    assert a._judge_timed(0, ["y"], want) is None          # same object: not judged again
+    assert a._judge_timed(0, ["y"], want) == "FAIL: y differs"
+    assert a._judge_timed(1, ["y"], want) is None          # another input: judged
+    assert a._judge_timed(0, ["y"], want) is None
+    assert judged == [good, bad, good]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 def test_replay_reproduces_the_captured_post_state_byte_exact(kit, evidence, case):
     snap = kit.case(case)
     result = kit.run(kit.pair(snap), **kit.quick)
-    assert result["status"] == "pass", result.get("error")
+    assert result["status"] == "pass", result.get("reason") or result.get("error")
     fidelity = result["replay"]["fidelity"]
     assert fidelity["passed"] and fidelity["mode"] == "byte-exact"
     assert result["correct"] is True and result["replay"]["mode"] == "captured"

@@ -77,8 +77,9 @@ def _diff(a: bytes, b: bytes) -> tuple[int, int | None]:
     x, y = np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)
     if x.size != y.size:
         return max(x.size, y.size), min(x.size, y.size)
-    d = np.flatnonzero(x != y)
-    return int(d.size), (int(d[0]) if d.size else None)
+    ne = x != y   # counted and searched in place: no index array of every differing byte
+    n = int(np.count_nonzero(ne))
+    return n, (int(ne.argmax()) if n else None)
 
 
 # ------------------------------------------------------------------ baseline and no-op
