@@ -16,7 +16,9 @@ input it was given, the captured one or a secret sparse variant drawn per block)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -241,35 +243,63 @@ class Audit:
         runs += [sparse] * TIMED_VARIANTS
         r, normal = self.replay, self.ref_posts[0]
         self._mutating_ref = (ref, ref_launch)
-        for j, run in enumerate(runs):
-            timed = j >= len(runs) - TIMED_VARIANTS   # a sparse run: a timed input variant
-            state, what, drawn = {}, [], set()
+        # Every run's mutated regions are drawn in worker threads (numpy's gathers leave the
+        # GIL), each chain with a generator seeded here in order: the inputs are the seed's,
+        # and drawing the later runs overlaps ref's launches on the earlier ones.
+        plans = []
+        for run in runs:
+            chains: dict[str, list[tuple[Mutation, np.random.Generator]]] = {}
+            what, drawn = [], set()
             for m in run:
                 key = (m.region, m.start, m.end)
                 if m.method == "permute" and key in drawn:
                     continue   # a resampled range is already in random order: same inputs
                 if m.method == "resample":
                     drawn.add(key)
-                state[m.region] = m.apply(state.get(m.region, r.pre[m.region]), self.rng)
+                seed = int(self.rng.integers(2**63))
+                chains.setdefault(m.region, []).append((m, np.random.default_rng(seed)))
                 what.append(m.describe())
-            if timed:
-                for name, data in state.items():
-                    r.hold_sparse(name, data)
-            label = f"differential run {j + 1}"
-            expected = self._launch(ref, ref_launch, poison=False, state=state)
-            if self.armor.last:  # the mutated input is not one ref can take: not a verdict
-                self.not_tested[label] = "ref writes out of bounds on this mutated input"
-                continue
-            changed = any(expected[k] != normal[k] for k in expected if k not in state)
-            self._mutated.append((label, state, expected, changed, what))
-            if timed:
-                # Poisoned like the captured input only where ref's answer survives it.
-                poison = not self.armor.plan or self._poison_holds(len(self._mutated) - 1)
-                self.variants.append((label, state, expected, poison))
-                for name, data in state.items():
-                    r.pin(name, data)
-                for name in self._outputs():
-                    r.pin(name, expected[name])
+            plans.append((chains, what))
+
+        def draw(region: str, chain: list[tuple[Mutation, np.random.Generator]]) -> bytes:
+            data = r.pre[region]
+            for m, rng in chain:
+                data = m.apply(data, rng)
+            return data
+
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            drawing = [{name: pool.submit(draw, name, chain) for name, chain in chains.items()}
+                       for chains, _ in plans]
+            for j, (futures, (_, what)) in enumerate(zip(drawing, plans, strict=True)):
+                self._mutate_run(ref, ref_launch, j, len(runs),
+                                 {name: f.result() for name, f in futures.items()}, what,
+                                 normal)
+
+    def _mutate_run(self, ref: Kernel, ref_launch: Launch, j: int, n_runs: int,
+                    state: dict[str, bytes], what: list[str], normal: dict[str, bytes]
+                    ) -> None:
+        """ref on mutated input ``j`` (of ``n_runs``; the last TIMED_VARIANTS are sparse and
+        become timed input variants)."""
+        r = self.replay
+        timed = j >= n_runs - TIMED_VARIANTS
+        if timed:
+            for name, data in state.items():
+                r.hold_sparse(name, data)
+        label = f"differential run {j + 1}"
+        expected = self._launch(ref, ref_launch, poison=False, state=state)
+        if self.armor.last:  # the mutated input is not one ref can take: not a verdict
+            self.not_tested[label] = "ref writes out of bounds on this mutated input"
+            return
+        changed = any(expected[k] != normal[k] for k in expected if k not in state)
+        self._mutated.append((label, state, expected, changed, what))
+        if timed:
+            # Poisoned like the captured input only where ref's answer survives it.
+            poison = not self.armor.plan or self._poison_holds(len(self._mutated) - 1)
+            self.variants.append((label, state, expected, poison))
+            for name, data in state.items():
+                r.pin(name, data)
+            for name in self._outputs():
+                r.pin(name, expected[name])
 
     def ref_reloaded(self, ref: Kernel) -> None:
         """ref was loaded afresh (a measurement replicate): later launches use that load."""
