@@ -199,13 +199,17 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
         label = (lambda job, d: f"{job.key} on device {d}") if len(devices) > 1 else \
             (lambda job, d: job.key)
         done = len(jobs) - len(todo)
-        for job, device, result in runner(todo, options):
-            results[job.key, job.device] = result
-            done += 1
-            if progress:
-                level, name = _key_of(job.key)
-                progress(done, len(jobs), label(job, device),
-                         _row(root, level, name, {device: result}, (device,), out))
+        try:
+            for job, device, result in runner(todo, options):
+                results[job.key, job.device] = result
+                done += 1
+                if progress:
+                    level, name = _key_of(job.key)
+                    progress(done, len(jobs), label(job, device),
+                             _row(root, level, name, {device: result}, (device,), out))
+        except BaseException:   # interrupted: no empty folder of this run is left behind
+            _prune_empty([job.out.parent for job in todo], root)
+            raise
         reruns = [_row(root, level, name, {d: results[rel_dir(level, name), d] for d in devices}
                        if each else {devices[0]: results[rel_dir(level, name), None]},
                        devices if each else (devices[0],), out)
@@ -222,6 +226,17 @@ def verify_release(root: str | os.PathLike, options: RunOptions | None = None, *
         index.write(root / INDEX)
         journal.end()
     return index
+
+
+def _prune_empty(folders: Sequence[Path], root: Path) -> None:
+    """Remove each folder, and then its parents below the operator's, where empty."""
+    for folder in folders:
+        while folder.parent != root and folder.parent.parent != root:   # keep level<N>/<op>
+            try:
+                folder.rmdir()
+            except OSError:   # not empty, or gone
+                break
+            folder = folder.parent
 
 
 def _key_of(key: str) -> tuple[int, str]:
