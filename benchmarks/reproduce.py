@@ -5,6 +5,7 @@ one machine can be re-verified on another:
 
     python benchmarks/reproduce.py publish --backend cuda -o REL   # kpair optimize, 2 programs
     python benchmarks/reproduce.py publish --backend host -o REL   # recorded kp_matmul pairs
+        [--sizes 96 128 224 256] [--hogs 2] [--time-cap S]
     python benchmarks/reproduce.py verify REL [--times 6] [--hogs 2] [--out FILE.json]
     python benchmarks/reproduce.py compact REL -o SMALL [--max-mb 24]   # to re-verify elsewhere
 
@@ -12,7 +13,10 @@ one machine can be re-verified on another:
 compiled programs of ``benchmarks/programs/`` into REL, then pairs ``--identical`` of the
 published operators with themselves (opt = ref's own binary: no difference at all) under
 ``REL/identical/``. ``publish --backend host`` records kp_matmul at several sizes, publishes
-naive-against-reordered pairs and keeps identical pairs likewise (tests/csrc/matmul.c).
+naive-against-reordered pairs and keeps identical pairs likewise (tests/csrc/matmul.c);
+``--hogs N`` publishes beside N busy loops (as ``verify --hogs`` re-runs), ``--time-cap S``
+gives the harnesses a measurement budget of S seconds (their ``measure.time_cap_s``: the
+replicates then span S seconds of wall clock, at a publication and at every re-run alike).
 
 ``verify`` runs ``kpair verify REL`` ``--times`` times, each in a fresh process (``--hogs N``:
 beside N busy-loop processes), and each identical pair as many times with ``kpair run``. It
@@ -30,6 +34,7 @@ where ``verify`` re-runs it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -68,7 +73,7 @@ def _identical(harness: Path, out: Path) -> Path:
     ref.parent.mkdir(parents=True, exist_ok=True)
     ref.write_bytes(h.binary(h.ref))
     return create_harness(h.snapshot.root, out, ref=ref, opt=ref, ref_kernel=h.ref.kernel,
-                          opt_kernel=h.ref.kernel).root
+                          opt_kernel=h.ref.kernel, measure=h.info.get("measure") or None).root
 
 
 def publish_cuda(rel: Path, top: int, limit: int, keep: int, identical: int) -> None:
@@ -91,7 +96,23 @@ def _pair_identical(rel: Path, identical: int) -> None:
         _identical(harness, rel / "identical" / row["name"])
 
 
-def publish_host(rel: Path, identical: int) -> None:
+@contextlib.contextmanager
+def hogs(n: int):
+    """``n`` busy-loop processes for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+HOST_SIZES = (96, 128, 160, 192, 224, 256)
+
+
+def publish_host(rel: Path, identical: int, sizes: tuple[int, ...] = HOST_SIZES,
+                 time_cap_s: float | None = None, n_hogs: int = 0) -> None:
     from kpair.harness import create_harness
     from kpair.record import record_call
     from kpair.toolchain import compile_shared
@@ -101,14 +122,18 @@ def publish_host(rel: Path, identical: int) -> None:
                                  defines={"KP_VARIANT": v}) for name, v in (("naive", 0),
                                                                               ("fast", 1))}
     rng = np.random.default_rng(0)
-    for n in (96, 128, 160, 192, 224, 256):
-        a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
-        snap = record_call(libs["naive"], "kp_matmul", [a, b, np.zeros((n, n), np.float32),
-                                                        np.int32(n)], tmp / f"s{n}",
-                           names=["a", "b", "c", "n"]).root
-        h = create_harness(snap, tmp / f"h{n}", opt=libs["fast"])
-        subprocess.run(KPAIR + ["release", "add", str(rel), str(h.root), "--level", "1",
-                                "--name", f"matmul_{n}"], check=False)
+    measure = {"time_cap_s": time_cap_s} if time_cap_s else None
+    with hogs(n_hogs):
+        for n in sizes:
+            a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+            snap = record_call(libs["naive"], "kp_matmul",
+                               [a, b, np.zeros((n, n), np.float32), np.int32(n)],
+                               tmp / f"s{n}", names=["a", "b", "c", "n"]).root
+            h = create_harness(snap, tmp / f"h{n}", opt=libs["fast"], measure=measure)
+            t0 = time.monotonic()
+            subprocess.run(KPAIR + ["release", "add", str(rel), str(h.root), "--level", "1",
+                                    "--name", f"matmul_{n}"], check=False)
+            _say(f"published matmul_{n} in {time.monotonic() - t0:.1f} s")
     _pair_identical(rel, identical)
 
 
@@ -134,10 +159,9 @@ def compact(rel: Path, out: Path, max_bytes: int, identical: int) -> None:
     _say(f"compact release {out}: {_size(out) / 1e6:.1f} MB")
 
 
-def verify(rel: Path, times: int, hogs: int, identical_pairs: bool = True) -> dict:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+def verify(rel: Path, times: int, n_hogs: int, identical_pairs: bool = True) -> dict:
     walls, identical = [], {}
-    try:
+    with hogs(n_hogs):
         for i in range(times):
             t0 = time.monotonic()
             subprocess.run(KPAIR + ["verify", str(rel), "--fresh"], check=False,
@@ -158,10 +182,7 @@ def verify(rel: Path, times: int, hogs: int, identical_pairs: bool = True) -> di
                 runs.append({"status": r.get("status"), "speedup": speed.get("speedup"),
                              "interval": speed.get("combined_ci95") or speed.get("ci95"),
                              "difference": speed.get("difference")})
-    finally:
-        for p in procs:
-            p.kill()
-    return summary(rel, walls, identical, hogs, times)
+    return summary(rel, walls, identical, n_hogs, times)
 
 
 def _ref_median_us(rel: Path, row: dict) -> float | None:
@@ -221,6 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     pub.add_argument("--triton-limit", type=int, default=10)
     pub.add_argument("--keep", type=int, default=2)
     pub.add_argument("--identical", type=int, default=4)
+    pub.add_argument("--sizes", type=int, nargs="+", default=list(HOST_SIZES),
+                     help="host: the kp_matmul sizes to publish")
+    pub.add_argument("--hogs", type=int, default=0, help="host: publish beside N busy loops")
+    pub.add_argument("--time-cap", type=float,
+                     help="host: the harnesses' measurement budget in seconds (default 30)")
     com = sub.add_parser("compact")
     com.add_argument("release", type=Path)
     com.add_argument("-o", "--out", type=Path, required=True)
@@ -238,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.backend == "cuda":
             publish_cuda(args.out, args.top, args.triton_limit, args.keep, args.identical)
         else:
-            publish_host(args.out, args.identical)
+            publish_host(args.out, args.identical, tuple(args.sizes), args.time_cap, args.hogs)
         return
     if args.phase == "compact":
         compact(args.release, args.out, int(args.max_mb * 1e6), args.identical)

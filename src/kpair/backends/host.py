@@ -230,6 +230,7 @@ class _Executor:
         self.nonce, self.seq, self.pending = int.from_bytes(os.urandom(8), "little"), 0, b""
         self.refusals = refusals if refusals is not None else _Refusals()
         self.loading = True   # until the setup reply: refusals then come from the load
+        self.image, self.symbol = b"", ""   # what it loaded: a renewal spawns its successor
 
     def cpu(self) -> float:
         if self.dead is None:
@@ -395,6 +396,7 @@ class HostDevice(Device):
         self._index: list[tuple[int, int, int]] = []   # (executor lo, hi, judge address)
         self._staged: list[tuple[int, bytes]] = []
         self._executors: list[_Executor] = []
+        self._kernels: list[HostKernel] = []   # loaded and not unloaded: renewal respawns them
         self._last: _Executor | None = None
         # Twice the last-level cache, so one pass evicts what the kernel left behind.
         self._flush_bytes = min(2 * _llc_bytes(), 256 << 20) if flush_bytes is None \
@@ -450,8 +452,18 @@ class HostDevice(Device):
 
     def _arena(self, spans: list[tuple[int, int]], delta: int) -> None:
         size = sum(h - lo for lo, h in spans)
-        fd = os.memfd_create(f"kpair-regions-{len(self._arenas)}",
-                             os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd, view = self._memfd(size, len(self._arenas))
+        out, offset = [], 0
+        for lo, h in spans:
+            out.append((lo + delta, h + delta, offset))
+            self._index.append((lo + delta, h + delta, view + offset))
+            offset += h - lo
+        self._index.sort()
+        self._arenas.append(_Arena(fd, size, view, out))
+
+    def _memfd(self, size: int, number: int) -> tuple[int, int]:
+        """A sealed-size memfd of ``size`` bytes and its MAP_SHARED view in the judge."""
+        fd = os.memfd_create(f"kpair-regions-{number}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
@@ -463,13 +475,44 @@ class HostDevice(Device):
         except BaseException:
             os.close(fd)
             raise
-        out, offset = [], 0
-        for lo, h in spans:
-            out.append((lo + delta, h + delta, offset))
-            self._index.append((lo + delta, h + delta, view + offset))
-            offset += h - lo
-        self._index.sort()
-        self._arenas.append(_Arena(fd, size, view, out))
+        return fd, view
+
+    def renew_memory(self) -> bool:
+        """Other physical pages under every region, and a fresh executor for every loaded
+        kernel: what a re-run in a new process meets, for a replicate.
+
+        Each arena gets a new memfd (its pages are allocated while the old ones are still
+        held, so none of them can be an old one) holding a copy of the old bytes: a region's
+        contents, guard bands and poison are unchanged, at the same executor addresses. An
+        executor maps its arenas once, at spawn, so every loaded kernel is moved to a fresh
+        executor of the same code object, confined the same way (``_spawn``); its refused
+        calls go on adding to that code object's tally. False when nothing is placed."""
+        if not self._arenas:
+            return False
+        fresh: list[_Arena] = []
+        try:
+            for a in self._arenas:
+                fd, view = self._memfd(a.size, len(fresh))
+                fresh.append(_Arena(fd, a.size, view, a.spans))
+                ctypes.memmove(view, a.view, a.size)
+        except BaseException:
+            self._drop(fresh)
+            raise
+        old, self._arenas = self._arenas, fresh
+        self._index = sorted((lo, hi, a.view + off) for a in fresh for lo, hi, off in a.spans)
+        self._drop(old)
+        for kernel in self._kernels:
+            before = kernel.executor
+            kernel.executor = self._spawn(before.image, before.symbol, before.role,
+                                          before.refusals)
+            if before in self._executors:
+                self._retire(before)
+        return True
+
+    def _drop(self, arenas: list[_Arena]) -> None:
+        for a in arenas:
+            self._libc.munmap(a.view, a.size)
+            os.close(a.fd)
 
     def _segments(self, address: int, size: int):
         """(judge address, bytes) pieces of the executor range [address, address + size)."""
@@ -530,7 +573,9 @@ class HostDevice(Device):
         tally = self._refusals.setdefault(key, _Refusals())
         ex = self._spawn(image, kernel_name, f"kernel {kernel_name!r} #{len(self._executors)}",
                          tally)
-        return HostKernel(kernel_name, ex)
+        kernel = HostKernel(kernel_name, ex)
+        self._kernels.append(kernel)
+        return kernel
 
     def refused_calls(self, kernel: HostKernel) -> dict:
         """The system calls the sandbox refused ``kernel``'s code object, over every load of
@@ -544,12 +589,17 @@ class HostDevice(Device):
     def unload(self, kernel: HostKernel) -> None:
         """End the kernel's executor (a replicate's fresh load replaces it)."""
         ex = kernel.executor
+        if kernel in self._kernels:
+            self._kernels.remove(kernel)
         if ex in self._executors:
-            ex.drain()   # its last refusals count for its code object
-            ex.close()
-            self._executors.remove(ex)
-            if self._last is ex:
-                self._last = None
+            self._retire(ex)
+
+    def _retire(self, ex: _Executor) -> None:
+        ex.drain()   # its last refusals count for its code object
+        ex.close()
+        self._executors.remove(ex)
+        if self._last is ex:
+            self._last = None
 
     def code_digest(self, kernel: HostKernel) -> str | None:
         """sha256 of the executable pages of the kernel's code object as mapped in its
@@ -599,6 +649,7 @@ class HostDevice(Device):
             for fd in (cmd_r, reply_w, code, *theirs):
                 os.close(fd)
         ex = _Executor(pid, cmd_w, reply_r, role, refusals)
+        ex.image, ex.symbol = image, symbol
         self._executors.append(ex)
         try:
             f1, f2 = _sandbox.filters(pid)
@@ -747,9 +798,8 @@ class HostDevice(Device):
             ex.close()
         self._executors.clear()
         self._last = None
-        for a in self._arenas:
-            self._libc.munmap(a.view, a.size)
-            os.close(a.fd)
+        self._kernels.clear()
+        self._drop(self._arenas)
         self._arenas.clear()
         self._index.clear()
         self._staged.clear()
