@@ -162,3 +162,25 @@ def test_a_measured_run_renews_between_replicates(kit, tmp_path, monkeypatch):
         assert len(after) == len(before) == 3      # ref, opt and ref's control copy
         assert not set(before) & set(after)
     assert len(result.speed.replicates) == 3
+
+
+def test_an_executor_gone_behind_kpairs_back_is_a_named_crash_not_a_zero_timing(kit):
+    """An executor that ended and was reaped elsewhere has no CPU clock to read: the timed
+    launch says the kernel's process ended, never returns 0 s."""
+    import signal
+
+    from kpair.backends.host import KernelCrashed
+
+    dev, replay, (k,) = _open(kit, [(kit["naive"], "kp_matmul")])
+    try:
+        launch = Snapshot.open(kit["snap"]).manifest.launch
+        assert replay.time_one(k, launch) > 0
+        pid = k.executor.pid
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)   # reaped by someone else: kpair's clock id now names nothing
+        with pytest.raises(KernelCrashed, match="ended"):
+            k.executor.cpu()    # the clock a timed launch reads before and after
+        with pytest.raises(KernelCrashed, match="ended"):
+            replay.time_one(k, launch)
+    finally:
+        dev.close()

@@ -233,9 +233,14 @@ class _Executor:
         self.image, self.symbol = b"", ""   # what it loaded: a renewal spawns its successor
 
     def cpu(self) -> float:
+        """The executor's CPU time; an executor whose clock cannot be read has ended, and
+        says why (a timing of zero would hide the crash)."""
         if self.dead is None:
-            with contextlib.suppress(OSError):
+            try:
                 self.last_cpu = time.clock_gettime(self.clock)
+            except OSError:
+                raise KernelCrashed(self._reap(block=False) or "its CPU clock cannot be read",
+                                    self.role) from None
         return self.last_cpu
 
     def _reap(self, block: bool) -> str | None:
