@@ -20,7 +20,6 @@ path, so the same command measures an older tree (``PYTHONPATH=old/src``) for co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _bench import emit
 
 
 def _status(key: str) -> int:
@@ -168,10 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                   lambda: snap.read_into(snap.manifest.regions[0].pre, buffer), report)
             del buffer
         phase("verify", 2 * args.size, args.size, snap.verify, report)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

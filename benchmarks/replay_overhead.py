@@ -14,7 +14,6 @@ Needs a CUDA device, cuda-bindings and nvcc. Builds its snapshots in a temporary
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _bench import emit
 
 from kpair.backends import open_device
 from kpair.record import record_call
@@ -144,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
            "notes": "overhead_per_sample_ratio = (wall time of one timed sample - kernel "
                     "time) / kernel time; a sample is restore + L2 flush + gated launch. "
                     "Bandwidths count bytes read + written."}
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(out, args.out)
     return 0
 
 
