@@ -227,6 +227,7 @@ class _Executor:
         self.pid, self.cmd, self.reply, self.role = pid, cmd, reply, role
         self.clock = ((~pid) << 3) | 2
         self.stopped, self.dead, self.last_cpu = False, None, 0.0
+        self.busy = False   # a command written, its reply not yet read
         self.nonce, self.seq, self.pending = int.from_bytes(os.urandom(8), "little"), 0, b""
         self.refusals = refusals if refusals is not None else _Refusals()
         self.loading = True   # until the setup reply: refusals then come from the load
@@ -348,13 +349,19 @@ class _Executor:
     def call(self, record: bytes) -> None:
         if self.dead is not None:
             raise KernelCrashed(self.dead, self.role)
+        if self.busy:   # an earlier reply never came: the next one would answer the wrong call
+            self.close()
+            raise KernelCrashed("an earlier command was interrupted before its reply",
+                                self.role)
         self.cont()
+        self.busy = True
         try:
             os.write(self.cmd, record)
         except BrokenPipeError:
             raise KernelCrashed(self._reap(block=True) or "its command pipe closed",
                                 self.role) from None
         self.read_reply()
+        self.busy = False
         self.stop()
 
     def tasks(self) -> list[int]:
@@ -740,7 +747,14 @@ class HostDevice(Device):
         ex.stop()
         t0 = ex.cpu()       # stopped: every thread's time is accounted
         ex.call(record)     # returns stopped again
-        return ex.cpu() - t0
+        t = ex.cpu() - t0
+        if t <= 0:   # the stop was reported before its last slice was accounted: read again
+            time.sleep(0.001)
+            t = ex.cpu() - t0
+        if t <= 0:
+            raise DriverError(f"the {ex.role} executor's CPU clock did not advance over a "
+                              "timed launch: the host cannot time it")
+        return t
 
     def window_clock(self) -> float:
         return sum(ex.cpu() for ex in self._executors)
