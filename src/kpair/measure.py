@@ -48,7 +48,9 @@ _SAMPLE_ARRAYS = ("block", "direction", "t_slot1_s", "t_slot2_s")
 
 
 def geomean(values: Sequence[float] | np.ndarray) -> float:
-    """Geometric mean as exp(mean(log x)): no overflow from a long product."""
+    """Geometric mean as exp(mean(log x)): no overflow from a long product. The sum is
+    ``math.fsum`` over libm's logs, so the same values give the same bits whatever numpy's
+    SIMD paths or summation order are (a published geomean is compared, not re-derived)."""
     try:
         x = np.asarray(values, dtype=np.float64).ravel()
     except (TypeError, ValueError) as exc:
@@ -59,7 +61,7 @@ def geomean(values: Sequence[float] | np.ndarray) -> float:
     if bad.any():
         i = int(np.argmax(bad))
         raise KpairError(f"geomean needs finite positive values; value [{i}] is {x[i]!r}")
-    return float(np.exp(np.mean(np.log(x))))
+    return math.exp(math.fsum(map(math.log, x.tolist())) / x.size)
 
 
 # --------------------------------------------------------------------------- raw samples
