@@ -397,9 +397,10 @@ def test_fake_device_trust_capabilities(fake):
     assert dev.mapped_ranges() == [(lo, lo + 2 * MIB)]
     dev.fill(lo, 64, 0xDEADBEEF)        # stream-ordered: no wait of its own
     assert drv.calls[-1][:4] == ("cuMemsetD32Async", lo, 0xDEADBEEF, 16)
-    dev.fill(lo + 1, 6, 0xDEADBEEF)      # unaligned: through write()
-    assert drv.calls[-1][0] == "cuMemcpyHtoD" and drv.calls[-1][2] == bytes.fromhex(
-        "efbeaddeefbe")
+    dev.fill(lo + 1, 6, 0xDEADBEEF)      # unaligned: through write(), on the replay stream
+    copy, wait = drv.calls[-2:]          # and waited for: a legacy-stream copy could land late
+    assert copy[0] == "cuMemcpyHtoDAsync" and copy[2] == bytes.fromhex("efbeaddeefbe")
+    assert copy[4] is dev.stream and wait == ("cuStreamSynchronize", dev.stream)
     dev.synchronize()
     assert drv.calls[-1][0] == "cuCtxSynchronize"
     assert dev.measure_bandwidth(1 << 20) == pytest.approx((1 << 20) / 0.25e-3)
@@ -448,9 +449,9 @@ class MemoryDriver(FakeDriver):
         self.mem[address] = bytearray(size)
         return self._out("cuMemMap", None, address, size)[:1]
 
-    def cuMemcpyHtoD(self, dst, data, size):
+    def cuMemcpyHtoDAsync(self, dst, data, size, stream):
         self._at(dst, size)[:] = bytes(data)[:size]
-        return self._out("cuMemcpyHtoD", None, dst, bytes(data), size)[:1]
+        return self._out("cuMemcpyHtoDAsync", None, dst, bytes(data), size)[:1]
 
     def cuMemcpyDtoH(self, out, src, size):
         out[:size] = self._at(src, size)

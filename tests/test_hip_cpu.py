@@ -161,10 +161,10 @@ class StandInHip:
         self.memory[ptr] = bytearray(size)
         return self._ret("hipMalloc", ptr, size)
 
-    def hipMemcpyHtoD(self, dst, src, size):
-        if self._result("hipMemcpyHtoD") == E.hipSuccess:
+    def hipMemcpyHtoDAsync(self, dst, src, size, stream):
+        if self._result("hipMemcpyHtoDAsync") == E.hipSuccess:
             self._at(dst, size)[:] = bytes(src)[:size]
-        return self._ret("hipMemcpyHtoD", None, dst, bytes(src)[:size], size)
+        return self._ret("hipMemcpyHtoDAsync", None, dst, bytes(src)[:size], size)
 
     def hipMemcpyDtoH(self, dst, src, size):
         if self._result("hipMemcpyDtoH") == E.hipSuccess:

@@ -125,3 +125,19 @@ def test_checked_run_over_three_16mib_regions(kit, evidence):
     assert on["status"] == "pass" and off["status"] == "pass", on.get("error") or on
     assert on["environment"]["checks_in_place"] == "kernels (kp_diff, kp_copy)"
     assert not [k for k, v in on["trust"].items() if v["passed"] is False]
+
+
+def test_work_queued_right_after_a_write_sees_every_written_byte(dev, span):
+    """write() lands before the next stream-ordered work: a copy made at once holds the new
+    bytes in every round (a legacy-stream cuMemcpyHtoD from pageable memory may still be in
+    flight when it returns; benchmarks/htod_order.py shows both)."""
+    size = 32 * MIB
+    for i in range(12):
+        data = bytes([i + 1]) * size
+        dev.write(span, data)
+        held = dev.keep(span, size)
+        try:
+            got = np.frombuffer(dev.fetch(held), np.uint8)
+        finally:
+            dev.drop(held)
+        assert int(np.count_nonzero(got != i + 1)) == 0, f"round {i}"

@@ -302,7 +302,19 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
     def write(self, address: int, data: bytes) -> None:
         self.drv("cuStreamSynchronize", self.stream)
         if data:
-            self.drv("cuMemcpyHtoD", address, data, len(data))
+            self._upload(address, data)
+
+    def _upload(self, address: int, data: bytes) -> None:
+        """Host bytes to the device, landed before this returns.
+
+        On the replay stream, then waited for: a plain ``cuMemcpyHtoD`` from pageable memory
+        returns once the bytes are staged, before the DMA to the destination has completed
+        (CUDA's "API synchronization behavior"), and it runs on the legacy stream, which the
+        non-blocking replay stream does not wait for. A launch right after it could read the
+        region half old: on the H200 that showed as ref or opt "nondeterministic" in about one
+        verify in six."""
+        self.drv("cuMemcpyHtoDAsync", address, data, len(data), self.stream)
+        self.drv("cuStreamSynchronize", self.stream, context=" after a host-to-device copy")
 
     def read(self, address: int, size: int) -> bytes:
         self.drv("cuStreamSynchronize", self.stream)
@@ -315,7 +327,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         if not data:
             return
         pristine = self._alloc(len(data))
-        self.drv("cuMemcpyHtoD", pristine, data, len(data))
+        self._upload(pristine, data)
         self._staged.append((address, pristine, len(data)))
         self._table_stale = True
 

@@ -261,7 +261,13 @@ class HipDevice(SpanPlacement, Device):
     def write(self, address: int, data: bytes) -> None:
         self.rt("hipStreamSynchronize", self.stream)
         if data:
-            self.rt("hipMemcpyHtoD", address, bytes(data), len(data))
+            self._upload(address, data)
+
+    def _upload(self, address: int, data: bytes) -> None:
+        """Host bytes to the device on the replay stream, waited for: a null-stream copy is
+        not ordered before work on the non-blocking replay stream (see CudaDevice._upload)."""
+        self.rt("hipMemcpyHtoDAsync", address, bytes(data), len(data), self.stream)
+        self.rt("hipStreamSynchronize", self.stream, context=" after a host-to-device copy")
 
     def read(self, address: int, size: int) -> bytes:
         self.rt("hipStreamSynchronize", self.stream)
@@ -274,7 +280,7 @@ class HipDevice(SpanPlacement, Device):
         if not data:
             return
         pristine = self._alloc(len(data))
-        self.rt("hipMemcpyHtoD", pristine, bytes(data), len(data))
+        self._upload(pristine, data)
         self._staged.append((address, pristine, len(data)))
 
     def restore(self) -> None:
