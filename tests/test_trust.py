@@ -4,6 +4,7 @@ while the honest pairs pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -537,9 +538,32 @@ def test_write_only_bytes_that_a_mutated_input_reads_are_not_poisoned(tmp_path):
     assert r["status"] == "pass", summarize(r)
     poison = r["trust"]["poisoned_outputs"]["finding"]
     assert poison["regions"]["out"]["bytes"] == int(mask.sum()) * 4   # the masked elements
+    # Fragmented: launches take poison from two held copies in turn; ref's control ran on each.
+    assert poison["control"].endswith("under each of the 2 poisoned copies"), poison["control"]
     runs = r["trust"]["differential"]["finding"]["runs"]
     unpoisoned = [row["run"] for row in runs if not row["poisoned"]]
     assert unpoisoned and all("not poisoned" in poison["not_tested"][k] for k in unpoisoned)
+
+
+def test_bytes_ref_drops_only_while_they_hold_a_number_are_not_poisoned(tmp_path):
+    """The masked elements of out become 0 for any number they held but keep a NaN. Two
+    arbitrary fill words cannot tell them from write-only bytes, and a control run under one
+    poisoned copy can miss the other (a quiet-NaN word): then ref itself, as opt, failed under
+    poison. The first fill is a quiet NaN, so they are read, and ref against itself passes."""
+    lib = compile_shared(CSRC / "nan_keep.c", tmp_path / "nan_keep.so")
+    n = 4096
+    rng = np.random.default_rng(1)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    g = rng.standard_normal(n).astype(np.float32)
+    out = rng.standard_normal(n).astype(np.float32)
+    snap = record_call(lib, "kp_nan_keep", [mask, g, out, np.int32(n)], tmp_path / "s",
+                       names=["mask", "g", "out", "n"])
+    h = create_harness(snap.root, tmp_path / "h", opt=lib)
+    for seed in (1, 2, 3):
+        r = run_json(h.root, dataclasses.replace(QUICK, seed=seed))
+        assert r["status"] == "pass", summarize(r)
+        poison = r["trust"]["poisoned_outputs"]["finding"]
+        assert "out" not in poison["regions"], poison
 
 
 def test_timed_outputs_are_judged_once_per_bytes_object_and_input(monkeypatch):

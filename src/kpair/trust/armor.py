@@ -44,6 +44,9 @@ _FILL_RUNS = 64     # more poison runs than this: read-modify-write the region i
 #: Poisoned copies of a fragmented region's pre-state held per candidate, their bytes at most.
 HELD_WORDS = 2
 HELD_CAP = 4 << 30
+#: The quiet-NaN family of poison (and of the first discovery fill): NaN as float32, and in the
+#: high half as float16/bfloat16; the low 16 bits are drawn.
+QUIET_NAN = 0x7FC00000
 
 
 class Runs:
@@ -284,7 +287,7 @@ class Armor:
         # arbitrary bits: an unwritten element fails a tolerance check either way.
         self._n += 1
         w = int(self.rng.integers(1, 2**32))
-        return 0x7FC00000 | (w & 0xFFFF) if self._n % 2 else w
+        return QUIET_NAN | (w & 0xFFFF) if self._n % 2 else w
 
     def _before(self, poison: bool, pre: bool) -> None:
         self.canary = int(self.rng.integers(1, 2**32))
@@ -310,6 +313,13 @@ class Armor:
                 poison_into(cur, runs, word)
                 self.device.write(address, cur.tobytes())
             self.poison_words[name] = word
+
+    def control_launches(self) -> int:
+        """How many different poisoned pre-states the launches that follow get in turn, so
+        ref's control covers each: one per held copy where a fragmented region takes its poison
+        from held copies (launch k gets copy k mod HELD_WORDS), else one."""
+        return HELD_WORDS if any(len(runs) > _FILL_RUNS for _, _, runs in self.plan.values()) \
+            else 1
 
     def _held_copies(self, name: str) -> bool:
         """Make region ``name``'s poisoned copies of its pre-state on first use; False where
