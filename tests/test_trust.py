@@ -294,6 +294,21 @@ def test_large_mutations_move_every_tile_and_keep_the_values():
     assert (res != np.arange(n)).mean() > 0.9
 
 
+def test_derived_whole_region_runs_fit_a_byte_budget():
+    """Small inputs get up to four whole-region runs, large ones one; pointers and regions
+    ref writes are never mutated, and floats are resampled where the rest is permuted."""
+    from kpair.policy.mutation import derive
+    mib = 1 << 20
+    small = derive([("a", 4096, "float32"), ("b", 4096, None), ("c", 4096, "float32")],
+                   read_only=["a", "b"], holds_pointers=[])
+    assert [(m.region, m.dtype, m.method, m.count) for m in small] == [
+        ("a", "float32", "resample", 4), ("b", "uint64", "permute", 4)]
+    assert {m.count for m in derive([("x", 10 * mib, "float16"), ("p", 64, None)],
+                                    read_only=["x", "p"], holds_pointers=["p"])} == {3}
+    assert {m.count for m in derive([("x", 16 * mib, "float32"), ("y", 16 * mib, "float32")],
+                                    read_only=["x", "y"], holds_pointers=[])} == {1}
+
+
 def test_run_options_name_the_checks():
     assert RunOptions.from_json(RunOptions(skip_checks=["bias"]).to_json()).skip_checks == \
         ("bias",)
@@ -441,10 +456,11 @@ def test_default_policy_passes_honest_opts_and_an_empty_list_turns_mutations_off
     assert r["status"] == "pass", summarize(r)
     d = r["trust"]["differential"]
     assert d["passed"] is True and d["finding"]["source"] == "derived"
-    # one whole-region run, then two sparse ones (the timed launches' input variants)
-    assert len(d["finding"]["runs"]) == 3 and all(x["changed_output"]
-                                                  for x in d["finding"]["runs"])
-    assert all(m.startswith("sparse") for x in d["finding"]["runs"][2:] for m in x["mutated"])
+    # small inputs: four whole-region runs, then two sparse ones (the timed launches' inputs)
+    runs = d["finding"]["runs"]
+    assert len(runs) == 6 and all(x["changed_output"] for x in runs)
+    assert all(m.startswith("sparse") == (i >= 4) for i, x in enumerate(runs)
+               for m in x["mutated"])
     off = suite("stale", "off")  # the stale answer is caught by nothing else
     assert off["status"] == "pass" and off["trust"]["differential"]["ran"] is False
     assert any("mutations" in w and "[]" in w for w in off["warnings"]), off["warnings"]
