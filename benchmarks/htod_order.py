@@ -3,7 +3,7 @@
 kpair's replay stream is non-blocking. A plain ``cuMemcpyHtoD`` from pageable host memory runs
 on the legacy stream and returns once the bytes are staged, "but the DMA to final destination
 may not have completed" (CUDA, API synchronization behavior). The cuda backend therefore copies
-on the replay stream and waits for it (``CudaDevice._upload``). This script shows the
+on the replay stream and waits for it (``CudaDevice._upload``). This script looks for the
 difference on a real GPU: each round writes a new byte pattern over ``--mib`` MiB, then at once
 copies the region device-to-device on the replay stream (``Device.keep``, as a launch would read
 it) and reads that copy back.
