@@ -537,19 +537,25 @@ def test_a_derived_mutation_ref_cannot_take_is_dropped_with_a_warning(tmp_path):
                and "SIGABRT" in w for w in r["warnings"]), r["warnings"]
 
 
-def test_write_only_bytes_that_a_mutated_input_reads_are_not_poisoned(tmp_path):
-    """On the captured input the masked elements of out are write-only and get poison; a
-    permuted mask makes the kernel read some of them. ref itself then changes its answer under
-    poison, so opt's run on that input is not poisoned, and an honest opt passes."""
-    lib = compile_shared(CSRC / "relu_backward.c", tmp_path / "relu.so")
+def _masked_update(tmp_path, kernel: str):
+    """An A/A harness of tests/csrc/KERNEL.c (``kp_KERNEL(mask, g, out, n)``: out updated in
+    place under a random mask over 4096 floats) and its mask."""
+    lib = compile_shared(CSRC / f"{kernel}.c", tmp_path / f"{kernel}.so")
     n = 4096
     rng = np.random.default_rng(0)
     mask = (rng.random(n) < 0.5).astype(np.uint8)
     g = rng.standard_normal(n).astype(np.float32)
     out = rng.standard_normal(n).astype(np.float32)
-    snap = record_call(lib, "kp_relu_backward", [mask, g, out, np.int32(n)], tmp_path / "s",
+    snap = record_call(lib, f"kp_{kernel}", [mask, g, out, np.int32(n)], tmp_path / "s",
                        names=["mask", "g", "out", "n"])
-    h = create_harness(snap.root, tmp_path / "h", opt=lib)
+    return create_harness(snap.root, tmp_path / "h", opt=lib), mask
+
+
+def test_write_only_bytes_that_a_mutated_input_reads_are_not_poisoned(tmp_path):
+    """On the captured input the masked elements of out are write-only and get poison; a
+    permuted mask makes the kernel read some of them. ref itself then changes its answer under
+    poison, so opt's run on that input is not poisoned, and an honest opt passes."""
+    h, mask = _masked_update(tmp_path, "relu_backward")
     r = run_json(h.root, QUICK)
     assert r["status"] == "pass", summarize(r)
     poison = r["trust"]["poisoned_outputs"]["finding"]
@@ -566,15 +572,7 @@ def test_bytes_ref_drops_only_while_they_hold_a_number_are_not_poisoned(tmp_path
     arbitrary fill words cannot tell them from write-only bytes, and a control run under one
     poisoned copy can miss the other (a quiet-NaN word): then ref itself, as opt, failed under
     poison. The first fill is a quiet NaN, so they are read, and ref against itself passes."""
-    lib = compile_shared(CSRC / "nan_keep.c", tmp_path / "nan_keep.so")
-    n = 4096
-    rng = np.random.default_rng(1)
-    mask = (rng.random(n) < 0.5).astype(np.uint8)
-    g = rng.standard_normal(n).astype(np.float32)
-    out = rng.standard_normal(n).astype(np.float32)
-    snap = record_call(lib, "kp_nan_keep", [mask, g, out, np.int32(n)], tmp_path / "s",
-                       names=["mask", "g", "out", "n"])
-    h = create_harness(snap.root, tmp_path / "h", opt=lib)
+    h, _ = _masked_update(tmp_path, "nan_keep")
     for seed in (1, 2, 3):
         r = run_json(h.root, dataclasses.replace(QUICK, seed=seed))
         assert r["status"] == "pass", summarize(r)
