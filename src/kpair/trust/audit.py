@@ -86,6 +86,8 @@ class Audit:
         self._variant_rng = np.random.default_rng([seed, 3])
         self._block: tuple[int, bool] = (0, False)   # the current block's input, second slot
         self._output_names: list[str] | None = None
+        self._changed: dict[str, bool] | None = None    # _modified(), once ref_posts are known
+        self._pointers: dict[str, bool] = {}            # _holds_pointers(), per region
         self._judged: list[tuple[int, dict[str, bytes], str | None]] = []
         self._cache: tuple[tuple, dict[str, Finding]] | None = None
         # The latest load of each kernel: the device tallies refused system calls per code
@@ -139,6 +141,7 @@ class Audit:
         n = 1 if "baseline_determinism" in self.skip else REF_RUNS
         self.kernels["ref"] = ref
         self.ref_posts = [self._ref(ref, launch, f"ref run {i + 1}") for i in range(n)]
+        self._changed, self._pointers = None, {}
         self.found["baseline_determinism"] = trust.skipped(
             "baseline_determinism", "skipped by request") if n == 1 else \
             trust.baseline_determinism(self.policy, self.ref_posts, hints=self.hints,
@@ -146,22 +149,35 @@ class Audit:
         return self.ref_posts
 
     def _modified(self) -> dict[str, bool]:
-        pre = self.replay.pre
-        return {n: any(p[n] != pre[n] for p in self.ref_posts) for n in pre}
+        """Whether some ref run changes each region (of ``baseline``'s runs; computed once)."""
+        if self._changed is None:
+            pre = self.replay.pre
+            self._changed = {n: any(p[n] != pre[n] for p in self.ref_posts) for n in pre}
+        return self._changed
+
+    def _holds_pointers(self, name: str) -> bool:
+        """Whether region ``name``'s captured pre-state holds a pointer into the replayed
+        regions, or ref's post-state there does where it differs (computed once)."""
+        if name not in self._pointers:
+            r = self.replay
+            delta = r.info.mapping.delta
+            lo, hi = r.span[0] + delta, r.span[1] + delta
+            address = r.addresses[[reg.name for reg in r.regions].index(name)]
+            normal = self.ref_posts[0][name]
+            self._pointers[name] = holds_pointers(r.pre[name], address, lo, hi) or (
+                normal != r.pre[name] and holds_pointers(normal, address, lo, hi))
+        return self._pointers[name]
 
     def discover(self, ref: Kernel, launch: Launch) -> None:
         """Find the bytes ref writes whatever they held, and arm poison for them."""
         r = self.replay
         normal, modified = self.ref_posts[0], self._modified()
-        delta = r.info.mapping.delta
-        lo, hi = r.span[0] + delta, r.span[1] + delta
         plan = {}
         regions = [] if "poisoned_outputs" in self.skip else \
             list(zip(r.regions, r.addresses, strict=True))
         for region, address in regions:
             name = region.name
-            if holds_pointers(r.pre[name], address, lo, hi) or \
-                    holds_pointers(normal[name], address, lo, hi):
+            if self._holds_pointers(name):
                 self.not_tested[name] = "holds pointers into the captured regions"
                 continue
             if not modified[name] and self.hints.get(name) not in FLOAT_DTYPES:
@@ -232,10 +248,7 @@ class Audit:
             return self.policy.mutations, "declared" if self.policy.mutations else "off"
         modified = self._modified()
         r = self.replay
-        delta = r.info.mapping.delta
-        lo, hi = r.span[0] + delta, r.span[1] + delta
-        pointers = [reg.name for reg, a in zip(r.regions, r.addresses, strict=True)
-                    if holds_pointers(r.pre[reg.name], a, lo, hi)]
+        pointers = [reg.name for reg in r.regions if self._holds_pointers(reg.name)]
         regions = [(reg.name, reg.size, self.hints.get(reg.name)) for reg in r.regions]
         read_only = [n for n in r.pre if not modified[n] and n not in self.armor.plan]
         return derive(regions, read_only, pointers), "derived"
@@ -438,13 +451,19 @@ class Audit:
         """Bytes any correct kernel must write: those ref changes, and the poisoned ones."""
         total = 0
         for name, pre in self.replay.pre.items():
-            need = np.zeros(len(pre), bool)
             # The same bytes object often comes back for every run (Replay.read_back).
-            for post in {id(p[name]): p[name] for p in self.ref_posts}.values():
-                if post != pre:
-                    need |= np.frombuffer(post, np.uint8) != np.frombuffer(pre, np.uint8)
-            if name in self.armor.plan:
-                runs = self.armor.plan[name][2]
+            changed = [post for post in {id(p[name]): p[name] for p in self.ref_posts}.values()
+                       if post != pre]
+            runs = self.armor.plan[name][2] if name in self.armor.plan else None
+            if not changed and runs is None:
+                continue
+            if runs is not None and runs.nbytes == len(pre):   # every byte is poisoned
+                total += len(pre)
+                continue
+            need = np.zeros(len(pre), bool)
+            for post in changed:
+                need |= np.frombuffer(post, np.uint8) != np.frombuffer(pre, np.uint8)
+            if runs is not None:
                 if len(runs) <= 64:   # a few runs: mark them (a layout costs a region pass)
                     for start, end in runs:
                         need[start:end] = True
