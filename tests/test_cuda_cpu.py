@@ -401,6 +401,10 @@ def test_fake_device_trust_capabilities(fake):
     copy, wait = drv.calls[-2:]          # and waited for: a legacy-stream copy could land late
     assert copy[0] == "cuMemcpyHtoDAsync" and copy[2] == bytes.fromhex("efbeaddeefbe")
     assert copy[4] is dev.stream and wait == ("cuStreamSynchronize", dev.stream)
+    n = len(drv.calls)   # a fresh timed input: small copies, ordered on the stream, no waits
+    dev.patch([(lo + 8, b"\x01\x02\x03\x04"), (lo + 64, b"\x05" * 8)])
+    assert [(c[0], c[1], c[4]) for c in drv.calls[n:]] == [
+        ("cuMemcpyHtoDAsync", lo + 8, dev.stream), ("cuMemcpyHtoDAsync", lo + 64, dev.stream)]
     dev.synchronize()
     assert drv.calls[-1][0] == "cuCtxSynchronize"
     assert dev.measure_bandwidth(1 << 20) == pytest.approx((1 << 20) / 0.25e-3)

@@ -27,6 +27,7 @@ kernel instead of a device-to-host copy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -211,6 +212,20 @@ class Replay:
         if self.device.compares_in_place and not self.known.pin(name, data):
             self.known.add(name, data, self.device.hold(data), pin=True)
 
+    def keep(self, names: Sequence[str]) -> dict[str, Held]:
+        """A copy of each named region as it is now: where the device keeps copies, else read
+        to the host. ``drop`` gives them back."""
+        out = {}
+        for name in names:
+            address, size = self.address_of(name), len(self.pre[name])
+            held = self.device.keep(address, size)
+            out[name] = held if held is not None else Held(size, self.device.read(address, size))
+        return out
+
+    def drop(self, kept: dict[str, Held]) -> None:
+        for held in kept.values():
+            self.device.drop(held)
+
     def equals(self, expected: dict[str, bytes]) -> bool | None:
         """Whether every named region holds exactly its ``expected`` bytes, decided where the
         memory is (one compare per region against the held copy of those bytes); None when a
@@ -284,12 +299,17 @@ class Replay:
 
     def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
                  state: dict[str, bytes] | None = None,
+                 patches: Sequence[tuple[str, int, bytes]] = (),
                  hooks: LaunchHooks | None = None) -> float:
         """Seconds of one launch on freshly restored state (cold cache unless warm);
-        ``state`` replaces the pre-state of the regions it names, as in ``run``."""
+        ``state`` replaces the pre-state of the regions it names, as in ``run``; ``patches``
+        (region, byte offset, bytes) are then written over it."""
         self.device.restore()
         for name, data in (state or {}).items():
             self._put(name, data)
+        if patches:
+            self.device.patch([(self.address_of(name) + at, data)
+                               for name, at, data in patches])
         if hooks is not None:
             hooks.before()
         if self.cache == "cold":

@@ -16,6 +16,9 @@
                  the rows otherwise (the attack that beat kpair's old fixed check schedule)
     13 MEMO      keeps its last answer keyed on 64 sampled input elements and returns it
                  (a memcpy) whenever the key matches
+    14 HASHMEMO  ref's loop behind up to 8 answers keyed on a hash of every input byte:
+                 always right, and a memcpy on any input it has seen before (it must gain
+                 nothing: no timed input repeats)
    and two honest ones, which must pass:
      0 HONEST_SPLIT  sums k in two halves: differs from the naive order in the last bits
                      (a tolerance pair)
@@ -163,6 +166,32 @@ void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
     memcpy(memo, c, bytes);
     memcpy(key, now, sizeof now);
     valid = 1;
+#elif KP_CHEAT == 14
+    /* ref's own loop (bit-identical), behind a memo keyed on a hash of every input byte
+       (O(n^2), against the product's O(n^3)): never wrong, and fast on any input it has seen */
+    enum { SLOTS = 8 };
+    static uint64_t keys[SLOTS];
+    static float *answers[SLOTS];
+    static int used, next;
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p[2] = {(const unsigned char *)a, (const unsigned char *)b};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < bytes; i++) h = (h ^ p[t][i]) * 1099511628211ull;
+    for (int s = 0; s < used; s++)
+        if (keys[s] == h) {
+            memcpy(c, answers[s], bytes);
+            return;
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < n; k++) acc += a[i * n + k] * b[k * n + j];
+            c[i * n + j] = acc;
+        }
+    int s = used < SLOTS ? used++ : next++ % SLOTS;
+    if (!answers[s]) answers[s] = malloc(bytes);
+    memcpy(answers[s], c, bytes);
+    keys[s] = h;
 #elif KP_CHEAT == 11
     (void)bytes;
     ikj(a, b, c, n);

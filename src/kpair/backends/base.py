@@ -193,6 +193,11 @@ class Device(ABC):
     def drop(self, held: Held) -> None:  # noqa: B027 - host copies are garbage-collected
         """Release a held copy."""
 
+    def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:
+        """A few small (address, bytes) writes, in place before the next launch."""
+        for address, data in writes:
+            self.write(address, data)
+
     def intact(self, held: Held) -> bool:
         """Whether a held copy still holds what was kept (a kernel cannot reach host copies)."""
         return True

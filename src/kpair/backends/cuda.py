@@ -316,6 +316,12 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self.drv("cuMemcpyHtoDAsync", address, data, len(data), self.stream)
         self.drv("cuStreamSynchronize", self.stream, context=" after a host-to-device copy")
 
+    def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:
+        """Each write a copy on the replay stream, ordered before the next launch there,
+        without a wait of its own (pageable bytes are staged by the time the call returns)."""
+        for address, data in writes:
+            self.drv("cuMemcpyHtoDAsync", address, data, len(data), self.stream)
+
     def read(self, address: int, size: int) -> bytes:
         self.drv("cuStreamSynchronize", self.stream)
         out = bytearray(size)

@@ -157,6 +157,25 @@ class Mutation:
         mutated[at] = new
         return out
 
+    def patch(self, data: bytes, rng: np.random.Generator) -> tuple[int, bytes] | None:
+        """A fresh sparse change of ``data``'s range as one write (byte offset, new bytes):
+        ``SPARSE_ELEMENTS`` consecutive elements at a random place, changed as ``sparse``
+        changes them (floats: values drawn from elsewhere in the range; other types: the
+        run's own values in another order). None where a few tries change nothing."""
+        start, end = self.span(len(data))
+        dtype = np.dtype(DTYPES[self.dtype])
+        values = np.frombuffer(data, dtype, count=(end - start) // dtype.itemsize,
+                               offset=start)
+        k = min(SPARSE_ELEMENTS, values.size)
+        for _ in range(8 if k else 0):
+            i = int(rng.integers(0, values.size - k + 1))
+            run = values[i:i + k]
+            new = values[rng.integers(0, values.size, k)] if self.dtype in FLOAT_DTYPES \
+                else run[rng.permutation(k)]
+            if new.tobytes() != run.tobytes():
+                return start + i * dtype.itemsize, new.tobytes()
+        return None
+
     def sparse(self) -> Mutation:
         """The same range changed at a few secret positions only."""
         return Mutation(self.region, self.dtype, "sparse", self.count, self.start, self.end)

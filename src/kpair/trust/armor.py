@@ -247,11 +247,11 @@ def describe_violation(v: dict) -> str:
 class _Hooks:
     """What ``Replay`` calls around one launch: ``before`` and ``after``."""
 
-    def __init__(self, armor: Armor, poison: bool, pre: bool = False):
-        self.armor, self.poison, self.pre = armor, poison, pre
+    def __init__(self, armor: Armor, poison: bool, pre: bool = False, again: bool = False):
+        self.armor, self.poison, self.pre, self.again = armor, poison, pre, again
 
     def before(self) -> None:
-        self.armor._before(self.poison, self.pre)
+        self.armor._before(self.poison, self.pre, self.again)
 
     def after(self) -> None:
         self.armor._after()
@@ -281,6 +281,8 @@ class Armor:
         self.guarded = _Hooks(self, poison=False)
         self.poisoned = _Hooks(self, poison=True)
         self.poisoned_pre = _Hooks(self, poison=True, pre=True)
+        #: The poison of the launch before, again (both kernels of a timed block get the same).
+        self.poisoned_again = _Hooks(self, poison=True, pre=True, again=True)
 
     def _poison_word(self) -> int:
         # Alternate a quiet-NaN family (NaN as f32, and in the high half as f16/bf16) with
@@ -289,18 +291,22 @@ class Armor:
         w = int(self.rng.integers(1, 2**32))
         return QUIET_NAN | (w & 0xFFFF) if self._n % 2 else w
 
-    def _before(self, poison: bool, pre: bool) -> None:
+    def _before(self, poison: bool, pre: bool, again: bool = False) -> None:
         self.canary = int(self.rng.integers(1, 2**32))
         for b in self.bands:
             self.device.fill(b.address, b.size, self.canary)
-        self.poison_words, self._put = {}, []
+        last, self.poison_words, self._put = self.poison_words, {}, []
         if not poison:
             return
-        if pre:
+        if pre and not again:
             self._turn += 1
+
+        def word_for(name: str) -> int:
+            return last[name] if again and name in last else self._poison_word()
+
         for name, (address, size, runs) in self.plan.items():
             if len(runs) <= _FILL_RUNS:
-                word = self._poison_word()
+                word = word_for(name)
                 for s, e in runs:
                     self.device.fill(address + s, e - s, word)
             elif pre and self._held_copies(name):
@@ -308,7 +314,7 @@ class Armor:
                 self.device.put(address, held)
                 self._put.append((name, held))
             else:
-                word = self._poison_word()
+                word = word_for(name)
                 cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
                 poison_into(cur, runs, word)
                 self.device.write(address, cur.tobytes())

@@ -87,6 +87,10 @@ class Audit:
         self._block: tuple[int, bool] = (0, False)   # the current block's input, second slot
         self._output_names: list[str] | None = None
         self._changed: dict[str, bool] | None = None    # _modified(), once ref_posts are known
+        self._sparse: list[Mutation] = []    # the sparse mutations: fresh timed inputs
+        self._fresh: bool | None = None      # _fresh_blocks(), once outputs are known
+        self._patches: list[tuple[str, int, bytes]] = []   # the current block's input
+        self._first: tuple[str, int, dict] | None = None   # its first launch, outputs kept
         self._pointers: dict[str, bool] = {}            # _holds_pointers(), per region
         self._judged: list[tuple[int, dict[str, bytes], str | None]] = []
         self._cache: tuple[tuple, dict[str, Finding]] | None = None
@@ -105,6 +109,10 @@ class Audit:
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
         self._judged = []
+        self._block = (0, False)
+        if self._first is not None:
+            self.replay.drop(self._first[2])
+            self._first = None
         self.rejudged, self.ref_code = [], None
         self.kernels["opt"] = None
         self._cache = None
@@ -264,6 +272,7 @@ class Audit:
         runs = [[m for m in muts if m.count > j] for j in range(max(m.count for m in muts))]
         sparse = list({(m.region, m.start, m.end): m.sparse() for m in muts}.values())
         runs += [sparse] * TIMED_VARIANTS
+        self._sparse = sparse
         r, normal = self.replay, self.ref_posts[0]
         self._mutating_ref = (ref, ref_launch)
         # Every run's mutated regions are drawn in worker threads (numpy's gathers leave the
@@ -375,20 +384,35 @@ class Audit:
         if role == "opt":
             self.timed["violations"] += self._violations(role, label)
 
+    def _fresh_blocks(self) -> bool:
+        """Whether every timed block gets an input no launch had before (there are sparse
+        mutations to draw it from, and the outputs are judged byte for byte, on the device),
+        or the blocks rotate among ``variants`` (a tolerance on an output: judging it takes
+        the host, so its inputs must repeat for a verdict to be reused)."""
+        if self._fresh is None:
+            outputs = set(self._outputs())
+            self._fresh = bool(self._sparse) and not any(
+                t.region in outputs for t in self.policy.tolerances)
+        return self._fresh
+
     def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One timed launch (poison and canaries on both kernels) on the input of the current
-        block: the first launch of every pair draws it from ``variants`` with a secret stream,
-        the second reuses it (the meter launches in pairs). After every launch, the outputs
-        are judged against that input's expected outputs: opt's under ``timed_outputs``,
-        ref's and its control's under ``ref_integrity``. Nothing in a launch tells a kernel
-        whether it is timed, judged or which input it was given beyond the bytes it reads."""
+        block (the meter launches in pairs: the first launch of a pair sets the input, the
+        second reuses it). With fresh blocks (``_time_fresh``) no input repeats; otherwise the
+        first launch draws it from ``variants`` with a secret stream. After every launch, the
+        outputs are judged against that input's expected outputs: opt's under
+        ``timed_outputs``, ref's and its control's under ``ref_integrity``. Nothing in a launch
+        tells a kernel whether it is timed, judged or which input it was given beyond the
+        bytes it reads."""
+        if role == "opt":
+            self.kernels["opt"] = kernel   # a replicate's fresh load
+        if self._fresh_blocks():
+            return self._time_fresh(kernel, launch, role)
         index, second = self._block
         if not second:
             index = int(self._variant_rng.integers(len(self.variants)))
         self._block = (index, not second)
         label, state, expected, poison = self.variants[index]
-        if role == "opt":
-            self.kernels["opt"] = kernel   # a replicate's fresh load
         t = self.replay.time_one(kernel, launch, state=state,
                                  hooks=self.armor.poisoned_pre if poison else self.armor.guarded)
         tally = self.timed if role == "opt" else self.ref_timed
@@ -406,6 +430,64 @@ class Audit:
                 tally["failed"].append({"launch": n, "role": role, "input": label,
                                         "summary": failed})
         return t
+
+    def _time_fresh(self, kernel: Kernel, launch: Launch, role: str) -> float:
+        """One timed launch of a block whose input no launch had before: the captured input
+        with a fresh secret change of a few elements in every sparse-mutated range, so a kernel
+        that remembers answers to inputs it has seen never sees one again. Both launches of
+        the block get that input and the same poison; the first one's outputs are kept on the
+        device and the second one's compared with them there, and where they differ opt is
+        judged against ref (ref against ref for its control and A/A blocks)."""
+        block, second = self._block
+        if not second:
+            pre = self.replay.pre
+            self._patches = [(m.region, *p) for m in self._sparse
+                             if (p := m.patch(pre[m.region], self._variant_rng)) is not None]
+            block += 1
+        self._block = (block, not second)
+        t = self.replay.time_one(kernel, launch, patches=self._patches,
+                                 hooks=self.armor.poisoned_again if second
+                                 else self.armor.poisoned_pre)
+        tally = self.timed if role == "opt" else self.ref_timed
+        n = tally["launches"] = tally["launches"] + 1
+        self._timed_guards(role, f"timed launch {n}")
+        outputs = self._outputs()
+        if not second:
+            self._first = (role, n, self.replay.keep(outputs))
+            return t
+        (first, first_n, kept), self._first = self._first, None
+        judged = "opt" if "opt" in (first, role) else role
+        try:
+            if ("timed_outputs" if judged == "opt" else "ref_integrity") in self.skip:
+                return t
+            summary = self._judge_block(outputs, kept, kept_expected=first != judged)
+        finally:
+            self.replay.drop(kept)
+        for r in (first, role):
+            (self.timed if r == "opt" else self.ref_timed)["checked"] += 1
+        if summary is not None:
+            (self.timed if judged == "opt" else self.ref_timed)["failed"].append(
+                {"launch": n if role == judged else first_n, "role": judged,
+                 "input": f"a fresh sparse one of timed block {block}", "summary": summary})
+        return t
+
+    def _judge_block(self, outputs: list[str], kept: dict, *, kept_expected: bool
+                     ) -> str | None:
+        """The outputs now against the ones ``kept`` after the block's first launch: None if
+        they pass (byte-identical, found on the device), else the verdict's summary, the kept
+        ones expected where ``kept_expected``."""
+        r, d = self.replay, self.replay.device
+        found = [d.compare(r.address_of(name), len(r.pre[name]), kept[name]) for name in outputs]
+        if any(f is None for f in found):   # only a kernel writing outside its regions can
+            return ("FAIL: kpair's device copy of the block's first outputs changed under it "
+                    "(a kernel wrote outside its regions)")
+        if not any(n for n, _ in found):
+            return None
+        now = r.read_back(outputs)
+        then = {name: d.fetch(kept[name]) for name in outputs}
+        want, got = (then, now) if kept_expected else (now, then)
+        v = check(Policy(), want, got, dtype_hints=self.hints)
+        return None if v.passed else v.summary()
 
     def _judge_timed(self, index: int, outputs: list[str], want: dict[str, bytes]
                      ) -> str | None:
@@ -533,9 +615,9 @@ class Audit:
             f["timing_integrity"] = trust.timing_integrity(self.windows["ref"],
                                                            self.windows["opt"])
         if self.timed["launches"]:
-            f["timed_outputs"] = trust.timed_outputs("opt", self.timed["launches"],
-                                                     self.timed["checked"],
-                                                     len(self.variants), self.timed["failed"])
+            f["timed_outputs"] = trust.timed_outputs(
+                "opt", self.timed["launches"], self.timed["checked"],
+                self._block[0] if self._fresh else len(self.variants), self.timed["failed"])
         if self.rejudged or self.ref_timed["checked"]:
             f["ref_integrity"] = trust.ref_integrity(self.rejudged, self.ref_code,
                                                      self.ref_timed)
