@@ -325,12 +325,16 @@ class Audit:
         changed = any(expected[k] != normal[k] for k in expected if k not in state)
         self._mutated.append((label, state, expected, changed, what))
         if timed:
-            # Poisoned like the captured input only where ref's answer survives it.
-            poison = not self.armor.plan or self._poison_holds(len(self._mutated) - 1)
+            # Poisoned like the captured input only where ref's answer survives it. With fresh
+            # timed blocks only ref's rejudging runs on it (unpoisoned, no launch spent here),
+            # and its outputs are never compared on the device.
+            fresh = self._fresh_blocks()
+            poison = not self.armor.plan or (
+                not fresh and self._poison_holds(len(self._mutated) - 1))
             self.variants.append((label, state, expected, poison))
             for name, data in state.items():
                 r.pin(name, data)
-            for name in self._outputs():
+            for name in [] if fresh else self._outputs():
                 r.pin(name, expected[name])
 
     def ref_reloaded(self, ref: Kernel) -> None:
