@@ -321,14 +321,20 @@ class Replay:
         return t
 
     def time_window(self, kernel: Kernel, launch: Launch | None = None, *,
+                    patches: Sequence[tuple[str, int, bytes]] = (),
                     hooks: LaunchHooks | None = None) -> tuple[float, float]:
-        """(timer seconds, window seconds) of one launch: the window opens just before the
-        launch and closes after the whole device has synchronized, on the device's
-        ``window_clock`` (wall time; CPU time on host). No cache flush: what the timer misses
-        does not depend on it, and a flush is the costly part of a launch."""
+        """(timer seconds, window seconds) of one launch prepared as ``time_one`` prepares
+        one (restore, ``patches``, hooks, the cache flush: nothing tells the two apart): the
+        window opens just before the launch and closes after the whole device has
+        synchronized, on the device's ``window_clock`` (wall time; CPU time on host)."""
         self.device.restore()
+        if patches:
+            self.device.patch([(self.address_of(name) + at, data)
+                               for name, at, data in patches])
         if hooks is not None:
             hooks.before()
+        if self.cache == "cold":
+            self.device.flush_cache()
         w0 = self.device.window_clock()
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)

@@ -379,9 +379,12 @@ class Audit:
         if "timing_integrity" in self.skip:
             return
         for i in range(TIMING_LAUNCHES):
+            # With fresh timed blocks the windows get fresh inputs too: a kernel cannot tell
+            # a window from a timed launch by having seen its input before.
+            patches = self._fresh_input() if self._fresh_blocks() else []
             for role, k, launch in (("ref", ref, ref_launch), ("opt", opt, opt_launch)):
-                self.windows[role].append(self.replay.time_window(k, launch,
-                                                                  hooks=self.armor.poisoned_pre))
+                self.windows[role].append(self.replay.time_window(
+                    k, launch, patches=patches, hooks=self.armor.poisoned_pre))
                 self._timed_guards(role, f"timing-window launch {i + 1}")
 
     def _timed_guards(self, role: str, label: str) -> None:
@@ -435,6 +438,13 @@ class Audit:
                                         "summary": failed})
         return t
 
+    def _fresh_input(self) -> list[tuple[str, int, bytes]]:
+        """An input no launch had before: (region, offset, bytes) writes over the captured
+        one, a few elements in every sparse-mutated range, from the secret stream."""
+        pre = self.replay.pre
+        return [(m.region, *p) for m in self._sparse
+                if (p := m.patch(pre[m.region], self._variant_rng)) is not None]
+
     def _time_fresh(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One timed launch of a block whose input no launch had before: the captured input
         with a fresh secret change of a few elements in every sparse-mutated range, so a kernel
@@ -444,9 +454,7 @@ class Audit:
         judged against ref (ref against ref for its control and A/A blocks)."""
         block, second = self._block
         if not second:
-            pre = self.replay.pre
-            self._patches = [(m.region, *p) for m in self._sparse
-                             if (p := m.patch(pre[m.region], self._variant_rng)) is not None]
+            self._patches = self._fresh_input()
             block += 1
         self._block = (block, not second)
         t = self.replay.time_one(kernel, launch, patches=self._patches,
