@@ -653,8 +653,12 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
             assert found["poisoned_outputs"].failed and not verdict.passed
             assert "still hold the poison" in found["poisoned_outputs"].reason
             return
-        # An honest opt: three checked runs and every ABBA launch judged, no region read.
+        # An honest opt: three checked runs and every ABBA launch judged, no region read;
+        # four blocks, each on a fresh input written as one small copy per mutated range.
         assert verdict.passed and audit.timed["checked"] == 8 and not audit.timed["failed"]
+        assert audit._fresh and audit._block == (4, False)
+        small = [c for c in drv.calls if c[0] == "cuMemcpyHtoDAsync" and c[3] == 16]
+        assert len(small) >= 8 * 2   # x and y, every launch
         assert drv.d2h - before < region // 4
         audit.differential(opt, launch)
         assert audit.diff_runs and all(r.verdict.passed for r in audit.diff_runs)
