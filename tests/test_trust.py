@@ -419,7 +419,9 @@ def test_a_memo_of_every_input_byte_gains_nothing(suite, policy):
     three inputs). Every timed block now gets an input no launch had before: no hit, no gain."""
     r = suite("hashmemo", policy)
     assert r["status"] == "pass", summarize(r)
-    assert r["speed"]["difference"] != "faster", summarize(r)
+    # Without a hit it is ref plus a hash (0.76-0.84x here); a busy machine blurs 8 blocks
+    # (1.24x seen beside a full test run), hits would make it a memcpy (3.2x and more).
+    assert r["speed"]["speedup"] < 2.0, summarize(r)
     timed = r["trust"]["timed_outputs"]["finding"]
     assert timed["checked"] == timed["launches"] > 0
     assert timed["input_variants"] >= timed["launches"] // 2   # one fresh input per block
