@@ -297,13 +297,11 @@ class Replay:
             hooks.after()
         return self.read_back(fills=fills)
 
-    def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
-                 state: dict[str, bytes] | None = None,
-                 patches: Sequence[tuple[str, int, bytes]] = (),
-                 hooks: LaunchHooks | None = None) -> float:
-        """Seconds of one launch on freshly restored state (cold cache unless warm);
-        ``state`` replaces the pre-state of the regions it names, as in ``run``; ``patches``
-        (region, byte offset, bytes) are then written over it."""
+    def _prepare_timed(self, state: dict[str, bytes] | None,
+                       patches: Sequence[tuple[str, int, bytes]],
+                       hooks: LaunchHooks | None) -> None:
+        """What comes before every timed launch: restore, ``state`` (as in ``run``), then
+        ``patches`` (region, byte offset, bytes) over it, the hooks, the cache flush."""
         self.device.restore()
         for name, data in (state or {}).items():
             self._put(name, data)
@@ -314,6 +312,14 @@ class Replay:
             hooks.before()
         if self.cache == "cold":
             self.device.flush_cache()
+
+    def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
+                 state: dict[str, bytes] | None = None,
+                 patches: Sequence[tuple[str, int, bytes]] = (),
+                 hooks: LaunchHooks | None = None) -> float:
+        """Seconds of one launch on freshly restored state (cold cache unless warm), prepared
+        by ``_prepare_timed``."""
+        self._prepare_timed(state, patches, hooks)
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)
         if hooks is not None:
@@ -324,17 +330,10 @@ class Replay:
                     patches: Sequence[tuple[str, int, bytes]] = (),
                     hooks: LaunchHooks | None = None) -> tuple[float, float]:
         """(timer seconds, window seconds) of one launch prepared as ``time_one`` prepares
-        one (restore, ``patches``, hooks, the cache flush: nothing tells the two apart): the
-        window opens just before the launch and closes after the whole device has
-        synchronized, on the device's ``window_clock`` (wall time; CPU time on host)."""
-        self.device.restore()
-        if patches:
-            self.device.patch([(self.address_of(name) + at, data)
-                               for name, at, data in patches])
-        if hooks is not None:
-            hooks.before()
-        if self.cache == "cold":
-            self.device.flush_cache()
+        one (nothing tells the two apart): the window opens just before the launch and closes
+        after the whole device has synchronized, on the device's ``window_clock`` (wall time;
+        CPU time on host)."""
+        self._prepare_timed(None, patches, hooks)
         w0 = self.device.window_clock()
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)

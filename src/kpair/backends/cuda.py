@@ -313,7 +313,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         non-blocking replay stream does not wait for. A launch right after it could read the
         region half old. (benchmarks/htod_order.py looks for that on a device: 0 of 40 rounds
         of 64 MiB on the H200, so the ordering rests on the documented semantics.)"""
-        self.drv("cuMemcpyHtoDAsync", address, data, len(data), self.stream)
+        self.patch(((address, data),))
         self.drv("cuStreamSynchronize", self.stream, context=" after a host-to-device copy")
 
     def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:

@@ -170,7 +170,7 @@ class Audit:
             r = self.replay
             delta = r.info.mapping.delta
             lo, hi = r.span[0] + delta, r.span[1] + delta
-            address = r.addresses[[reg.name for reg in r.regions].index(name)]
+            address = r.address_of(name)
             normal = self.ref_posts[0][name]
             self._pointers[name] = holds_pointers(r.pre[name], address, lo, hi) or (
                 normal != r.pre[name] and holds_pointers(normal, address, lo, hi))
