@@ -38,6 +38,7 @@ from .backends.base import Held, fill_bytes
 from .errors import AbiMismatch, ArchitectureMismatch
 from .formats import Record
 from .placement import patch_pointers, span_of
+from .policy.mutation import Patch
 from .snapshot import Launch, Snapshot, require_complete
 
 
@@ -298,16 +299,15 @@ class Replay:
         return self.read_back(fills=fills)
 
     def _prepare_timed(self, state: dict[str, bytes] | None,
-                       patches: Sequence[tuple[str, int, bytes]],
+                       patches: Sequence[tuple[str, Patch]],
                        hooks: LaunchHooks | None) -> None:
         """What comes before every timed launch: restore, ``state`` (as in ``run``), then
-        ``patches`` (region, byte offset, bytes) over it, the hooks, the cache flush."""
+        ``patches`` ((region, ``Patch``) pairs) over it, the hooks, the cache flush."""
         self.device.restore()
         for name, data in (state or {}).items():
             self._put(name, data)
-        if patches:
-            self.device.patch([(self.address_of(name) + at, data)
-                               for name, at, data in patches])
+        for name, p in patches:
+            self.device.scatter(self.address_of(name), p)
         if hooks is not None:
             hooks.before()
         if self.cache == "cold":
@@ -315,7 +315,7 @@ class Replay:
 
     def time_one(self, kernel: Kernel, launch: Launch | None = None, *,
                  state: dict[str, bytes] | None = None,
-                 patches: Sequence[tuple[str, int, bytes]] = (),
+                 patches: Sequence[tuple[str, Patch]] = (),
                  hooks: LaunchHooks | None = None) -> float:
         """Seconds of one launch on freshly restored state (cold cache unless warm), prepared
         by ``_prepare_timed``."""
@@ -327,7 +327,7 @@ class Replay:
         return t
 
     def time_window(self, kernel: Kernel, launch: Launch | None = None, *,
-                    patches: Sequence[tuple[str, int, bytes]] = (),
+                    patches: Sequence[tuple[str, Patch]] = (),
                     hooks: LaunchHooks | None = None) -> tuple[float, float]:
         """(timer seconds, window seconds) of one launch prepared as ``time_one`` prepares
         one (nothing tells the two apart): the window opens just before the launch and closes

@@ -19,6 +19,10 @@
     14 HASHMEMO  ref's loop behind up to 8 answers keyed on a hash of every input byte:
                  always right, and a memcpy on any input it has seen before (it must gain
                  nothing: no timed input repeats)
+    15 DELTAMEMO ref's loop for the outputs that the elements changed since its last call
+                 can reach, its last answer for the others: always right, and nearly free
+                 on an input that differs from the last one in a few elements (it must gain
+                 nothing: a fresh input changes every row)
    and two honest ones, which must pass:
      0 HONEST_SPLIT  sums k in two halves: differs from the naive order in the last bits
                      (a tolerance pair)
@@ -192,6 +196,36 @@ void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
     if (!answers[s]) answers[s] = malloc(bytes);
     memcpy(answers[s], c, bytes);
     keys[s] = h;
+#elif KP_CHEAT == 15
+    /* ref's own loop (bit-identical) for the outputs a change can reach, its last answer for
+       the rest: C[i][j] is redone when row i of A or column j of B differs from the last
+       call's. O(n^2) to find the changes, against the product's O(n^3): a large gain
+       whenever a fresh input changes a few elements only, none when every row changes */
+    static float *last_a, *last_b, *last_c;
+    static int last_n;
+    if (last_n != n) {
+        free(last_a), free(last_b), free(last_c);
+        last_a = malloc(bytes), last_b = malloc(bytes), last_c = malloc(bytes);
+        last_n = n;
+        memset(last_a, 0xFF, bytes);  /* NaN bits: nothing matches the first call */
+        memset(last_b, 0xFF, bytes);
+    }
+    char *row = calloc((size_t)n, 1), *col = calloc((size_t)n, 1);
+    for (int i = 0; i < n; i++) row[i] = memcmp(a + i * n, last_a + i * n, n * sizeof(float)) != 0;
+    for (int k = 0; k < n; k++)
+        for (int j = 0; j < n; j++) col[j] |= memcmp(b + k * n + j, last_b + k * n + j, 4) != 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            if (!row[i] && !col[j]) {
+                c[i * n + j] = last_c[i * n + j];
+                continue;
+            }
+            float acc = 0.0f;
+            for (int k = 0; k < n; k++) acc += a[i * n + k] * b[k * n + j];
+            c[i * n + j] = acc;
+        }
+    memcpy(last_a, a, bytes), memcpy(last_b, b, bytes), memcpy(last_c, c, bytes);
+    free(row), free(col);
 #elif KP_CHEAT == 11
     (void)bytes;
     ikj(a, b, c, n);

@@ -21,10 +21,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..snapshot import Launch, Param
+
+if TYPE_CHECKING:
+    from ..policy.mutation import Patch
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,10 @@ class Device(ABC):
         """A few small (address, bytes) writes, in place before the next launch."""
         for address, data in writes:
             self.write(address, data)
+
+    def scatter(self, address: int, p: Patch) -> None:
+        """A ``Patch`` over the region at ``address``, in place before the next launch."""
+        self.patch(p.writes(address))
 
     def intact(self, held: Held) -> bool:
         """Whether a held copy still holds what was kept (a kernel cannot reach host copies)."""

@@ -39,6 +39,9 @@ import os
 import secrets
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..errors import (
     ArchitectureMismatch,
@@ -64,6 +67,9 @@ from ._cuda_driver import (
 from ._vmm import SpanPlacement
 from .base import Device, Kernel, Mapping
 
+if TYPE_CHECKING:
+    from ..policy.mutation import Patch
+
 #: Above this much dynamic shared memory a kernel must opt in (MAX_DYNAMIC_SHARED_SIZE_BYTES).
 DEFAULT_DYNAMIC_SMEM = 48 << 10
 #: Load failures that mean "this image is not for this device / driver".
@@ -71,6 +77,10 @@ _ARCH_ERRORS = {"CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE",
                 "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
                 "CUDA_ERROR_JIT_COMPILER_NOT_FOUND", "CUDA_ERROR_INVALID_SOURCE"}
 _PREPARED_PER_KERNEL = 8
+#: A patch of up to this many runs is a copy per run; more go through one kp_copy launch,
+#: of at most _GRID_ROWS rows (grid y) each.
+_FEW_RUNS = 4
+_GRID_ROWS = 65535
 
 
 class CudaKernel(Kernel):
@@ -114,6 +124,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self._counters = 0                        # kp_diff's output triples
         self._spare: dict[int, list[int]] = {}    # dropped held buffers, by size
         self._table, self._table_stale = 0, True  # kp_copy's table of staged copies
+        self._scratch = (0, 0)                    # scatter's table and bytes: (ptr, size)
         try:
             self._open(flush_bytes, gate)
         except BaseException:
@@ -321,6 +332,30 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         without a wait of its own (pageable bytes are staged by the time the call returns)."""
         for address, data in writes:
             self.drv("cuMemcpyHtoDAsync", address, data, len(data), self.stream)
+
+    def scatter(self, address: int, p: Patch) -> None:
+        """Many runs in one upload and one ``kp_copy`` launch (a table row per run) instead of
+        a copy each; the scratch is cleared on the stream right after, so a kernel launched
+        next finds no list of what changed where."""
+        runs = len(p.offsets)
+        if runs <= _FEW_RUNS or not self.compares_in_place:
+            return super().scatter(address, p)
+        need = runs * (24 + p.size)
+        if self._scratch[1] < need:
+            if self._scratch[0]:
+                self.drv("cuMemFree", self._scratch[0])
+                self._allocs.remove(self._scratch[0])
+            self._scratch = (self._alloc(need), need)
+        buf = self._scratch[0]
+        table = np.empty((runs, 3), "<u8")
+        table[:, 0] = address + p.offsets
+        table[:, 1] = buf + 24 * runs + np.arange(runs, dtype=np.uint64) * p.size
+        table[:, 2] = p.size
+        self.patch(((buf, table.tobytes() + p.data),))
+        for at in range(0, runs, _GRID_ROWS):
+            self._run_check(self._checks[1], 1, min(_GRID_ROWS, runs - at),
+                            struct.pack("<Q", buf + 24 * at))
+        self.drv("cuMemsetD8Async", buf, 0, need, self.stream)
 
     def read(self, address: int, size: int) -> bytes:
         self.drv("cuStreamSynchronize", self.stream)

@@ -269,6 +269,12 @@ class HipDevice(SpanPlacement, Device):
         self.rt("hipMemcpyHtoDAsync", address, bytes(data), len(data), self.stream)
         self.rt("hipStreamSynchronize", self.stream, context=" after a host-to-device copy")
 
+    def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:
+        """Each write a copy on the replay stream, ordered before the next launch there (as
+        ``CudaDevice.patch``); a fresh timed input is a copy per run here (no check kernels)."""
+        for address, data in writes:
+            self.rt("hipMemcpyHtoDAsync", address, bytes(data), len(data), self.stream)
+
     def read(self, address: int, size: int) -> bytes:
         self.rt("hipStreamSynchronize", self.stream)
         out = bytearray(size)

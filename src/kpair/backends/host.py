@@ -53,6 +53,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -68,6 +69,9 @@ from ..placement import granular_spans
 from ..snapshot import SCALAR_FORMATS, Launch, Param
 from . import _sandbox
 from .base import Device, Kernel, Mapping
+
+if TYPE_CHECKING:
+    from ..policy.mutation import Patch
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROT_RW = 0x1 | 0x2
@@ -552,6 +556,16 @@ class HostDevice(Device):
 
     def read(self, address: int, size: int) -> bytes:
         return b"".join(ctypes.string_at(ptr, n) for ptr, n in self._segments(address, size))
+
+    def scatter(self, address: int, p: Patch) -> None:
+        first = address + int(p.offsets[0])
+        span = int(p.offsets[-1] - p.offsets[0]) + p.size
+        pieces = list(self._segments(first, span))
+        if len(pieces) != 1:    # across placed regions: one write per run
+            return super().scatter(address, p)
+        view = np.frombuffer((ctypes.c_char * span).from_address(pieces[0][0]), np.uint8)
+        at = (p.offsets - p.offsets[0])[:, None] + np.arange(p.size)
+        view[at.ravel()] = np.frombuffer(p.data, np.uint8)
 
     def stage(self, address: int, data: bytes) -> None:
         self._staged.append((address, bytes(data)))

@@ -11,7 +11,8 @@ kernel that keys a memo or a specialization on a sample of input elements sees t
 and gives the captured answer, which is wrong there. The differential check
 (``kpair.trust.audit``) runs ref and opt on ``count`` such inputs and judges opt against ref
 under the policy's own criteria: a kernel that hard-codes the captured answer, or returns a
-cached one, fails there.
+cached one, fails there. ``Mutation.patch`` makes the fresh input of every timed block: a
+few elements changed in every window of the range (``PATCH_WINDOW``).
 
 Declared in ``validation_policy.json`` under ``mutations`` (contract in ``docs/format.md``);
 ``MutationDoc`` is the JSON shape.
@@ -31,8 +32,14 @@ from ..errors import PolicyError
 from ..formats import Record
 
 METHODS = ("permute", "resample", "sparse")
-#: Elements a sparse mutation changes.
+#: Elements a sparse mutation changes (and a fresh timed input, in every window).
 SPARSE_ELEMENTS = 4
+#: A fresh timed input (``Mutation.patch``) changes a run of SPARSE_ELEMENTS elements in every
+#: window of this many bytes of a sparse-mutated range, up to PATCH_RUNS runs (wider windows
+#: past that): spread so that a kernel which keeps its last answer and recomputes only what
+#: the changed elements touch (a delta memo) has every row of a matrix to redo.
+PATCH_WINDOW = 256
+PATCH_RUNS = 16384
 MAX_COUNT = 64
 #: Up to this many elements a mutation draws uniformly from every permutation (or sample);
 #: a larger range is cut into tiles of TILE elements, and the tiles are shuffled (or drawn
@@ -78,6 +85,21 @@ def _sparse(values: np.ndarray, rng: np.random.Generator, swap: bool
         if (new.view(np.uint8) != values[at].view(np.uint8)).any():
             return at, new
     return at[:0], new[:0]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Writes of ``size`` bytes each over a range: run i is ``data[i*size:(i+1)*size]`` at
+    byte offset ``offsets[i]`` of the region (ascending, never overlapping)."""
+
+    offsets: np.ndarray
+    size: int
+    data: bytes
+
+    def writes(self, base: int = 0) -> list[tuple[int, bytes]]:
+        """The runs as (``base`` + offset, bytes) pairs."""
+        return [(base + int(o), self.data[i * self.size:(i + 1) * self.size])
+                for i, o in enumerate(self.offsets)]
 
 
 class MutationDoc(Record, omit_defaults=True):
@@ -157,23 +179,31 @@ class Mutation:
         mutated[at] = new
         return out
 
-    def patch(self, data: bytes, rng: np.random.Generator) -> tuple[int, bytes] | None:
-        """A fresh sparse change of ``data``'s range as one write (byte offset, new bytes):
-        ``SPARSE_ELEMENTS`` consecutive elements at a random place, changed as ``sparse``
-        changes them (floats: values drawn from elsewhere in the range; other types: the
-        run's own values in another order). None where a few tries change nothing."""
+    def patch(self, data: bytes, rng: np.random.Generator) -> Patch | None:
+        """A fresh change of ``data``'s range spread over all of it: in every window of
+        ``PATCH_WINDOW`` bytes (wider past ``PATCH_RUNS`` windows), ``SPARSE_ELEMENTS``
+        consecutive elements at a random place, changed as ``sparse`` changes them (floats:
+        values drawn from anywhere in the range; other types: the run's own values in
+        another order). None where a few tries change nothing."""
         start, end = self.span(len(data))
         dtype = np.dtype(DTYPES[self.dtype])
         values = np.frombuffer(data, dtype, count=(end - start) // dtype.itemsize,
                                offset=start)
-        k = min(SPARSE_ELEMENTS, values.size)
-        for _ in range(8 if k else 0):
-            i = int(rng.integers(0, values.size - k + 1))
-            run = values[i:i + k]
-            new = values[rng.integers(0, values.size, k)] if self.dtype in FLOAT_DTYPES \
-                else run[rng.permutation(k)]
-            if new.tobytes() != run.tobytes():
-                return start + i * dtype.itemsize, new.tobytes()
+        n = values.size
+        k = min(SPARSE_ELEMENTS, n)
+        if not k:
+            return None
+        runs = min(max(1, -(-(end - start) // PATCH_WINDOW)), PATCH_RUNS, n // k)
+        lo = np.arange(runs, dtype=np.int64) * n // runs      # window w: [lo[w], lo[w + 1])
+        room = np.append(lo[1:], n) - lo - k + 1               # where a run of k fits in it
+        at = (lo + (rng.random(runs) * room).astype(np.int64))[:, None] + np.arange(k)
+        old = values[at]
+        for _ in range(8):
+            new = values[rng.integers(0, n, (runs, k))] if self.dtype in FLOAT_DTYPES else \
+                np.take_along_axis(old, rng.random((runs, k)).argsort(axis=1), axis=1)
+            if new.tobytes() != old.tobytes():
+                return Patch(start + at[:, 0] * dtype.itemsize, k * dtype.itemsize,
+                             new.tobytes())
         return None
 
     def sparse(self) -> Mutation:

@@ -27,7 +27,7 @@ from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
 from ..errors import KpairError, UsageError
 from ..placement import holds_pointers
 from ..policy import Mutation, Policy, Verdict, check
-from ..policy.mutation import derive
+from ..policy.mutation import Patch, derive
 from ..replay import Replay
 from ..snapshot import Launch
 from . import findings as trust
@@ -438,11 +438,12 @@ class Audit:
                                         "summary": failed})
         return t
 
-    def _fresh_input(self) -> list[tuple[str, int, bytes]]:
-        """An input no launch had before: (region, offset, bytes) writes over the captured
-        one, a few elements in every sparse-mutated range, from the secret stream."""
+    def _fresh_input(self) -> list[tuple[str, Patch]]:
+        """An input no launch had before: (region, ``Patch``) writes over the captured one,
+        a few elements in every window of every sparse-mutated range, from the secret
+        stream."""
         pre = self.replay.pre
-        return [(m.region, *p) for m in self._sparse
+        return [(m.region, p) for m in self._sparse
                 if (p := m.patch(pre[m.region], self._variant_rng)) is not None]
 
     def _time_fresh(self, kernel: Kernel, launch: Launch, role: str) -> float:
