@@ -450,7 +450,7 @@ def test_a_fresh_input_changes_a_few_elements_in_every_window():
     window = 1000 // runs * 4                      # one run inside each window of elements
     assert all(w * window <= o <= (w + 2) * window for w, o in enumerate(p.offsets))
     new = np.frombuffer(p.data, np.float32)
-    assert set(new) <= set(values)                 # floats: values drawn from the range
+    assert set(new) <= set(values)                 # floats: values taken from the range
     old = np.concatenate([values[o // 4:o // 4 + 4] for o in p.offsets])
     assert (new != old).any()
     idx = np.arange(100, dtype=np.int64).tobytes()   # indices: each run's own, reordered
