@@ -39,7 +39,7 @@ SPARSE_ELEMENTS = 4
 #: past that): spread so that a kernel which keeps its last answer and recomputes only what
 #: the changed elements touch (a delta memo) has every row of a matrix to redo.
 PATCH_WINDOW = 256
-PATCH_RUNS = 16384
+PATCH_RUNS = 4096
 MAX_COUNT = 64
 #: Up to this many elements a mutation draws uniformly from every permutation (or sample);
 #: a larger range is cut into tiles of TILE elements, and the tiles are shuffled (or drawn
