@@ -569,9 +569,9 @@ def test_a_fresh_input_of_many_runs_is_one_upload_and_one_copy_launch_then_clear
         before = bytes(dev.read(lo + 5, 4096))
         offsets = np.arange(0, 4000, 256, dtype=np.int64) + 5   # 16 runs, unaligned
         p = Patch(offsets, 6, bytes(range(96)))
-        dev.scatter(lo, Patch(offsets, 6, bytes(96)))          # the first one allocates
+        dev.scatter([(lo, Patch(offsets, 6, bytes(96)))])      # the first one allocates
         n = len(drv.calls)
-        dev.scatter(lo, p)
+        dev.scatter([(lo, p)])
         calls = [c[0] for c in drv.calls[n:]]
         assert calls == ["cuMemcpyHtoDAsync", "cuLaunchKernel", "cuMemsetD8Async"]
         want = bytearray(before)
@@ -580,7 +580,7 @@ def test_a_fresh_input_of_many_runs_is_one_upload_and_one_copy_launch_then_clear
         assert dev.read(lo + 5, 4096) == bytes(want)
         # what changed where is not left on the device for the next launch to find
         assert not any(drv._at(dev._scratch[0], dev._scratch[1]))
-        dev.scatter(lo, Patch(offsets[:2], 6, bytes(12)))      # a few runs: a copy each
+        dev.scatter([(lo, Patch(offsets[:2], 6, bytes(12)))])  # a few runs: a copy each
         assert [c[0] for c in drv.calls[-2:]] == ["cuMemcpyHtoDAsync"] * 2
     finally:
         dev.close()
@@ -682,13 +682,13 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
             assert "still hold the poison" in found["poisoned_outputs"].reason
             return
         # An honest opt: three checked runs and every ABBA launch judged, no region read;
-        # four blocks, each on a fresh input: per mutated range one upload of a table and
-        # the changed bytes of 4 elements in every 256 bytes (256 runs), and one copy launch.
+        # four blocks, each on a fresh input: one upload of a table and the changed bytes of
+        # 4 elements in every 256 bytes of x and y (256 runs each), and one copy launch.
         assert verdict.passed and audit.timed["checked"] == 8 and not audit.timed["failed"]
         assert audit._fresh and audit._block == (4, False)
         uploads = [c for c in drv.calls if c[0] == "cuMemcpyHtoDAsync"
-                   and c[3] == 256 * (24 + 16)]
-        assert len(uploads) >= 8 * 2   # x and y, every launch
+                   and c[3] == 2 * 256 * (24 + 16)]
+        assert len(uploads) >= 8   # every launch
         assert drv.d2h - before < region // 4
         audit.differential(opt, launch)
         assert audit.diff_runs and all(r.verdict.passed for r in audit.diff_runs)

@@ -470,7 +470,7 @@ def test_a_fresh_input_changes_a_few_elements_in_every_window():
     want = bytearray(region.raw)
     for at, run in p.writes():
         want[at:at + len(run)] = run
-    HostDevice().scatter(ctypes.addressof(region), p)
+    HostDevice().scatter([(ctypes.addressof(region), p)])
     assert region.raw == bytes(want) != bytes(range(256)) * 64
 
 

@@ -306,8 +306,8 @@ class Replay:
         self.device.restore()
         for name, data in (state or {}).items():
             self._put(name, data)
-        for name, p in patches:
-            self.device.scatter(self.address_of(name), p)
+        if patches:
+            self.device.scatter([(self.address_of(name), p) for name, p in patches])
         if hooks is not None:
             hooks.before()
         if self.cache == "cold":

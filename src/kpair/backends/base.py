@@ -202,9 +202,10 @@ class Device(ABC):
         for address, data in writes:
             self.write(address, data)
 
-    def scatter(self, address: int, p: Patch) -> None:
-        """A ``Patch`` over the region at ``address``, in place before the next launch."""
-        self.patch(p.writes(address))
+    def scatter(self, patches: Sequence[tuple[int, Patch]]) -> None:
+        """(region address, ``Patch``) pairs, in place before the next launch."""
+        for address, p in patches:
+            self.patch(p.writes(address))
 
     def intact(self, held: Held) -> bool:
         """Whether a held copy still holds what was kept (a kernel cannot reach host copies)."""

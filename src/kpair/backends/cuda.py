@@ -125,6 +125,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self._spare: dict[int, list[int]] = {}    # dropped held buffers, by size
         self._table, self._table_stale = 0, True  # kp_copy's table of staged copies
         self._scratch = (0, 0)                    # scatter's table and bytes: (ptr, size)
+        self._scattered: tuple = ((), b"")        # the last scatter's patches and its upload
         try:
             self._open(flush_bytes, gate)
         except BaseException:
@@ -333,29 +334,40 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         for address, data in writes:
             self.drv("cuMemcpyHtoDAsync", address, data, len(data), self.stream)
 
-    def scatter(self, address: int, p: Patch) -> None:
-        """Many runs in one upload and one ``kp_copy`` launch (a table row per run) instead of
-        a copy each; the scratch is cleared on the stream right after, so a kernel launched
-        next finds no list of what changed where."""
-        runs = len(p.offsets)
+    def scatter(self, patches: Sequence[tuple[int, Patch]]) -> None:
+        """Every run of every patch in one upload and one ``kp_copy`` launch (a table row per
+        run) instead of a copy each; the scratch is cleared on the stream right after, so the
+        kernel launched next finds no list of what changed where. The upload's bytes are
+        built once for the two launches of a block (the same patches)."""
+        runs = sum(len(p.offsets) for _, p in patches)
         if runs <= _FEW_RUNS or not self.compares_in_place:
-            return super().scatter(address, p)
-        need = runs * (24 + p.size)
-        if self._scratch[1] < need:
-            if self._scratch[0]:
-                self.drv("cuMemFree", self._scratch[0])
-                self._allocs.remove(self._scratch[0])
-            self._scratch = (self._alloc(need), need)
-        buf = self._scratch[0]
-        table = np.empty((runs, 3), "<u8")
-        table[:, 0] = address + p.offsets
-        table[:, 1] = buf + 24 * runs + np.arange(runs, dtype=np.uint64) * p.size
-        table[:, 2] = p.size
-        self.patch(((buf, table.tobytes() + p.data),))
+            return super().scatter(patches)
+        last = self._scattered[0]
+        if len(last) != len(patches) or any(a != b or p is not q for (a, p), (b, q)
+                                            in zip(patches, last, strict=True)):
+            need = sum(len(p.offsets) * (24 + p.size) for _, p in patches)
+            if self._scratch[1] < need:
+                if self._scratch[0]:
+                    self.drv("cuMemFree", self._scratch[0])
+                    self._allocs.remove(self._scratch[0])
+                self._scratch = (self._alloc(need), need)
+            table = np.empty((runs, 3), "<u8")
+            data = self._scratch[0] + 24 * runs
+            row = 0
+            for address, p in patches:
+                n = len(p.offsets)
+                table[row:row + n, 0] = address + p.offsets
+                table[row:row + n, 1] = data + np.arange(n, dtype=np.uint64) * p.size
+                table[row:row + n, 2] = p.size
+                data, row = data + n * p.size, row + n
+            self._scattered = (tuple(patches),
+                               b"".join([table.tobytes(), *(p.data for _, p in patches)]))
+        buf, blob = self._scratch[0], self._scattered[1]
+        self.patch(((buf, blob),))
         for at in range(0, runs, _GRID_ROWS):
             self._run_check(self._checks[1], 1, min(_GRID_ROWS, runs - at),
                             struct.pack("<Q", buf + 24 * at))
-        self.drv("cuMemsetD8Async", buf, 0, need, self.stream)
+        self.drv("cuMemsetD8Async", buf, 0, len(blob), self.stream)
 
     def read(self, address: int, size: int) -> bytes:
         self.drv("cuStreamSynchronize", self.stream)

@@ -557,15 +557,17 @@ class HostDevice(Device):
     def read(self, address: int, size: int) -> bytes:
         return b"".join(ctypes.string_at(ptr, n) for ptr, n in self._segments(address, size))
 
-    def scatter(self, address: int, p: Patch) -> None:
-        first = address + int(p.offsets[0])
-        span = int(p.offsets[-1] - p.offsets[0]) + p.size
-        pieces = list(self._segments(first, span))
-        if len(pieces) != 1:    # across placed regions: one write per run
-            return super().scatter(address, p)
-        view = np.frombuffer((ctypes.c_char * span).from_address(pieces[0][0]), np.uint8)
-        at = (p.offsets - p.offsets[0])[:, None] + np.arange(p.size)
-        view[at.ravel()] = np.frombuffer(p.data, np.uint8)
+    def scatter(self, patches: Sequence[tuple[int, Patch]]) -> None:
+        for address, p in patches:
+            first = address + int(p.offsets[0])
+            span = int(p.offsets[-1] - p.offsets[0]) + p.size
+            pieces = list(self._segments(first, span))
+            if len(pieces) != 1:    # across placed regions: one write per run
+                super().scatter([(address, p)])
+                continue
+            view = np.frombuffer((ctypes.c_char * span).from_address(pieces[0][0]), np.uint8)
+            at = (p.offsets - p.offsets[0])[:, None] + np.arange(p.size)
+            view[at.ravel()] = np.frombuffer(p.data, np.uint8)
 
     def stage(self, address: int, data: bytes) -> None:
         self._staged.append((address, bytes(data)))
