@@ -23,7 +23,9 @@ beside N busy-loop processes), and each identical pair as many times with ``kpai
 reads the verification records ``kpair verify`` appended to ``REL/index.json`` and prints one
 JSON document: ``coverage`` (re-verified points inside the published interval / compared),
 per operator its published interval, half-width and re-run points, the identical pairs'
-"no measurable difference" rate, and the wall time per harness.
+"no measurable difference" rate, the wall time per harness, and ``rules``: the same re-runs
+against the intervals other ways of folding in the identical-binary control would have
+published (``RULES``), so a candidate rule is judged on runs it was not chosen from.
 
 ``compact`` publishes the operators of REL whose harnesses are smallest, up to ``--max-mb`` in
 all, into a release of their own (``kpair release add``, with their provenance, plus two
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -181,7 +184,9 @@ def verify(rel: Path, times: int, n_hogs: int, identical_pairs: bool = True) -> 
                 speed = r.get("speed") or {}
                 runs.append({"status": r.get("status"), "speedup": speed.get("speedup"),
                              "interval": speed.get("combined_ci95") or speed.get("ci95"),
-                             "difference": speed.get("difference")})
+                             "difference": speed.get("difference"),
+                             "ci95": speed.get("ci95"),
+                             "bound": (speed.get("systematic") or {}).get("bound")})
     return summary(rel, walls, identical, n_hogs, times)
 
 
@@ -193,6 +198,64 @@ def _ref_median_us(rel: Path, row: dict) -> float | None:
     except (TypeError, OSError, ValueError, KeyError):
         return None
     return (speed.get("debug_only") or {}).get("ref_median_us")
+
+
+#: Ways to fold the identical-binary control's bound b into the re-run interval's log
+#: half-width w, compared on the same re-runs (``rules`` in the output): what kpair publishes
+#: (``linear``) and candidates for it. ``calibrated`` widens w by the ratio of the spread of
+#: run means between processes to what the replicates inside one predict (median 1.19 over
+#: 13 H200 operators, benchmarks/results/replicate_structure_h200_session10.json).
+RULES = {"linear": lambda w, b: w + b, "rerun_only": lambda w, b: w,
+         "quadrature": lambda w, b: math.hypot(w, b),
+         "calibrated": lambda w, b: math.hypot(1.2 * w, b)}
+
+
+def _halves(ci95, bound) -> tuple[float, float] | None:
+    """(w, b): the log half-width of ``ci95`` and the log of the control's bound."""
+    if not ci95 or not bound:
+        return None
+    return (math.log(ci95[1]) - math.log(ci95[0])) / 2, math.log(bound)
+
+
+def rules(ops: list[dict], identical: dict) -> dict:
+    """Per rule: coverage of the same re-runs, median half-width (all, and ref >= 5 us), and
+    the identical pairs' "no measurable difference" rate had their intervals been made so."""
+    out = {}
+    for name, rule in RULES.items():
+        inside = compared = 0
+        halves, long_halves, none = [], [], []
+        for o in ops:
+            if o["log_parts"] is None:
+                continue
+            half = rule(*o["log_parts"])
+            centre = math.log(o["speedup"])
+            for x, ok in zip(o["reruns"], o["inside"], strict=True):
+                compared += 1
+                inside += x is not None and ok is not None and abs(math.log(x) - centre) <= half
+            halves.append(math.expm1(half))
+            if (o["ref_median_us"] or 0) >= 5:
+                long_halves.append(math.expm1(half))
+        for runs in identical.values():
+            for r in runs:
+                parts = _halves(r.get("ci95"), r.get("bound"))
+                if parts and r.get("speedup"):
+                    none.append(abs(math.log(r["speedup"])) <= rule(*parts))
+        out[name] = {"coverage": inside / compared if compared else None,
+                     "inside": inside, "compared": compared,
+                     "median_half_width": statistics.median(halves) if halves else None,
+                     "median_half_width_ref_ge_5us": statistics.median(long_halves)
+                     if long_halves else None,
+                     "identical_no_difference": sum(none) / len(none) if none else None}
+    return out
+
+
+def _log_parts(rel: Path, row: dict) -> tuple[float, float] | None:
+    path = (row.get("paths") or {}).get("result")
+    try:
+        speed = json.loads((rel / path).read_text())["speed"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+    return _halves(speed.get("ci95"), (speed.get("systematic") or {}).get("bound"))
 
 
 def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: int) -> dict:
@@ -215,7 +278,8 @@ def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: in
                     "half_width": half, "ref_median_us": _ref_median_us(rel, row),
                     "reruns": [v.get("speedup") for v in points],
                     "inside": [v["outcome"] == "reproduced" for v in points],
-                    "failed": [v.get("reason") for v in points if v.get("verdict") != "pass"]})
+                    "failed": [v.get("reason") for v in points if v.get("verdict") != "pass"],
+                    "log_parts": _log_parts(rel, row)})
     none = [r["difference"] == "none" for runs in identical.values() for r in runs]
     long_halves = [o["half_width"] for o in ops
                    if o["half_width"] is not None and (o["ref_median_us"] or 0) >= 5]
@@ -228,7 +292,7 @@ def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: in
             else None,
             "wall_per_harness_s": statistics.median(walls) / n_harness if walls else None,
             "identical_no_difference": (sum(none) / len(none)) if none else None,
-            "identical_runs": identical, "per_operator": ops,
+            "rules": rules(ops, identical), "identical_runs": identical, "per_operator": ops,
             "verify_runs": index.get("verifications", [])}
 
 

@@ -581,3 +581,27 @@ def test_a_harness_with_another_ref_is_a_different_operator(harnesses, tmp_path,
     from kpair.cli.release import describe_reproduction
 
     assert describe_reproduction(index)[0].startswith("level1/1_mm: different operator")
+
+
+def test_reproduce_compares_interval_rules_on_the_same_reruns():
+    """benchmarks/reproduce.py reports, beside the published (linear) intervals, what other
+    ways of folding in the identical-binary control would have covered: same re-runs, one
+    table, so a rule is judged on runs it was not chosen from."""
+    import importlib.util
+    import math
+
+    spec = importlib.util.spec_from_file_location(
+        "reproduce", Path(__file__).parents[1] / "benchmarks" / "reproduce.py")
+    rep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rep)
+    w, b = 0.01, 0.005                     # linear 0.015, quadrature 0.0112, calibrated 0.013
+    at = [math.exp(math.log(1.1) + d) for d in (0.0, 0.0125, -0.014)]
+    ops = [{"speedup": 1.1, "log_parts": (w, b), "ref_median_us": 8.0,
+            "reruns": [*at, None], "inside": [True, True, True, None]}]
+    identical = {"p": [{"speedup": 1.004, "ci95": [0.99, 1.01], "bound": 1.002}]}
+    r = rep.rules(ops, identical)
+    assert {k: v["inside"] for k, v in r.items()} == {
+        "linear": 3, "rerun_only": 1, "quadrature": 1, "calibrated": 2}
+    assert all(v["compared"] == 4 for v in r.values())     # a failed re-run is a miss
+    assert r["linear"]["median_half_width_ref_ge_5us"] == pytest.approx(math.expm1(0.015))
+    assert r["rerun_only"]["identical_no_difference"] == 1.0
