@@ -183,9 +183,9 @@ class Mutation:
         """A fresh change of ``data``'s range spread over all of it: in every window of
         ``PATCH_WINDOW`` bytes (wider past ``PATCH_RUNS`` windows), ``SPARSE_ELEMENTS``
         consecutive elements at a random place, changed as ``sparse`` changes them (floats:
-        values from elsewhere in the range, the elements of one slice of it that starts at a
-        random place; other types: the run's own values in another order). None where a few
-        tries change nothing."""
+        values from elsewhere in the range, one slice of it from a random place, rotated;
+        other types: the run's own values in another order). None where a few tries change
+        nothing."""
         start, end = self.span(len(data))
         dtype = np.dtype(DTYPES[self.dtype])
         values = np.frombuffer(data, dtype, count=(end - start) // dtype.itemsize,
@@ -201,8 +201,8 @@ class Mutation:
         old = values[at]
         for _ in range(8):
             if self.dtype in FLOAT_DTYPES:   # a slice from a random place: no random gather
-                s = int(rng.integers(0, n - runs * k + 1))
-                new = values[s:s + runs * k].reshape(runs, k)
+                s, m = int(rng.integers(0, n - runs * k + 1)), runs * k
+                new = np.roll(values[s:s + m], int(rng.integers(0, m))).reshape(runs, k)
             else:
                 new = np.take_along_axis(old, rng.random((runs, k)).argsort(axis=1), axis=1)
             if new.tobytes() != old.tobytes():
