@@ -37,10 +37,9 @@ from .findings import CHECKS, Finding, OptRun
 REF_RUNS = 3        # baseline determinism
 OPT_RUNS = 3        # opt repeated under fresh poison
 TIMING_LAUNCHES = 5  # windows per kernel
-#: Sparse-mutated inputs the timed launches rotate among, besides the captured one: each
-#: block of the ABBA meter draws its input from a secret stream, and both kernels of the block
-#: run on it, so a ratio always compares like with like.
-TIMED_VARIANTS = 2
+#: Sparse differential runs after the whole-region ones (ref is judged again on the first,
+#: with opt loaded); the timed blocks' fresh inputs are made the same way, spread out.
+SPARSE_RUNS = 2
 #: Verdicts of timed launches' outputs kept, by the host objects judged (``_judge_timed``).
 JUDGED_KEPT = 8
 
@@ -79,17 +78,17 @@ class Audit:
         self.rejudged: list[tuple[str, bool, str]] = []
         self.ref_code: dict | None = None
         self.ref_code_before: str | None = None   # ref's code digest at load, if readable
-        # The inputs timed launches rotate among: (label, state or None, expected outputs,
-        # whether their launches are poisoned).
+        # The captured input and the sparse ones ref is judged again on: (label, state or
+        # None, expected outputs, whether their launches are poisoned).
         self.variants: list[tuple[str, dict[str, bytes] | None, dict[str, bytes], bool]] = [
             ("captured", None, replay.expected, True)]
-        self._variant_rng = np.random.default_rng([seed, 3])
-        self._block: tuple[int, bool] = (0, False)   # the current block's input, second slot
+        self._fresh_rng = np.random.default_rng([seed, 3])
+        self._block: tuple[int, bool] = (0, False)   # fresh blocks: (block, second launch)
         self._output_names: list[str] | None = None
         self._changed: dict[str, bool] | None = None    # _modified(), once ref_posts are known
         self._sparse: list[Mutation] = []    # the sparse mutations: fresh timed inputs
         self._fresh: bool | None = None      # _fresh_blocks(), once outputs are known
-        self._patches: list[tuple[str, int, bytes]] = []   # the current block's input
+        self._patches: list[tuple[str, Patch]] = []   # the current block's input
         self._first: tuple[str, int, dict] | None = None   # its first launch, outputs kept
         self._pointers: dict[str, bool] = {}            # _holds_pointers(), per region
         self._judged: list[tuple[int, dict[str, bytes], str | None]] = []
@@ -271,7 +270,7 @@ class Audit:
         # Whole-region runs first, then the sparse ones the timed launches also rotate among.
         runs = [[m for m in muts if m.count > j] for j in range(max(m.count for m in muts))]
         sparse = list({(m.region, m.start, m.end): m.sparse() for m in muts}.values())
-        runs += [sparse] * TIMED_VARIANTS
+        runs += [sparse] * SPARSE_RUNS
         self._sparse = sparse
         r, normal = self.replay, self.ref_posts[0]
         self._mutating_ref = (ref, ref_launch)
@@ -310,11 +309,11 @@ class Audit:
     def _mutate_run(self, ref: Kernel, ref_launch: Launch, j: int, n_runs: int,
                     state: dict[str, bytes], what: list[str], normal: dict[str, bytes]
                     ) -> None:
-        """ref on mutated input ``j`` (of ``n_runs``; the last TIMED_VARIANTS are sparse and
-        become timed input variants)."""
+        """ref on mutated input ``j`` (of ``n_runs``; the last SPARSE_RUNS are sparse, and are
+        kept as ``variants`` for ref's rejudging)."""
         r = self.replay
-        timed = j >= n_runs - TIMED_VARIANTS
-        if timed:
+        sparse = j >= n_runs - SPARSE_RUNS
+        if sparse:
             for name, data in state.items():
                 r.hold_sparse(name, data)
         label = f"differential run {j + 1}"
@@ -324,18 +323,12 @@ class Audit:
             return
         changed = any(expected[k] != normal[k] for k in expected if k not in state)
         self._mutated.append((label, state, expected, changed, what))
-        if timed:
-            # Poisoned like the captured input only where ref's answer survives it. With fresh
-            # timed blocks only ref's rejudging runs on it (unpoisoned, no launch spent here),
-            # and its outputs are never compared on the device.
-            fresh = self._fresh_blocks()
-            poison = not self.armor.plan or (
-                not fresh and self._poison_holds(len(self._mutated) - 1))
-            self.variants.append((label, state, expected, poison))
+        if sparse:
+            # Only ref's rejudging runs on it (unpoisoned where poison is planned: no launch
+            # is spent here to learn whether ref's answer survives it).
+            self.variants.append((label, state, expected, not self.armor.plan))
             for name, data in state.items():
                 r.pin(name, data)
-            for name in [] if fresh else self._outputs():
-                r.pin(name, expected[name])
 
     def ref_reloaded(self, ref: Kernel) -> None:
         """ref was loaded afresh (a measurement replicate): later launches use that load."""
@@ -393,35 +386,26 @@ class Audit:
 
     def _fresh_blocks(self) -> bool:
         """Whether every timed block gets an input no launch had before (there are sparse
-        mutations to draw it from, and the outputs are judged byte for byte, on the device),
-        or the blocks rotate among ``variants`` (a tolerance on an output: judging it takes
-        the host, so its inputs must repeat for a verdict to be reused)."""
+        mutations to draw it from), or the blocks rotate among ``variants`` (nothing to
+        change the input with)."""
         if self._fresh is None:
-            outputs = set(self._outputs())
-            self._fresh = bool(self._sparse) and not any(
-                t.region in outputs for t in self.policy.tolerances)
+            self._fresh = bool(self._sparse)
         return self._fresh
 
     def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One timed launch (poison and canaries on both kernels) on the input of the current
         block (the meter launches in pairs: the first launch of a pair sets the input, the
-        second reuses it). With fresh blocks (``_time_fresh``) no input repeats; otherwise the
-        first launch draws it from ``variants`` with a secret stream. After every launch, the
-        outputs are judged against that input's expected outputs: opt's under
-        ``timed_outputs``, ref's and its control's under ``ref_integrity``. Nothing in a launch
-        tells a kernel whether it is timed, judged or which input it was given beyond the
-        bytes it reads."""
+        second reuses it). With fresh blocks (``_time_fresh``) no input repeats; without
+        mutations to make them (``"mutations": []``) every block runs the captured input.
+        After every launch the outputs are judged: opt's under ``timed_outputs``, ref's and
+        its control's under ``ref_integrity``. Nothing in a launch tells a kernel whether it
+        is timed, judged or which input it was given beyond the bytes it reads."""
         if role == "opt":
             self.kernels["opt"] = kernel   # a replicate's fresh load
         if self._fresh_blocks():
             return self._time_fresh(kernel, launch, role)
-        index, second = self._block
-        if not second:
-            index = int(self._variant_rng.integers(len(self.variants)))
-        self._block = (index, not second)
-        label, state, expected, poison = self.variants[index]
-        t = self.replay.time_one(kernel, launch, state=state,
-                                 hooks=self.armor.poisoned_pre if poison else self.armor.guarded)
+        label, _, expected, _ = self.variants[0]
+        t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned_pre)
         tally = self.timed if role == "opt" else self.ref_timed
         n = tally["launches"] = tally["launches"] + 1
         self._timed_guards(role, f"timed launch {n}")
@@ -432,7 +416,7 @@ class Audit:
             tally["checked"] += 1
             if self.replay.equals(want):   # byte-identical: passes under any policy
                 return t
-            failed = self._judge_timed(index, outputs, want)
+            failed = self._judge_timed(0, outputs, want)
             if failed is not None:
                 tally["failed"].append({"launch": n, "role": role, "input": label,
                                         "summary": failed})
@@ -444,7 +428,7 @@ class Audit:
         stream."""
         pre = self.replay.pre
         return [(m.region, p) for m in self._sparse
-                if (p := m.patch(pre[m.region], self._variant_rng)) is not None]
+                if (p := m.patch(pre[m.region], self._fresh_rng)) is not None]
 
     def _time_fresh(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One timed launch of a block whose input no launch had before: the captured input
@@ -452,7 +436,8 @@ class Audit:
         that remembers answers to inputs it has seen never sees one again. Both launches of
         the block get that input and the same poison; the first one's outputs are kept on the
         device and the second one's compared with them there, and where they differ opt is
-        judged against ref (ref against ref for its control and A/A blocks)."""
+        judged against ref under the policy (ref against ref for its control and A/A
+        blocks)."""
         block, second = self._block
         if not second:
             self._patches = self._fresh_input()
@@ -487,8 +472,9 @@ class Audit:
     def _judge_block(self, outputs: list[str], kept: dict, *, kept_expected: bool
                      ) -> str | None:
         """The outputs now against the ones ``kept`` after the block's first launch: None if
-        they pass (byte-identical, found on the device), else the verdict's summary, the kept
-        ones expected where ``kept_expected``."""
+        they pass (byte-identical, found on the device, or within the policy's tolerances on
+        the host: a tolerance harness reads both back whenever they differ), else the
+        verdict's summary, the kept ones expected where ``kept_expected``."""
         r, d = self.replay, self.replay.device
         found = [d.compare(r.address_of(name), len(r.pre[name]), kept[name]) for name in outputs]
         if any(f is None for f in found):   # only a kernel writing outside its regions can
@@ -499,7 +485,8 @@ class Audit:
         now = r.read_back(outputs)
         then = {name: d.fetch(kept[name]) for name in outputs}
         want, got = (then, now) if kept_expected else (now, then)
-        v = check(Policy(), want, got, dtype_hints=self.hints)
+        only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
+        v = check(only, want, got, dtype_hints=self.hints)
         return None if v.passed else v.summary()
 
     def _judge_timed(self, index: int, outputs: list[str], want: dict[str, bytes]
@@ -630,7 +617,7 @@ class Audit:
         if self.timed["launches"]:
             f["timed_outputs"] = trust.timed_outputs(
                 "opt", self.timed["launches"], self.timed["checked"],
-                self._block[0] if self._fresh else len(self.variants), self.timed["failed"])
+                self._block[0] if self._fresh else 1, self.timed["failed"])
         if self.rejudged or self.ref_timed["checked"]:
             f["ref_integrity"] = trust.ref_integrity(self.rejudged, self.ref_code,
                                                      self.ref_timed)
