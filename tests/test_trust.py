@@ -51,8 +51,7 @@ QUICK = RunOptions(time_cap_s=1.0, min_blocks=4, max_blocks=8, seed=7, timeout_s
                    device_options={"flush_bytes": 4 << 20})
 CHEATS = {"honest_split": 0, "nowrite": 1, "const": 2, "stale": 3, "oob": 4, "input": 5,
           "hardcode": 6, "nondet": 7, "lowprec": 8, "deferred": 9, "lazy": 10, "scale": 11,
-          "count": 12, "memo": 13, "hashmemo": 14,
-          "deltamemo": 15}
+          "count": 12, "memo": 13, "hashmemo": 14, "deltamemo": 15}
 
 
 # ---------------------------------------------------------------- pure checks
