@@ -128,8 +128,7 @@ class DeviceChecks:
                     return "failed their self-test (batched copy)"
         finally:
             for p in (pa, pb):
-                self._allocs.remove(p)
-                self.drv("cuMemFree", p)
+                self._free(p)
         return None
 
     def _blocks(self, size: int) -> int:

@@ -193,6 +193,11 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self._allocs.append(ptr)
         return ptr
 
+    def _free(self, ptr: int) -> None:
+        """Give back a buffer of ``_alloc`` before the device closes."""
+        self.drv("cuMemFree", ptr)
+        self._allocs.remove(ptr)
+
     def _try_gate(self) -> bool:
         geq = self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
         try:  # already satisfied (flag 0 >= 0): returns at once where supported
@@ -348,8 +353,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
             need = sum(len(p.offsets) * (24 + p.size) for _, p in patches)
             if self._scratch[1] < need:
                 if self._scratch[0]:
-                    self.drv("cuMemFree", self._scratch[0])
-                    self._allocs.remove(self._scratch[0])
+                    self._free(self._scratch[0])
                 self._scratch = (self._alloc(need), need)
             table = np.empty((runs, 3), "<u8")
             data = self._scratch[0] + 24 * runs
@@ -397,8 +401,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         n = len(self._staged)
         if self._table_stale:
             if self._table:
-                self.drv("cuMemFree", self._table)
-                self._allocs.remove(self._table)
+                self._free(self._table)
             self._table = self._alloc(24 * n)
             self.write(self._table, b"".join(struct.pack("<QQQ", a, p, size)
                                              for a, p, size in self._staged))
@@ -529,8 +532,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
             # freed): its dirty lines are written back during the timed launch, and what
             # that costs depends on where they lie, as for a region's pages.
             old_flush, self._flush_ptr = self._flush_ptr, self._alloc(self.flush_bytes)
-            self.drv("cuMemFree", old_flush)
-            self._allocs.remove(old_flush)
+            self._free(old_flush)
         self.drv("cuStreamSynchronize", self.stream)
         return True
 

@@ -266,7 +266,7 @@ class HipDevice(SpanPlacement, Device):
     def _upload(self, address: int, data: bytes) -> None:
         """Host bytes to the device on the replay stream, waited for: a null-stream copy is
         not ordered before work on the non-blocking replay stream (see CudaDevice._upload)."""
-        self.rt("hipMemcpyHtoDAsync", address, bytes(data), len(data), self.stream)
+        self.patch(((address, data),))
         self.rt("hipStreamSynchronize", self.stream, context=" after a host-to-device copy")
 
     def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:

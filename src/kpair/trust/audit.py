@@ -87,7 +87,6 @@ class Audit:
         self._output_names: list[str] | None = None
         self._changed: dict[str, bool] | None = None    # _modified(), once ref_posts are known
         self._sparse: list[Mutation] = []    # the sparse mutations: fresh timed inputs
-        self._fresh: bool | None = None      # _fresh_blocks(), once outputs are known
         self._patches: list[tuple[str, Patch]] = []   # the current block's input
         self._first: tuple[str, int, dict] | None = None   # its first launch, outputs kept
         self._pointers: dict[str, bool] = {}            # _holds_pointers(), per region
@@ -267,7 +266,8 @@ class Audit:
         self.mutation_list = muts
         if not muts or "differential" in self.skip:
             return
-        # Whole-region runs first, then the sparse ones the timed launches also rotate among.
+        # Whole-region runs first, then the sparse ones (fresh timed inputs change the same
+        # ranges).
         runs = [[m for m in muts if m.count > j] for j in range(max(m.count for m in muts))]
         sparse = list({(m.region, m.start, m.end): m.sparse() for m in muts}.values())
         runs += [sparse] * SPARSE_RUNS
@@ -374,7 +374,7 @@ class Audit:
         for i in range(TIMING_LAUNCHES):
             # With fresh timed blocks the windows get fresh inputs too: a kernel cannot tell
             # a window from a timed launch by having seen its input before.
-            patches = self._fresh_input() if self._fresh_blocks() else []
+            patches = self._fresh_input() if self._fresh else []
             for role, k, launch in (("ref", ref, ref_launch), ("opt", opt, opt_launch)):
                 self.windows[role].append(self.replay.time_window(
                     k, launch, patches=patches, hooks=self.armor.poisoned_pre))
@@ -384,13 +384,11 @@ class Audit:
         if role == "opt":
             self.timed["violations"] += self._violations(role, label)
 
-    def _fresh_blocks(self) -> bool:
+    @property
+    def _fresh(self) -> bool:
         """Whether every timed block gets an input no launch had before (there are sparse
-        mutations to draw it from), or the blocks rotate among ``variants`` (nothing to
-        change the input with)."""
-        if self._fresh is None:
-            self._fresh = bool(self._sparse)
-        return self._fresh
+        mutations to make it from), or repeats the captured one (there are none)."""
+        return bool(self._sparse)
 
     def time_one(self, kernel: Kernel, launch: Launch, role: str) -> float:
         """One timed launch (poison and canaries on both kernels) on the input of the current
@@ -402,7 +400,7 @@ class Audit:
         is timed, judged or which input it was given beyond the bytes it reads."""
         if role == "opt":
             self.kernels["opt"] = kernel   # a replicate's fresh load
-        if self._fresh_blocks():
+        if self._fresh:
             return self._time_fresh(kernel, launch, role)
         label, _, expected, _ = self.variants[0]
         t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned_pre)
