@@ -434,3 +434,67 @@ def test_tolerance_pass_still_catches_bytes_outside_ranges():
     out = json_safe(v.to_json())
     assert out["passed"] is False and out["summary"].startswith("FAIL: region out: 1 byte differs")
     assert out["regions"][0]["checks"][0]["rule"] == "cosine >= 0.9999 over out[128:256) as float32"
+
+
+# ---------------------------------------------------------------- the quick test
+
+_QUICK = {  # criterion: (parameters, a noise level that passes, one that fails)
+    "cosine": ({"min_cosine": 0.9999}, 1e-4, 0.1),
+    "allclose": ({"atol": 1e-3, "rtol": 1e-2}, 1e-4, 0.5),
+    "scalar_rtol": ({"rtol": 1e-3}, 1e-5, 0.5),
+    "ulp": ({"max_ulp": 64}, "4 eps", "1000 eps"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("criterion", sorted(_QUICK))
+def test_quick_test_never_passes_what_check_fails(criterion, dtype):
+    """``passes`` (the judge of timed blocks) says True only where ``check`` passes, and it
+    does say True on a clean pass: else every block would pay for ``check``."""
+    from kpair.dtypes import EPS, encode
+    from kpair.policy.judge import passes
+
+    params, good, bad = (float(x.split()[0]) * EPS[dtype] if isinstance(x, str) else x
+                         for x in _QUICK[criterion])
+    rng = np.random.default_rng(7)
+    n = 1 if criterion == "scalar_rtol" else 3000
+    size = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}[dtype]
+    pad = 8   # undeclared bytes on each side of the range: judged exactly
+    values = rng.uniform(0.5, 2.0, n) * rng.choice([-1, 1], n)
+
+    def region(v, head=b"\x01" * pad, tail=b"\x02" * pad):
+        body = encode(v, dtype) if dtype == "bfloat16" else np.asarray(v, f"<f{size}").tobytes()
+        return head + body + tail
+
+    tol = Tolerance("r", pad, pad + n * size, dtype, criterion, **params)
+    policy = Policy((tol,))
+    expected = region(values)
+    cases = {
+        "same": expected,
+        "good": region(values * (1 + good * rng.standard_normal(n))),
+        "bad": region(values * (1 + bad * rng.standard_normal(n))),
+        "nan": region(np.where(np.arange(n) == n // 2, np.nan, values)),
+        "inf": region(np.where(np.arange(n) == 0, np.inf, values)),
+        "byte outside": region(values, head=b"\x01" * (pad - 1) + b"\x09"),
+        "short": expected[:-1],
+    }
+    quick = {k: passes(policy, {"r": expected}, {"r": v}) for k, v in cases.items()}
+    full = {k: check(policy, {"r": expected}, {"r": v}).passed for k, v in cases.items()}
+    assert all(full[k] for k in quick if quick[k]), (quick, full)
+    assert quick["same"] and not full["bad"] and not quick["bad"]
+    assert quick["good"] and full["good"]
+    assert not any(quick[k] for k in ("nan", "inf", "byte outside", "short"))
+    assert passes(policy, {"r": expected}, {}) is False
+
+
+def test_quick_test_keeps_a_margin_at_the_cosine_threshold():
+    from kpair.policy.judge import passes
+
+    rng = np.random.default_rng(0)
+    e = rng.standard_normal(4096)
+    a = e + 0.01 * rng.standard_normal(4096)
+    cos = e @ a / (np.linalg.norm(e) * np.linalg.norm(a))
+    for threshold, quick in ((cos - 1e-6, True), (cos - 1e-12, False), (cos + 1e-12, False)):
+        policy = Policy((Tolerance("r", 0, e.nbytes, "float64", "cosine",
+                                   min_cosine=threshold),))
+        assert passes(policy, {"r": arr(e, "<f8")}, {"r": arr(a, "<f8")}) is quick

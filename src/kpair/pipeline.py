@@ -34,6 +34,7 @@ Exceptions (bad inputs, driver errors) leave ``execute``; the isolated runner
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -500,9 +501,15 @@ def _aa_control(run: Run) -> None:
     from .measure import measure
 
     rule = _rule(run)
-    aa, _ = measure(run.time_one, rule=rule, seed=run.options.seed, aa=True,
-                    progress=_meter("A/A", rule))
+    with _ref_alone(run):
+        aa, _ = measure(run.time_one, rule=rule, seed=run.options.seed, aa=True,
+                        progress=_meter("A/A", rule))
     run.speed = run.speed.replace(aa_control=convert(aa.to_json(), Speed))
+
+
+def _ref_alone(run: Run):
+    """Timed blocks without opt: on the captured input (``Audit.captured_input``)."""
+    return run.audit.captured_input() if run.audit is not None else contextlib.nullcontext()
 
 
 def _control(run: Run) -> None:
@@ -511,9 +518,10 @@ def _control(run: Run) -> None:
 
     if run.systematic is None:  # once per placement: ref and its second load do not change
         rule = _rule(run)
-        ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"),
-                         rule=rule, seed=run.options.seed,
-                         progress=_meter("ref vs its second load", rule))
+        with _ref_alone(run):
+            ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"),
+                             rule=rule, seed=run.options.seed,
+                             progress=_meter("ref vs its second load", rule))
         run.systematic = Systematic(control="identical binary (ref loaded twice)",
                                     speedup=ctl.speedup, ci95=ctl.ci95,
                                     slot_bias=ctl.slot_bias, blocks=ctl.blocks,
