@@ -219,6 +219,14 @@ class OptRun:
     verdict: Verdict
     poison: dict = field(default_factory=dict)
     violations: tuple = ()
+    _diffs: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def changed(self, name: str) -> tuple[int, int | None]:
+        """(differing bytes, first offset) of region ``name`` before and after opt: taken
+        once per run (the findings are redrawn after every stage)."""
+        if name not in self._diffs:
+            self._diffs[name] = _diff(self.before[name], self.post[name])
+        return self._diffs[name]
 
 
 def poisoned_outputs(plan: dict[str, Runs], not_tested: dict[str, str],
@@ -265,7 +273,7 @@ def input_integrity(inputs: Sequence[str], runs: Sequence[OptRun]) -> Finding:
     modified = []
     for run in runs:
         for name in inputs:
-            n, first = _diff(run.before[name], run.post[name])
+            n, first = run.changed(name)
             if n:
                 modified.append({"run": run.label, "region": name, "differing_bytes": n,
                                  "first_offset": first})
