@@ -728,8 +728,14 @@ def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judge
         calls = [c[0] for c in drv.calls[n_before:]]
         creates = [i for i, c in enumerate(calls) if c == "cuMemCreate"]
         unmaps = [i for i, c in enumerate(calls) if c == "cuMemUnmap"]
-        assert len(creates) == len(mapped) == len(unmaps) and max(creates) < min(unmaps)
-        assert calls.count("cuMemRelease") == len(mapped)
+        # A spacer of a random number of granules first, given back last: each renewal
+        # lands somewhere else among the free pages, not on the pages the last one freed.
+        spacer = drv.calls[n_before + creates[0]]
+        assert spacer[1] % dev.granularity == 0 and 0 < spacer[1] <= 256 * dev.granularity
+        assert len(creates) == len(mapped) + 1 == len(unmaps) + 1
+        assert max(creates) < min(unmaps)
+        releases = [c for c in drv.calls[n_before:] if c[0] == "cuMemRelease"]
+        assert len(releases) == len(mapped) + 1
         # The flush buffer moved as well: the new one taken before the old one was freed.
         assert dev._flush_ptr != flush
         assert calls.index("cuMemAlloc") < calls.index("cuMemFree")
@@ -745,6 +751,16 @@ def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judge
         # No room for a second copy: the placement stays, and says so.
         drv.fail["cuMemCreate"] = R.CUDA_ERROR_OUT_OF_MEMORY
         assert not dev.renew_memory() and dev.mapped_ranges() == mapped
+        # No room for new pages beside the spacer: the spacer goes, and they are taken alone.
+        del drv.fail["cuMemCreate"]
+        made, result = [], drv._result
+
+        def full_once(name):
+            made.extend([name] if name == "cuMemCreate" else [])
+            return R.CUDA_ERROR_OUT_OF_MEMORY if len(made) == 2 and name == "cuMemCreate" \
+                else result(name)
+        drv._result = full_once
+        assert dev.renew_memory() and len(made) == 2 + len(mapped)
     finally:
         dev.close()
 

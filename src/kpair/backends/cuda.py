@@ -77,6 +77,8 @@ _ARCH_ERRORS = {"CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE",
                 "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
                 "CUDA_ERROR_JIT_COMPILER_NOT_FOUND", "CUDA_ERROR_INVALID_SOURCE"}
 _PREPARED_PER_KERNEL = 8
+#: The most granules a renewal's spacer takes (``CudaDevice._spacer``): 512 MiB of 2 MiB.
+SPACER_GRANULES = 256
 #: A patch of up to this many runs is a copy per run; more go through one kp_copy launch,
 #: of at most _GRID_ROWS rows (grid y) each.
 _FEW_RUNS = 4
@@ -507,10 +509,35 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
     def mapped_ranges(self) -> list[tuple[int, int]]:
         return [(address, address + size) for address, size in self._mapped]
 
+    def _spacer(self) -> object | None:
+        """A random number of granules (1 to as many as the regions map, at most
+        ``SPACER_GRANULES``) taken just before a renewal's new pages and given back after it,
+        so that each renewal lands at a random place among the free pages. Without it, on
+        the H200 the replicates of a 4 µs kernel alternated between two levels (1.04x and
+        1.17x, even against odd, session 11), as if every other renewal got the same pages
+        back. None where there is no room for it."""
+        granules = min(SPACER_GRANULES,
+                       max(1, sum(size for _, size in self._mapped) // self.granularity))
+        try:
+            return self.drv("cuMemCreate", (1 + secrets.randbelow(granules)) *
+                            self.granularity, self._prop, 0)
+        except DriverError:
+            return None
+
     def renew_memory(self) -> bool:
         if not self._handles or len(self._handles) != len(self._mapped):
             return False
         self.drv("cuStreamSynchronize", self.stream)
+        spacer = self._spacer()
+        try:
+            renewed = self._renew()
+        finally:
+            if spacer is not None:
+                self.drv.quiet("cuMemRelease", spacer)
+        # No room for new pages beside the spacer: once more without it.
+        return renewed or (spacer is not None and self._renew())
+
+    def _renew(self) -> bool:
         fresh: list = []
         try:   # all new handles before any old one goes: the new pages cannot be the old ones
             for _, size in self._mapped:
