@@ -251,9 +251,10 @@ class Verdict:
 
 #: Elements per slice of a quick test (a few MiB of float64 temporaries, reused from cache).
 _SLICE = 1 << 18
-#: How far above its threshold a quick cosine must be: the float64 sums of ``passes`` and of
-#: ``check`` differ in their order and scaling, by far less than this.
-_COSINE_MARGIN = 1e-9
+#: How far above its threshold a quick cosine of n elements must be: n float64 roundings
+#: (2**-53 each) bound how far the sums of ``passes`` and of ``check`` (another order, another
+#: scaling) can differ; this floor covers what is left.
+_COSINE_MARGIN = 1e-12
 
 
 def _finite(raw: np.ndarray, dtype: str) -> bool:
@@ -264,7 +265,7 @@ def _finite(raw: np.ndarray, dtype: str) -> bool:
 
 def _range_passes(t: Tolerance, exp: np.ndarray, act: np.ndarray) -> bool:
     """Whether ``check`` certainly passes range ``t``: every element finite in both, and the
-    criterion met (cosine with a margin; allclose, scalar_rtol and ulp by the same float64 or
+    criterion met (cosine with a margin for rounding; allclose, scalar_rtol and ulp by the same float64 or
     integer comparisons ``_metric`` makes), in slices that stay in cache."""
     dt = DTYPES[t.dtype]
     e_raw, a_raw = exp.view(dt), act.view(dt)
@@ -293,7 +294,8 @@ def _range_passes(t: Tolerance, exp: np.ndarray, act: np.ndarray) -> bool:
     if t.criterion == "cosine":
         with np.errstate(all="ignore"):
             value = ea / math.sqrt(ee * aa) if ee > 0 and aa > 0 else math.nan
-        return math.isfinite(value) and value >= t.min_cosine + _COSINE_MARGIN
+        margin = _COSINE_MARGIN + 2 * e_raw.size * 2.0 ** -53
+        return math.isfinite(value) and value >= t.min_cosine + margin
     return True
 
 
