@@ -499,6 +499,11 @@ class Audit:
         now = r.read_back(outputs)
         then = {name: d.fetch(kept[name]) for name in outputs}
         want, got = (then, now) if kept_expected else (now, then)
+        return self._summary(outputs, want, got)
+
+    def _summary(self, outputs: list[str], want: dict, got: dict) -> str | None:
+        """``got`` judged against ``want`` under the tolerances of ``outputs``: None if it
+        passes (the quick test first, ``check`` where it cannot tell), else the summary."""
         only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
         if passes(only, want, got):
             return None
@@ -517,9 +522,7 @@ class Audit:
         for i, seen, summary in self._judged:
             if i == index and all(got[k] is seen[k] for k in outputs):
                 return summary
-        only = Policy(tuple(tol for tol in self.policy.tolerances if tol.region in outputs))
-        v = None if passes(only, want, got) else check(only, want, got, dtype_hints=self.hints)
-        summary = None if v is None or v.passed else v.summary()
+        summary = self._summary(outputs, want, got)
         self._judged = [(index, got, summary), *self._judged[:JUDGED_KEPT - 1]]
         return summary
 
