@@ -458,7 +458,10 @@ class MemoryDriver(FakeDriver):
         return self._out("cuMemcpyHtoDAsync", None, dst, bytes(data), size)[:1]
 
     def cuMemcpyDtoH(self, out, src, size):
-        out[:size] = self._at(src, size)
+        if isinstance(out, int):     # a host address (what CudaDevice.read gives large reads)
+            ctypes.memmove(out, bytes(self._at(src, size)), size)
+        else:
+            out[:size] = self._at(src, size)
         self.d2h += size
         return self._out("cuMemcpyDtoH", None, src, size)[:1]
 
@@ -503,6 +506,25 @@ class MemoryDriver(FakeDriver):
 def _memory_device(**kw):
     drv = MemoryDriver(**kw)
     return drv, CudaDevice(drv)
+
+
+def test_reads_small_and_large_are_fresh_bytes_with_the_device_contents():
+    from kpair.backends.cuda import _DIRECT_READ
+
+    drv, dev = _memory_device()
+    try:
+        lo = 0x7F12_4000_0000
+        dev.map([(lo, lo + 2 * MIB)])
+        data = np.random.default_rng(3).bytes(_DIRECT_READ + 7)
+        dev.write(lo, data)
+        for size in (0, 1, 2, _DIRECT_READ - 1, _DIRECT_READ, _DIRECT_READ + 7):
+            first, second = dev.read(lo, size), dev.read(lo, size)
+            assert type(first) is bytes and first == data[:size] == second
+            assert size < 2 or first is not second   # two reads never share one object
+        dev.write(lo, bytes(len(data)))
+        assert first == data and dev.read(lo, len(data)) == bytes(len(data))
+    finally:
+        dev.close()
 
 
 def test_checks_in_place_compare_fill_digest_and_held_copies():
