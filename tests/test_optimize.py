@@ -54,7 +54,7 @@ def test_optimize_publishes_a_winner_and_excludes_what_never_beat_ref(snapshot, 
     rel, work = tmp_path / "rel", tmp_path / "work"
     # The source comes from the snapshot's provenance (record_call declared it).
     args = ["optimize", "-o", str(rel), "--work", str(work), "--snapshot", str(snapshot),
-            "--strategy", "host-c", "--flags=-O2", "--keep", "1",
+            "--strategy", "host-c", "--flags=-O3", "--keep", "1",
             "--variant", "KP_VARIANT=3", "--variant", "KP_VARIANT=1",
             "--variant", "KP_VARIANT=4", "--variant", "KP_VARIANT=2", *BUDGET]
     assert kpair(args) == 0, capsys.readouterr().err
