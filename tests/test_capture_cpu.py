@@ -629,3 +629,32 @@ def test_tracer_callbacks_feed_modules_and_launches_to_the_session(tmp_path):
     [d] = summary["dispatches"]
     assert d["status"] == "captured" and d["code_object_match"] == "module handle"
     assert Snapshot.open(tmp_path / "cap" / d["snapshot"]).manifest.regions[2].size == 1024
+
+
+def test_an_inductor_autotuners_configs_are_recorded_for_the_retuner(monkeypatch):
+    """The frame walk finds Inductor's autotuner above the launch and records every config it
+    was given (the retuner's seeds) beside the one it compiled. The objects stand in for
+    Inductor's: only their attributes are read."""
+    from types import SimpleNamespace
+
+    from kpair.capture import triton_meta
+
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace())  # "triton was imported"
+
+    fn = SimpleNamespace(__name__="triton_poi_fused_add_0", src="def triton_poi_fused_add_0"
+                         "(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):\n    pass\n")
+    config = lambda x, w: SimpleNamespace(kwargs={"XBLOCK": x}, num_warps=w, num_stages=1,
+                                          num_ctas=1, maxnreg=None)
+    given = [config(1024, 4), config(256, 2), config(2048, 8)]
+    autotuner = SimpleNamespace(fn=fn, triton_meta={"signature": {"in_ptr0": "*fp32"}},
+                                inductor_meta={"kernel_name": fn.__name__}, configs=given,
+                                launchers=[SimpleNamespace(config=given[1])])
+
+    def launch(tuner):  # the CUPTI callback runs below the launching frame
+        return triton_meta.triton_metadata(0x1234, "triton_poi_fused_add_0")
+
+    info = launch(autotuner)
+    assert info["launched_by"] == "SimpleNamespace" and info["source"].startswith("def ")
+    assert [c["kwargs"]["XBLOCK"] for c in info["autotune_configs"]] == [1024, 256, 2048]
+    assert info["launcher_configs"] == [{"kwargs": {"XBLOCK": 256}, "num_warps": 2,
+                                         "num_stages": 1, "num_ctas": 1, "maxnreg": None}]

@@ -130,6 +130,81 @@ def test_search_evaluates_the_same_code_and_launch_once(snapshot, tmp_path):
     assert p.label == "twin" and why == "the same code and launch as first"
 
 
+class _Sessions:
+    """Stands in for ``kpair.session.Session`` in the search's bookkeeping tests: each stage's
+    speedup of a candidate is a function of its label and the stage's max_blocks."""
+
+    def __init__(self, speed):
+        self.speed, self.stages = speed, []
+
+    def __call__(self, harness, options, out):
+        from types import SimpleNamespace
+
+        outer, log = self, []
+        self.stages.append((Path(out).name, log))
+
+        class Stage:
+            harness = SimpleNamespace(policy=SimpleNamespace(mode="byte-exact", note=""))
+            setup_failed = None
+            evaluated = 0
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def evaluate(self, binary, *, label, **kw):
+                self.evaluated += 1
+                log.append(label)
+                x = outer.speed(label, options.max_blocks)
+                speed = SimpleNamespace(speedup=x, reported_ci95=(x - 0.01, x + 0.01))
+                return SimpleNamespace(status="pass", speed=speed, reason=None)
+
+        return Stage()
+
+
+def test_successive_halving_measures_the_best_third_again_and_confirms_its_best(
+        monkeypatch, tmp_path):
+    import importlib
+
+    from kpair.optimize.strategy import Proposal
+
+    search_mod = importlib.import_module("kpair.optimize.search")
+    proposals = []
+    for i in range(9):
+        binary = tmp_path / f"c{i}.bin"
+        binary.write_bytes(bytes([i]))
+        proposals.append(("s", Proposal(f"c{i}", binary, "k")))
+    # The prune stage ranks c8 first, then c7, c6 (its noise); the longer rung finds c7 best;
+    # c0 never beats ref.
+    prune = {f"c{i}": 1.0 + i / 10 for i in range(9)}
+    longer = {"c8": 1.1, "c7": 1.2, "c6": 1.05}
+    fake = _Sessions(lambda label, blocks: prune[label] if blocks == 16 else longer[label])
+    monkeypatch.setattr(search_mod, "Session", fake)
+    out = search_mod.search(tmp_path / "h", proposals, tmp_path / "s", keep=1)
+    assert [name for name, _ in fake.stages] == ["prune", "rung1", "confirm"]
+    # 8 of 9 beat ref in prune; a rung takes ceil(8 / 3) = 3 of them, in prune order.
+    assert fake.stages[1][1] == ["c8", "c7", "c6"]
+    assert fake.stages[2][1] == ["c7"]                 # the rung's best is confirmed
+    assert out.winner.proposal.label == "c7" and out.chosen_by.stage == "rung1"
+    assert out.evaluated == 9 + 3 + 1 and [e.stage for e in out.rungs[0]] == ["rung1"] * 3
+
+    # Too few to halve: prune, then confirm (no rung measures all of them or only keep).
+    fake = _Sessions(lambda label, blocks: prune[label])
+    monkeypatch.setattr(search_mod, "Session", fake)
+    out = search_mod.search(tmp_path / "h", proposals[:5], tmp_path / "t", keep=2)
+    assert [name for name, _ in fake.stages] == ["prune", "confirm"]
+    assert out.winner.proposal.label == "c4" and out.chosen_by.stage == "prune"
+
+    # Nothing beats ref in the rung: no confirming run, the reason says where it stopped.
+    fake = _Sessions(lambda label, blocks: prune[label] if blocks == 16 else 0.9)
+    monkeypatch.setattr(search_mod, "Session", fake)
+    out = search_mod.search(tmp_path / "h", proposals, tmp_path / "u", keep=1)
+    assert [name for name, _ in fake.stages] == ["prune", "rung1"]
+    assert out.winner is None and out.reason.startswith("no candidate beat ref in rung1")
+
+
 def test_host_c_refuses_flags_that_change_floating_point_results():
     with pytest.raises(UsageError, match="-ffast-math changes floating-point"):
         parse_flags("-O3 -ffast-math")
@@ -250,6 +325,29 @@ def test_triton_inductor_pointwise_configs_and_grid():
         {"block": [256, 1, 1], "dynamic_shared_bytes": 64, "grid": [196, 1, 1]}
     # No grid formula: block sizes are left alone, warps and stages still searched.
     assert all(not c["constants"] for c in tr.configs(info, grid_known=False))
+
+
+def test_triton_search_starts_from_inductors_own_configs():
+    cfg = lambda x, w, **kw: {"kwargs": {"XBLOCK": x, **kw.pop("kwargs", {})}, "num_warps": w,
+                              "num_stages": 1, "num_ctas": kw.get("ctas", 1), "maxnreg": None}
+    prov = _inductor_meta(autotune_configs=[
+        cfg(1024, 4),                          # the captured one: it is ref
+        cfg(256, 2), cfg(2048, 8),
+        cfg(256, 2, ctas=2),                   # a cluster launch: replay has none
+        cfg(128, 4, kwargs={"FOO": 3}),        # moves a constexpr this kernel does not have
+        cfg(256, 2)])                          # a repeat
+    info = tr.kernel_info(prov)
+    seeds = tr.seed_configs(info, grid_known=True)
+    assert seeds == [{"num_warps": 2, "num_stages": 1, "maxnreg": None,
+                      "constants": {"XBLOCK": 256}},
+                     {"num_warps": 8, "num_stages": 1, "maxnreg": None,
+                      "constants": {"XBLOCK": 2048}}]
+    todo = tr.configs(info, grid_known=True, limit=6)
+    assert todo[:2] == seeds and len(todo) == 6
+    assert all(todo.count(c) == 1 for c in todo)
+    assert tr.configs(info, grid_known=True, limit=1) == seeds[:1]
+    # Without a grid formula XBLOCK cannot move: a seed that moves it is not this dispatch's.
+    assert tr.seed_configs(info, grid_known=False) == []
 
 
 def test_triton_autotuner_launch_is_settled_by_the_dispatch_geometry():

@@ -16,6 +16,7 @@ _MAX_SOURCE = 64 * 1024
 #: Triton's PTX of the launched kernel, kept for PTX-level edits (``kpair.ptx``).
 _MAX_PTX = 1 << 20
 _MAX_DEPTH = 24
+_MAX_CONFIGS = 64
 _META_KEYS = ("name", "hash", "num_warps", "num_stages", "num_ctas", "shared", "cluster_dims",
               "target", "global_scratch_size", "profile_scratch_size", "maxnreg", "arch",
               "ptx_version", "triton_version", "enable_fp_fusion", "launch_pdl",
@@ -85,6 +86,11 @@ def _from_autotuner(obj: Any, name: str, handle: int) -> dict | None:
         value = getattr(obj, key, None)
         if isinstance(value, dict):
             info[key] = _jsonable(value)
+    # Every config the autotuner was given (Inductor's heuristics for this kernel's sizes):
+    # the retuner tries them first.
+    candidates = [c for c in getattr(obj, "configs", None) or [] if hasattr(c, "kwargs")]
+    if candidates:
+        info["autotune_configs"] = [_config(c) for c in candidates[:_MAX_CONFIGS]]
     launchers = getattr(obj, "launchers", None) or []
     configs = [getattr(launcher, "config", None) for launcher in launchers]
     if any(c is not None for c in configs):

@@ -80,6 +80,10 @@ class Optimize(Command):
                        "every candidate")
         m.add_argument("--prune-time-cap", type=float, default=1.0, metavar="S",
                        help="seconds of ABBA timing at most per candidate in the prune stage")
+        m.add_argument("--rungs", type=int, default=1, metavar="N",
+                       help="successive-halving rungs between prune and confirm, each "
+                       "measuring the best third again with twice the blocks (default 1; "
+                       "0: prune, then confirm)")
         m.add_argument("--time-cap", type=float, metavar="S",
                        help="seconds of ABBA timing in the confirming and publishing runs "
                        "(default: the harness's measure setting, else kpair run's)")
@@ -111,6 +115,7 @@ class Optimize(Command):
         )
         from ..optimize.strategies.host_c import parse_flags, parse_variant
         from ..optimize.strategy import KernelSource
+        from ..optimize.search import RUNG
         from ..pipeline import RunOptions
 
         command = list(args.program)
@@ -121,6 +126,8 @@ class Optimize(Command):
             raise UsageError("give exactly one of: -- python prog.py, --snapshot, --harness")
         if args.name and len(args.snapshot) + len(args.harness) != 1:
             raise UsageError("--name names one operator: give one --snapshot or --harness")
+        if not 0 <= args.rungs <= 4:
+            raise UsageError(f"--rungs takes 0 to 4, not {args.rungs}")
         if bool(args.source) != bool(args.kernel):
             raise UsageError("--source and --kernel go together")
         source = KernelSource.given(args.source, args.kernel) if args.source else None
@@ -136,6 +143,8 @@ class Optimize(Command):
                              max_blocks=args.prune_max_blocks,
                              time_cap_s=args.prune_time_cap, control=False, seed=args.seed,
                              timeout_s=args.timeout),
+            rungs=tuple(replace(RUNG, max_blocks=RUNG.max_blocks * 2 ** i, seed=args.seed,
+                                timeout_s=args.timeout) for i in range(args.rungs)),
             confirm=RunOptions(**timing), publish=RunOptions(**timing))
         release = args.out
         work = args.work or release.with_name(release.name + ".work")

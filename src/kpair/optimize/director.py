@@ -1,8 +1,8 @@
 """``director_validation.json``: the optimizer's own measurement of the candidate it chose.
 
 The "Director" number of a release row (reference only; ``kpair.release.read_director``
-reads its ``speedup``). ``kpair optimize`` writes it from the prune stage of its search: one
-short ABBA measurement in the search's session, without the identical-binary control —
+reads its ``speedup``). ``kpair optimize`` writes it from the stage of its search that chose
+the candidate (prune, or the last successive-halving rung): one short ABBA measurement in the search's session, without the identical-binary control —
 how the choice was made, not how it is judged (the Harness number is ``release add``'s full
 run). ``DirectorValidation`` is the typed record; ``docs/format.md`` is the contract.
 """
@@ -51,7 +51,8 @@ class DirectorValidation(Record, kw_only=True):
         write(Path(path), self.replace(written=self.written or utc_now()))
 
 
-METHOD = ("kpair optimize, prune stage: the candidate against ref in one evaluation session "
+METHOD = ("kpair optimize, the last stage before confirming (prune, or the last successive-"
+          "halving rung): the candidate against ref in one evaluation session "
           "(same placed regions, cold cache, ABBA blocks, trust checks on, no identical-binary "
           "control); the short measurement the search chose by, reference only")
 

@@ -8,7 +8,7 @@ that an interrupted run resumes where it stopped:
     base         an A/A harness per operator: ref = the captured code object  WORK/ops/<op>/base
     search       the applicable strategies' proposals through
                  ``kpair.optimize.search`` (prune, confirm)                WORK/ops/<op>/search
-    provenance   attempts.jsonl of both stages, director_validation.json  .../provenance
+    provenance   attempts.jsonl of every stage, director_validation.json .../provenance
     publish      the winner paired and handed to ``release add``; no winner: a refusal with
                  the search's reason (``release.refuse_operator``)
     report       report.md / report.html of the release
@@ -42,7 +42,7 @@ from ..pipeline import RunOptions
 from ..session import ATTEMPTS, read_attempts
 from .director import FILE as DIRECTOR_FILE
 from .director import METHOD, DirectorValidation
-from .search import KEEP, PRUNE, SearchOutcome, search
+from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
 from .strategies import STRATEGIES
 from .strategy import Context, KernelSource
 
@@ -81,6 +81,7 @@ class OptimizeOptions:
     keep: int = KEEP
     triton_limit: int = 48
     prune: RunOptions = PRUNE
+    rungs: tuple[RunOptions, ...] = (RUNG,)
     confirm: RunOptions = field(default_factory=RunOptions)
     publish: RunOptions = field(default_factory=RunOptions)
 
@@ -289,7 +290,7 @@ def _proposals(harness, context: Context, opts: OptimizeOptions, log: Log):
 
 def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None,
                      chosen: dict | None) -> None:
-    """attempts.jsonl of both stages (numbered in one sequence; results copied beside) and,
+    """attempts.jsonl of every stage (numbered in one sequence; results copied beside) and,
     with a winner, director_validation.json."""
     from ..session import Attempt
 
@@ -297,7 +298,9 @@ def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None
         shutil.rmtree(prov)
     prov.mkdir(parents=True)
     lines, n = [], 0
-    for stage in ("prune", "confirm"):
+    rungs = sorted((d.name for d in search_dir.glob("rung*") if d.name[4:].isdigit()),
+                   key=lambda name: int(name[4:]))
+    for stage in ("prune", *rungs, "confirm"):
         path = search_dir / stage / ATTEMPTS
         if not path.is_file():
             continue
@@ -315,13 +318,15 @@ def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None
         DirectorValidation(**chosen).write(prov / DIRECTOR_FILE)
 
 
-def _director(outcome: SearchOutcome, prune: RunOptions) -> dict:
+def _director(outcome: SearchOutcome, opts: OptimizeOptions) -> dict:
+    """The chosen candidate's numbers in the stage that chose it (prune or a rung)."""
     e, w = outcome.chosen_by, outcome.winner
+    options = opts.rungs[int(e.stage[4:]) - 1] if e.stage.startswith("rung") else opts.prune
     s, c = e.result.speed, w.result.speed
     from ..snapshot import sha256
 
     return {"speedup": s.speedup, "ci95": s.ci95, "slot_bias": s.slot_bias, "blocks": s.blocks,
-            "stopped_by": s.stopped_by, "method": METHOD, "options": prune.to_json(),
+            "stopped_by": s.stopped_by, "method": METHOD, "options": options.to_json(),
             "candidate_sha256": sha256(Path(e.proposal.binary).read_bytes()),
             "label": e.proposal.label, "strategy": e.strategy, "params": e.proposal.params,
             "attempt": e.attempt, "confirmed_speedup": c.speedup,
@@ -342,7 +347,7 @@ def _record(outcome: SearchOutcome, search_dir: Path) -> SearchRecord:
         best_result = str(search_dir / best.stage / "results" / f"{best.attempt:04d}"
                           / "result.json")
     return SearchRecord(winner=winner, reason=outcome.reason, best_result=best_result,
-                        evaluated=len(outcome.pruned) + len(outcome.confirmed),
+                        evaluated=outcome.evaluated,
                         skipped=[{"strategy": s, "label": p.label, "reason": why}
                                  for s, p, why in outcome.skipped])
 
@@ -366,9 +371,10 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
             shutil.rmtree(search_dir)  # an interrupted search: run it again
         context = _context(base, work, opts)
         outcome = search(base.root, _proposals(base, context, opts, log), search_dir,
-                         prune=opts.prune, confirm=opts.confirm, keep=opts.keep, log=log)
+                         prune=opts.prune, rungs=opts.rungs, confirm=opts.confirm,
+                         keep=opts.keep, log=log)
         write_provenance(search_dir, prov, outcome,
-                         _director(outcome, opts.prune) if outcome.winner else None)
+                         _director(outcome, opts) if outcome.winner else None)
         record = _record(outcome, search_dir)
         write(record_path, record)
     if record.winner is None:

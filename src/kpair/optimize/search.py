@@ -1,14 +1,18 @@
-"""Search that is cheap first: prune every proposal with a short measurement, confirm the
-best few with the full checked run, pick the winner. A proposal whose code and launch are
-those of one already evaluated is skipped (say a register cap the kernel never reaches).
+"""Successive halving, cheap first: prune every proposal with a short measurement, measure
+the best part again with a longer one (a *rung*), confirm the best few with the full checked
+run, pick the winner. A proposal whose code and launch are those of one already evaluated is
+skipped (say a register cap the kernel never reaches).
 
-Both stages are ``kpair.session.Session`` s on the same harness (``OUT/prune``,
-``OUT/confirm``), so every evaluation lands in that stage's ``attempts.jsonl`` with its
-strategy, parameters, source and build command. The prune stage runs the trust checks but
-no identical-binary control and few ABBA blocks; the ``keep`` best passes whose speedup is
-above 1.0 — candidates that keep ref's floating-point order first — go on to the confirming
-run (the caller's options, by default ``RunOptions()``: checks and control). The winner is
-the first of those, in that order, whose reported interval lies above 1.0: the rule
+Every stage is a ``kpair.session.Session`` on the same harness (``OUT/prune``,
+``OUT/rung1`` ..., ``OUT/confirm``), so every evaluation lands in that stage's
+``attempts.jsonl`` with its strategy, parameters, source and build command. Every stage runs
+the trust checks; the prune stage and the rungs no identical-binary control and few ABBA
+blocks. After each stage the passes whose speedup is above 1.0 are ranked — candidates that
+keep ref's floating-point order first, then by speedup — and a rung measures the best
+``max(keep, ceil(n / eta))`` of them again, when that is more than ``keep`` and fewer than all
+(otherwise it is skipped). The ``keep`` best of the last stage go on to the confirming run
+(the caller's options, by default ``RunOptions()``: checks and control). The winner is the
+first of those, in that order, whose reported interval lies above 1.0: the rule
 ``release add`` applies. A candidate that may reorder floating-point operations
 (``Proposal.reorders_fp``) is evaluated on a tolerance harness only when its policy has a
 note saying why the tolerance is right.
@@ -19,8 +23,9 @@ winner or the reason there is none.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +36,11 @@ from .strategy import Proposal
 
 #: The prune stage's measurement: short, checked, no identical-binary control.
 PRUNE = RunOptions(min_blocks=4, max_blocks=16, time_cap_s=1.0, control=False, replicates=1)
+#: A rung between prune and confirm: twice the blocks, two replicates, still no control.
+RUNG = RunOptions(min_blocks=8, max_blocks=32, time_cap_s=2.0, control=False, replicates=2)
 KEEP = 3
+#: A rung measures ``1 / ETA`` of the stage before it (at least ``keep``).
+ETA = 3
 
 
 @dataclass(frozen=True)
@@ -58,16 +67,21 @@ class Evaluated:
 @dataclass
 class SearchOutcome:
     pruned: list[Evaluated] = field(default_factory=list)
+    rungs: list[list[Evaluated]] = field(default_factory=list)
     confirmed: list[Evaluated] = field(default_factory=list)
     skipped: list[tuple[str, Proposal, str]] = field(default_factory=list)
     winner: Evaluated | None = None
-    chosen_by: Evaluated | None = None     # the winner's prune-stage evaluation
+    chosen_by: Evaluated | None = None  # the winner's evaluation in the stage that chose it
     reason: str | None = None
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.pruned) + sum(map(len, self.rungs)) + len(self.confirmed)
 
     @property
     def best(self) -> Evaluated | None:
         """The evaluation that best shows what the search found (for a refusal's row)."""
-        for group in (self.confirmed, self.pruned):
+        for group in (self.confirmed, *reversed(self.rungs), self.pruned):
             passes = sorted((e for e in group if e.result.status == "pass"),
                             key=lambda e: -e.speedup)
             if passes:
@@ -82,6 +96,7 @@ def _rank(e: Evaluated) -> tuple:
 def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]],
            out: str | os.PathLike, *, prune: RunOptions = PRUNE,
            confirm: RunOptions | None = None, keep: int = KEEP,
+           rungs: Sequence[RunOptions] = (RUNG,), eta: int = ETA,
            log: Callable[[str], None] = lambda s: None) -> SearchOutcome:
     """Evaluate ``(strategy name, proposal)`` pairs on ``harness`` (see the module docstring)."""
     out = Path(out)
@@ -127,25 +142,36 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
                           f"({counts['fail']} failed, {counts['error']} errors); first: "
                           f"{outcome.pruned[0].result.reason}")
         return outcome
-    finalists = sorted((e for e in passed if e.speedup > 1.0), key=_rank)[:keep]
-    if not finalists:
+    pool = sorted((e for e in passed if e.speedup > 1.0), key=_rank)
+    if not pool:
         best = max(passed, key=lambda e: e.speedup)
         outcome.reason = (f"no candidate beat ref: {len(passed)} of {len(outcome.pruned)} "
                           f"passed, the best measured {best.speedup:.3f}x in the prune stage "
                           f"({best.proposal.label})")
         return outcome
+    for n, options in enumerate(rungs, 1):
+        size = max(keep, math.ceil(len(pool) / eta))
+        if not keep < size < len(pool):
+            continue
+        stage, rung = f"rung{n}", []
+        with Session(harness, options, out=out / stage) as session:
+            for before in pool[:size]:
+                rung.append(_evaluate(session, before, stage))
+                log(f"    {stage} {before.strategy} {before.proposal.label}: "
+                    f"{_short(rung[-1].result)}")
+        outcome.rungs.append(rung)
+        pool = sorted((e for e in rung if e.speedup > 1.0), key=_rank)
+        if not pool:
+            outcome.reason = (f"no candidate beat ref in {stage}: {len(rung)} measured again, "
+                              f"best {_short(outcome.best.result)}")
+            return outcome
     with Session(harness, confirm or RunOptions(), out=out / "confirm") as session:
-        for first in finalists:
-            p = first.proposal
-            result = session.evaluate(p.binary, kernel=p.kernel,
-                                      launch_override=p.launch_override, label=p.label,
-                                      source=p.source, build=p.build, strategy=first.strategy,
-                                      params=p.params)
-            e = Evaluated(first.strategy, p, result, session.evaluated, "confirm")
+        for before in pool[:keep]:
+            e = _evaluate(session, before, "confirm")
             outcome.confirmed.append(e)
-            log(f"    confirm {first.strategy} {p.label}: {_short(result)}")
+            log(f"    confirm {before.strategy} {before.proposal.label}: {_short(e.result)}")
             if e.faster and outcome.winner is None:
-                outcome.winner, outcome.chosen_by = e, first
+                outcome.winner, outcome.chosen_by = e, before
                 break  # finalists are in preference order: the first confirmed one wins
     if outcome.winner is None:
         best = outcome.best
@@ -153,6 +179,15 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
                           f"{len(outcome.confirmed)} confirmed, best "
                           f"{_short(best.result) if best else '-'}")
     return outcome
+
+
+def _evaluate(session: Session, before: Evaluated, stage: str) -> Evaluated:
+    """``before``'s proposal judged again in ``session`` (a later stage)."""
+    p = before.proposal
+    result = session.evaluate(p.binary, kernel=p.kernel, launch_override=p.launch_override,
+                              label=p.label, source=p.source, build=p.build,
+                              strategy=before.strategy, params=p.params)
+    return Evaluated(before.strategy, p, result, session.evaluated, stage)
 
 
 def _digest(p: Proposal) -> str:
@@ -169,4 +204,4 @@ def _short(result: Result) -> str:
     return f"{result.status}: {result.reason}"
 
 
-__all__ = ["Evaluated", "KEEP", "PRUNE", "SearchOutcome", "search"]
+__all__ = ["ETA", "Evaluated", "KEEP", "PRUNE", "RUNG", "SearchOutcome", "search"]

@@ -17,8 +17,11 @@ the grid when a block size sets it:
   parameters (``kpair.optimize.geometry`` syntax).
 
 Either formula must reproduce the captured grid at the captured constants, or block sizes are
-left alone. Configs are enumerated cheap-first (one knob changed, then two, ...; at each
-count a register cap last; no pipelining depths for a kernel without a loop) up to a limit.
+left alone. The configs Inductor's autotuner was given for the kernel (recorded at capture as
+``autotune_configs``) come first; then configs are enumerated cheap-first (one knob changed,
+then two, ...; at each count a register cap last; no pipelining depths for a kernel without
+a loop) up to a limit. Configs of several CTAs a cluster (``num_ctas`` > 1) are not tried:
+replay launches without cluster dimensions.
 Everything up to compiling is pure and tested on recorded metadata; compiling needs Triton
 (imported lazily; ``pip install triton``) and runs on the machine with the GPU.
 """
@@ -134,7 +137,8 @@ def kernel_info(provenance: dict) -> KernelInfo | None:
                       metadata=metadata,
                       inductor="inductor_meta" in meta or "triton_meta" in meta,
                       extra={k: meta[k] for k in ("configs", "inductor_meta",
-                                                  "launcher_configs") if k in meta})
+                                                  "launcher_configs", "autotune_configs")
+                             if k in meta})
     launched = meta.get("launched_config")
     return with_config(info, launched) if isinstance(launched, dict) else info
 
@@ -246,10 +250,43 @@ def _around(value: int, lo: int, hi: int) -> list[int]:
     return [v for v in (value, value // 2, value * 2) if lo <= v <= hi]
 
 
+def seed_configs(info: KernelInfo, *, grid_known: bool) -> list[dict[str, Any]]:
+    """The configs Inductor's autotuner was given for this kernel (``autotune_configs``, else
+    the ``launcher_configs`` it compiled), in its order, as ``configs`` writes them: those
+    this dispatch can take (block sizes only where they are tunable here, every other
+    constexpr as captured), the captured one left out."""
+    recorded = info.extra.get("autotune_configs") or info.extra.get("launcher_configs") or []
+    blocks = tunable_blocks(info, grid_known)
+    meta = info.metadata
+    captured = {"num_warps": int(meta.get("num_warps") or 4),
+                "num_stages": int(meta.get("num_stages") or 3), "maxnreg": meta.get("maxnreg"),
+                "constants": {n: info.constants[n] for n in blocks}}
+    out: list[dict[str, Any]] = []
+    for c in recorded:
+        if not isinstance(c, dict):
+            continue
+        kwargs = _as_dict(c.get("kwargs"))
+        if any(k not in blocks and (k not in info.constants or info.constants[k] != v)
+               for k, v in kwargs.items()):
+            continue  # it sets a constexpr this dispatch does not have or cannot change
+        try:
+            config = {"num_warps": int(c.get("num_warps") or captured["num_warps"]),
+                      "num_stages": int(c.get("num_stages") or captured["num_stages"]),
+                      "maxnreg": c.get("maxnreg"),
+                      "constants": {n: int(kwargs.get(n, info.constants[n])) for n in blocks}}
+        except (TypeError, ValueError):
+            continue
+        if int(c.get("num_ctas") or 1) != 1 or config == captured or config in out:
+            continue
+        out.append(config)
+    return out
+
+
 def configs(info: KernelInfo, *, grid_known: bool, limit: int = DEFAULT_LIMIT
             ) -> list[dict[str, Any]]:
-    """Configs to try, fewest changes from the captured one first; the captured one is left
-    out (it is ref). Each: {"num_warps", "num_stages", "maxnreg", "constants": {...}}."""
+    """Configs to try: Inductor's own (``seed_configs``) first, then fewest changes from the
+    captured one; the captured one is left out (it is ref). Each: {"num_warps",
+    "num_stages", "maxnreg", "constants": {...}}."""
     meta = info.metadata
     warps = int(meta.get("num_warps") or 4)
     stages = int(meta.get("num_stages") or 3)
@@ -272,11 +309,15 @@ def configs(info: KernelInfo, *, grid_known: bool, limit: int = DEFAULT_LIMIT
             # A register cap seldom changes short kernels' code: after the other knobs.
             out.append(((len(moved), "maxnreg" in moved), values))
     out.sort(key=lambda cv: cv[0])  # stable: product order within one rank
-    result = []
-    for _, values in out[:limit]:
+    result = seed_configs(info, grid_known=grid_known)[:limit]
+    for _, values in out:
+        if len(result) >= limit:
+            break
         c = dict(zip(names, values, strict=True))
-        result.append({"num_warps": c["num_warps"], "num_stages": c["num_stages"],
-                       "maxnreg": c["maxnreg"], "constants": {n: c[n] for n in blocks}})
+        config = {"num_warps": c["num_warps"], "num_stages": c["num_stages"],
+                  "maxnreg": c["maxnreg"], "constants": {n: c[n] for n in blocks}}
+        if config not in result:
+            result.append(config)
     return result
 
 
@@ -402,6 +443,7 @@ class TritonRetune:
         arch = context.arch or harness.snapshot.manifest.arch
         fn = load_function(info, Path(context.work))
         captured_scratch = int(info.metadata.get("global_scratch_size") or 0)
+        seeds = seed_configs(info, grid_known=formula is not None)
         for n, config in enumerate(todo, 1):
             label = " ".join(f"{k}={v}" for k, v in
                              [*((k, config[k]) for k in ("num_warps", "num_stages", "maxnreg")),
@@ -410,7 +452,9 @@ class TritonRetune:
                           build=f"triton.compile({info.function}, {label})",
                           params={**{k: config[k] for k in ("num_warps", "num_stages",
                                                             "maxnreg")},
-                                  "constants": config["constants"]},
+                                  "constants": config["constants"],
+                                  "origin": "inductor autotune config" if config in seeds
+                                  else "neighbour of the captured config"},
                           reorders_fp=info.reduces and (
                               bool(config["constants"]) or
                               config["num_warps"] != info.metadata.get("num_warps")))
