@@ -643,8 +643,10 @@ def test_an_inductor_autotuners_configs_are_recorded_for_the_retuner(monkeypatch
 
     fn = SimpleNamespace(__name__="triton_poi_fused_add_0", src="def triton_poi_fused_add_0"
                          "(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):\n    pass\n")
-    config = lambda x, w: SimpleNamespace(kwargs={"XBLOCK": x}, num_warps=w, num_stages=1,
-                                          num_ctas=1, maxnreg=None)
+    def config(x, w):
+        return SimpleNamespace(kwargs={"XBLOCK": x}, num_warps=w, num_stages=1, num_ctas=1,
+                               maxnreg=None)
+
     given = [config(1024, 4), config(256, 2), config(2048, 8)]
     autotuner = SimpleNamespace(fn=fn, triton_meta={"signature": {"in_ptr0": "*fp32"}},
                                 inductor_meta={"kernel_name": fn.__name__}, configs=given,

@@ -328,8 +328,10 @@ def test_triton_inductor_pointwise_configs_and_grid():
 
 
 def test_triton_search_starts_from_inductors_own_configs():
-    cfg = lambda x, w, **kw: {"kwargs": {"XBLOCK": x, **kw.pop("kwargs", {})}, "num_warps": w,
-                              "num_stages": 1, "num_ctas": kw.get("ctas", 1), "maxnreg": None}
+    def cfg(x, w, ctas=1, kwargs=None):
+        return {"kwargs": {"XBLOCK": x, **(kwargs or {})}, "num_warps": w, "num_stages": 1,
+                "num_ctas": ctas, "maxnreg": None}
+
     prov = _inductor_meta(autotune_configs=[
         cfg(1024, 4),                          # the captured one: it is ref
         cfg(256, 2), cfg(2048, 8),

@@ -113,9 +113,9 @@ class Optimize(Command):
             operators_from_capture,
             optimize,
         )
+        from ..optimize.search import RUNG
         from ..optimize.strategies.host_c import parse_flags, parse_variant
         from ..optimize.strategy import KernelSource
-        from ..optimize.search import RUNG
         from ..pipeline import RunOptions
 
         command = list(args.program)

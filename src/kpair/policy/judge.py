@@ -265,8 +265,8 @@ def _finite(raw: np.ndarray, dtype: str) -> bool:
 
 def _range_passes(t: Tolerance, exp: np.ndarray, act: np.ndarray) -> bool:
     """Whether ``check`` certainly passes range ``t``: every element finite in both, and the
-    criterion met (cosine with a margin for rounding; allclose, scalar_rtol and ulp by the same float64 or
-    integer comparisons ``_metric`` makes), in slices that stay in cache."""
+    criterion met (cosine with a margin for rounding; allclose, scalar_rtol and ulp by the
+    same float64 or integer comparisons ``_metric`` makes), in slices that stay in cache."""
     dt = DTYPES[t.dtype]
     e_raw, a_raw = exp.view(dt), act.view(dt)
     if not (_finite(e_raw, t.dtype) and _finite(a_raw, t.dtype)):
