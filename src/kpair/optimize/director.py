@@ -4,7 +4,8 @@ The "Director" number of a release row (reference only; ``kpair.release.read_dir
 reads its ``speedup``). ``kpair optimize`` writes it from the stage of its search that chose
 the candidate (prune, or the last successive-halving rung): one short ABBA measurement in
 the search's session, without the identical-binary control — how the choice was made, not
-how it is judged (the Harness number is ``release add``'s full run). ``DirectorValidation`` is the typed record; ``docs/format.md`` is the contract.
+how it is judged (the Harness number is ``release add``'s full run). ``DirectorValidation``
+is the typed record; ``docs/format.md`` is the contract.
 """
 
 from __future__ import annotations
