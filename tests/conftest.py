@@ -50,28 +50,6 @@ def matmul_snapshot(matmul_libs, tmp_path_factory) -> Path:
     return record_matmul(matmul_libs["naive"], tmp_path_factory.mktemp("snap") / "matmul")
 
 
-def fake_row(level: int, name: str, speedup: float | None = None, *, status: str = "pass",
-             slot_bias: float = 1.0, director: float | None = None,
-             mode: str = "byte-exact") -> dict:
-    """A release index row as kpair.release.operator_row makes it, without running anything."""
-    harness = None if status != "pass" else {
-        "speedup": speedup, "ci95": [speedup * 0.98, speedup * 1.02], "slot_bias": slot_bias,
-        "slot_bias_ci95": [slot_bias - 0.004, slot_bias + 0.004], "blocks": 64,
-        "stopped_by": "ci", "rel_ci_halfwidth": 0.02, "cache": "cold"}
-    label = mode if mode == "byte-exact" else "tolerance: cosine >= 0.9999"
-    return {"level": level, "name": name, "status": status,
-            "reason": None if status == "pass" else f"{status}: synthetic reason",
-            "backend": "host", "arch": "x86_64", "device": "test cpu",
-            "kernels": {"ref": "k", "opt": "k"},
-            "correctness": {"mode": mode, "label": label, "tolerances": [] if mode ==
-                            "byte-exact" else [{"metric": "cosine", "measured": 0.99999,
-                                                "rule": "cosine >= 0.9999"}]},
-            "harness": harness,
-            "director": None if director is None else {"speedup": director,
-                                                       "reference_only": True},
-            "paths": {}, "replay": "captured", "inputs_digest": None, "verified": None}
-
-
 def run_json(root, options=None, **kw) -> dict:
     """Run a harness in its isolated worker; its result as result.json holds it."""
     from kpair.isolation import run_isolated

@@ -180,10 +180,19 @@ def test_successive_halving_measures_the_best_third_again_and_confirms_its_best(
     # c0 never beats ref.
     prune = {f"c{i}": 1.0 + i / 10 for i in range(9)}
     longer = {"c8": 1.1, "c7": 1.2, "c6": 1.05}
+    longer["coordinate-descent: cd"] = 1.15
     fake = _Sessions(lambda label, blocks: prune[label] if blocks == 16 else longer[label])
     monkeypatch.setattr(search_mod, "Session", fake)
-    out = search_mod.search(tmp_path / "h", proposals, tmp_path / "s", keep=1)
-    assert [name for name, _ in fake.stages] == ["prune", "rung1", "confirm"]
+    baselines = [("coordinate-descent", Proposal("cd", binary, "k"), {"found": True}),
+                 ("max-autotune", None, {"found": False, "reason": "not in that capture"})]
+    out = search_mod.search(tmp_path / "h", proposals, tmp_path / "s", keep=1,
+                            baselines=baselines)
+    assert [name for name, _ in fake.stages] == ["prune", "rung1", "confirm", "baseline"]
+    # Inductor's configs are measured with the confirming run's options, after the search.
+    assert fake.stages[3][1] == ["coordinate-descent: cd"]
+    assert [(b.mode, b.status, b.speedup, b.reason) for b in out.baselines] == [
+        ("coordinate-descent", "pass", 1.15, None),
+        ("max-autotune", None, None, "not in that capture")]
     # 8 of 9 beat ref in prune; a rung takes ceil(8 / 3) = 3 of them, in prune order.
     assert fake.stages[1][1] == ["c8", "c7", "c6"]
     assert fake.stages[2][1] == ["c7"]                 # the rung's best is confirmed
@@ -441,3 +450,69 @@ def test_triton_absent_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)
     with pytest.raises(Exception, match="pip install triton"):
         tr._triton()
+
+
+def test_inductor_baselines_are_found_by_source_and_fitted_to_the_dispatch(snapshot, tmp_path):
+    """A capture made under Inductor's tuning (here a recorded host call carrying an Inductor
+    kernel's metadata; tuned_configs reads only the record) names the kernel's config;
+    the operator whose kernel has the same source, under another name, gets it."""
+    from types import SimpleNamespace
+
+    from kpair.optimize.baseline import info_key, tuned_configs
+    from kpair.optimize.strategy import Context
+    from kpair.record import record_call
+    from kpair.snapshot import Param
+
+    def tuned_capture(where, xblock, warps):
+        prov = _inductor_meta(INDUCTOR_SRC.replace("_add_0", "_add_7"))
+        prov["triton"]["constants"] = {"(3,)": xblock}
+        prov["triton"]["metadata"]["num_warps"] = warps
+        where.mkdir()
+        n = 4
+        record_call(snapshot.parent / "ref.so", "kp_matmul",
+                    [np.ones((n, n), np.float32), np.ones((n, n), np.float32),
+                     np.zeros((n, n), np.float32), np.int32(n)], where / "0001_k",
+                    names=["a", "b", "c", "n"], provenance=prov)
+        (where / "capture.json").write_text(json.dumps({"exit_status": 0, "dispatches": [
+            {"status": "captured", "snapshot": "0001_k"},
+            {"status": "failed", "snapshot": None}]}))
+        return tuned_configs(where)
+
+    ours = tr.kernel_info(_inductor_meta())
+    cd = tuned_capture(tmp_path / "cd", 2048, 8)
+    assert list(cd) == [info_key(ours)]          # the name differs, the source is the same
+    assert cd[info_key(ours)]["config"] == {"num_warps": 8, "num_stages": 1, "maxnreg": None,
+                                            "constants": {"XBLOCK": 2048}}
+    assert cd[info_key(ours)]["kernel"] == "triton_poi_fused_add_7"
+    same = tuned_capture(tmp_path / "same", 1024, 4)  # Inductor kept the captured config
+
+    params = (Param(0, 8, "bytes", "arg0"), Param(8, 8, "bytes", "arg1"),
+              Param(16, 4, "bytes", "arg2"), Param(24, 8, "bytes", "arg3"))
+    kernarg = bytes(16) + (100_000).to_bytes(4, "little") + bytes(12)
+    harness = SimpleNamespace(backend="cuda", snapshot=SimpleNamespace(
+        manifest=_Manifest(params, (98, 1, 1), (128, 1, 1), _inductor_meta()),
+        kernarg=lambda: kernarg))
+    context = Context(work=tmp_path)
+    got = {mode: (p, entry) for mode, p, entry in tr.TritonRetune().baselines(
+        harness, context, {"coordinate-descent": same, "max-autotune": {}})}
+    p, entry = got["coordinate-descent"]
+    assert p is None and entry["same_as_ref"] and entry["speedup"] == 1.0
+    p, entry = got["max-autotune"]
+    assert p is None and not entry["found"] and "no kernel with this source" in entry["reason"]
+    # A dispatch whose grid the formula does not give: XBLOCK cannot move there.
+    harness.snapshot.manifest = _Manifest(params, (7, 1, 1), (128, 1, 1), _inductor_meta())
+    ((mode, p, entry),) = tr.TritonRetune().baselines(harness, context,
+                                                      {"coordinate-descent": cd})
+    assert p is None and entry["found"] and "cannot change (captured 1024; no grid " \
+        "formula)" in entry["reason"]
+
+
+def test_baseline_options_are_checked_before_anything_runs(snapshot, tmp_path, capsys):
+    common = ["optimize", "-o", str(tmp_path / "rel"), "--snapshot", str(snapshot)]
+    assert kpair([*common, "--inductor-baseline"]) == 2
+    assert "--inductor-baseline captures the program again" in capsys.readouterr().err
+    assert kpair([*common, "--baseline-capture", "fastest=x"]) == 2
+    assert "MODE one of coordinate-descent, max-autotune" in capsys.readouterr().err
+    assert kpair([*common, "--baseline-capture", f"max-autotune={tmp_path}"]) == 2
+    assert "holds no capture.json" in capsys.readouterr().err
+    assert not (tmp_path / "rel").exists()

@@ -59,6 +59,31 @@ def test_summary_geomean_is_exp_mean_log_over_passing_only():
         ("6_wrong", "refused by release add")}
 
 
+def test_summary_compares_kpairs_choice_with_each_baseline_mode():
+    from kpair.release.index import Baseline
+
+    def cd(x, lo=None):
+        return Baseline(mode="coordinate-descent", speedup=x, ci95=(lo or x * 0.99, x * 1.01))
+
+    rows = [fake_row(2, "1_a", 1.30).replace(baselines=[cd(1.20), Baseline(
+                mode="max-autotune", speedup=1.0, same_as_ref=True)]),
+            fake_row(2, "2_b", 1.05).replace(baselines=[cd(1.10, lo=1.09)]),
+            fake_row(2, "3_c", 1.10).replace(baselines=[Baseline(
+                mode="coordinate-descent", reason="no kernel with this source")])]
+    # No winner: kpair keeps ref (1.0), Inductor's choice was slower than ref.
+    refused = [fake_row(2, "4_d", status="fail").replace(refused_by="optimizer",
+                                                         baselines=[cd(0.95)])]
+    s = release.summarize(rows, refused)
+    by = {b.mode: b for b in s.baselines}
+    c = by["coordinate-descent"]
+    assert c.operators == 3                      # 3_c has no number
+    assert c.geomean_over_baseline == pytest.approx((1.3 / 1.2 * 1.05 / 1.1 / 0.95) ** (1 / 3))
+    assert c.at_least == 2                       # 2_b is slower than Inductor's choice
+    assert c.not_slower == 2                     # ... beyond the intervals (1.071 < 1.09)
+    m = by["max-autotune"]
+    assert (m.operators, m.at_least, m.geomean_over_baseline) == (1, 1, pytest.approx(1.3))
+
+
 def test_summary_of_nothing_passing_has_no_geomean():
     s = release.summarize([fake_row(1, "a", status="fail")], [])
     assert s.harness_geomean_speedup is None and s.director_geomean_speedup is None

@@ -56,6 +56,31 @@ def test_the_table_shows_the_interval_widened_by_the_control(tmp_path):
     assert "| 1.030x [1.012, 1.048] |" in md and "[1.025, 1.035]" not in md
 
 
+def test_the_report_sets_kpairs_choice_beside_inductors_own_tuning(tmp_path):
+    from kpair.release.index import Baseline
+    from kpair.report import render_html
+
+    cd = "coordinate-descent"
+    rows = [fake_row(2, "1_a", 1.30).replace(baselines=[
+                Baseline(mode=cd, speedup=1.2, ci95=(1.19, 1.21)),
+                Baseline(mode="max-autotune", speedup=1.0, ci95=(1.0, 1.0), same_as_ref=True)]),
+            fake_row(2, "2_b", 1.10)]     # no baseline measured: not in that table
+    refused = [fake_row(2, "3_c", status="fail").replace(
+        refused_by="optimizer", baselines=[Baseline(mode=cd, reason="not built: ptxas")])]
+    release.build_index(rows, refused).write(tmp_path / "index.json")
+    index = release.load_index(tmp_path)
+    md = render_markdown(index)
+    assert "**Against Inductor's coordinate-descent config**: kpair's choice over it 1.0833x" \
+        " (geomean over 1 operators); at least as fast on 1" in md
+    table = md.split("## Against Inductor's own tuning")[1].split("## Reproduction")[0]
+    assert "| operator | kpair | Inductor coordinate-descent | Inductor max-autotune |" in table
+    assert "| level2/1_a | 1.300x [1.274, 1.326] | 1.200x | 1.000x (= ref) |" in table
+    assert "| level2/3_c | 1.00x (ref kept) | — (not built: ptxas) | — |" in table
+    assert "2_b" not in table
+    page = render_html(index)
+    assert "<h2>Against Inductor's own tuning</h2>" in page and "1.000x (= ref)" in page
+
+
 def test_html_is_self_contained(root):
     pytest.importorskip("matplotlib")
     written = write_report(root)

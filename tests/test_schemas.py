@@ -17,6 +17,7 @@ import pytest
 from kpair import release
 from kpair.formats import FORMATS, write
 from kpair.harness import create_harness
+from kpair.optimize.baseline import BaselineEntry, BaselineRecord
 from kpair.pipeline import RunOptions
 from kpair.policy import Policy, Tolerance
 from kpair.session import Session
@@ -71,6 +72,15 @@ def written(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, list[Pa
     assert director is not None
     director.write(prov / "director_validation.json")
     files["director_validation"].append(prov / "director_validation.json")
+    BaselineRecord(entries=[
+        BaselineEntry(mode="coordinate-descent", found=True, kernel="triton_poi_fused_add_3",
+                      config={"num_warps": 8, "num_stages": 1, "maxnreg": None,
+                              "constants": {"XBLOCK": 256}},
+                      status="pass", speedup=1.04, ci95=(1.03, 1.05)),
+        BaselineEntry(mode="max-autotune", found=False,
+                      reason="no kernel with this source in the max-autotune capture")]
+    ).write(prov / "baseline.json")
+    files["baseline"].append(prov / "baseline.json")
     files["attempt"].append(prov / "attempts.jsonl")
 
     root = d / "rel"
@@ -80,6 +90,9 @@ def written(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, list[Pa
     release.verify_release(root, QUICK)   # appends a verification record to the row
     index = release.load_index(root)
     assert index.operators[0].verifications and index.refused and index.verifications
+    assert [b.mode for b in index.operators[0].baselines] == ["coordinate-descent",
+                                                              "max-autotune"]
+    assert index.summary.baselines[0].operators == 1
     files["index"].append(root / "index.json")
     files["result"] += [root / "level1" / "1_mm" / "harness" / "result.json",
                         root / "excluded" / "level1" / "2_wrong" / "result.json"]

@@ -115,7 +115,43 @@ def _summary_lines(index: Index) -> list[tuple[str, str]]:
         ("Reproduced (last verification)",
          _rate(index.verifications[-1]) if index.verifications
          else "not verified since publication"),
+        *((f"Against Inductor's {b.mode} config", _baseline_line(b))
+          for b in s.baselines),
     ]
+
+
+def _baseline_line(b) -> str:
+    return (f"kpair's choice over it {_x(b.geomean_over_baseline, 4)} (geomean over "
+            f"{b.operators} operators); at least as fast on {b.at_least}, not slower beyond "
+            f"the intervals on {b.not_slower}")
+
+
+_BASELINE_NOTE = ("Each operator's kernel as Inductor's own tuning configures it (the program "
+                  "captured again with that tuning on, the kernel found by its source), "
+                  "measured against ref on the same captured dispatch. kpair: the published "
+                  "speedup, or 1.00x (ref kept) where nothing was published.")
+
+
+def _baselines(index: Index) -> tuple[list[str], list[list[str]]]:
+    """The baseline modes, and one line per operator that has a baseline: operator, kpair's
+    choice, then each mode's speedup against ref (or why there is none)."""
+    modes = [b.mode for b in index.summary.baselines]
+    table = []
+    for rows, published in ((index.operators, True), (index.refused, False)):
+        for r in rows:
+            if not r.baselines:
+                continue
+            ours = f"{_x(r.harness.speedup)} {_ci(r)}" if published and r.harness \
+                else "1.00x (ref kept)"
+            got = {b.mode: b for b in r.baselines}
+            cells = []
+            for mode in modes:
+                b = got.get(mode)
+                cells.append("—" if b is None else
+                             f"{_x(b.speedup)}" + (" (= ref)" if b.same_as_ref else "")
+                             if b.speedup else f"— ({b.reason})")
+            table.append([r.rel, ours, *cells])
+    return modes, table
 
 
 # --------------------------------------------------------------------------- reproduction
@@ -216,6 +252,12 @@ def render_markdown(index: Index) -> str:
                   "|---|" + "---|" * len(devices)]
         lines += ["| " + " | ".join(_md_cell(v) for v in (op, *cells)) + " |"
                   for op, cells in table]
+    modes, table = _baselines(index)
+    if table:
+        lines += ["", "## Against Inductor's own tuning", "", _BASELINE_NOTE, "",
+                  "| operator | kpair | " + " | ".join(f"Inductor {m}" for m in modes) + " |",
+                  "|---|---|" + "---|" * len(modes)]
+        lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table]
     runs, table = _reproduction(index)
     lines += ["", "## Reproduction", "", _REPRO_NOTE, ""]
     if runs:
@@ -483,6 +525,20 @@ def _excluded_table(index: Index) -> str:
     return f"<table>{head}{body}</table>"
 
 
+def _baselines_section(index: Index) -> str:
+    modes, table = _baselines(index)
+    if not table:
+        return ""
+    head = "<tr><th>operator</th><th>kpair</th>" + "".join(
+        f"<th>Inductor {html.escape(m)}</th>" for m in modes) + "</tr>"
+    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in table)
+    lines = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in
+                    ((f"Against Inductor's {b.mode} config", _baseline_line(b))
+                     for b in index.summary.baselines))
+    return (f"<h2>Against Inductor's own tuning</h2><p class=\"note\">"
+            f"{html.escape(_BASELINE_NOTE)}</p><ul>{lines}</ul><table>{head}{body}</table>")
+
+
 def render_html(index: Index) -> str:
     s, c = index.summary, index.summary.counts
     cards = [("Harness geomean (recommended)", _x(s.harness_geomean_speedup, 4),
@@ -523,6 +579,7 @@ reported. Director: {html.escape(s.director_note)}.</p>
 {charts}
 <h2>Operators and correctness modes</h2>{_operators_table(index)}
 {_devices_table(index)}
+{_baselines_section(index)}
 {_reproduction_section(index)}
 <h2>Excluded operators (kept out of both geometric means)</h2>{_excluded_table(index)}
 </body></html>

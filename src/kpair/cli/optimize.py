@@ -71,6 +71,17 @@ class Optimize(Command):
         st.add_argument("--triton-limit", type=int, default=48, metavar="N",
                         help="triton: configs built per kernel, fewest changes first "
                         "(default 48)")
+        b = p.add_argument_group("baseline to beat")
+        b.add_argument("--inductor-baseline", action="store_true",
+                       help="with a program: capture it again under Inductor's "
+                       "coordinate-descent tuning and under max-autotune (fresh Inductor "
+                       "caches) and measure the configs they choose beside the search, on "
+                       "each operator's own dispatch; the release compares its winners "
+                       "with them")
+        b.add_argument("--baseline-capture", action="append", default=[],
+                       metavar="MODE=DIR", help="a kpair capture of the same program made "
+                       "with Inductor tuning MODE on (e.g. coordinate-descent=cd.cap), used "
+                       "as --inductor-baseline uses its own (repeatable)")
         m = p.add_argument_group("measurement")
         m.add_argument("--timeout", type=float, metavar="S",
                        help="seconds a candidate's worker has before it is killed (default: "
@@ -104,6 +115,7 @@ class Optimize(Command):
                        help="-- python prog.py ARGS... (the program to capture)")
 
     def run(self, args: argparse.Namespace) -> int:
+        from ..optimize.baseline import MODES, capture_tuned, tuned_configs
         from ..optimize.program import (
             OptimizeOptions,
             capture_program,
@@ -152,10 +164,19 @@ class Optimize(Command):
         # special file or in a folder that cannot be written (exit 2).
         check_output_dir(release)
         check_output_dir(work)
+        baselines = dict(_mode_dir(text) for text in args.baseline_capture)
+        if args.inductor_baseline and not command:
+            raise UsageError("--inductor-baseline captures the program again: give it as "
+                             "-- python prog.py (or give --baseline-capture MODE=DIR)")
         if command:
             capture = capture_program(command, work, top=args.top,
                                       kernel=args.kernel_filter)
             operators = operators_from_capture(capture)
+            if args.inductor_baseline:
+                for mode in MODES:
+                    baselines.setdefault(mode, capture_tuned(
+                        command, work, mode, top=args.top, kernel=args.kernel_filter,
+                        log=lambda line: print(line, file=sys.stderr, flush=True)))
         else:
             operators = []
             for path in args.snapshot:
@@ -170,6 +191,9 @@ class Optimize(Command):
         if args.prefix:
             operators = [replace(op, name=operator_name(args.prefix + op.name))
                          for op in operators]
+        if baselines:
+            opts = replace(opts, inductor={mode: tuned_configs(d)
+                                           for mode, d in baselines.items()})
         outcomes = optimize(operators, release, work, opts)
         published = sum(o.status == "published" for o in outcomes)
         refused = sum(o.status in ("refused", "failed") for o in outcomes)
@@ -189,6 +213,19 @@ class Optimize(Command):
                            "harness": _str(o.operator.harness)} for o in outcomes]},
             indent=1))
         return code
+
+
+def _mode_dir(text: str) -> tuple[str, Path]:
+    from ..optimize.baseline import MODES
+
+    mode, sep, where = text.partition("=")
+    if not sep or mode not in MODES:
+        raise UsageError(f"--baseline-capture {text!r}: give MODE=DIR, MODE one of "
+                         f"{', '.join(MODES)}")
+    path = Path(where)
+    if not (path / "capture.json").is_file():
+        raise UsageError(f"--baseline-capture {text!r}: {path} holds no capture.json")
+    return mode, path
 
 
 def _str(path: Path | None) -> str | None:

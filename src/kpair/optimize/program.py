@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ from ..errors import BackendUnavailable, KpairError, UsageError
 from ..formats import Record, read, to_builtins, write
 from ..pipeline import RunOptions
 from ..session import ATTEMPTS, read_attempts
+from .baseline import FILE as BASELINE_FILE
+from .baseline import BaselineRecord
 from .director import FILE as DIRECTOR_FILE
 from .director import METHOD, DirectorValidation
 from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
@@ -84,6 +86,9 @@ class OptimizeOptions:
     rungs: tuple[RunOptions, ...] = (RUNG,)
     confirm: RunOptions = field(default_factory=RunOptions)
     publish: RunOptions = field(default_factory=RunOptions)
+    #: Inductor's tuned configs by mode (``kpair.optimize.baseline.tuned_configs``): each
+    #: operator's is measured beside the search, as the baseline to beat.
+    inductor: dict[str, dict[str, dict]] | None = None
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.strategies if s not in STRATEGIES]
@@ -140,8 +145,6 @@ def headroom_text(sol) -> str | None:
 
 def _with_sol(outcome: OperatorOutcome, sol) -> OperatorOutcome:
     """The outcome with its speed of light, said at the end of its line."""
-    from dataclasses import replace
-
     text = headroom_text(sol)
     return replace(outcome, sol=sol, line=f"{outcome.line}; {text}" if text else outcome.line)
 
@@ -288,6 +291,23 @@ def _proposals(harness, context: Context, opts: OptimizeOptions, log: Log):
             log(f"    {name}: cannot build ({e})")
 
 
+def _baselines(harness, context: Context, opts: OptimizeOptions, log: Log):
+    """Inductor's tuned configs for this operator, built (``TritonRetune.baselines``)."""
+    if not opts.inductor:
+        return
+    strategy = opts.make("triton")
+    why_not = strategy.applies(harness, context)
+    if why_not:
+        log(f"    baseline: none ({why_not})")
+        return
+    build = context.work / "builds" / "inductor"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        yield from strategy.baselines(harness, replace(context, work=build), opts.inductor)
+    except BackendUnavailable as e:
+        log(f"    baseline: cannot build ({e})")
+
+
 def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None,
                      chosen: dict | None) -> None:
     """attempts.jsonl of every stage (numbered in one sequence; results copied beside) and,
@@ -300,7 +320,7 @@ def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None
     lines, n = [], 0
     rungs = sorted((d.name for d in search_dir.glob("rung*") if d.name[4:].isdigit()),
                    key=lambda name: int(name[4:]))
-    for stage in ("prune", *rungs, "confirm"):
+    for stage in ("prune", *rungs, "confirm", "baseline"):
         path = search_dir / stage / ATTEMPTS
         if not path.is_file():
             continue
@@ -372,9 +392,12 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
         context = _context(base, work, opts)
         outcome = search(base.root, _proposals(base, context, opts, log), search_dir,
                          prune=opts.prune, rungs=opts.rungs, confirm=opts.confirm,
-                         keep=opts.keep, log=log)
+                         keep=opts.keep, baselines=_baselines(base, context, opts, log),
+                         log=log)
         write_provenance(search_dir, prov, outcome,
                          _director(outcome, opts) if outcome.winner else None)
+        if outcome.baselines:
+            BaselineRecord(entries=outcome.baselines).write(prov / BASELINE_FILE)
         record = _record(outcome, search_dir)
         write(record_path, record)
     if record.winner is None:
@@ -445,6 +468,11 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
         log(f"{head}: {outcome.line}")
     for line in headroom_ranking(outcomes):
         log(line)
+    index = load_index(release)
+    for b in index.summary.baselines if index else []:
+        log(f"against Inductor's {b.mode} config: geomean {b.geomean_over_baseline:.3f}x "
+            f"over {b.operators} operators; at least as fast on {b.at_least}, not slower "
+            f"beyond the intervals on {b.not_slower}")
     if report and load_index(release) is not None:
         from ..report import write_report
 

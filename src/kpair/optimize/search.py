@@ -70,6 +70,8 @@ class SearchOutcome:
     rungs: list[list[Evaluated]] = field(default_factory=list)
     confirmed: list[Evaluated] = field(default_factory=list)
     skipped: list[tuple[str, Proposal, str]] = field(default_factory=list)
+    baselines: list = field(default_factory=list)  # kpair.optimize.baseline.BaselineEntry
+    ref_failed: bool = False
     winner: Evaluated | None = None
     chosen_by: Evaluated | None = None  # the winner's evaluation in the stage that chose it
     reason: str | None = None
@@ -97,10 +99,56 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
            out: str | os.PathLike, *, prune: RunOptions = PRUNE,
            confirm: RunOptions | None = None, keep: int = KEEP,
            rungs: Sequence[RunOptions] = (RUNG,), eta: int = ETA,
+           baselines: Iterable[tuple[str, Proposal | None, dict]] = (),
            log: Callable[[str], None] = lambda s: None) -> SearchOutcome:
-    """Evaluate ``(strategy name, proposal)`` pairs on ``harness`` (see the module docstring)."""
+    """Evaluate ``(strategy name, proposal)`` pairs on ``harness`` (see the module docstring),
+    then ``baselines`` — ``(mode, built config or None, BaselineEntry fields)`` — with the
+    confirming run's options in stage ``baseline``, unless ref itself does not run."""
     out = Path(out)
     outcome = SearchOutcome()
+    _search(outcome, harness, proposals, out, prune=prune, confirm=confirm, keep=keep,
+            rungs=rungs, eta=eta, log=log)
+    if not outcome.ref_failed:
+        outcome.baselines = _baselines(harness, baselines, out / "baseline",
+                                       confirm or RunOptions(), log)
+    return outcome
+
+
+def _baselines(harness, todo: Iterable[tuple[str, Proposal | None, dict]], out: Path,
+               options: RunOptions, log: Callable[[str], None]) -> list:
+    from .baseline import BaselineEntry
+
+    entries, session = [], None
+    try:
+        for mode, p, fields in todo:
+            if p is not None and p.build_error is not None:
+                fields = {**fields, "reason": f"not built: {p.build_error}"}
+            elif p is not None:
+                session = session or Session(harness, options, out=out).__enter__()
+                result = session.evaluate(p.binary, kernel=p.kernel,
+                                          launch_override=p.launch_override,
+                                          label=f"{mode}: {p.label}", source=p.source,
+                                          build=p.build, strategy=f"inductor {mode}",
+                                          params=p.params)
+                fields = {**fields, "status": result.status}
+                if result.status == "pass" and result.speed:
+                    fields.update(speedup=result.speed.speedup,
+                                  ci95=tuple(result.speed.reported_ci95))
+                else:
+                    fields["reason"] = result.reason
+            entries.append(BaselineEntry(mode=mode, **fields))
+            log(f"    baseline inductor {mode}: " + (
+                f"{entries[-1].speedup:.3f}x" + (" (the captured config: ref)"
+                                                 if entries[-1].same_as_ref else "")
+                if entries[-1].speedup else entries[-1].reason or "-"))
+    finally:
+        if session is not None:
+            session.__exit__(None, None, None)
+    return entries
+
+
+def _search(outcome: SearchOutcome, harness, proposals, out: Path, *, prune, confirm, keep,
+            rungs, eta, log) -> None:
     seen: dict[tuple, str] = {}   # (code digest, launch) -> the first proposal's label
     with Session(harness, prune, out=out / "prune") as session:
         policy = session.harness.policy
@@ -129,26 +177,27 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
             log(f"    [{e.attempt}] {strategy} {p.label}: {_short(result)}")
             if session.setup_failed is not None:
                 outcome.reason = f"ref itself does not run on this harness: {result.reason}"
-                return outcome
+                outcome.ref_failed = True
+                return
     if not outcome.pruned:
         outcome.reason = "no candidate to evaluate" + (
             f" ({len(outcome.skipped)} skipped: {outcome.skipped[0][2]})"
             if outcome.skipped else "")
-        return outcome
+        return
     passed = [e for e in outcome.pruned if e.result.status == "pass"]
     if not passed:
         counts = {s: sum(e.result.status == s for e in outcome.pruned) for s in ("fail", "error")}
         outcome.reason = (f"none of {len(outcome.pruned)} candidates passed "
                           f"({counts['fail']} failed, {counts['error']} errors); first: "
                           f"{outcome.pruned[0].result.reason}")
-        return outcome
+        return
     pool = sorted((e for e in passed if e.speedup > 1.0), key=_rank)
     if not pool:
         best = max(passed, key=lambda e: e.speedup)
         outcome.reason = (f"no candidate beat ref: {len(passed)} of {len(outcome.pruned)} "
                           f"passed, the best measured {best.speedup:.3f}x in the prune stage "
                           f"({best.proposal.label})")
-        return outcome
+        return
     for n, options in enumerate(rungs, 1):
         size = max(keep, math.ceil(len(pool) / eta))
         if not keep < size < len(pool):
@@ -164,7 +213,7 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
         if not pool:
             outcome.reason = (f"no candidate beat ref in {stage}: {len(rung)} measured again, "
                               f"best {_short(outcome.best.result)}")
-            return outcome
+            return
     with Session(harness, confirm or RunOptions(), out=out / "confirm") as session:
         for before in pool[:keep]:
             e = _evaluate(session, before, "confirm")
@@ -178,7 +227,6 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
         outcome.reason = (f"no candidate beat ref in the confirming run: "
                           f"{len(outcome.confirmed)} confirmed, best "
                           f"{_short(best.result) if best else '-'}")
-    return outcome
 
 
 def _evaluate(session: Session, before: Evaluated, stage: str) -> Evaluated:

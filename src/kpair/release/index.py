@@ -158,6 +158,33 @@ class Kernels(Record):
     opt: str | None
 
 
+class Baseline(Record, omit_defaults=True):
+    """Another tuner's choice for this operator (Inductor's coordinate-descent or
+    max-autotune config), measured against ref on the same captured dispatch: from the
+    optimizer's ``provenance/baseline.json``. ``speedup`` is absent and ``reason`` says why
+    when there is no number; ``same_as_ref``: the tuner chose the captured config."""
+
+    mode: str
+    speedup: float | None = None
+    ci95: tuple[float, float] | None = None
+    same_as_ref: bool = False
+    reason: str | None = None
+
+
+class BaselineSummary(Record):
+    """The release against one baseline mode, over the operators it has a number for:
+    kpair's choice (the published speedup; 1.0, ref kept, where nothing was published) over
+    the baseline's, as a geometric mean; how many are at least as fast (points), and how many
+    are not slower beyond the intervals (kpair's upper bound at or above the baseline's
+    lower one)."""
+
+    mode: str
+    operators: int
+    geomean_over_baseline: float | None
+    at_least: int
+    not_slower: int
+
+
 class Paths(Record):
     """Where the row's files are, relative to the release root."""
 
@@ -288,6 +315,7 @@ class Row(Record, omit_defaults=True):
     ref_identity: RefIdentity | None = None
     verifications: list[Verification] = []
     sol: SpeedOfLight | None = None
+    baselines: list[Baseline] = []
 
     def __post_init__(self) -> None:
         try:
@@ -329,7 +357,7 @@ class Exclusion(Record):
                    "refused by the optimizer: no winner"]
 
 
-class Summary(Record):
+class Summary(Record, omit_defaults=True):
     counts: Counts
     recommended: Literal["harness"]
     harness_geomean_speedup: float | None
@@ -341,6 +369,7 @@ class Summary(Record):
     slot_bias_band: tuple[float, float]
     slot_bias_outside_band: list[str]
     excluded: list[Exclusion]
+    baselines: list[BaselineSummary] = []
 
 
 class Index(Record, kw_only=True):
@@ -492,6 +521,22 @@ def read_director(prov: Path | None, rel: str) -> Director | None:
     return Director(speedup=float(value), **out)
 
 
+def read_baselines(prov: Path | None) -> list[Baseline]:
+    """The baselines an optimizer measured (``provenance/baseline.json``); [] when absent. A
+    malformed file does not stop a batch: one entry says what is wrong."""
+    from ..optimize.baseline import FILE, BaselineRecord
+
+    if prov is None or not (prov / FILE).is_file():
+        return []
+    try:
+        record = BaselineRecord.read(prov / FILE)
+    except (KpairError, OSError) as e:
+        return [Baseline(mode="unknown", reason=f"{FILE} is not readable: {e}")]
+    return [Baseline(mode=e.mode, speedup=e.speedup, ci95=e.ci95, same_as_ref=e.same_as_ref,
+                     reason=None if e.speedup else e.reason or e.status)
+            for e in record.entries]
+
+
 def harness_speed(result: Result) -> HarnessSpeed | None:
     """The Harness numbers of a pass (None otherwise)."""
     s = result.speed
@@ -555,6 +600,7 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
         backend=backend, arch=arch, device=env.get("device"), kernels=kernels,
         correctness=correctness, harness=harness_speed(result),
         director=read_director(provenance_dir, f"{base}/{PROVENANCE}/{DIRECTOR_FILE}"),
+        baselines=read_baselines(provenance_dir),
         paths=Paths(harness=f"{base}/{HARNESS}" if published else None,
                     result=f"{base}/{HARNESS}/result.json" if published
                     else f"{base}/result.json",
@@ -725,7 +771,26 @@ def summarize(operators: list[Row], refused: list[Row]) -> Summary:
         slot_bias_band=SLOT_BIAS_BAND,
         slot_bias_outside_band=[r.rel for r in passing
                                 if not lo <= r.harness.slot_bias <= hi],
-        excluded=excluded)
+        excluded=excluded, baselines=baseline_summaries(operators, refused))
+
+
+def baseline_summaries(operators: list[Row], refused: list[Row]) -> list[BaselineSummary]:
+    """kpair's choice against each baseline mode (``BaselineSummary``)."""
+    ratios: dict[str, list[tuple[float, bool]]] = {}
+    for rows, published in ((operators, True), (refused, False)):
+        for r in rows:
+            ours, upper = 1.0, 1.0  # nothing published: ref is kept
+            if published and r.status == "pass" and r.harness is not None:
+                ours, upper = r.harness.speedup, r.harness.reported_ci95[1]
+            for b in r.baselines:
+                if b.speedup:
+                    lower = b.ci95[0] if b.ci95 else b.speedup
+                    ratios.setdefault(b.mode, []).append((ours / b.speedup, upper >= lower))
+    return [BaselineSummary(mode=mode, operators=len(v),
+                            geomean_over_baseline=geomean([x for x, _ in v]),
+                            at_least=sum(x >= 1.0 for x, _ in v),
+                            not_slower=sum(ok for _, ok in v))
+            for mode, v in sorted(ratios.items())]
 
 
 def build_index(operators: list[Row], refused: list[Row],
@@ -737,7 +802,8 @@ def build_index(operators: list[Row], refused: list[Row],
                  summary=summarize(operators, refused), verifications=list(verifications or []))
 
 
-__all__ = ["CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE", "DeviceRun", "Director",
+__all__ = ["Baseline", "BaselineSummary", "CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE",
+           "DeviceRun", "Director", "baseline_summaries", "read_baselines",
            "Exclusion", "IndexV1", "OUTCOMES", "Outcome", "RefIdentity", "Verification",
            "VerifyRun", "classify", "environment_line", "latest", "ref_identity",
            "ref_identity_of", "same_operator", "verdict_interval", "verification",

@@ -250,35 +250,57 @@ def _around(value: int, lo: int, hi: int) -> list[int]:
     return [v for v in (value, value // 2, value * 2) if lo <= v <= hi]
 
 
+def config_of(info: KernelInfo) -> dict[str, Any]:
+    """The config ``info`` was compiled with, as ``configs`` writes configs (every block-size
+    constexpr it has)."""
+    meta = info.metadata
+    return {"num_warps": int(meta.get("num_warps") or 4),
+            "num_stages": int(meta.get("num_stages") or 3), "maxnreg": meta.get("maxnreg"),
+            "constants": {n: v for n, v in info.constants.items() if _BLOCK.match(n)}}
+
+
+def fit_config(info: KernelInfo, recorded: dict, *, grid_known: bool) -> dict[str, Any] | str:
+    """A recorded config (``{"kwargs" or "constants", "num_warps", ...}``) as this dispatch
+    can take it (block sizes only where they are tunable here, every other constexpr as
+    captured), or why it cannot."""
+    blocks = tunable_blocks(info, grid_known)
+    kwargs = _as_dict(recorded.get("kwargs", recorded.get("constants")))
+    for k, v in kwargs.items():
+        if k not in blocks and (k not in info.constants or info.constants[k] != v):
+            return (f"it sets {k}={v}, which this dispatch "
+                    + ("does not have" if k not in info.constants else
+                       f"cannot change (captured {info.constants[k]}"
+                       + ("; no grid formula" if not grid_known else "") + ")"))
+    if int(recorded.get("num_ctas") or 1) != 1:
+        return f"it launches clusters of {recorded['num_ctas']} CTAs; replay launches none"
+    captured = config_of(info)
+    try:
+        return {"num_warps": int(recorded.get("num_warps") or captured["num_warps"]),
+                "num_stages": int(recorded.get("num_stages") or captured["num_stages"]),
+                "maxnreg": recorded.get("maxnreg"),
+                "constants": {n: int(kwargs.get(n, info.constants[n])) for n in blocks}}
+    except (TypeError, ValueError):
+        return f"it is not a config of integers: {recorded!r}"
+
+
+def is_captured(info: KernelInfo, config: dict, *, grid_known: bool) -> bool:
+    """Whether ``config`` (as ``fit_config`` gives it) is the captured one: ref itself."""
+    blocks = tunable_blocks(info, grid_known)
+    captured = config_of(info)
+    return {**captured, "constants": {n: info.constants[n] for n in blocks}} == config
+
+
 def seed_configs(info: KernelInfo, *, grid_known: bool) -> list[dict[str, Any]]:
     """The configs Inductor's autotuner was given for this kernel (``autotune_configs``, else
-    the ``launcher_configs`` it compiled), in its order, as ``configs`` writes them: those
-    this dispatch can take (block sizes only where they are tunable here, every other
-    constexpr as captured), the captured one left out."""
+    the ``launcher_configs`` it compiled), in its order, that this dispatch can take
+    (``fit_config``), the captured one left out."""
     recorded = info.extra.get("autotune_configs") or info.extra.get("launcher_configs") or []
-    blocks = tunable_blocks(info, grid_known)
-    meta = info.metadata
-    captured = {"num_warps": int(meta.get("num_warps") or 4),
-                "num_stages": int(meta.get("num_stages") or 3), "maxnreg": meta.get("maxnreg"),
-                "constants": {n: info.constants[n] for n in blocks}}
     out: list[dict[str, Any]] = []
     for c in recorded:
-        if not isinstance(c, dict):
-            continue
-        kwargs = _as_dict(c.get("kwargs"))
-        if any(k not in blocks and (k not in info.constants or info.constants[k] != v)
-               for k, v in kwargs.items()):
-            continue  # it sets a constexpr this dispatch does not have or cannot change
-        try:
-            config = {"num_warps": int(c.get("num_warps") or captured["num_warps"]),
-                      "num_stages": int(c.get("num_stages") or captured["num_stages"]),
-                      "maxnreg": c.get("maxnreg"),
-                      "constants": {n: int(kwargs.get(n, info.constants[n])) for n in blocks}}
-        except (TypeError, ValueError):
-            continue
-        if int(c.get("num_ctas") or 1) != 1 or config == captured or config in out:
-            continue
-        out.append(config)
+        config = fit_config(info, c, grid_known=grid_known) if isinstance(c, dict) else "-"
+        if isinstance(config, dict) and config not in out \
+                and not is_captured(info, config, grid_known=grid_known):
+            out.append(config)
     return out
 
 
@@ -440,44 +462,73 @@ class TritonRetune:
 
     def candidates(self, harness, context: Context) -> Iterator[Proposal]:
         info, todo, formula, values = self.plan(harness)
-        arch = context.arch or harness.snapshot.manifest.arch
         fn = load_function(info, Path(context.work))
-        captured_scratch = int(info.metadata.get("global_scratch_size") or 0)
         seeds = seed_configs(info, grid_known=formula is not None)
         for n, config in enumerate(todo, 1):
-            label = " ".join(f"{k}={v}" for k, v in
-                             [*((k, config[k]) for k in ("num_warps", "num_stages", "maxnreg")),
-                              *config["constants"].items()])
-            common = dict(label=label, source=f"{info.function} (captured Triton source)",
-                          build=f"triton.compile({info.function}, {label})",
-                          params={**{k: config[k] for k in ("num_warps", "num_stages",
-                                                            "maxnreg")},
-                                  "constants": config["constants"],
-                                  "origin": "inductor autotune config" if config in seeds
-                                  else "neighbour of the captured config"},
-                          reorders_fp=info.reduces and (
-                              bool(config["constants"]) or
-                              config["num_warps"] != info.metadata.get("num_warps")))
-            try:
-                built = compile_config(info, fn, config, arch)
-            except Exception as e:  # noqa: BLE001 - a config Triton cannot build is skipped
-                import traceback
+            origin = "inductor autotune config" if config in seeds \
+                else "neighbour of the captured config"
+            yield _build(info, fn, config, f"triton-{n:03d}", harness, context, formula,
+                         values, origin=origin)
 
-                log = Path(context.work) / f"triton-{n:03d}.error.txt"
-                log.write_text("".join(traceback.format_exception(e)))
-                lines = str(e).strip().splitlines() or [""]
-                what = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-                yield Proposal(binary=None, build_error=f"{type(e).__name__}: {what[:400]} "
-                               f"(traceback: {log.name})", **common)
+    def baselines(self, harness, context: Context, tuned: dict[str, dict[str, dict]]
+                  ) -> Iterator[tuple[str, Proposal | None, dict]]:
+        """For each mode of ``tuned`` (``kpair.optimize.baseline.tuned_configs`` of that
+        mode's capture): (mode, the built config or None, what ``BaselineEntry`` says of it).
+        """
+        from ..baseline import info_key
+
+        info, _, formula, values = self.plan(harness)
+        key, fn = info_key(info), None
+        for mode, found in tuned.items():
+            hit = found.get(key)
+            if hit is None:
+                yield mode, None, {"found": False, "reason": "no kernel with this source in "
+                                   f"the {mode} capture"}
                 continue
-            if built["global_scratch_size"] > captured_scratch:
-                yield Proposal(binary=None, build_error="needs global scratch memory the "
-                               "captured dispatch did not provide", **common)
-                continue
-            out = Path(context.work) / f"triton-{n:03d}.cubin"
-            out.write_bytes(built["cubin"])
-            yield Proposal(binary=out, kernel=built["name"],
-                           launch_override=launch_override(info, config,
-                                                           shared=built["shared"],
-                                                           formula=formula, values=values),
-                           **common)
+            config = fit_config(info, hit["config"], grid_known=formula is not None)
+            entry = {"found": True, "kernel": hit["kernel"], "config": hit["config"]}
+            if isinstance(config, str):
+                yield mode, None, {**entry, "reason": f"not this dispatch's: {config}"}
+            elif is_captured(info, config, grid_known=formula is not None):
+                yield mode, None, {**entry, "same_as_ref": True, "speedup": 1.0}
+            else:
+                fn = fn or load_function(info, Path(context.work))
+                yield mode, _build(info, fn, config, f"inductor-{mode}", harness, context,
+                                   formula, values, origin=f"inductor {mode}"), entry
+
+
+def _build(info: KernelInfo, fn, config: dict, stem: str, harness, context: Context,
+           formula: str | None, values: dict, *, origin: str) -> Proposal:
+    """``config`` compiled into ``WORK/<stem>.cubin``: the Proposal (or why not built)."""
+    arch = context.arch or harness.snapshot.manifest.arch
+    captured_scratch = int(info.metadata.get("global_scratch_size") or 0)
+    label = " ".join(f"{k}={v}" for k, v in
+                     [*((k, config[k]) for k in ("num_warps", "num_stages", "maxnreg")),
+                      *config["constants"].items()])
+    common = dict(label=label, source=f"{info.function} (captured Triton source)",
+                  build=f"triton.compile({info.function}, {label})",
+                  params={**{k: config[k] for k in ("num_warps", "num_stages", "maxnreg")},
+                          "constants": config["constants"], "origin": origin},
+                  reorders_fp=info.reduces and (
+                      bool(config["constants"]) or
+                      config["num_warps"] != info.metadata.get("num_warps")))
+    try:
+        built = compile_config(info, fn, config, arch)
+    except Exception as e:  # noqa: BLE001 - a config Triton cannot build is skipped
+        import traceback
+
+        log = Path(context.work) / f"{stem}.error.txt"
+        log.write_text("".join(traceback.format_exception(e)))
+        lines = str(e).strip().splitlines() or [""]
+        what = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        return Proposal(binary=None, build_error=f"{type(e).__name__}: {what[:400]} "
+                        f"(traceback: {log.name})", **common)
+    if built["global_scratch_size"] > captured_scratch:
+        return Proposal(binary=None, build_error="needs global scratch memory the captured "
+                        "dispatch did not provide", **common)
+    out = Path(context.work) / f"{stem}.cubin"
+    out.write_bytes(built["cubin"])
+    return Proposal(binary=out, kernel=built["name"],
+                    launch_override=launch_override(info, config, shared=built["shared"],
+                                                    formula=formula, values=values),
+                    **common)

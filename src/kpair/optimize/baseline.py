@@ -1,0 +1,155 @@
+"""Inductor's own tuning as the baseline a retune must beat.
+
+A user of ``torch.compile`` can already ask Inductor to tune harder: coordinate-descent
+tuning (``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1``) and max-autotune
+(``TORCHINDUCTOR_MAX_AUTOTUNE=1``, ``TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1``). So the
+program is captured again under each mode (``capture_tuned``: a fresh Inductor cache, so
+nothing tuned earlier is reused), and every Triton kernel in that capture is indexed by its
+source (``source_key``: the recorded source with the kernel's own name left out, and its
+signature) with the config Inductor launched it with (``tuned_configs``). An operator whose
+kernel is found there gets that config built by the ``triton`` strategy
+(``TritonRetune.baselines``) and measured by the search on the operator's own captured
+dispatch, in the same way as the winner (``kpair.optimize.search``, stage ``baseline``). A
+tuned config equal to the captured one is ref itself: 1.0 by definition, not measured.
+
+``provenance/baseline.json`` (``BaselineRecord``) holds what was found and measured; ``release
+add`` reads its speedups into the row, and the index summarizes the winner against them
+(``kpair.release.index``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from .. import progress
+from .._util import utc_now
+from ..errors import KpairError
+from ..formats import Record, read, write
+
+#: Inductor's tuning modes and the environment that turns each on.
+MODES: dict[str, dict[str, str]] = {
+    "coordinate-descent": {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"},
+    "max-autotune": {"TORCHINDUCTOR_MAX_AUTOTUNE": "1",
+                     "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "1"},
+}
+FILE = "baseline.json"
+SCHEMA = "kpair.baseline"
+SCHEMA_VERSION = 1
+
+
+class BaselineEntry(Record, kw_only=True, omit_defaults=True):
+    """One mode's config for this operator, and its measurement against ref."""
+
+    mode: str
+    found: bool
+    reason: str | None = None            # why there is no number
+    config: dict[str, Any] | None = None
+    kernel: str | None = None            # the kernel's name in the tuned capture
+    same_as_ref: bool = False
+    status: str | None = None            # the search's verdict on it
+    speedup: float | None = None         # against ref (1.0 when same_as_ref)
+    ci95: tuple[float, float] | None = None
+
+
+class BaselineRecord(Record, kw_only=True):
+    """``provenance/baseline.json``: Inductor's tuned configs for this operator, measured
+    on its captured dispatch with the confirming run's options."""
+
+    schema: Literal["kpair.baseline"] = SCHEMA
+    schema_version: Literal[1] = SCHEMA_VERSION
+    entries: list[BaselineEntry]
+    written: str = ""
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> BaselineRecord:
+        return read(Path(path), cls, schema=SCHEMA, version=SCHEMA_VERSION)
+
+    def write(self, path: str | os.PathLike) -> None:
+        write(Path(path), self.replace(written=self.written or utc_now()))
+
+
+def source_key(source: str, function: str, signature: dict) -> str:
+    """The identity of a Triton kernel's code across compilations: its source with its own
+    name replaced (Inductor numbers kernels in the order it generates them) and its
+    signature."""
+    text = re.sub(rf"\b{re.escape(function)}\b", "KERNEL", source).strip()
+    return hashlib.sha256(json.dumps([text, sorted(signature.items())]).encode()).hexdigest()
+
+
+def info_key(info) -> str:
+    return source_key(info.source, info.function, info.signature)
+
+
+def tuned_configs(capture: str | os.PathLike) -> dict[str, dict]:
+    """``{source_key: {"config", "kernel", "snapshot"}}`` for every Triton dispatch of a
+    ``kpair capture`` directory whose config is known; the first dispatch of a kernel wins."""
+    from ..snapshot import Snapshot
+    from .strategies.triton import config_of, kernel_info, resolve
+
+    capture = Path(capture)
+    try:
+        summary = json.loads((capture / "capture.json").read_text())
+    except (OSError, ValueError) as e:
+        raise KpairError(f"{capture}: not a readable kpair capture ({e})") from None
+    out: dict[str, dict] = {}
+    for d in summary.get("dispatches", []):
+        if d.get("status") != "captured" or not d.get("snapshot"):
+            continue
+        try:
+            snap = Snapshot.open(capture / d["snapshot"])
+        except (KpairError, OSError):
+            continue
+        m = snap.manifest
+        info = kernel_info(m.provenance or {})
+        if info is None:
+            continue
+        info = resolve(info, m, snap.kernarg())
+        if isinstance(info, str):
+            continue
+        out.setdefault(info_key(info), {"config": config_of(info), "kernel": info.function,
+                                        "snapshot": str(capture / d["snapshot"])})
+    return out
+
+
+def capture_tuned(command: Sequence[str], work: Path, mode: str, *, top: int,
+                  kernel: str | None, log) -> Path:
+    """``kpair capture`` of the program with Inductor's ``mode`` on, in a fresh Inductor
+    cache (``WORK/capture-<mode>``; reused when it finished)."""
+    out = work / f"capture-{mode}"
+    summary = out / "capture.json"
+    if summary.is_file():
+        try:
+            if json.loads(summary.read_text()).get("exit_status") is not None:
+                log(f"kpair optimize: reusing the {mode} capture in {out}")
+                return out
+        except ValueError:
+            pass
+    cache = work / "inductor-cache" / mode
+    for path in (out, cache):
+        if path.exists():
+            shutil.rmtree(path)
+    cache.mkdir(parents=True)
+    env = {**os.environ, **MODES[mode], "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--top", str(top),
+           *(["--kernel", kernel] if kernel else []), "--", *command]
+    progress.stage(f"capturing the program with Inductor's {mode} tuning")
+    log(f"kpair optimize: capturing the program again with Inductor's {mode} tuning "
+        f"({' '.join(f'{k}={v}' for k, v in MODES[mode].items())})")
+    proc = subprocess.run(cmd, env=env)
+    if not summary.is_file():
+        raise KpairError(f"the {mode} capture wrote no capture.json (exit status "
+                         f"{proc.returncode})")
+    return out
+
+
+__all__ = ["BaselineEntry", "BaselineRecord", "FILE", "MODES", "capture_tuned", "info_key",
+           "source_key", "tuned_configs"]
