@@ -99,6 +99,38 @@ def test_triton_retuning_of_a_captured_kernel(gpu_arch, tmp_path):
         assert row.reason, row
 
 
+def test_inductor_baseline_is_measured_beside_the_search(gpu_arch, tmp_path):
+    """--inductor-baseline on a torch.compile'd program: the program captured again under
+    coordinate-descent tuning and max-autotune, the operator's kernel found there by source,
+    Inductor's config measured on the operator's dispatch; the index and report carry it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from pathlib import Path
+
+    from kpair.optimize.baseline import BaselineRecord
+
+    prog = Path(__file__).resolve().parents[2] / "benchmarks" / "programs" / "tiny_compiled.py"
+    rel = tmp_path / "rel"
+    proc = kpair("optimize", "-o", str(rel), "--top", "1", "--kernel-filter", "^triton_",
+                 "--strategy", "triton", "--triton-limit", "6", "--inductor-baseline",
+                 *BUDGET, "--", sys.executable, str(prog))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    work = rel.with_name("rel.work")
+    for mode in ("coordinate-descent", "max-autotune"):
+        assert json.loads((work / f"capture-{mode}" / "capture.json").read_text())[
+            "dispatches"], mode
+    row, index = _one_row(rel)
+    record = BaselineRecord.read(rel / row.paths.provenance / "baseline.json")
+    assert [e.mode for e in record.entries] == ["coordinate-descent", "max-autotune"]
+    for e in record.entries:  # a number, or why there is none
+        assert e.speedup or e.reason, e
+    assert any(e.found for e in record.entries), record.entries
+    assert [b.mode for b in row.baselines] == ["coordinate-descent", "max-autotune"]
+    if any(b.speedup for b in row.baselines):
+        assert index.summary.baselines and "## Against Inductor's own tuning" in \
+            (rel / "report.md").read_text()
+
+
 def _record(kit, source, kernel, args, launch, names, tmp_path, defines):
     from kpair.optimize.strategy import KernelSource
     from kpair.record import record_call

@@ -175,7 +175,7 @@ class Optimize(Command):
             if args.inductor_baseline:
                 for mode in MODES:
                     baselines.setdefault(mode, capture_tuned(
-                        command, work, mode, top=args.top, kernel=args.kernel_filter,
+                        command, work, mode, kernel=args.kernel_filter,
                         log=lambda line: print(line, file=sys.stderr, flush=True)))
         else:
             operators = []

@@ -120,10 +120,12 @@ def tuned_configs(capture: str | os.PathLike) -> dict[str, dict]:
     return out
 
 
-def capture_tuned(command: Sequence[str], work: Path, mode: str, *, top: int,
-                  kernel: str | None, log) -> Path:
+def capture_tuned(command: Sequence[str], work: Path, mode: str, *, kernel: str | None,
+                  log) -> Path:
     """``kpair capture`` of the program with Inductor's ``mode`` on, in a fresh Inductor
-    cache (``WORK/capture-<mode>``; reused when it finished)."""
+    cache (``WORK/capture-<mode>``; reused when it finished): the first launch of every
+    kernel (matching ``kernel``), its metadata only — no region is kept (they are not
+    replayed), so the capture costs one run of the program."""
     out = work / f"capture-{mode}"
     summary = out / "capture.json"
     if summary.is_file():
@@ -139,8 +141,9 @@ def capture_tuned(command: Sequence[str], work: Path, mode: str, *, top: int,
             shutil.rmtree(path)
     cache.mkdir(parents=True)
     env = {**os.environ, **MODES[mode], "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--top", str(top),
-           *(["--kernel", kernel] if kernel else []), "--", *command]
+    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--distinct", "--max", "0",
+           "--max-region-bytes", "1", *(["--kernel", kernel] if kernel else []), "--",
+           *command]
     progress.stage(f"capturing the program with Inductor's {mode} tuning")
     log(f"kpair optimize: capturing the program again with Inductor's {mode} tuning "
         f"({' '.join(f'{k}={v}' for k, v in MODES[mode].items())})")
