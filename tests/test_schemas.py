@@ -17,9 +17,9 @@ import pytest
 from kpair import release
 from kpair.formats import FORMATS, write
 from kpair.harness import create_harness
-from kpair.optimize.baseline import BaselineEntry, BaselineRecord
 from kpair.pipeline import RunOptions
 from kpair.policy import Policy, Tolerance
+from kpair.release.index import BaselineEntry, BaselineRecord
 from kpair.session import Session
 
 jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[test]'")

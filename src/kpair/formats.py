@@ -213,7 +213,7 @@ FORMATS: dict[str, tuple[str, str]] = {
     "index": ("index.json", "kpair.release.index:Index"),
     "director_validation": ("director_validation.json",
                             "kpair.optimize.director:DirectorValidation"),
-    "baseline": ("baseline.json", "kpair.optimize.baseline:BaselineRecord"),
+    "baseline": ("baseline.json", "kpair.release.index:BaselineRecord"),
     # JSON lines: the schema is that of one line.
     "attempt": ("attempts.jsonl", "kpair.session:Attempt"),
 }

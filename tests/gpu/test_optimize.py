@@ -107,7 +107,7 @@ def test_inductor_baseline_is_measured_beside_the_search(gpu_arch, tmp_path):
     pytest.importorskip("triton")
     from pathlib import Path
 
-    from kpair.optimize.baseline import BaselineRecord
+    from kpair.release.index import BaselineRecord
 
     prog = Path(__file__).resolve().parents[2] / "benchmarks" / "programs" / "tiny_compiled.py"
     rel = tmp_path / "rel"

@@ -12,9 +12,9 @@ kernel is found there gets that config built by the ``triton`` strategy
 dispatch, in the same way as the winner (``kpair.optimize.search``, stage ``baseline``). A
 tuned config equal to the captured one is ref itself: 1.0 by definition, not measured.
 
-``provenance/baseline.json`` (``BaselineRecord``) holds what was found and measured; ``release
-add`` reads its speedups into the row, and the index summarizes the winner against them
-(``kpair.release.index``).
+``provenance/baseline.json`` (``kpair.release.index.BaselineRecord``) holds what was found and
+measured; ``release add`` reads its speedups into the row, and the index summarizes the
+winner against them.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
 
 from .. import progress
-from .._util import utc_now
 from ..errors import KpairError
-from ..formats import Record, read, write
+from ..release.index import BASELINE_FILE as FILE
+from ..release.index import BaselineEntry, BaselineRecord
 
 #: Inductor's tuning modes and the environment that turns each on.
 MODES: dict[str, dict[str, str]] = {
@@ -41,40 +40,6 @@ MODES: dict[str, dict[str, str]] = {
     "max-autotune": {"TORCHINDUCTOR_MAX_AUTOTUNE": "1",
                      "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "1"},
 }
-FILE = "baseline.json"
-SCHEMA = "kpair.baseline"
-SCHEMA_VERSION = 1
-
-
-class BaselineEntry(Record, kw_only=True, omit_defaults=True):
-    """One mode's config for this operator, and its measurement against ref."""
-
-    mode: str
-    found: bool
-    reason: str | None = None            # why there is no number
-    config: dict[str, Any] | None = None
-    kernel: str | None = None            # the kernel's name in the tuned capture
-    same_as_ref: bool = False
-    status: str | None = None            # the search's verdict on it
-    speedup: float | None = None         # against ref (1.0 when same_as_ref)
-    ci95: tuple[float, float] | None = None
-
-
-class BaselineRecord(Record, kw_only=True):
-    """``provenance/baseline.json``: Inductor's tuned configs for this operator, measured
-    on its captured dispatch with the confirming run's options."""
-
-    schema: Literal["kpair.baseline"] = SCHEMA
-    schema_version: Literal[1] = SCHEMA_VERSION
-    entries: list[BaselineEntry]
-    written: str = ""
-
-    @classmethod
-    def read(cls, path: str | os.PathLike) -> BaselineRecord:
-        return read(Path(path), cls, schema=SCHEMA, version=SCHEMA_VERSION)
-
-    def write(self, path: str | os.PathLike) -> None:
-        write(Path(path), self.replace(written=self.written or utc_now()))
 
 
 def source_key(source: str, function: str, signature: dict) -> str:

@@ -31,7 +31,7 @@ import msgspec
 from .. import __version__
 from .._util import utc_now
 from ..errors import FormatError, KpairError, UsageError
-from ..formats import Record, check_version, convert, parse, write
+from ..formats import Record, check_version, convert, parse, read, write
 from ..measure import geomean
 from ..policy import Policy, Tolerance
 from ..result import Result
@@ -49,6 +49,8 @@ DEVICES = "devices"
 #: operator (the publication's own result.json under harness/ stays as it was published).
 VERIFY = "verify"
 DIRECTOR_FILE = "director_validation.json"
+BASELINE_FILE = "baseline.json"
+BASELINE_SCHEMA = "kpair.baseline"
 LAYOUT = "level<N>/<op>/harness, level<N>/<op>/provenance"
 #: The band inside which slot_bias says "the slot position does not matter" (seed: 0.9914-1.0089).
 SLOT_BIAS_BAND = (0.99, 1.01)
@@ -156,6 +158,38 @@ class Director(Record, omit_defaults=True):
 class Kernels(Record):
     ref: str | None
     opt: str | None
+
+
+class BaselineEntry(Record, kw_only=True, omit_defaults=True):
+    """One mode's config for this operator, and its measurement against ref."""
+
+    mode: str
+    found: bool
+    reason: str | None = None            # why there is no number
+    config: dict[str, Any] | None = None
+    kernel: str | None = None            # the kernel's name in the tuned capture
+    same_as_ref: bool = False
+    status: str | None = None            # the search's verdict on it
+    speedup: float | None = None         # against ref (1.0 when same_as_ref)
+    ci95: tuple[float, float] | None = None
+
+
+class BaselineRecord(Record, kw_only=True):
+    """``provenance/baseline.json``: another tuner's configs for this operator (written by
+    ``kpair.optimize.baseline``: Inductor's), measured on its captured dispatch with the
+    confirming run's options."""
+
+    schema: Literal["kpair.baseline"] = BASELINE_SCHEMA
+    schema_version: Literal[1] = 1
+    entries: list[BaselineEntry]
+    written: str = ""
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> BaselineRecord:
+        return read(Path(path), cls, schema=BASELINE_SCHEMA, version=1)
+
+    def write(self, path: str | os.PathLike) -> None:
+        write(Path(path), self.replace(written=self.written or utc_now()))
 
 
 class Baseline(Record, omit_defaults=True):
@@ -524,14 +558,12 @@ def read_director(prov: Path | None, rel: str) -> Director | None:
 def read_baselines(prov: Path | None) -> list[Baseline]:
     """The baselines an optimizer measured (``provenance/baseline.json``); [] when absent. A
     malformed file does not stop a batch: one entry says what is wrong."""
-    from ..optimize.baseline import FILE, BaselineRecord
-
-    if prov is None or not (prov / FILE).is_file():
+    if prov is None or not (prov / BASELINE_FILE).is_file():
         return []
     try:
-        record = BaselineRecord.read(prov / FILE)
+        record = BaselineRecord.read(prov / BASELINE_FILE)
     except (KpairError, OSError) as e:
-        return [Baseline(mode="unknown", reason=f"{FILE} is not readable: {e}")]
+        return [Baseline(mode="unknown", reason=f"{BASELINE_FILE} is not readable: {e}")]
     return [Baseline(mode=e.mode, speedup=e.speedup, ci95=e.ci95, same_as_ref=e.same_as_ref,
                      reason=None if e.speedup else e.reason or e.status)
             for e in record.entries]
@@ -802,13 +834,13 @@ def build_index(operators: list[Row], refused: list[Row],
                  summary=summarize(operators, refused), verifications=list(verifications or []))
 
 
-__all__ = ["Baseline", "BaselineSummary", "CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE",
-           "DeviceRun", "Director", "baseline_summaries", "read_baselines",
-           "Exclusion", "IndexV1", "OUTCOMES", "Outcome", "RefIdentity", "Verification",
-           "VerifyRun", "classify", "environment_line", "latest", "ref_identity",
-           "ref_identity_of", "same_operator", "verdict_interval", "verification",
-           "verified_row", "verify_run",
-           "FormatError", "HarnessSpeed", "INDEX", "Index", "Kernels", "Paths", "Row",
-           "SLOT_BIAS_BAND", "Summary", "ToleranceRow", "build_index", "check_key",
-           "correctness_mode", "harness_speed", "load_index", "operator_row", "read_director",
-           "rule_text", "summarize", "device_run", "with_devices"]
+__all__ = ["BASELINE_FILE", "Baseline", "BaselineEntry", "BaselineRecord", "BaselineSummary",
+           "CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE", "DeviceRun", "Director",
+           "Exclusion", "FormatError", "HarnessSpeed", "INDEX", "Index", "IndexV1", "Kernels",
+           "OUTCOMES", "Outcome", "Paths", "RefIdentity", "Row", "SLOT_BIAS_BAND", "Summary",
+           "ToleranceRow", "Verification", "VerifyRun", "baseline_summaries", "build_index",
+           "check_key", "classify", "correctness_mode", "device_run", "environment_line",
+           "harness_speed", "latest", "load_index", "operator_row", "read_baselines",
+           "read_director", "ref_identity", "ref_identity_of", "rule_text", "same_operator",
+           "summarize", "verdict_interval", "verification", "verified_row", "verify_run",
+           "with_devices"]
