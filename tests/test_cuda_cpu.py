@@ -423,7 +423,7 @@ def test_c_strings_from_the_bindings_end_at_the_first_nul():
 
 class MemoryDriver(FakeDriver):
     """FakeDriver with memory: allocations and mapped spans hold bytes, copies and memsets
-    move them, and the check kernels (kp_diff, kp_copy) run as their host reference
+    move them, and the check kernels (kp_diff, kp_fill, kp_copy) run as their host reference
     (byte_diff, digest64): what the device does around them is then tested for real."""
 
     def __init__(self, *, broken: bool = False):
@@ -432,7 +432,7 @@ class MemoryDriver(FakeDriver):
         self.next = 0x5000_0000_0000
         self.broken = broken          # kp_diff miscounts: the self-test must notice
         self.d2h = 0                  # bytes read back to the host
-        self.layouts.update({b"kp_diff": None, b"kp_copy": None})
+        self.layouts.update({b"kp_diff": None, b"kp_copy": None, b"kp_fill": None})
 
     def _at(self, address: int, size: int) -> memoryview:
         for base, buf in self.mem.items():
@@ -489,17 +489,26 @@ class MemoryDriver(FakeDriver):
                 dst, src, n = struct.unpack_from("<QQQ", table, 24 * i)
                 if n:
                     self._at(dst, n)[:] = bytes(self._at(src, n))
+        elif f == b"kp_fill":
+            table, word = self._at(arg(0), 16 * gy), arg(1, ctypes.c_uint32)
+            for i in range(gy):
+                dst, n = struct.unpack_from("<QQ", table, 16 * i)
+                if n:
+                    self._at(dst, n)[:] = fill_bytes(word, n)
         else:
-            a, b, word, n, key, out = (arg(0), arg(1), arg(2, ctypes.c_uint32), arg(3),
-                                       arg(4), arg(5))
-            got = bytes(self._at(a, n)) if n else b""
-            other = bytes(self._at(b, n)) if b and n else fill_bytes(word, n)
-            count, first = byte_diff(got, other)
-            count += self.broken
-            h = digest64(other if b else got, key)
-            c0, f0, h0 = struct.unpack_from("<QQQ", self._at(out, 24))
-            self._at(out, 24)[:] = struct.pack("<QQQ", c0 + count, min(f0, 2**64 - 1
-                                               if first is None else first), (h0 + h) % 2**64)
+            rows = bytes(self._at(arg(0), 40 * gy))
+            for i in range(gy):
+                a, b, word, n, key = struct.unpack_from("<QQQQQ", rows, 40 * i)
+                out = arg(1) + 24 * i
+                got = bytes(self._at(a, n)) if n else b""
+                other = bytes(self._at(b, n)) if b and n else fill_bytes(word, n)
+                count, first = byte_diff(got, other)
+                count += self.broken
+                h = digest64(other if b else got, key)
+                c0, f0, h0 = struct.unpack_from("<QQQ", self._at(out, 24))
+                self._at(out, 24)[:] = struct.pack(
+                    "<QQQ", c0 + count, min(f0, 2**64 - 1 if first is None else first),
+                    (h0 + h) % 2**64)
         return self._out("cuLaunchKernel", None, f, gx, gy)[:1]
 
 
@@ -531,7 +540,7 @@ def test_checks_in_place_compare_fill_digest_and_held_copies():
     drv, dev = _memory_device()
     try:
         assert dev.compares_in_place
-        assert dev._checks_status == "kernels (kp_diff, kp_copy)"
+        assert dev._checks_status == "kernels (kp_diff, kp_fill, kp_copy)"
         lo = 0x7F12_4000_0000
         dev.map([(lo, lo + 3 * MIB)])
         data = bytes(range(256)) * 4096 + b"tail!"
@@ -576,6 +585,39 @@ def test_restore_copies_every_staged_region_in_one_launch():
         restore = drv.calls[n:]
         assert [c[0] for c in restore].count("cuLaunchKernel") == 1
         assert not any(c[0] == "cuMemcpyDtoDAsync" for c in restore)
+    finally:
+        dev.close()
+
+
+def test_many_ranges_are_filled_and_checked_in_one_launch_each():
+    """What the armor does around every launch (canaries into each guard band, then a check
+    of each): one upload and one launch to fill them all, one upload, one launch and one read
+    to check them all, however many bands there are; the rows are uploaded afresh each time
+    (a table kept on the device could be rewritten by the kernel launched in between)."""
+    drv, dev = _memory_device()
+    try:
+        lo = 0x7F12_4000_0000
+        dev.map([(lo, lo + MIB)])
+        assert dev.compares_in_place
+        spans = [(lo + 4096 * i + i, 100 + 7 * i) for i in range(12)]   # unaligned too
+        dev.write(lo, bytes(MIB))
+        n = len(drv.calls)
+        dev.fill_many(spans, 0xC0FFEE11)
+        assert [c[0] for c in drv.calls[n:]] == ["cuMemcpyHtoDAsync", "cuLaunchKernel"]
+        memory = dev.read(lo, MIB)
+        for a, size in spans:
+            assert memory[a - lo:a - lo + size] == fill_bytes(0xC0FFEE11, size)
+        assert memory[spans[0][0] - lo + spans[0][1]] == 0          # nothing past a span
+        dev.write(spans[5][0] + 3, b"\0")                            # a kernel wrote a band
+        n = len(drv.calls)
+        found = dev.check_fills(spans, 0xC0FFEE11)
+        assert [c[0] for c in drv.calls[n:]] == ["cuMemcpyHtoDAsync", "cuLaunchKernel",
+                                                 "cuStreamSynchronize", "cuMemcpyDtoH"]
+        assert found == [(0, None)] * 5 + [(1, 3)] + [(0, None)] * 6
+        n = len(drv.calls)
+        dev.fill_many(spans, 0xC0FFEE12)
+        assert [c[0] for c in drv.calls[n:]] == ["cuMemcpyHtoDAsync", "cuLaunchKernel"]
+        assert dev.check_fills(spans, 0xC0FFEE12) == [(0, None)] * 12
     finally:
         dev.close()
 

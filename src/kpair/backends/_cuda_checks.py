@@ -2,11 +2,14 @@
 
 ``kp_diff`` compares two byte ranges (or one against a repeated 32-bit word) and digests one
 of them in a single pass: bytes that differ, the first differing offset, and ``digest64``
-(``kpair.backends.base``) under a key. ``kp_copy`` runs a table of device-to-device copies in
-one launch (the batched restore). The driver JIT-compiles the PTX for the device at load
-(``cuModuleLoadData``), so no compiler is needed at run time. ``kernels/checks.ptx`` targets
-compute_75; its first line names the sha256 of the source it was built from, and
-``python -m kpair.backends._cuda_checks`` (needs nvcc) rebuilds it.
+(``kpair.backends.base``) under a key, for a table of such rows in one launch. ``kp_fill``
+fills a table of ranges with a repeated 32-bit word (guard canaries, poison) in one launch,
+and ``kp_copy`` runs a table of device-to-device copies in one launch (the batched restore).
+A table is uploaded on the replay stream right before every launch that reads it (a
+candidate kernel launched in between could have rewritten it). The driver JIT-compiles the
+PTX for the device at load (``cuModuleLoadData``), so no compiler is needed at run time.
+``kernels/checks.ptx`` targets compute_75; its first line names the sha256 of the source it
+was built from, and ``python -m kpair.backends._cuda_checks`` (needs nvcc) rebuilds it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from importlib import resources
 from ..errors import DriverError, UsageError
 from ..snapshot import Param
 from ._cuda_driver import ParamArray
-from .base import Held, byte_diff, digest64
+from .base import Held, byte_diff, digest64, fill_bytes
 
 #: nvcc command that produces the PTX from the source.
 NVCC = ("nvcc", "-arch=compute_75", "-ptx")
@@ -41,12 +44,14 @@ def ptx_source_sha256() -> str:
 
 #: Threads per block, and the most blocks, of a check kernel (it strides over the rest).
 _CHECK_BLOCK, _CHECK_BLOCKS_PER_SM = 256, 8
-#: Fill checks batched into one read of their counters.
+#: Rows checked by one kp_diff launch (its table and counters fill one 4 KiB buffer).
 _CHECK_BATCH = 64
 _NONE = 2**64 - 1
-#: kp_diff(a, b, word, n, key, out) and kp_copy(table) parameter layouts.
-_DIFF_PARAMS = [Param(0, 8), Param(8, 8), Param(16, 4), Param(24, 8), Param(32, 8),
-                Param(40, 8)]
+#: Rows filled by one kp_fill launch (grid y is at most 65535).
+_FILL_BATCH = 4096
+#: kp_diff(rows, out), kp_fill(rows, word) and kp_copy(table) parameter layouts.
+_DIFF_PARAMS = [Param(0, 8), Param(8, 8)]
+_FILL_PARAMS = [Param(0, 8), Param(8, 4)]
 _COPY_PARAMS = [Param(0, 8)]
 
 
@@ -80,8 +85,10 @@ class DeviceChecks:
             module = self.drv("cuModuleLoadData", ptx().encode() + b"\0")
             self._modules.append(module)
             self._checks = (self.drv("cuModuleGetFunction", module, b"kp_diff"),
-                            self.drv("cuModuleGetFunction", module, b"kp_copy"))
-            self._counters = self._alloc(24 * _CHECK_BATCH)
+                            self.drv("cuModuleGetFunction", module, b"kp_copy"),
+                            self.drv("cuModuleGetFunction", module, b"kp_fill"))
+            self._counters = self._alloc(64 * _CHECK_BATCH)   # rows, then counters
+            self._fill_rows = self._alloc(16 * _FILL_BATCH)
             problem = self._self_test()
         except DriverError as e:
             problem = f"cannot load them: {e}"
@@ -89,10 +96,11 @@ class DeviceChecks:
             self._checks = None
             self._checks_status = f"read back to the host (check kernels {problem})"
         else:
-            self._checks_status = "kernels (kp_diff, kp_copy)"
+            self._checks_status = "kernels (kp_diff, kp_fill, kp_copy)"
 
     def _self_test(self) -> str | None:
-        """Compare, fill check, digest and batched copy on bytes whose answers are known."""
+        """Compare, fill check, digest, batched fill and batched copy on bytes whose answers
+        are known."""
         import numpy as np
 
         rng = np.random.default_rng(self._key % 2**32)
@@ -117,6 +125,13 @@ class DeviceChecks:
                                               ((0xA1B2C3D4).to_bytes(4, "little") * 1100)[:n])]:
                     return "failed their self-test (fill check)"
                 self.write(pa + off, bytes(a))
+                self.fill_many([(pa + off, n - 40), (pa + off + n - 33, 30)], 0x0BADF00D)
+                want = bytearray(a)
+                want[:n - 40] = fill_bytes(0x0BADF00D, n - 40)
+                want[n - 33:n - 3] = fill_bytes(0x0BADF00D, 30)
+                if self.read(pa + off, n) != bytes(want):
+                    return "failed their self-test (batched fill)"
+                self.write(pa + off, bytes(a))
                 staged = self._staged
                 self._staged, self._table_stale = [(pb + off, pa + off, n - off),
                                                    (pb, pa, 0)], True
@@ -134,28 +149,48 @@ class DeviceChecks:
     def _blocks(self, size: int) -> int:
         return max(1, min(-(-size // (16 * _CHECK_BLOCK)), self.sm_count * _CHECK_BLOCKS_PER_SM))
 
-    def _run_check(self, function, blocks: int, rows: int, args: bytes) -> None:
-        pa = ParamArray(args, _COPY_PARAMS if len(args) == 8 else _DIFF_PARAMS)
+    def _run_check(self, function, blocks: int, rows: int, args: bytes,
+                   layout: list[Param] = _COPY_PARAMS) -> None:
+        pa = ParamArray(args, layout)
         self.drv("cuLaunchKernel", function, blocks, rows, 1, _CHECK_BLOCK, 1, 1, 0,
                  self.stream, pa.address, 0, context=" (a check kernel)")
 
     def _diff(self, items: Sequence[tuple[int, int, int, int]], key: int | None = None
               ) -> list[tuple[int, int | None, int]]:
-        """kp_diff over (a, b or 0, word, size) items: (differing bytes, first, digest) each."""
+        """kp_diff over (a, b or 0, word, size) items: (differing bytes, first, digest) each.
+        Per batch of rows: one upload (the rows and their zeroed counters), one launch, one
+        read of the counters."""
         out: list[tuple[int, int | None, int]] = []
+        k = self._key if key is None else key % 2**64
         for at in range(0, len(items), _CHECK_BATCH):
             batch = items[at:at + _CHECK_BATCH]
-            self.write(self._counters, struct.pack("<QQQ", 0, _NONE, 0) * len(batch))
-            for i, (a, b, word, size) in enumerate(batch):
-                self._run_check(self._checks[0], self._blocks(size), 1, struct.pack(
-                    "<QQI4xQQQ", a, b, word & 0xFFFFFFFF, size,
-                    self._key if key is None else key % 2**64,
-                    self._counters + 24 * i))
-            raw = self.read(self._counters, 24 * len(batch))
+            rows = b"".join(struct.pack("<QQQQQ", a, b, word & 0xFFFFFFFF, size, k)
+                            for a, b, word, size in batch)
+            counters = self._counters + len(rows)   # right after the rows
+            self.patch(((self._counters, rows + struct.pack("<QQQ", 0, _NONE, 0) *
+                         len(batch)),))
+            self._run_check(self._checks[0], self._blocks(max(n for *_, n in batch)),
+                            len(batch), struct.pack("<QQ", self._counters, counters),
+                            _DIFF_PARAMS)
+            raw = self.read(counters, 24 * len(batch))
             for i in range(len(batch)):
                 count, first, h = struct.unpack_from("<QQQ", raw, 24 * i)
                 out.append((count, first if count else None, h))
         return out
+
+    def fill_many(self, spans: Sequence[tuple[int, int]], word: int) -> None:
+        """Every (address, size) filled with ``word`` in one kp_fill launch per batch (rows
+        uploaded just before it)."""
+        if len(spans) < 2 or not self.compares_in_place:
+            return super().fill_many(spans, word)
+        spans = [(a, n) for a, n in spans if n]
+        for at in range(0, len(spans), _FILL_BATCH):
+            batch = spans[at:at + _FILL_BATCH]
+            self.patch(((self._fill_rows, struct.pack(f"<{2 * len(batch)}Q",
+                                                      *(v for span in batch for v in span))),))
+            self._run_check(self._checks[2], self._blocks(max(n for _, n in batch)),
+                            len(batch), struct.pack("<QI4x", self._fill_rows,
+                                                    word & 0xFFFFFFFF), _FILL_PARAMS)
 
     def _take(self, size: int) -> int | None:
         spare = self._spare.get(size)

@@ -171,6 +171,12 @@ class Device(ABC):
         launch; the default goes through ``write``."""
         self.write(address, fill_bytes(word, size))
 
+    def fill_many(self, spans: Sequence[tuple[int, int]], word: int) -> None:
+        """``fill`` of every (address, size) with the same ``word`` (a device may do them in
+        one launch)."""
+        for address, size in spans:
+            self.fill(address, size, word)
+
     #: Whether keep/compare/check_fill/digest run where the memory is (no read to the host).
     #: When False they are the defaults below, which read: callers may then just read.
     compares_in_place: bool = False

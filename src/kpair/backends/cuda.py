@@ -130,9 +130,11 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self._checks: tuple | None = None        # (kp_diff, kp_copy) once loaded
         self._checks_status = "not loaded"
         self._key = secrets.randbits(64)
-        self._counters = 0                        # kp_diff's output triples
+        self._counters = 0                        # kp_diff's rows and output triples
+        self._fill_rows = 0                       # kp_fill's rows
         self._spare: dict[int, list[int]] = {}    # dropped held buffers, by size
         self._table, self._table_stale = 0, True  # kp_copy's table of staged copies
+        self._table_rows = b""
         self._scratch = (0, 0)                    # scatter's table and bytes: (ptr, size)
         self._scattered: tuple = ((), b"")        # the last scatter's patches and its upload
         try:
@@ -419,9 +421,11 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
             if self._table:
                 self._free(self._table)
             self._table = self._alloc(24 * n)
-            self.write(self._table, b"".join(struct.pack("<QQQ", a, p, size)
-                                             for a, p, size in self._staged))
+            self._table_rows = b"".join(struct.pack("<QQQ", a, p, size)
+                                        for a, p, size in self._staged)
             self._table_stale = False
+        # Uploaded before every launch: a kernel launched since could have rewritten it.
+        self.patch(((self._table, self._table_rows),))
         biggest = max(size for _, _, size in self._staged)
         self._run_check(self._checks[1], self._blocks(biggest), n,
                         struct.pack("<Q", self._table))

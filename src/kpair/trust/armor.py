@@ -293,8 +293,7 @@ class Armor:
 
     def _before(self, poison: bool, pre: bool, again: bool = False) -> None:
         self.canary = int(self.rng.integers(1, 2**32))
-        for b in self.bands:
-            self.device.fill(b.address, b.size, self.canary)
+        self.device.fill_many([(b.address, b.size) for b in self.bands], self.canary)
         last, self.poison_words, self._put = self.poison_words, {}, []
         if not poison:
             return
@@ -307,8 +306,7 @@ class Armor:
         for name, (address, size, runs) in self.plan.items():
             if len(runs) <= _FILL_RUNS:
                 word = word_for(name)
-                for s, e in runs:
-                    self.device.fill(address + s, e - s, word)
+                self.device.fill_many([(address + s, e - s) for s, e in runs], word)
             elif pre and self._held_copies(name):
                 word, held = self._held[name][self._turn % len(self._held[name])]
                 self.device.put(address, held)

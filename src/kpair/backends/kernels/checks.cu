@@ -1,5 +1,5 @@
-// kpair's check kernels: byte compare, fill check and keyed digest in one pass;
-// batched copies.
+// kpair's check kernels: byte compare, fill check and keyed digest in one pass; batched
+// fills; batched copies. Each takes a table of rows (grid y: one row of blocks per row).
 typedef unsigned long long u64;
 
 __device__ __forceinline__ u64 kp_mix(u64 x) {  // splitmix64's finalizer
@@ -25,11 +25,18 @@ __device__ __forceinline__ void kp_load16(const unsigned char* p, u64 base, u64 
   }
 }
 
-// Over n bytes, in 16-byte chunks: out[0] += bytes where a differs from b (b null: from the
-// 32-bit word repeated from a's first byte), out[1] = min(out[1], first such offset),
-// out[2] += digest of b (of a when b is null) keyed by key. out is zeroed / ~0 by the caller.
-extern "C" __global__ void kp_diff(const unsigned char* a, const unsigned char* b,
-                                   unsigned word, u64 n, u64 key, u64* out) {
+// Row i = blockIdx.y of rows (a, b, word, n, key) and out[3i .. 3i + 2]: over n bytes, in
+// 16-byte chunks, out[3i] += bytes where a differs from b (b null: from the 32-bit word
+// repeated from a's first byte), out[3i + 1] = min(out[3i + 1], first such offset),
+// out[3i + 2] += digest of b (of a when b is null) keyed by key. out is zeroed / ~0 by the
+// caller. One launch checks every row.
+extern "C" __global__ void kp_diff(const u64* rows, u64* out) {
+  const u64* row = rows + 5 * blockIdx.y;
+  const unsigned char* a = (const unsigned char*)row[0];
+  const unsigned char* b = (const unsigned char*)row[1];
+  unsigned word = (unsigned)row[2];
+  u64 n = row[3], key = row[4];
+  out += 3 * blockIdx.y;
   u64 count = 0, first = ~0ull, h = 0;
   u64 chunks = (n + 15) / 16;
   u64 stride = (u64)gridDim.x * blockDim.x;
@@ -63,6 +70,20 @@ extern "C" __global__ void kp_diff(const unsigned char* a, const unsigned char* 
     atomicAdd(&out[2], h);
   }
   if (first != ~0ull) atomicMin(&out[1], first);
+}
+
+// Row i = blockIdx.y of rows (dst, n): byte j of dst gets byte j % 4 of word (the 32-bit
+// word repeated from dst, as cuMemsetD32 writes it from an aligned dst). One launch fills
+// every row.
+extern "C" __global__ void kp_fill(const u64* rows, unsigned word) {
+  unsigned char* dst = (unsigned char*)rows[2 * blockIdx.y];
+  u64 n = rows[2 * blockIdx.y + 1];
+  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, stride = (u64)gridDim.x * blockDim.x;
+  u64 body = ((u64)dst & 15) == 0 ? n / 16 : 0;
+  uint4 v = make_uint4(word, word, word, word);
+  for (u64 i = tid; i < body; i += stride) ((uint4*)dst)[i] = v;
+  for (u64 i = body * 16 + tid; i < n; i += stride)
+    dst[i] = (unsigned char)(word >> (8 * (i & 3)));
 }
 
 // Copies table[3i + 1] -> table[3i] (table[3i + 2] bytes) for entry i = blockIdx.y.
