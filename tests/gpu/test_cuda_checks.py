@@ -35,7 +35,7 @@ def test_check_kernels_load_and_pass_their_self_test(dev, evidence):
     env = dev.environment()
     evidence("checks[load]", {"checks_in_place": env["checks_in_place"]})
     assert dev.compares_in_place, env["checks_in_place"]
-    assert env["checks_in_place"] == "kernels (kp_diff, kp_copy)"
+    assert env["checks_in_place"] == "kernels (kp_diff, kp_fill, kp_copy)"
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -123,7 +123,7 @@ def test_checked_run_over_three_16mib_regions(kit, evidence):
                                       "checked_stage_s": on.get("stage_s"),
                                       "unchecked_stage_s": off.get("stage_s")})
     assert on["status"] == "pass" and off["status"] == "pass", on.get("error") or on
-    assert on["environment"]["checks_in_place"] == "kernels (kp_diff, kp_copy)"
+    assert on["environment"]["checks_in_place"] == "kernels (kp_diff, kp_fill, kp_copy)"
     assert not [k for k, v in on["trust"].items() if v["passed"] is False]
 
 

@@ -127,7 +127,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self._span, self._delta = (0, 0), 0
         self._flush_ptr, self._flush_value = 0, 0
         self._gate_value = 0
-        self._checks: tuple | None = None        # (kp_diff, kp_copy) once loaded
+        self._checks: tuple | None = None        # (kp_diff, kp_copy, kp_fill) once loaded
         self._checks_status = "not loaded"
         self._key = secrets.randbits(64)
         self._counters = 0                        # kp_diff's rows and output triples
@@ -230,6 +230,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
             from cuda.bindings import __version__ as bindings_version
         except ImportError:
             bindings_version = None
+        self.compares_in_place  # noqa: B018 - loads the check kernels: sets _checks_status
         env = {
             "backend": "cuda", "arch": self.arch(),
             "device": name,
@@ -242,8 +243,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
             "timing": {"clock": "CUDA events around the kernel on the replay stream",
                        "gate": "cuStreamWaitValue32" if self.gated else None},
             "module_loading": os.environ.get("CUDA_MODULE_LOADING", "default"),
-            "checks_in_place": "kernels (kp_diff, kp_copy)" if self.compares_in_place
-            else self._checks_status,
+            "checks_in_place": self._checks_status,
         }
         env.update(nvml_facts(bus_id, self.ordinal))
         return env
