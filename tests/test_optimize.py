@@ -458,7 +458,7 @@ def test_inductor_baselines_are_found_by_source_and_fitted_to_the_dispatch(snaps
     the operator whose kernel has the same source, under another name, gets it."""
     from types import SimpleNamespace
 
-    from kpair.optimize.baseline import info_key, tuned_configs
+    from kpair.optimize.baseline import tuned_configs
     from kpair.optimize.strategy import Context
     from kpair.record import record_call
     from kpair.snapshot import Param
@@ -480,10 +480,10 @@ def test_inductor_baselines_are_found_by_source_and_fitted_to_the_dispatch(snaps
 
     ours = tr.kernel_info(_inductor_meta())
     cd = tuned_capture(tmp_path / "cd", 2048, 8)
-    assert list(cd) == [info_key(ours)]          # the name differs, the source is the same
-    assert cd[info_key(ours)]["config"] == {"num_warps": 8, "num_stages": 1, "maxnreg": None,
+    assert list(cd) == [tr.info_key(ours)]          # the name differs, the source is the same
+    assert cd[tr.info_key(ours)]["config"] == {"num_warps": 8, "num_stages": 1, "maxnreg": None,
                                             "constants": {"XBLOCK": 2048}}
-    assert cd[info_key(ours)]["kernel"] == "triton_poi_fused_add_7"
+    assert cd[tr.info_key(ours)]["kernel"] == "triton_poi_fused_add_7"
     same = tuned_capture(tmp_path / "same", 1024, 4)  # Inductor kept the captured config
 
     params = (Param(0, 8, "bytes", "arg0"), Param(8, 8, "bytes", "arg1"),

@@ -1,28 +1,27 @@
 """Inductor's own tuning as the baseline a retune must beat.
 
-A user of ``torch.compile`` can already ask Inductor to tune harder: coordinate-descent
-tuning (``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1``) and max-autotune
-(``TORCHINDUCTOR_MAX_AUTOTUNE=1``, ``TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1``). So the
-program is captured again under each mode (``capture_tuned``: a fresh Inductor cache, so
-nothing tuned earlier is reused), and every Triton kernel in that capture is indexed by its
-source (``source_key``: the recorded source with the kernel's own name left out, and its
-signature) with the config Inductor launched it with (``tuned_configs``). An operator whose
-kernel is found there gets that config built by the ``triton`` strategy
-(``TritonRetune.baselines``) and measured by the search on the operator's own captured
-dispatch, in the same way as the winner (``kpair.optimize.search``, stage ``baseline``). A
-tuned config equal to the captured one is ref itself: 1.0 by definition, not measured.
+A user of ``torch.compile`` can already ask Inductor to tune harder: coordinate-descent tuning
+(``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1``) and max-autotune
+(``TORCHINDUCTOR_MAX_AUTOTUNE=1``, ``TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1``). So the program
+is captured again under each mode (``capture_tuned``: a fresh Inductor cache, so nothing tuned
+earlier is reused), and every Triton kernel in that capture is indexed by its source
+(``kpair.optimize.strategies.triton.source_key``: the recorded source with the kernel's own
+name left out, and its signature) with the config Inductor launched it with
+(``tuned_configs``). An operator whose kernel is found there gets that config built by the
+``triton`` strategy (``TritonRetune.baselines``) and measured by the search on the operator's
+own captured dispatch, in the same way as the winner (``kpair.optimize.search``, stage
+``baseline``). A tuned config equal to the captured one is ref itself: 1.0 by definition, not
+measured.
 
 ``provenance/baseline.json`` (``kpair.release.index.BaselineRecord``) holds what was found and
-measured; ``release add`` reads its speedups into the row, and the index summarizes the
-winner against them.
+measured; ``release add`` reads its speedups into the row, and the index summarizes the winner
+against them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -42,23 +41,11 @@ MODES: dict[str, dict[str, str]] = {
 }
 
 
-def source_key(source: str, function: str, signature: dict) -> str:
-    """The identity of a Triton kernel's code across compilations: its source with its own
-    name replaced (Inductor numbers kernels in the order it generates them) and its
-    signature."""
-    text = re.sub(rf"\b{re.escape(function)}\b", "KERNEL", source).strip()
-    return hashlib.sha256(json.dumps([text, sorted(signature.items())]).encode()).hexdigest()
-
-
-def info_key(info) -> str:
-    return source_key(info.source, info.function, info.signature)
-
-
 def tuned_configs(capture: str | os.PathLike) -> dict[str, dict]:
     """``{source_key: {"config", "kernel", "snapshot"}}`` for every Triton dispatch of a
     ``kpair capture`` directory whose config is known; the first dispatch of a kernel wins."""
     from ..snapshot import Snapshot
-    from .strategies.triton import config_of, kernel_info, resolve
+    from .strategies.triton import config_of, info_key, kernel_info, resolve
 
     capture = Path(capture)
     try:
@@ -119,5 +106,4 @@ def capture_tuned(command: Sequence[str], work: Path, mode: str, *, kernel: str 
     return out
 
 
-__all__ = ["BaselineEntry", "BaselineRecord", "FILE", "MODES", "capture_tuned", "info_key",
-           "source_key", "tuned_configs"]
+__all__ = ["BaselineEntry", "BaselineRecord", "FILE", "MODES", "capture_tuned", "tuned_configs"]

@@ -29,8 +29,10 @@ Everything up to compiling is pure and tested on recorded metadata; compiling ne
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import itertools
+import json
 import re
 import struct
 import sys
@@ -248,6 +250,18 @@ def tunable_blocks(info: KernelInfo, grid_known: bool) -> list[str]:
 
 def _around(value: int, lo: int, hi: int) -> list[int]:
     return [v for v in (value, value // 2, value * 2) if lo <= v <= hi]
+
+
+def source_key(source: str, function: str, signature: dict) -> str:
+    """The identity of a Triton kernel's code across compilations: its source with its own
+    name replaced (Inductor numbers kernels in the order it generates them) and its
+    signature."""
+    text = re.sub(rf"\b{re.escape(function)}\b", "KERNEL", source).strip()
+    return hashlib.sha256(json.dumps([text, sorted(signature.items())]).encode()).hexdigest()
+
+
+def info_key(info: KernelInfo) -> str:
+    return source_key(info.source, info.function, info.signature)
 
 
 def config_of(info: KernelInfo) -> dict[str, Any]:
@@ -475,8 +489,6 @@ class TritonRetune:
         """For each mode of ``tuned`` (``kpair.optimize.baseline.tuned_configs`` of that
         mode's capture): (mode, the built config or None, what ``BaselineEntry`` says of it).
         """
-        from ..baseline import info_key
-
         info, _, formula, values = self.plan(harness)
         key, fn = info_key(info), None
         for mode, found in tuned.items():
