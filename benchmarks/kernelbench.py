@@ -6,7 +6,8 @@ compiled ones into one release, on one GPU machine in calls of a few minutes.
     python benchmarks/kernelbench.py run --kernelbench PATH -o OUT [--sizes SIZES.json]
         [--deadline S] [--work DIR] [--modes eager,compiled] [--level 1,2] [--start S]
         [--count C] [--scale K] [--runs 3] [--jobs 4] [--batch-bytes 40GiB]
-        [--optimize [--release DIR] [--optimize-arg=--triton-limit=12 ...]]
+        [--optimize [--release DIR] [--optimize-arg=--triton-limit=12 ...]
+                    [--inductor-baseline]]
 
 ``PATH`` is a copy of the public KernelBench repository (ScalingIntelligence/KernelBench; its
 ``KernelBench/level<N>/<n>_<Name>.py`` files each define ``Model``, ``get_inputs()`` and
@@ -671,15 +672,16 @@ def _terminated(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def kpair(*args: str, timeout: float) -> dict:
+def kpair(*args: str, timeout: float, env: dict[str, str] | None = None) -> dict:
     """Run ``python -m kpair ARGS`` in its own process group (on a timeout the whole group
-    is killed: ``kpair capture``'s program, which holds the GPU, with it); its exit code
-    (124: timed out), output and seconds."""
+    is killed: ``kpair capture``'s program, which holds the GPU, with it), with ``env`` added
+    to the environment; its exit code (124: timed out), output and seconds."""
     from kpair._util import kill_group
 
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "kpair", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **env} if env else None)
     _RUNNING.add(proc)
     try:
         out, err = proc.communicate(timeout=max(1.0, timeout))
@@ -750,6 +752,8 @@ class Rates:
     replay_gbps: float = 1.0       # state bytes loaded once: decompress, verify, upload
     check_gbps: float = 3.0        # state bytes per replay run: restore, read back, compare
     optimize_s: float = 120.0      # one kpair optimize of one operator
+    baseline_s: float = 60.0       # --inductor-baseline: one compiled problem run twice more,
+                                   # under coordinate-descent and max-autotune (no regions)
 
     def problem_s(self, mode: str, est: dict, runs: int, jobs: int, optimize: int) -> float:
         """Seconds one problem adds to a batch (``est``: ``estimates()``' entry of this
@@ -813,6 +817,8 @@ class Call:
 
     def __init__(self, args, results: Results, problems: list[Problem],
                  est: dict[str, dict[str, dict]], deadline: float, rates: Rates = Rates()):
+        if getattr(args, "inductor_baseline", False):   # every compiled problem runs 3 times
+            rates = dataclasses.replace(rates, compiled_s=rates.compiled_s + rates.baseline_s)
         self.args, self.results, self.est, self.rates = args, results, est, rates
         self.problems, self.deadline = problems, deadline
         self.by_key = {pr.key: pr for pr in problems}
@@ -878,6 +884,8 @@ class Call:
               f"({self.left():.0f} s left)", file=sys.stderr)
         records, summary = self.capture(batch, mode, work)
         capture_s = round(time.monotonic() - t0, 3)
+        baselines = self.baseline_captures(work) if mode == "compiled" and args.optimize and \
+            args.inductor_baseline else {}
         by_owner: dict[str, list[dict]] = {}
         for d in summary["dispatches"]:
             by_owner.setdefault(owner(d["launch_index"], summary["marks"]) or "", []).append(d)
@@ -907,12 +915,13 @@ class Call:
                                          "or optimize"})
                 break
             if args.optimize and mode == "compiled":
-                rec["optimize"] = self.optimize(pr, row, work / "capture")
+                rec["optimize"] = self.optimize(pr, row, work / "capture", baselines)
             self.results.append(rec)
             done += 1
         self.results.append({
             "type": "batch", "mode": mode, "keys": [pr.key for pr in batch], "recorded": done,
             "capture_s": capture_s, "wall_s": round(time.monotonic() - t0, 3),
+            **({"baseline_captures": baselines} if baselines else {}),
             "exit_status": summary.get("exit_status"),
             "dispatches": len(summary["dispatches"]),
             "unowned": [d["kernel"] for d in by_owner.get("", [])],  # outside every problem
@@ -1016,8 +1025,34 @@ class Call:
             return None
         return done
 
-    def optimize(self, pr: Problem, row: dict | None, cap: Path) -> dict:
-        """``kpair optimize`` of the problem's chosen compiled dispatch into the release."""
+    def baseline_captures(self, work: Path) -> dict[str, dict]:
+        """The batch run again under each of Inductor's tuning modes, in a fresh Inductor
+        cache, every Triton kernel's first launch captured without its regions (what
+        ``kpair optimize --baseline-capture`` reads: the config Inductor picked)."""
+        from kpair.optimize.baseline import MODES
+
+        out = {}
+        for mode, environ in MODES.items():
+            plan = json.loads((work / "plan.json").read_text())
+            plan["marks"] = str(work / f"marks-{mode}.json")
+            (work / f"plan-{mode}.json").write_text(json.dumps(plan, indent=1))
+            cache = work / f"inductor-cache-{mode}"
+            cache.mkdir()
+            cap = work / f"capture-{mode}"
+            run = kpair("capture", "-o", str(cap), "--distinct", "--max", "0",
+                        "--max-region-bytes", "1", "--kernel", "^triton_", "--",
+                        sys.executable, str(Path(__file__).resolve()), RUNNER,
+                        str(work / f"plan-{mode}.json"),
+                        timeout=min(self.args.capture_timeout, max(30.0, self.left())),
+                        env={**environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+            out[mode] = {"capture": str(cap), "exit_code": run["exit_code"], "s": run["s"],
+                         "ok": (cap / "capture.json").is_file()}
+        return out
+
+    def optimize(self, pr: Problem, row: dict | None, cap: Path,
+                 baselines: dict[str, dict] | None = None) -> dict:
+        """``kpair optimize`` of the problem's chosen compiled dispatch into the release,
+        with the batch's tuned captures as its Inductor baselines."""
         args = self.args
         if row is None:
             return {"status": "no operator", "reason": "no byte-exact Triton dispatch"}
@@ -1028,6 +1063,8 @@ class Call:
         run = kpair("optimize", "-o", str(args.release), "--work", str(args.work / "optimize"),
                     "--snapshot", str(cap / row["snapshot"]), "--name", pr.name,
                     "--level", str(pr.level), "--strategy", "triton", "--json",
+                    *(a for mode, b in (baselines or {}).items() if b["ok"]
+                      for a in ("--baseline-capture", f"{mode}={b['capture']}")),
                     *args.optimize_arg,
                     timeout=min(args.optimize_timeout, self.left()))
         try:
@@ -1161,6 +1198,11 @@ def run_main(argv: list[str]) -> int:
                    help="optimize only operators whose regions hold at most SIZE (default "
                    "1GiB: a harness that size is measured in seconds and fits the disk)")
     p.add_argument("--optimize-timeout", type=float, default=300.0, metavar="S")
+    p.add_argument("--inductor-baseline", action="store_true",
+                   help="with --optimize: run each compiled batch twice more, under "
+                   "Inductor's coordinate-descent tuning and under max-autotune (no regions "
+                   "kept), and measure the configs they pick beside each search, against "
+                   "which the release sets kpair's winners")
     p.add_argument("-o", "--out", type=Path, required=True,
                    help="results.jsonl, fidelity.json, scaling.json go here")
     args = p.parse_args(argv)

@@ -477,12 +477,16 @@ class FakeKpair:
     def __init__(self, kernels: dict[str, list[str]], crash=(), nondeterministic=()):
         self.kernels, self.crash, self.nondet = kernels, set(crash), set(nondeterministic)
         self.calls: list[tuple] = []
+        self.envs: list[dict | None] = []
+        self.argv: list[tuple] = []
         self.on_capture = None
         self.no_cupti = False
         self.teardown = None
 
-    def __call__(self, *args: str, timeout: float) -> dict:
+    def __call__(self, *args: str, timeout: float, env: dict | None = None) -> dict:
         self.calls.append((args[0], timeout))
+        self.envs.append(env)
+        self.argv.append(args)
         return getattr(self, args[0])(*args[1:])
 
     def capture(self, *args):
@@ -590,6 +594,37 @@ def test_a_run_records_each_problem_deletes_snapshots_and_resumes(tmp_path, monk
     assert _run(root, out) == 0                  # all decided: nothing runs again
     assert len(fake.calls) == before
     assert (out / "results.jsonl").read_text().splitlines() == lines
+
+
+def test_inductor_baselines_capture_each_compiled_batch_under_each_tuning_mode(
+        tmp_path, monkeypatch):
+    root = _problem_files(tmp_path / "kb", {2: ["1_C"]})
+    fake = FakeKpair({"level2/1_C": ["triton_poi_fused_0", "triton_red_fused_1"]})
+    monkeypatch.setattr(kb, "kpair", fake)
+    out = tmp_path / "out"
+    assert _run(root, out, "--modes", "compiled", "--level", "2", "--optimize",
+                "--inductor-baseline") == 0
+    captures = [(argv, env) for argv, env in zip(fake.argv, fake.envs, strict=True)
+                if argv[0] == "capture"]
+    assert len(captures) == 3                    # the batch, then once per tuning mode
+    (plain, _), *tuned = captures
+    assert [sorted(k for k in env if k.startswith("TORCHINDUCTOR_")) for _, env in tuned] == [
+        ["TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"],
+        ["TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_MAX_AUTOTUNE",
+         "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE"]]
+    # metadata only, a fresh Inductor cache each, marks of their own
+    assert tuned[0][1]["TORCHINDUCTOR_CACHE_DIR"] != tuned[1][1]["TORCHINDUCTOR_CACHE_DIR"]
+    for argv, _ in tuned:
+        assert argv[argv.index("--max-region-bytes") + 1] == "1" and "--distinct" in argv
+    assert [Path(argv[-1]).name for argv, _ in tuned] == ["plan-coordinate-descent.json",
+                                                          "plan-max-autotune.json"]
+    (optimize,) = [argv for argv in fake.argv if argv[0] == "optimize"]
+    given = [optimize[i + 1] for i, a in enumerate(optimize) if a == "--baseline-capture"]
+    assert [g.split("=", 1)[0] for g in given] == ["coordinate-descent", "max-autotune"]
+    (batch,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()
+                if '"type": "batch"' in line]
+    assert set(batch["baseline_captures"]) == {"coordinate-descent", "max-autotune"}
+    assert all(b["ok"] for b in batch["baseline_captures"].values())
 
 
 def test_a_crash_is_retried_then_decided_and_the_rest_goes_on(tmp_path, monkeypatch):
