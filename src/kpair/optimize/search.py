@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,7 @@ class SearchOutcome:
     rungs: list[list[Evaluated]] = field(default_factory=list)
     confirmed: list[Evaluated] = field(default_factory=list)
     skipped: list[tuple[str, Proposal, str]] = field(default_factory=list)
-    baselines: list = field(default_factory=list)  # kpair.optimize.baseline.BaselineEntry
+    baselines: list = field(default_factory=list)  # kpair.release.index.BaselineEntry
     ref_failed: bool = False
     winner: Evaluated | None = None
     chosen_by: Evaluated | None = None  # the winner's evaluation in the stage that chose it
@@ -116,15 +117,15 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
 
 def _baselines(harness, todo: Iterable[tuple[str, Proposal | None, dict]], out: Path,
                options: RunOptions, log: Callable[[str], None]) -> list:
-    from .baseline import BaselineEntry
+    from ..release.index import BaselineEntry
 
     entries, session = [], None
-    try:
+    with ExitStack() as stack:   # the session opens at the first config to measure
         for mode, p, fields in todo:
             if p is not None and p.build_error is not None:
                 fields = {**fields, "reason": f"not built: {p.build_error}"}
             elif p is not None:
-                session = session or Session(harness, options, out=out).__enter__()
+                session = session or stack.enter_context(Session(harness, options, out=out))
                 result = session.evaluate(p.binary, kernel=p.kernel,
                                           launch_override=p.launch_override,
                                           label=f"{mode}: {p.label}", source=p.source,
@@ -141,9 +142,6 @@ def _baselines(harness, todo: Iterable[tuple[str, Proposal | None, dict]], out: 
                 f"{entries[-1].speedup:.3f}x" + (" (the captured config: ref)"
                                                  if entries[-1].same_as_ref else "")
                 if entries[-1].speedup else entries[-1].reason or "-"))
-    finally:
-        if session is not None:
-            session.__exit__(None, None, None)
     return entries
 
 
