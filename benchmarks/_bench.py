@@ -4,6 +4,7 @@ record with them, and how they print."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,17 @@ def record_gemm(cubin: Path, out: Path, m: int, rng: np.random.Generator,
     return record_call(cubin, kernel, [a, b, np.zeros((m, m), np.float32)] + [np.int32(m)] * 3,
                        out, backend="cuda", launch=Launch((m // 16, m // 16, 1), (16, 16, 1)),
                        names=["A", "B", "C", "M", "N", "K"])
+
+
+def device_line() -> str:
+    """The GPU's name, driver and UUID (nvidia-smi), or the host's processor."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        import platform
+        return f"host {platform.processor() or platform.machine()}"
 
 
 def emit(doc: dict, path: Path | None) -> None:

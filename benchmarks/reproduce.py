@@ -48,19 +48,11 @@ from pathlib import Path
 
 import numpy as np
 
+from _bench import device_line
+
 KPAIR = [sys.executable, "-m", "kpair"]
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = [("llama.", "hf_causal_lm.py"), ("resnet18.", "torchvision_model.py")]
-
-
-def _device_line() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
-                               "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        import platform
-        return f"host {platform.processor() or platform.machine()}"
 
 
 def _say(*parts: object) -> None:
@@ -284,7 +276,7 @@ def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: in
     long_halves = [o["half_width"] for o in ops
                    if o["half_width"] is not None and (o["ref_median_us"] or 0) >= 5]
     n_harness = max(1, len(index["operators"]))
-    return {"device": _device_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    return {"device": device_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "hogs": hogs, "times": times, "operators": len(index["operators"]),
             "coverage": inside / compared if compared else None, "compared": compared,
             "inside": inside, "median_half_width": statistics.median(halves) if halves else None,

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import emit
+from _bench import device_line, emit
 
 
 def _run(harness: Path, out: Path, replicates: int) -> dict | None:
@@ -47,7 +47,9 @@ def _run(harness: Path, out: Path, replicates: int) -> dict | None:
     if not speed.get("speedup"):
         return None
     reps = [math.log(r["speedup"]) for r in speed.get("replicates") or []]
-    return {"point": math.log(speed["speedup"]), "replicates": reps}
+    clocks = speed.get("clocks_mhz") or {}
+    return {"point": math.log(speed["speedup"]), "replicates": reps, "at": time.time(),
+            "clocks_mhz": [clocks.get("before"), clocks.get("after")]}
 
 
 def _sd(values: list[float]) -> float | None:
@@ -59,7 +61,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
-    full, single = [], []
+    full, single, single_runs = [], [], []
     for i in range(runs):   # interleaved, so that a drift in time meets both designs alike
         r = _run(harness, work / f"full{i}.json", replicates)
         if r:
@@ -68,6 +70,7 @@ def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
             r = _run(harness, work / f"single{i}_{j}.json", 1)
             if r:
                 single.append(r["point"])
+                single_runs.append(r)
     within = [s for s in (_sd(r["replicates"]) for r in full) if s is not None]
     sd_within = math.sqrt(statistics.fmean(s * s for s in within)) if within else None
     between = _sd([r["point"] for r in full])
@@ -79,7 +82,12 @@ def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
             "ratio_between_over_predicted": _ratio(between, predicted),
             "sd_single_process": sd_single,
             "ratio_single_process_over_within": _ratio(sd_single, sd_within),
-            "points": [r["point"] for r in full], "single_points": single}
+            "points": [r["point"] for r in full], "single_points": single,
+            # when each run ended and the clocks it saw: a drift in time or clocks, not a
+            # process, would show here
+            "full_runs": [{k: r[k] for k in ("point", "at", "clocks_mhz")} for r in full],
+            "single_runs": [{k: r[k] for k in ("point", "at", "clocks_mhz")}
+                            for r in single_runs]}
 
 
 def _ref_us(harness: Path) -> float | None:
@@ -111,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     if not todo:
         raise SystemExit(f"run_level.py: no passing operator with ref <= {args.max_ref_us} µs")
     doc = {"benchmark": "run_level", "release": str(args.release), "runs": args.runs,
-           "replicates": args.replicates, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+           "replicates": args.replicates, "device": device_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                 time.gmtime()),
            "operators": {}}
     with tempfile.TemporaryDirectory() as tmp:
