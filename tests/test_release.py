@@ -608,15 +608,16 @@ def test_a_harness_with_another_ref_is_a_different_operator(harnesses, tmp_path,
     assert describe_reproduction(index)[0].startswith("level1/1_mm: different operator")
 
 
-def test_reproduce_compares_interval_rules_on_the_same_reruns():
+def test_reproduce_compares_interval_rules_on_the_same_reruns(monkeypatch):
     """benchmarks/reproduce.py reports, beside the published (linear) intervals, what other
     ways of folding in the identical-binary control would have covered: same re-runs, one
     table, so a rule is judged on runs it was not chosen from."""
     import importlib.util
     import math
 
-    spec = importlib.util.spec_from_file_location(
-        "reproduce", Path(__file__).parents[1] / "benchmarks" / "reproduce.py")
+    bench = Path(__file__).parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))     # its own helpers (_bench) beside it
+    spec = importlib.util.spec_from_file_location("reproduce", bench / "reproduce.py")
     rep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rep)
     w, b = 0.01, 0.005                     # linear 0.015, quadrature 0.0112, calibrated 0.013
