@@ -821,6 +821,18 @@ def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judge
         assert audit.timed["checked"] == 8 and not audit.timed["failed"]
         audit.differential(opt, launch)
         assert not audit.failure(), audit.failure()
+        # The spacer's size does not depend on the regions': with 2 MiB granules these
+        # regions span a few dozen, and the spacers still spread over 256 (40 draws all within
+        # the regions' own size: odds of 8^-40).
+        dev.granularity = 2 << 20
+        region_granules = -(-sum(end - start for start, end in mapped) // dev.granularity)
+        sizes = []
+        for _ in range(40):
+            k = len(drv.calls)
+            assert dev.renew_memory()
+            sizes.append(next(c[1] for c in drv.calls[k:] if c[0] == "cuMemCreate"))
+        assert region_granules <= 32 and max(sizes) > 32 * dev.granularity
+        assert all(0 < s <= 256 * dev.granularity and s % dev.granularity == 0 for s in sizes)
         # No room for a second copy: the placement stays, and says so.
         drv.fail["cuMemCreate"] = R.CUDA_ERROR_OUT_OF_MEMORY
         assert not dev.renew_memory() and dev.mapped_ranges() == mapped

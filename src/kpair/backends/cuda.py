@@ -528,16 +528,17 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         return [(address, address + size) for address, size in self._mapped]
 
     def _spacer(self) -> object | None:
-        """A random number of granules (1 to as many as the regions map, at most
-        ``SPACER_GRANULES``) taken just before a renewal's new pages and given back after it,
-        so that each renewal lands at a random place among the free pages. Without it, on
-        the H200 the replicates of a 4 µs kernel alternated between two levels (1.04x and
-        1.17x, even against odd, session 11), as if every other renewal got the same pages
-        back. None where there is no room for it."""
-        granules = min(SPACER_GRANULES,
-                       max(1, sum(size for _, size in self._mapped) // self.granularity))
+        """A random number of granules (1 to ``SPACER_GRANULES``, whatever the regions'
+        size) taken just before a renewal's new pages and given back after it, so that each
+        renewal lands at a random place among the free pages. Without it, on the H200 the
+        replicates of a 4 µs kernel alternated between two levels (1.04x and 1.17x, even
+        against odd, session 11), as if every other renewal got the same pages back. A
+        spacer no larger than the regions (session 11 to 14) left a small harness only a
+        handful of placements: on the H100 the replicates of a 4.5 µs kernel stayed on one
+        of two levels for several renewals in a row (session 14), so that the replicates of
+        one run agreed more than the runs did. None where there is no room for it."""
         try:
-            return self.drv("cuMemCreate", (1 + secrets.randbelow(granules)) *
+            return self.drv("cuMemCreate", (1 + secrets.randbelow(SPACER_GRANULES)) *
                             self.granularity, self._prop, 0)
         except DriverError:
             return None
