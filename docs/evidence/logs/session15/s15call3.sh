@@ -10,7 +10,7 @@ KPAIR_EVIDENCE=$OUT/gpu-tests.jsonl timeout 120 python3 -m pytest -q -m gpu -p n
 timeout 120 python3 benchmarks/trust_overhead.py --backend cuda --repeat 5 --case axpbyz_3x16M --case axpy_8M --out $OUT/trust_overhead.json > $OUT/overhead.log 2>&1
 echo "overhead rc $?"; grep -E '"(axpy_8M|axpbyz_3x16M)"|checked_over' $OUT/trust_overhead.json
 echo "at $(( $(date +%s) - T0 )) s"
-left=$(( 300 - ($(date +%s) - T0) ))
-[ $left -gt 40 ] && timeout $left python3 benchmarks/reproduce.py verify benchmarks/results/reproduce_small_h200 --times 2 --out $OUT/reproduce_small.json > $OUT/small.log 2>&1
+left=$(( 200 - ($(date +%s) - T0) ))
+[ $left -gt 40 ] && timeout $left python3 benchmarks/reproduce.py verify benchmarks/results/reproduce_small_h200 --times 1 --out $OUT/reproduce_small.json > $OUT/small.log 2>&1
 echo "small rc $?"; grep -E '"coverage"|"inside"|"compared"' $OUT/reproduce_small.json 2>/dev/null
 echo "done at $(( $(date +%s) - T0 )) s"
