@@ -12,7 +12,11 @@ every run (the same order of loads and memory renewals), so the run means vary l
 replicates predict. And the *alternation*: per run, the mean of the even replicates minus the
 mean of the odd ones, against the spread within each parity (`alternation_over_within`; about
 0.65 when replicates are independent). A placement that returns every other replicate (a
-renewal handed back the pages the one before freed) shows as a ratio far above 1.
+renewal handed back the pages the one before freed) shows as a ratio far above 1. And the
+*stickiness*: the lag-1 correlation of consecutive replicates about their run's own mean,
+pooled over runs (`lag1_correlation`; about -1/R when replicates are independent, toward -1
+when they alternate, above 0 when a run's replicates stay on one level for several renewals in
+a row, as the 4.5 µs llama.0004 did on an H100 in session 14 with a spacer of 1-3 granules).
 
     python benchmarks/replicate_structure.py RELEASE [--out FILE.json]
 """
@@ -31,6 +35,17 @@ def _logs(result: Path) -> list[float] | None:
     speed = json.loads(result.read_text()).get("speed") or {}
     reps = speed.get("replicates") or []
     return [math.log(r["speedup"]) for r in reps] or None
+
+
+def lag1_correlation(runs: list[list[float]]) -> float:
+    """Pooled lag-1 correlation of each run's replicates about that run's mean."""
+    num = den = 0.0
+    for x in runs:
+        m = statistics.fmean(x)
+        d = [v - m for v in x]
+        num += sum(a * b for a, b in zip(d, d[1:]))
+        den += sum(v * v for v in d)
+    return num / den if den > 0 else math.nan
 
 
 def operator(root: Path) -> dict | None:
@@ -58,7 +73,8 @@ def operator(root: Path) -> dict | None:
             "position_effect": [round(v, 6) for v in position],
             "alternation": statistics.fmean(gaps),
             "alternation_over_within": statistics.fmean(gaps) / parity_sd
-            if parity_sd > 0 else math.nan}
+            if parity_sd > 0 else math.nan,
+            "lag1_correlation": lag1_correlation(runs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
            "median_between_over_predicted": statistics.median(ratio),
            "median_alternation_over_within": statistics.median(
                o["alternation_over_within"] for o in ops),
+           "median_lag1_correlation": statistics.median(o["lag1_correlation"] for o in ops),
            "per_operator": ops}
     text = json.dumps(out, indent=1)
     if args.out:

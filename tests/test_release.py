@@ -631,3 +631,21 @@ def test_reproduce_compares_interval_rules_on_the_same_reruns(monkeypatch):
     assert all(v["compared"] == 4 for v in r.values())     # a failed re-run is a miss
     assert r["linear"]["median_half_width_ref_ge_5us"] == pytest.approx(math.expm1(0.015))
     assert r["rerun_only"]["identical_no_difference"] == 1.0
+
+
+def test_replicate_structure_tells_sticky_from_alternating_replicates():
+    """benchmarks/replicate_structure.py's lag-1 correlation: replicates that stay on one level
+    for several renewals read above 0, replicates that alternate read toward -1."""
+    import importlib.util
+
+    bench = Path(__file__).parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location("replicate_structure",
+                                                  bench / "replicate_structure.py")
+    rs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rs)
+    sticky = [[0.14, 0.14, 0.14, 0.08, 0.08, 0.08]]
+    alternating = [[0.14, 0.08, 0.14, 0.08, 0.14, 0.08]]
+    assert rs.lag1_correlation(sticky) == pytest.approx(0.5)
+    assert rs.lag1_correlation(alternating) == pytest.approx(-5 / 6)
+    assert rs.lag1_correlation(sticky + alternating) == pytest.approx((3 - 5) / 12)
+    assert math.isnan(rs.lag1_correlation([[0.5, 0.5, 0.5]]))
