@@ -145,8 +145,9 @@ def compact(rel: Path, out: Path, max_bytes: int, identical: int) -> None:
         if total + size > max_bytes:
             break
         cmd = KPAIR + ["release", "add", str(out), str(rel / row["paths"]["harness"]),
-                       "--level", str(row["level"]), "--name", row["name"],
-                       "--provenance", str(rel / row["paths"]["provenance"])]
+                       "--level", str(row["level"]), "--name", row["name"]]
+        if row["paths"].get("provenance"):   # optimize's publications have one
+            cmd += ["--provenance", str(rel / row["paths"]["provenance"])]
         _say("$", " ".join(cmd[2:]), f"({size / 1e6:.1f} MB)")
         if subprocess.run(cmd, check=False).returncode == 0:
             total += size
