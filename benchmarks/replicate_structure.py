@@ -43,7 +43,7 @@ def lag1_correlation(runs: list[list[float]]) -> float:
     for x in runs:
         m = statistics.fmean(x)
         d = [v - m for v in x]
-        num += sum(a * b for a, b in zip(d, d[1:]))
+        num += sum(a * b for a, b in zip(d[:-1], d[1:], strict=True))
         den += sum(v * v for v in d)
     return num / den if den > 0 else math.nan
 

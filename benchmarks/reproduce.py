@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _bench import device_line
 
 KPAIR = [sys.executable, "-m", "kpair"]

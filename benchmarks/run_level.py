@@ -85,9 +85,9 @@ def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
             "points": [r["point"] for r in full], "single_points": single,
             # when each run ended and the clocks it saw: a drift in time or clocks, not a
             # process, would show here
-            "full_runs": [{k: r[k] for k in ("point", "at", "clocks_mhz")} for r in full],
-            "single_runs": [{k: r[k] for k in ("point", "at", "clocks_mhz")}
-                            for r in single_runs]}
+            "full_detail": [{k: r[k] for k in ("point", "at", "clocks_mhz")} for r in full],
+            "single_detail": [{k: r[k] for k in ("point", "at", "clocks_mhz")}
+                              for r in single_runs]}
 
 
 def _ref_us(harness: Path) -> float | None:
@@ -119,9 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     if not todo:
         raise SystemExit(f"run_level.py: no passing operator with ref <= {args.max_ref_us} µs")
     doc = {"benchmark": "run_level", "release": str(args.release), "runs": args.runs,
-           "replicates": args.replicates, "device": device_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                time.gmtime()),
-           "operators": {}}
+           "replicates": args.replicates, "device": device_line(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "operators": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for n, (name, harness, us) in enumerate(todo, 1):
             print(f"[{n}/{len(todo)}] {name} (ref {us or 0:.1f} µs)", file=sys.stderr,
