@@ -164,6 +164,27 @@ def test_a_measured_run_renews_between_replicates(kit, tmp_path, monkeypatch):
     assert len(result.speed.replicates) == 3
 
 
+def test_a_run_takes_extra_replicates_while_they_are_cheap(kit, tmp_path, monkeypatch):
+    """Past its planned replicates a run takes more, up to max_replicates, while the extra
+    time stays within budget; with no budget it keeps the planned number."""
+    from kpair import measure
+    from kpair.harness import create_harness
+    from kpair.pipeline import Facts, RunOptions, execute
+
+    h = create_harness(kit["snap"], tmp_path / "h", opt=kit["fast"])
+    options = RunOptions(replicates=3, max_replicates=5, min_blocks=8, max_blocks=48,
+                         time_cap_s=3, rel_ci=0.5, control=False)
+    counts = []
+    for budget in (600.0, 0.0):
+        monkeypatch.setattr(measure, "EXTRA_REPLICATES_S", budget)
+        result, samples = execute(h.root, options, facts=Facts(harness=str(h.root), started=""))
+        assert result.status == "pass", result.to_json().get("correctness")
+        counts.append(len(result.speed.replicates))
+        (tmp_path / "s.npz").write_bytes(samples)     # the raw samples hold every replicate
+        assert measure.load_samples(tmp_path / "s.npz").replicates == counts[-1]
+    assert counts == [5, 3]
+
+
 def test_an_executor_gone_behind_kpairs_back_is_a_named_crash_not_a_zero_timing(kit):
     """An executor that ended and was reaped elsewhere has no CPU clock to read: the timed
     launch says the kernel's process ended, never returns 0 s."""

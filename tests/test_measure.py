@@ -17,6 +17,7 @@ from kpair.measure import (
     StoppingRule,
     analyze,
     analyze_replicates,
+    another_replicate,
     combine_replicates,
     geomean,
     load_samples,
@@ -382,6 +383,59 @@ def test_replicated_samples_round_trip_and_reanalyse(tmp_path):
     assert pooled.blocks == len(joined)
     assert [p.speedup for p in rep.parts] == pytest.approx([p.speedup for p in parts])
     assert rep.speedup == pytest.approx(combine_replicates(parts).speedup)
+
+
+def _parts(speedups, rel_se=0.002):
+    return [AbbaResult("A/B", s, (s / (1 + 1.96 * rel_se), s * (1 + 1.96 * rel_se)), 1.0,
+                       (1.0, 1.0), 1.0, 1.0, 32, 16, 16, "ci", rel_se, 0, 1e-4, 1e-4)
+            for s in speedups]
+
+
+def test_extra_replicates_are_taken_while_they_are_cheap():
+    kw = {"limit": 12, "per_replicate_s": 0.05, "extra_s": 0.0, "budget_s": 1.0}
+    assert another_replicate(6, **kw)
+    assert not another_replicate(12, **kw)                          # never past the limit
+    assert not another_replicate(8, **{**kw, "extra_s": 0.96})      # nor past the budget
+    assert not another_replicate(6, **{**kw, "per_replicate_s": 2.0})
+
+
+@pytest.mark.parametrize("spread_decides", [False, True])
+def test_extra_replicates_keep_the_rerun_interval_honest(spread_decides):
+    """A kernel whose placement puts a replicate on one of two levels (-6% with probability
+    0.4), published and re-run with 6 replicates, then up to 12. Taken for their low cost
+    (kpair's rule), the re-run's point lands inside the published interval about 95% of the
+    time and the interval narrows. Taken only while the interval looks wider than 1% (the
+    rule kpair does not use), runs stop where their replicates happened to agree: narrow
+    intervals that re-runs miss more often."""
+    rng = np.random.default_rng(11)
+
+    def run():
+        parts = []
+        while len(parts) < 6 or another_replicate(len(parts), limit=12, per_replicate_s=0.0,
+                                                  extra_s=0.0):
+            if spread_decides and len(parts) >= 6:
+                r = combine_replicates(parts)
+                if (r.ci95[1] - r.ci95[0]) / 2 / r.speedup <= 0.01:
+                    break
+            level = 0.94 if rng.random() < 0.4 else 1.0
+            parts.append(_parts([1.15 * level * math.exp(rng.normal(0, 0.003))])[0])
+        return combine_replicates(parts)
+
+    def half(r):
+        return (r.ci95[1] - r.ci95[0]) / 2 / r.speedup
+
+    trials, inside, widths = 1000, 0, []
+    for _ in range(trials):
+        published, rerun = run(), run()
+        inside += published.ci95[0] <= rerun.speedup <= published.ci95[1]
+        widths.append(half(published))
+    if spread_decides:
+        assert inside / trials < 0.93
+    else:
+        assert inside / trials >= 0.93
+        six = [half(combine_replicates(_parts([1.15 * (0.94 if rng.random() < 0.4 else 1.0)
+                                               for _ in range(6)]))) for _ in range(300)]
+        assert np.median(widths) < 0.7 * np.median(six)
 
 
 def test_a_single_replicate_is_not_a_rerun_interval():

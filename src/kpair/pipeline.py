@@ -49,6 +49,8 @@ from .result import Checks, Correctness, Result, Side, Speed, TrustEntry
 
 #: The raw samples file, beside result.json.
 SAMPLES = "samples.npz"
+#: The most replicates a run takes by default where its backend takes extra ones.
+MAX_REPLICATES = 12
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class RunOptions:
     time_cap_s: float | None = None
     seed: int | None = None
     replicates: int = 6
+    max_replicates: int | None = None
     timeout_s: float | None = None
     control: bool = True
     checks: bool = True
@@ -88,6 +91,11 @@ class RunOptions:
         if isinstance(self.replicates, bool) or not isinstance(self.replicates, int) \
                 or not 1 <= self.replicates <= 64:
             raise UsageError(f"replicates must be an integer in [1, 64], not {self.replicates!r}")
+        if self.max_replicates is not None and (
+                isinstance(self.max_replicates, bool) or not isinstance(self.max_replicates, int)
+                or not 1 <= self.max_replicates <= 64):
+            raise UsageError(f"max_replicates must be an integer in [1, 64], not "
+                             f"{self.max_replicates!r}")
         if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not isinstance(
                 self.timeout_s, (int, float)) or not 0 < self.timeout_s < float("inf")):
             raise UsageError(f"timeout must be a positive number of seconds, not "
@@ -389,34 +397,54 @@ def _timing(run: Run) -> Result | None:
 
 
 def _measure(run: Run) -> None:
-    from .measure import Samples, combine_replicates, measure, replicate_seed, samples_bytes
+    from .measure import (
+        Samples,
+        another_replicate,
+        combine_replicates,
+        measure,
+        replicate_seed,
+        samples_bytes,
+    )
     from .measure import analyze as pooled_stats
     from .snapshot import sha256
 
     o = run.options
-    rule = _rule(run)
+    whole = _rule(run)
     # A replicate runs whole rounds of 8 blocks: a block budget too small for every
     # replicate gets one plain ABBA run (fewer replicates would widen the interval by a
     # larger t quantile than they narrow it).
-    n = o.replicates if rule.max_blocks >= 8 * o.replicates else 1
+    n = o.replicates if whole.max_blocks >= 8 * o.replicates else 1
+    # Past n, more replicates (up to max_replicates) while they are cheap
+    # (measure.another_replicate: their cost decides, never their values); by default
+    # MAX_REPLICATES where the backend takes extra ones (Device.extra_replicates), else none.
+    most = o.max_replicates if o.max_replicates is not None else \
+        MAX_REPLICATES if run.device.extra_replicates else n
+    limit = max(n, most) if n > 1 else 1
     seed = o.seed if o.seed is not None else secrets.randbits(32)
-    rule = rule.split(n)
+    rule = whole.split(n)
     clocks_before = run.device.clocks()
     parts, samples = [], []
-    for i in range(n):
+    started, planned_end = time.monotonic(), None
+    while len(parts) < n or another_replicate(
+            len(parts), limit=limit, per_replicate_s=(time.monotonic() - started) / len(parts),
+            extra_s=time.monotonic() - planned_end):
+        i = len(parts)
         if i:  # fresh loads of both kernels and fresh pages under the regions: another
             _reload(run)   # placement of code and data, as a re-run in a new process meets
             run.device.renew_memory()
+        what = f"replicate {i + 1}/{n}" if i < n else f"extra replicate {i + 1} (<= {limit})"
         abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i),
-                             progress=_meter(f"replicate {i + 1}/{n}" if n > 1 else "A/B",
-                                             rule, after=n - 1 - i))
+                             progress=_meter(what if n > 1 else "A/B", rule,
+                                             after=max(0, n - 1 - i)))
         parts.append(abba)
         samples.append(part)
+        if len(parts) == n:
+            planned_end = time.monotonic()
     clocks_after = run.device.clocks()
     joined = Samples.joined(samples)
     pooled = pooled_stats(joined)
     speed = pooled.to_json(SAMPLES)
-    if n > 1:
+    if len(parts) > 1:
         rep = combine_replicates(parts)
         speed.update(speedup=rep.speedup, ci95=list(rep.ci95),
                      rel_ci_halfwidth=(rep.ci95[1] - rep.ci95[0]) / 2 / rep.speedup,

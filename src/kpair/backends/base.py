@@ -101,6 +101,11 @@ class Kernel(ABC):
 
 class Device(ABC):
     backend: str = ""
+    #: Whether a run takes extra replicates, past its planned number, where they are cheap
+    #: (``kpair.measure.another_replicate``): on a GPU, what a re-run re-rolls is mostly the
+    #: placement replicates re-roll too. The host says no: there the load over minutes moves
+    #: re-runs, which no replicate sees, and more replicates would only narrow the interval.
+    extra_replicates: bool = True
 
     @abstractmethod
     def arch(self) -> str:

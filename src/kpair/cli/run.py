@@ -13,7 +13,7 @@ from .base import Command
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from ..isolation import HANG_FACTOR, HANG_FLOOR_S
     from ..measure import StoppingRule
-    from ..pipeline import RunOptions
+    from ..pipeline import MAX_REPLICATES, RunOptions
     from ..trust import CHECKS
 
     p.add_argument("--aa", action="store_true", help="also run an A/A control (ref vs ref)")
@@ -49,6 +49,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="independent measurements on fresh loads of both kernels, read "
                    f"together as a re-run interval (default {RunOptions.replicates}; 1: one "
                    "ABBA run, its own CI)")
+    p.add_argument("--max-replicates", type=int, metavar="N",
+                   help="more replicates past --replicates, up to N in all, while each costs "
+                   f"little (about 1 s of extra measurement at most; default {MAX_REPLICATES} "
+                   "on a GPU, none on the host)")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="seconds the worker has for its setup and for each opt before it is "
                    "killed (default: derived from ref's own time: a worker that shows no "
@@ -71,6 +75,7 @@ def options_from_args(args: argparse.Namespace):
                       min_blocks=args.min_blocks, max_blocks=args.max_blocks,
                       rel_ci=args.rel_ci, time_cap_s=args.time_cap, seed=args.seed,
                       replicates=getattr(args, "replicates", RunOptions.replicates),
+                      max_replicates=getattr(args, "max_replicates", None),
                       timeout_s=args.timeout,
                       control=not getattr(args, "no_control", False),
                       checks=not getattr(args, "no_checks", False),
