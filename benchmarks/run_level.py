@@ -17,7 +17,9 @@ above 1 says a fresh process is what moves the speed: replicates in fresh worker
 it. Both near 1: the variation is elsewhere (time, neighbours).
 
     python benchmarks/run_level.py RELEASE [--max-ref-us 10] [--runs 4] [--replicates 6]
-        [--out FILE.json]
+        [--hogs N] [--out FILE.json]
+
+``--hogs N`` runs it all beside N busy-loop processes (``reproduce.py``'s, for the host).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 from _bench import device_line, emit
+from reproduce import hogs
 
 
 def _run(harness: Path, out: Path, replicates: int) -> dict | None:
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="operators whose ref takes at most this long (default 10 µs; 0: all)")
     p.add_argument("--runs", type=int, default=4)
     p.add_argument("--replicates", type=int, default=6)
+    p.add_argument("--hogs", type=int, default=0)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     index = json.loads((args.release / "index.json").read_text())
@@ -119,9 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     if not todo:
         raise SystemExit(f"run_level.py: no passing operator with ref <= {args.max_ref_us} µs")
     doc = {"benchmark": "run_level", "release": str(args.release), "runs": args.runs,
-           "replicates": args.replicates, "device": device_line(),
+           "replicates": args.replicates, "hogs": args.hogs, "device": device_line(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "operators": {}}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, hogs(args.hogs):
         for n, (name, harness, us) in enumerate(todo, 1):
             print(f"[{n}/{len(todo)}] {name} (ref {us or 0:.1f} µs)", file=sys.stderr,
                   flush=True)
