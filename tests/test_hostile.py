@@ -159,8 +159,11 @@ def _scratch_of(pid: int) -> list[Path]:
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
 def test_no_worker_or_scratch_outlives_its_parent(hostile, how):
     h = hostile("spin")
+    # SIGINT as at a terminal: a suite started in the background (``cmd &`` in a script)
+    # runs with SIGINT ignored, and a child would inherit that and never see Ctrl-C.
     parent = subprocess.Popen(KPAIR + ["run", str(h), "--timeout", "300"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert _wait(lambda: _workers_of(h)), "the worker never started"
         assert _scratch_of(parent.pid)

@@ -89,8 +89,11 @@ def interrupt(k: Kpair, sig: int, *args: str, after: Path | None = None, wait_s:
               ) -> subprocess.CompletedProcess:
     """Start ``kpair args``, send ``sig`` once it is well under way (``after`` exists, or
     ``wait_s`` passed), and collect it."""
+    # SIGINT as at a terminal: a suite started in the background (``cmd &`` in a script)
+    # runs with SIGINT ignored, and kpair would inherit that and never see Ctrl-C.
     p = subprocess.Popen(k.argv(*args), cwd=k.cwd, env=k.env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     started = time.monotonic()
     while time.monotonic() < deadline and p.poll() is None:
