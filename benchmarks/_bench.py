@@ -3,8 +3,10 @@ record with them, and how they print."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +58,18 @@ def device_line() -> str:
     except (OSError, subprocess.SubprocessError):
         import platform
         return f"host {platform.processor() or platform.machine()}"
+
+
+@contextlib.contextmanager
+def hogs(n: int):
+    """``n`` busy-loop processes for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def emit(doc: dict, path: Path | None) -> None:

@@ -36,7 +36,6 @@ where ``verify`` re-runs it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -47,7 +46,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench import device_line
+from _bench import device_line, hogs
 
 KPAIR = [sys.executable, "-m", "kpair"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,18 +87,6 @@ def _pair_identical(rel: Path, identical: int) -> None:
     for row in index["operators"][:identical]:
         harness = rel / row["paths"]["harness"]
         _identical(harness, rel / "identical" / row["name"])
-
-
-@contextlib.contextmanager
-def hogs(n: int):
-    """``n`` busy-loop processes for the duration of the block."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 HOST_SIZES = (96, 128, 160, 192, 224, 256)

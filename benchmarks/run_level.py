@@ -34,8 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import device_line, emit
-from reproduce import hogs
+from _bench import device_line, emit, hogs
 
 
 def _run(harness: Path, out: Path, replicates: int) -> dict | None:
@@ -64,7 +63,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
-    full, single, single_runs = [], [], []
+    full, single_runs = [], []
     for i in range(runs):   # interleaved, so that a drift in time meets both designs alike
         r = _run(harness, work / f"full{i}.json", replicates)
         if r:
@@ -72,12 +71,12 @@ def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
         for j in range(replicates):
             r = _run(harness, work / f"single{i}_{j}.json", 1)
             if r:
-                single.append(r["point"])
                 single_runs.append(r)
     within = [s for s in (_sd(r["replicates"]) for r in full) if s is not None]
     sd_within = math.sqrt(statistics.fmean(s * s for s in within)) if within else None
     between = _sd([r["point"] for r in full])
     predicted = sd_within / math.sqrt(replicates) if sd_within is not None else None
+    single = [r["point"] for r in single_runs]
     sd_single = _sd(single)
     return {"runs": len(full), "single_runs": len(single),
             "sd_within_run": sd_within, "sd_between_runs": between,

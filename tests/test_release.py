@@ -608,18 +608,23 @@ def test_a_harness_with_another_ref_is_a_different_operator(harnesses, tmp_path,
     assert describe_reproduction(index)[0].startswith("level1/1_mm: different operator")
 
 
+def _benchmark(name: str, monkeypatch):
+    """The script benchmarks/<name>.py as a module (its helpers, _bench, beside it)."""
+    import importlib.util
+
+    bench = Path(__file__).parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_reproduce_compares_interval_rules_on_the_same_reruns(monkeypatch):
     """benchmarks/reproduce.py reports, beside the published (linear) intervals, what other
     ways of folding in the identical-binary control would have covered: same re-runs, one
     table, so a rule is judged on runs it was not chosen from."""
-    import importlib.util
-    import math
-
-    bench = Path(__file__).parents[1] / "benchmarks"
-    monkeypatch.syspath_prepend(str(bench))     # its own helpers (_bench) beside it
-    spec = importlib.util.spec_from_file_location("reproduce", bench / "reproduce.py")
-    rep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rep)
+    rep = _benchmark("reproduce", monkeypatch)
     w, b = 0.01, 0.005                     # linear 0.015, quadrature 0.0112, calibrated 0.013
     at = [math.exp(math.log(1.1) + d) for d in (0.0, 0.0125, -0.014)]
     ops = [{"speedup": 1.1, "log_parts": (w, b), "ref_median_us": 8.0,
@@ -633,16 +638,10 @@ def test_reproduce_compares_interval_rules_on_the_same_reruns(monkeypatch):
     assert r["rerun_only"]["identical_no_difference"] == 1.0
 
 
-def test_replicate_structure_tells_sticky_from_alternating_replicates():
+def test_replicate_structure_tells_sticky_from_alternating_replicates(monkeypatch):
     """benchmarks/replicate_structure.py's lag-1 correlation: replicates that stay on one level
     for several renewals read above 0, replicates that alternate read toward -1."""
-    import importlib.util
-
-    bench = Path(__file__).parents[1] / "benchmarks"
-    spec = importlib.util.spec_from_file_location("replicate_structure",
-                                                  bench / "replicate_structure.py")
-    rs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rs)
+    rs = _benchmark("replicate_structure", monkeypatch)
     sticky = [[0.14, 0.14, 0.14, 0.08, 0.08, 0.08]]
     alternating = [[0.14, 0.08, 0.14, 0.08, 0.14, 0.08]]
     assert rs.lag1_correlation(sticky) == pytest.approx(0.5)

@@ -88,14 +88,11 @@ class RunOptions:
         unknown = [c for c in self.skip_checks if c not in CHECKS]
         if unknown:
             raise UsageError(f"unknown check {unknown[0]!r} (one of {', '.join(CHECKS)})")
-        if isinstance(self.replicates, bool) or not isinstance(self.replicates, int) \
-                or not 1 <= self.replicates <= 64:
-            raise UsageError(f"replicates must be an integer in [1, 64], not {self.replicates!r}")
-        if self.max_replicates is not None and (
-                isinstance(self.max_replicates, bool) or not isinstance(self.max_replicates, int)
-                or not 1 <= self.max_replicates <= 64):
-            raise UsageError(f"max_replicates must be an integer in [1, 64], not "
-                             f"{self.max_replicates!r}")
+        for name, value in (("replicates", self.replicates),
+                            ("max_replicates", self.max_replicates)):
+            if (value is not None or name == "replicates") and (
+                    isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+                raise UsageError(f"{name} must be an integer in [1, 64], not {value!r}")
         if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not isinstance(
                 self.timeout_s, (int, float)) or not 0 < self.timeout_s < float("inf")):
             raise UsageError(f"timeout must be a positive number of seconds, not "
@@ -409,11 +406,11 @@ def _measure(run: Run) -> None:
     from .snapshot import sha256
 
     o = run.options
-    whole = _rule(run)
+    rule = _rule(run)
     # A replicate runs whole rounds of 8 blocks: a block budget too small for every
     # replicate gets one plain ABBA run (fewer replicates would widen the interval by a
     # larger t quantile than they narrow it).
-    n = o.replicates if whole.max_blocks >= 8 * o.replicates else 1
+    n = o.replicates if rule.max_blocks >= 8 * o.replicates else 1
     # Past n, more replicates (up to max_replicates) while they are cheap
     # (measure.another_replicate: their cost decides, never their values); by default
     # MAX_REPLICATES where the backend takes extra ones (Device.extra_replicates), else none.
@@ -421,7 +418,7 @@ def _measure(run: Run) -> None:
         MAX_REPLICATES if run.device.extra_replicates else n
     limit = max(n, most) if n > 1 else 1
     seed = o.seed if o.seed is not None else secrets.randbits(32)
-    rule = whole.split(n)
+    rule = rule.split(n)
     clocks_before = run.device.clocks()
     parts, samples = [], []
     started, planned_end = time.monotonic(), None
