@@ -17,14 +17,19 @@ above 1 says a fresh process is what moves the speed: replicates in fresh worker
 it. Both near 1: the variation is elsewhere (time, neighbours).
 
     python benchmarks/run_level.py RELEASE [--max-ref-us 10] [--runs 4] [--replicates 6]
-        [--hogs N] [--out FILE.json]
+        [--hogs N] [--no-singles] [--out FILE.json]
 
 ``--hogs N`` runs it all beside N busy-loop processes (``reproduce.py``'s, for the host).
+Operators take turns round by round, so the runs of one round lie seconds apart:
+``co_movement`` (the median correlation, over pairs of operators, of their points by round)
+near 1 says the runs move with something of the machine's at that moment, which no design of
+one run re-rolls; ``--no-singles`` skips the one-replicate processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -62,16 +67,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
-    full, single_runs = [], []
-    for i in range(runs):   # interleaved, so that a drift in time meets both designs alike
-        r = _run(harness, work / f"full{i}.json", replicates)
-        if r:
-            full.append(r)
-        for j in range(replicates):
-            r = _run(harness, work / f"single{i}_{j}.json", 1)
-            if r:
-                single_runs.append(r)
+def operator_stats(full: list[dict], single_runs: list[dict], replicates: int) -> dict:
     within = [s for s in (_sd(r["replicates"]) for r in full) if s is not None]
     sd_within = math.sqrt(statistics.fmean(s * s for s in within)) if within else None
     between = _sd([r["point"] for r in full])
@@ -87,9 +83,26 @@ def operator(harness: Path, runs: int, replicates: int, work: Path) -> dict:
             "points": [r["point"] for r in full], "single_points": single,
             # when each run ended and the clocks it saw: a drift in time or clocks, not a
             # process, would show here
-            "full_detail": [{k: r[k] for k in ("point", "at", "clocks_mhz")} for r in full],
-            "single_detail": [{k: r[k] for k in ("point", "at", "clocks_mhz")}
+            "full_detail": [{k: r[k] for k in ("round", "point", "at", "clocks_mhz")}
+                            for r in full],
+            "single_detail": [{k: r[k] for k in ("round", "point", "at", "clocks_mhz")}
                               for r in single_runs]}
+
+
+def co_movement(ops: dict[str, list[dict]]) -> float | None:
+    """The median, over pairs of operators, of the correlation of their runs' points taken
+    in the same round (seconds apart): near 0, each operator's runs vary on their own; near
+    1, they move together with something of the machine's at that moment."""
+    by_round = {name: {r["round"]: r["point"] for r in runs} for name, runs in ops.items()}
+    names, corr = sorted(by_round), []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            common = sorted(set(by_round[a]) & set(by_round[b]))
+            if len(common) > 2:
+                xs, ys = [by_round[a][k] for k in common], [by_round[b][k] for k in common]
+                with contextlib.suppress(statistics.StatisticsError):
+                    corr.append(statistics.correlation(xs, ys))
+    return statistics.median(corr) if corr else None
 
 
 def _ref_us(harness: Path) -> float | None:
@@ -109,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=4)
     p.add_argument("--replicates", type=int, default=6)
     p.add_argument("--hogs", type=int, default=0)
+    p.add_argument("--no-singles", dest="singles", action="store_false",
+                   help="skip the one-replicate processes (the designs' comparison)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     index = json.loads((args.release / "index.json").read_text())
@@ -124,14 +139,28 @@ def main(argv: list[str] | None = None) -> None:
     doc = {"benchmark": "run_level", "release": str(args.release), "runs": args.runs,
            "replicates": args.replicates, "hogs": args.hogs, "device": device_line(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "operators": {}}
+    full = {name: [] for name, _, _ in todo}
+    single = {name: [] for name, _, _ in todo}
     with tempfile.TemporaryDirectory() as tmp, hogs(args.hogs):
-        for n, (name, harness, us) in enumerate(todo, 1):
-            print(f"[{n}/{len(todo)}] {name} (ref {us or 0:.1f} µs)", file=sys.stderr,
-                  flush=True)
-            work = Path(tmp) / f"op{n}"
-            work.mkdir()
-            doc["operators"][name] = {"ref_us": us, **operator(harness, args.runs,
-                                                              args.replicates, work)}
+        # round by round, every operator in turn: a drift in time meets both designs and all
+        # operators alike, and runs of one round lie seconds apart (co_movement)
+        for i in range(args.runs):
+            for n, (name, harness, us) in enumerate(todo, 1):
+                print(f"[round {i + 1}/{args.runs}, {n}/{len(todo)}] {name} "
+                      f"(ref {us or 0:.1f} µs)", file=sys.stderr, flush=True)
+                work = Path(tmp) / f"op{n}"
+                work.mkdir(exist_ok=True)
+                r = _run(harness, work / f"full{i}.json", args.replicates)
+                if r:
+                    full[name].append({"round": i, **r})
+                for j in range(args.replicates if args.singles else 0):
+                    r = _run(harness, work / f"single{i}_{j}.json", 1)
+                    if r:
+                        single[name].append({"round": i, **r})
+    for name, _, us in todo:
+        doc["operators"][name] = {"ref_us": us, **operator_stats(full[name], single[name],
+                                                                 args.replicates)}
+    doc["co_movement"] = co_movement(full)
     ratios = [o["ratio_between_over_predicted"] for o in doc["operators"].values()
               if o["ratio_between_over_predicted"]]
     doc["median_ratio_between_over_predicted"] = statistics.median(ratios) if ratios else None
