@@ -302,13 +302,13 @@ def test_derived_whole_region_runs_fit_a_byte_budget():
     from kpair.policy.mutation import derive
     mib = 1 << 20
     small = derive([("a", 4096, "float32"), ("b", 4096, None), ("c", 4096, "float32")],
-                   read_only=["a", "b"], holds_pointers=[])
+                   inputs=["a", "b"], holds_pointers=[])
     assert [(m.region, m.dtype, m.method, m.count) for m in small] == [
         ("a", "float32", "resample", 4), ("b", "uint64", "permute", 4)]
     assert {m.count for m in derive([("x", 10 * mib, "float16"), ("p", 64, None)],
-                                    read_only=["x", "p"], holds_pointers=["p"])} == {3}
+                                    inputs=["x", "p"], holds_pointers=["p"])} == {3}
     assert {m.count for m in derive([("x", 16 * mib, "float32"), ("y", 16 * mib, "float32")],
-                                    read_only=["x", "y"], holds_pointers=[])} == {1}
+                                    inputs=["x", "y"], holds_pointers=[])} == {1}
 
 
 def test_run_options_name_the_checks():
@@ -674,3 +674,42 @@ def test_timed_outputs_are_judged_once_per_bytes_object_and_input(monkeypatch):
     assert a._judge_timed(1, ["y"], want) is None          # another input: judged
     assert a._judge_timed(0, ["y"], want) is None
     assert judged == [good, bad, good]
+
+
+def _in_place(tmp_path, kernel: str, opt_kernel: str):
+    """A harness of tests/csrc/inplace.c: ``kernel`` recorded on 4096 floats it updates in
+    place (its only region), paired with ``opt_kernel`` of the same build."""
+    lib = compile_shared(CSRC / "inplace.c", tmp_path / "inplace.so")
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    snap = record_call(lib, kernel, [x, np.int32(x.size)], tmp_path / "s", names=["x", "n"])
+    return create_harness(snap.root, tmp_path / "h", opt=lib, opt_kernel=opt_kernel)
+
+
+def test_a_buffer_updated_in_place_is_mutated_like_an_input(tmp_path):
+    """No region is read-only, so before in-place inputs were mutated there were no
+    differential runs and no fresh timed inputs: a memo keyed on sampled elements passed
+    (2,000x "faster"). Its pre-state is an input: the memo fails, the honest opt passes."""
+    h = _in_place(tmp_path / "memo", "kp_inplace", "kp_inplace_memo")
+    r = run_json(h.root, QUICK)
+    assert r["status"] == "fail", summarize(r)
+    failed = [name for name, c in r["trust"].items() if c.get("passed") is False]
+    assert failed and failed[0] in ("differential", "timed_outputs"), summarize(r)
+    h = _in_place(tmp_path / "honest", "kp_inplace", "kp_inplace2")
+    r = run_json(h.root, QUICK)
+    assert r["status"] == "pass", summarize(r)
+    diff = r["trust"]["differential"]
+    assert diff["ran"] and diff["finding"]["source"] == "derived", diff
+    assert any(m.startswith("x ") or " x " in m for m in diff["finding"]["mutations"]), diff
+    assert not any(w.startswith("differential") for w in r.get("warnings", ())), r
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_an_in_place_relu_against_itself_passes(tmp_path, seed):
+    """x = max(x, 0) in place drops a negative element and keeps a positive one. Two fills
+    that are both non-positive (a quiet NaN and a negative number) took the negative elements
+    for write-only; an arbitrary poison word that happened to be positive stayed, and ref
+    against itself failed poisoned_outputs under some seeds. The second fill is positive."""
+    h = _in_place(tmp_path, "kp_relu", "kp_relu")
+    r = run_json(h.root, dataclasses.replace(QUICK, seed=seed))
+    assert r["status"] == "pass", summarize(r)
+    assert "x" not in r["trust"]["poisoned_outputs"]["finding"].get("regions", {})

@@ -122,7 +122,8 @@ class Harness:
     def planned_mutations(self) -> tuple[tuple[Mutation, ...], str]:
         """The differential runs' mutations and their source ("declared", "off", "derived").
         Derived ones are read off the snapshot (regions the captured launch left unchanged);
-        the run derives them again from ref's own runs, which normally agree."""
+        the run derives them again from ref's own runs, which normally agree, and adds the
+        regions ref updates in place (poison discovery shows them read)."""
         if self.policy.mutations is not None:
             return self.policy.mutations, "declared" if self.policy.mutations else "off"
         m, snap = self.snapshot.manifest, self.snapshot

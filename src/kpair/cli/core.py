@@ -60,8 +60,10 @@ class Pair(Command):
         if mutations:
             print(f"differential runs ({source}): " + "; ".join(m.describe() for m in mutations))
         else:
-            print("differential runs: none (" + ("turned off by the policy" if source == "off"
-                                                 else "no input region to mutate") + ")")
+            print("differential runs: none (" + (
+                "turned off by the policy" if source == "off" else
+                "no region the captured launch leaves unchanged; the run adds those ref "
+                "updates in place") + ")")
         print(f"run it: kpair run {h.root}   or   cd {h.root} && python run_harness.py")
         return 0
 

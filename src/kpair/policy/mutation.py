@@ -252,11 +252,12 @@ class Mutation:
                               f"{regions[self.region]} bytes", path=path, field=f"{field}.range")
 
 
-def derive(regions: Sequence[tuple[str, int, str | None]], read_only: Sequence[str],
+def derive(regions: Sequence[tuple[str, int, str | None]], inputs: Sequence[str],
            holds_pointers: Sequence[str]) -> tuple[Mutation, ...]:
     """The mutations kpair runs when a policy declares none.
 
-    ``regions``: (name, size, dtype hint) of every region; ``read_only``: those ref only reads;
+    ``regions``: (name, size, dtype hint) of every region; ``inputs``: those whose
+    values ref reads (only reads, or updates in place);
     ``holds_pointers``: those with pointer words in them (never mutated: moving a pointer
     moves what the kernel reads, not a value). Floats get one resampled run; integers and
     untyped bytes (indices, sizes, flags) one run permuted within the region, so every value
@@ -267,7 +268,7 @@ def derive(regions: Sequence[tuple[str, int, str | None]], read_only: Sequence[s
     """
     out = []
     for name, size, hint in regions:
-        if name not in read_only or name in holds_pointers:
+        if name not in inputs or name in holds_pointers:
             continue
         # Untyped: the widest word that divides the region, so no element of any type up to
         # 8 bytes is split (an int64 index keeps both halves together).

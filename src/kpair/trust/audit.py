@@ -38,6 +38,9 @@ from .findings import CHECKS, Finding, OptRun
 
 REF_RUNS = 3        # baseline determinism
 OPT_RUNS = 3        # opt repeated under fresh poison
+#: The second discovery fill is the first (a quiet NaN, 0x7FC0xxxx) xor this: every byte
+#: differs, and the high half becomes 0x3F65, a positive number as f32, bf16 and f16.
+FILL_FLIP = 0x40A5A5A5
 TIMING_LAUNCHES = 5  # windows per kernel
 #: Sparse differential runs after the whole-region ones (ref is judged again on the first,
 #: with opt loaded); the timed blocks' fresh inputs are made the same way, spread out.
@@ -93,6 +96,9 @@ class Audit:
         self._patches: list[tuple[str, Patch]] = []   # the current block's input
         self._first: tuple[str, int, dict] | None = None   # its first launch, outputs kept
         self._pointers: dict[str, bool] = {}            # _holds_pointers(), per region
+        # Regions ref changes and also reads (not every byte write-only): inputs in place,
+        # mutated like read-only ones (discover() finds them).
+        self._in_place: list[str] = []
         self._judged: list[tuple[int, dict[str, bytes], str | None]] = []
         self._cache: tuple[tuple, dict[str, Finding]] | None = None
         # The latest load of each kernel: the device tallies refused system calls per code
@@ -196,13 +202,15 @@ class Audit:
                 continue
             # Two fill words that differ in every byte, written on the device; the first is
             # of the poison's quiet-NaN family, so a byte whose value ref drops only while it
-            # holds a number (kept as NaN, as x * 0 keeps it) is not taken for write-only.
+            # holds a number (kept as NaN, as x * 0 keeps it) is not taken for write-only;
+            # the second a positive number (0.9 as f32, bf16 and the high half as f16), so
+            # one that ref keeps only while it is positive (an in-place ReLU) is not either.
             x = QUIET_NAN | int(self.rng.integers(0, 2**16))
-            filled, runs, why = [], None, ""
-            for fill in (x, x ^ 0xA5A5A5A5):
+            filled, runs, why, out_of_bounds = [], None, "", False
+            for fill in (x, x ^ FILL_FLIP):
                 filled.append(self._ref(ref, launch, "discovery", {name: fill}))
                 if self.armor.last:
-                    why = "ref writes out of bounds when it is filled"
+                    why, out_of_bounds = "ref writes out of bounds when it is filled", True
                     break
                 why = trust.ref_reads(name, self.policy, normal, filled[-1])
                 if why:  # an input: one fill shows it, the second would add nothing
@@ -216,6 +224,9 @@ class Audit:
                 self.not_tested[name] = why
             else:
                 plan[name] = (address, region.size, runs)
+            if modified[name] and not out_of_bounds and (
+                    runs is None or runs.nbytes < region.size):
+                self._in_place.append(name)
         if plan:
             self.armor.plan = plan
             # ref under every poisoned pre-state opt's launches will get (each held copy).
@@ -260,7 +271,7 @@ class Audit:
         pointers = [reg.name for reg in r.regions if self._holds_pointers(reg.name)]
         regions = [(reg.name, reg.size, self.hints.get(reg.name)) for reg in r.regions]
         read_only = [n for n in r.pre if not modified[n] and n not in self.armor.plan]
-        return derive(regions, read_only, pointers), "derived"
+        return derive(regions, read_only + self._in_place, pointers), "derived"
 
     def mutate(self, ref: Kernel, ref_launch: Launch) -> None:
         """ref on every mutated input, first and alone: a mutation ref itself cannot take
@@ -324,7 +335,9 @@ class Audit:
         if self.armor.last:  # the mutated input is not one ref can take: not a verdict
             self.not_tested[label] = "ref writes out of bounds on this mutated input"
             return
-        changed = any(expected[k] != normal[k] for k in expected if k not in state)
+        # A region mutated in place is an output too; a read-only one comes out as mutated.
+        changed = any(expected[k] != normal[k] for k in expected
+                      if k not in state or k in self._in_place)
         self._mutated.append((label, state, expected, changed, what))
         if sparse:
             # Only ref's rejudging runs on it (unpoisoned where poison is planned: no launch

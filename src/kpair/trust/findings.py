@@ -326,7 +326,7 @@ def differential(source: str, mutations: Sequence, runs: Sequence[OptRun],
     mutations come from ("declared", "derived" or "off")."""
     if not mutations:
         why = ('the policy turns differential runs off ("mutations": [])' if source == "off"
-               else "no input region to mutate (ref reads none that holds values)")
+               else "no input region to mutate (ref reads none that holds values, in place or not)")
         return Finding("differential", False, None, {"skipped": why, "source": source},
                        f"{why}: a kernel that hard-codes the captured answer or caches its "
                        "first one is not caught")
