@@ -298,7 +298,8 @@ def test_large_mutations_move_every_tile_and_keep_the_values():
 
 def test_derived_whole_region_runs_fit_a_byte_budget():
     """Small inputs get up to four whole-region runs, large ones one; pointers and regions
-    ref writes are never mutated, and floats are resampled where the rest is permuted."""
+    whose values ref does not read are never mutated, and floats are resampled where the rest
+    is permuted."""
     from kpair.policy.mutation import derive
     mib = 1 << 20
     small = derive([("a", 4096, "float32"), ("b", 4096, None), ("c", 4096, "float32")],
