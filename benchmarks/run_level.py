@@ -144,12 +144,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp, hogs(args.hogs):
         # round by round, every operator in turn: a drift in time meets both designs and all
         # operators alike, and runs of one round lie seconds apart (co_movement)
+        works = [Path(tmp) / f"op{n}" for n in range(len(todo))]
+        for work in works:
+            work.mkdir()
         for i in range(args.runs):
-            for n, (name, harness, us) in enumerate(todo, 1):
+            for n, ((name, harness, us), work) in enumerate(zip(todo, works, strict=True), 1):
                 print(f"[round {i + 1}/{args.runs}, {n}/{len(todo)}] {name} "
                       f"(ref {us or 0:.1f} µs)", file=sys.stderr, flush=True)
-                work = Path(tmp) / f"op{n}"
-                work.mkdir(exist_ok=True)
                 r = _run(harness, work / f"full{i}.json", args.replicates)
                 if r:
                     full[name].append({"round": i, **r})
