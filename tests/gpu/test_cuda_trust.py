@@ -147,3 +147,28 @@ def test_cuda_fragmented_write_only_bytes_take_held_poison(kit, evidence):
     assert timed["checked"] == timed["launches"] > 0   # every timed launch judged
     assert skip["status"] == "fail"
     assert skip["correctness"]["failed_check"] == "poisoned_outputs", skip["correctness"]
+
+
+def test_cuda_in_place_memo_is_rejected_and_honest_in_place_passes(kit, evidence):
+    """x is the only buffer and is updated in place (no region is read-only): its pre-state
+    is the input, mutated whole and at secret positions, and freshly changed in every timed
+    block. A memo keyed on sampled elements is stale there; ref against itself passes."""
+    n = 1 << 20
+    x = np.random.default_rng(5).standard_normal(n, np.float32)
+    snap = kit.record("elementwise", "relu_inplace", [x, np.int32(n)],
+                      Launch((n // 256, 1, 1), (256, 1, 1)), ["x", "n"])
+    rows = {}
+    for kernel in ("relu_inplace", "relu_inplace_memo"):
+        harness = kit.pair(snap, opt=kit.build("elementwise"), opt_kernel=kernel)
+        r = rows[kernel] = kit.run(harness, timeout_s=300, **kit.quick)
+        evidence(f"in-place[{kernel}]", {
+            "status": r["status"], "summary": Result.from_json(r).summary(),
+            "failed_check": (r.get("correctness") or {}).get("failed_check"),
+            "mutations": ((r.get("trust") or {}).get("differential", {}).get("finding")
+                          or {}).get("mutations")})
+    honest, memo = rows["relu_inplace"], rows["relu_inplace_memo"]
+    assert honest["status"] == "pass", Result.from_json(honest).summary()
+    assert honest["trust"]["differential"]["finding"]["source"] == "derived"
+    assert memo["status"] == "fail", Result.from_json(memo).summary()
+    assert memo["correctness"]["failed_check"] in ("differential", "timed_outputs"), \
+        Result.from_json(memo).summary()
