@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 17, first machine: the CUDA trust tests (with the in-place memo), publish with
-# reproduce.py (--top 14: >= 10 operators of llama and resnet18, + 4 identical pairs),
+# reproduce.py (--top 13: >= 10 operators of llama and resnet18, + 4 identical pairs),
 # re-verify six times, the replicate structure, a compact release to commit and re-verify on a
 # machine started afresh, then the trust overhead. Every step leaves its result in /tmp/box.
 cd /tmp/k; B=/tmp/box; mkdir -p $B
@@ -8,7 +8,7 @@ s() { echo "$(date -u +%T) $*" >> $B/driver.log; }
 s tests; KPAIR_EVIDENCE=$B/gpu-tests.jsonl timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
   tests/gpu/test_cuda_checks.py tests/gpu/test_cuda_trust.py tests/gpu/test_cuda_hostile.py > $B/pytest.log 2>&1
 s "tests rc $? $(tail -n 1 $B/pytest.log)"
-s publish; timeout 560 python3 benchmarks/reproduce.py publish --backend cuda -o /tmp/rel --top 14 --triton-limit 5 --keep 1 > $B/publish.log 2>&1
+s publish; timeout 700 python3 benchmarks/reproduce.py publish --backend cuda -o /tmp/rel --top 13 --triton-limit 5 --keep 1 > $B/publish.log 2>&1
 s "publish rc $?"
 s verify; timeout 400 python3 benchmarks/reproduce.py verify /tmp/rel --times 6 --out $B/reproduce.json > $B/verify.log 2>&1
 s "verify rc $?"
