@@ -2,12 +2,14 @@
 # Session 17, first machine: the CUDA trust tests (with the in-place memo), publish with
 # reproduce.py (--top 13: >= 10 operators of llama and resnet18, + 4 identical pairs),
 # re-verify six times, the replicate structure, a compact release to commit and re-verify on a
-# machine started afresh, then the trust overhead. Every step leaves its result in /tmp/box.
+# machine started afresh, the trust overhead right after the tests. Every step leaves its result in /tmp/box.
 cd /tmp/k; B=/tmp/box; mkdir -p $B
 s() { echo "$(date -u +%T) $*" >> $B/driver.log; }
 s tests; KPAIR_EVIDENCE=$B/gpu-tests.jsonl timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
   tests/gpu/test_cuda_checks.py tests/gpu/test_cuda_trust.py tests/gpu/test_cuda_hostile.py > $B/pytest.log 2>&1
 s "tests rc $? $(tail -n 1 $B/pytest.log)"
+s overhead; timeout 130 python3 benchmarks/trust_overhead.py --backend cuda --repeat 4 --case axpbyz_3x16M --case axpy_8M --out $B/trust_overhead.json > $B/overhead.log 2>&1
+s "overhead rc $?"
 s publish; timeout 700 python3 benchmarks/reproduce.py publish --backend cuda -o /tmp/rel --top 13 --triton-limit 5 --keep 1 > $B/publish.log 2>&1
 s "publish rc $?"
 s verify; timeout 400 python3 benchmarks/reproduce.py verify /tmp/rel --times 6 --out $B/reproduce.json > $B/verify.log 2>&1
@@ -15,6 +17,4 @@ s "verify rc $?"
 timeout 60 python3 benchmarks/replicate_structure.py /tmp/rel --out $B/replicate_structure.json > $B/structure.log 2>&1; s "structure rc $?"
 s compact; timeout 200 python3 benchmarks/reproduce.py compact /tmp/rel -o /tmp/small --max-mb 10 > $B/compact.log 2>&1
 s "compact rc $? $(du -sm /tmp/small | cut -f1) MB"; touch $B/COMPACTED
-timeout 150 python3 benchmarks/trust_overhead.py --backend cuda --repeat 5 --case axpbyz_3x16M --case axpy_8M --out $B/trust_overhead.json > $B/overhead.log 2>&1
-s "overhead rc $?"
 s done; touch $B/DONE
