@@ -1,8 +1,8 @@
 #!/bin/bash
 # Session 17, first machine: the CUDA trust tests (with the in-place memo), publish with
 # reproduce.py (--top 13: >= 10 operators of llama and resnet18, + 4 identical pairs),
-# re-verify six times, the replicate structure, a compact release to commit and re-verify on a
-# machine started afresh, the trust overhead right after the tests. Every step leaves its result in /tmp/box.
+# re-verify six times, the replicate structure; the trust overhead right after the tests.
+# (Call 2 re-verifies the committed compact release on a machine started afresh.) Every step leaves its result in /tmp/box.
 cd /tmp/k; B=/tmp/box; mkdir -p $B
 s() { echo "$(date -u +%T) $*" >> $B/driver.log; }
 s tests; KPAIR_EVIDENCE=$B/gpu-tests.jsonl timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
@@ -15,6 +15,4 @@ s "publish rc $?"
 s verify; timeout 400 python3 benchmarks/reproduce.py verify /tmp/rel --times 6 --out $B/reproduce.json > $B/verify.log 2>&1
 s "verify rc $?"
 timeout 60 python3 benchmarks/replicate_structure.py /tmp/rel --out $B/replicate_structure.json > $B/structure.log 2>&1; s "structure rc $?"
-s compact; timeout 200 python3 benchmarks/reproduce.py compact /tmp/rel -o /tmp/small --max-mb 10 > $B/compact.log 2>&1
-s "compact rc $? $(du -sm /tmp/small | cut -f1) MB"; touch $B/COMPACTED
 s done; touch $B/DONE
