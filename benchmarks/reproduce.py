@@ -20,12 +20,13 @@ replicates then span S seconds of wall clock, at a publication and at every re-r
 
 ``verify`` runs ``kpair verify REL`` ``--times`` times, each in a fresh process (``--hogs N``:
 beside N busy-loop processes), and each identical pair as many times with ``kpair run``. It
-reads the verification records ``kpair verify`` appended to ``REL/index.json`` and prints one
-JSON document: ``coverage`` (re-verified points inside the published interval / compared),
-per operator its published interval, half-width and re-run points, the identical pairs'
-"no measurable difference" rate, the wall time per harness, and ``rules``: the same re-runs
-against the intervals other ways of folding in the identical-binary control would have
-published (``RULES``), so a candidate rule is judged on runs it was not chosen from.
+reads the verification records those runs appended to ``REL/index.json`` (earlier records, such
+as a committed release carries, are not counted) and prints one JSON document: ``coverage``
+(re-verified points inside the published interval / compared), per operator its published
+interval, half-width and re-run points, the identical pairs' "no measurable difference" rate,
+the wall time per harness, and ``rules``: the same re-runs against the intervals other ways of
+folding in the identical-binary control would have published (``RULES``), so a candidate rule
+is judged on runs it was not chosen from.
 
 ``compact`` publishes the operators of REL whose harnesses are smallest, up to ``--max-mb`` in
 all, into a release of their own (``kpair release add``, with their provenance, plus two
@@ -143,6 +144,9 @@ def compact(rel: Path, out: Path, max_bytes: int, identical: int) -> None:
 
 def verify(rel: Path, times: int, n_hogs: int, identical_pairs: bool = True) -> dict:
     walls, identical = [], {}
+    # Only this invocation's re-runs count: a committed release carries the verification
+    # records of every earlier re-run in its index.json.
+    since = len(json.loads((rel / "index.json").read_text()).get("verifications", []))
     with hogs(n_hogs):
         for i in range(times):
             t0 = time.monotonic()
@@ -166,7 +170,7 @@ def verify(rel: Path, times: int, n_hogs: int, identical_pairs: bool = True) -> 
                              "difference": speed.get("difference"),
                              "ci95": speed.get("ci95"),
                              "bound": (speed.get("systematic") or {}).get("bound")})
-    return summary(rel, walls, identical, n_hogs, times)
+    return summary(rel, walls, identical, n_hogs, times, since)
 
 
 def _ref_median_us(rel: Path, row: dict) -> float | None:
@@ -237,8 +241,10 @@ def _log_parts(rel: Path, row: dict) -> tuple[float, float] | None:
     return _halves(speed.get("ci95"), (speed.get("systematic") or {}).get("bound"))
 
 
-def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: int) -> dict:
-    """The coverage document of a verified release (``verify``'s output)."""
+def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: int,
+            since: int = 0) -> dict:
+    """The coverage document of a verified release (``verify``'s output): the re-runs
+    numbered after ``since`` (the verification records the index held before them)."""
     index = json.loads((rel / "index.json").read_text())
     ops, inside, compared, halves = [], 0, 0, []
     for row in index["operators"]:
@@ -247,7 +253,8 @@ def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: in
         # Every re-run compared with the publication counts, a failed one as a miss (its
         # "inside" is None): coverage is kpair verify's own "reproduced" rate.
         points = [v for v in row.get("verifications", [])
-                  if v.get("outcome") in ("reproduced", "not reproduced")]
+                  if v.get("outcome") in ("reproduced", "not reproduced")
+                  and v.get("run", 0) > since]
         inside += sum(1 for v in points if v["outcome"] == "reproduced")
         compared += len(points)
         half = (published[1] - published[0]) / 2 / hs["speedup"] if published else None
@@ -272,7 +279,7 @@ def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: in
             "wall_per_harness_s": statistics.median(walls) / n_harness if walls else None,
             "identical_no_difference": (sum(none) / len(none)) if none else None,
             "rules": rules(ops, identical), "identical_runs": identical, "per_operator": ops,
-            "verify_runs": index.get("verifications", [])}
+            "earlier_verify_runs": since, "verify_runs": index.get("verifications", [])[since:]}
 
 
 def main(argv: list[str] | None = None) -> None:
