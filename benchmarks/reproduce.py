@@ -185,11 +185,12 @@ def _ref_median_us(rel: Path, row: dict) -> float | None:
 
 #: Ways to fold the identical-binary control's bound b into the re-run interval's log
 #: half-width w, compared on the same re-runs (``rules`` in the output): what kpair publishes
-#: (``linear``) and candidates for it. ``calibrated`` widens w by the ratio of the spread of
-#: run means between processes to what the replicates inside one predict (median 1.19 over
-#: 13 H200 operators, benchmarks/results/replicate_structure_h200_session10.json).
-RULES = {"linear": lambda w, b: w + b, "rerun_only": lambda w, b: w,
-         "quadrature": lambda w, b: math.hypot(w, b),
+#: (``quadrature``, since session 17) and the others. ``linear`` is what it published before;
+#: ``calibrated`` widens w by the ratio of the spread of run means between processes to what
+#: the replicates inside one predict (median 1.19 over 13 H200 operators,
+#: benchmarks/results/replicate_structure_h200_session10.json).
+RULES = {"quadrature": lambda w, b: math.hypot(w, b), "linear": lambda w, b: w + b,
+         "rerun_only": lambda w, b: w,
          "calibrated": lambda w, b: math.hypot(1.2 * w, b)}
 
 

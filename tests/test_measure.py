@@ -18,6 +18,7 @@ from kpair.measure import (
     analyze,
     analyze_replicates,
     another_replicate,
+    combine,
     combine_replicates,
     geomean,
     load_samples,
@@ -436,6 +437,71 @@ def test_extra_replicates_keep_the_rerun_interval_honest(spread_decides):
         six = [half(combine_replicates(_parts([1.15 * (0.94 if rng.random() < 0.4 else 1.0)
                                                for _ in range(6)]))) for _ in range(300)]
         assert np.median(widths) < 0.7 * np.median(six)
+
+
+def _timed_parts(speedups, t_ref_s, rel_se=0.002):
+    return [AbbaResult("A/B", s, (s / (1 + 1.96 * rel_se), s * (1 + 1.96 * rel_se)), 1.0,
+                       (1.0, 1.0), 1.0, 1.0, 32, 16, 16, "ci", rel_se, 0, t_ref_s, t_ref_s / s)
+            for s in speedups]
+
+
+def test_the_run_offset_widens_short_kernels_and_spares_long_ones():
+    """u = delta * sqrt(1/t_ref^2 + 1/t_opt^2) joins s^2/R: 30 ns is most of a 4 us kernel's
+    interval and nothing of a 300 us one's; no offset leaves the interval as it was."""
+    speedups = [1.14, 1.15, 1.145, 1.143, 1.147, 1.141]
+
+    def half(r):
+        return math.log(r.ci95[1] / r.ci95[0]) / 2
+
+    for t_ref, widens in ((4e-6, True), (300e-6, False)):
+        plain = combine_replicates(_timed_parts(speedups, t_ref))
+        offset = combine_replicates(_timed_parts(speedups, t_ref), run_offset_s=30e-9)
+        assert plain.run_sd_log == 0.0 and plain.ci95 == combine_replicates(
+            _timed_parts(speedups, t_ref), run_offset_s=0.0).ci95
+        u = 30e-9 * math.sqrt(1 / t_ref ** 2 + (plain.speedup / t_ref) ** 2)
+        assert offset.run_sd_log == pytest.approx(u, rel=1e-2)
+        expected = 2.571 * math.sqrt(2 * (plain.sd_log ** 2 / 6 + u ** 2))   # t(5)
+        assert half(offset) == pytest.approx(expected, rel=1e-3)
+        assert offset.speedup == plain.speedup
+        assert offset.mean_ci95[0] < offset.speedup < offset.mean_ci95[1]
+        if widens:
+            assert half(offset) > 3 * half(plain)
+        else:
+            assert half(offset) < 1.01 * half(plain)
+
+
+def test_rerun_offsets_a_run_shares_are_covered_only_with_the_run_term():
+    """A 4 us kernel whose every run draws one timing offset (sd 30 ns per kernel) that all
+    its replicates share: re-runs land inside the published interval about 95% of the time
+    with the run term, and far less often without it (its replicates cannot see the offset)."""
+    rng = np.random.default_rng(17)
+    t_ref, true = 4e-6, 1.15
+
+    def run(offset_s):
+        t_r = t_ref + rng.normal(0, 30e-9)
+        t_o = t_ref / true + rng.normal(0, 30e-9)
+        speeds = [t_r / t_o * math.exp(rng.normal(0, 0.004)) for _ in range(12)]
+        return combine_replicates(_timed_parts(speeds, t_ref), run_offset_s=offset_s)
+
+    rates = {}
+    for offset_s in (0.0, 30e-9):
+        trials, inside = 400, 0
+        for _ in range(trials):
+            published, rerun = run(offset_s), run(offset_s)
+            inside += published.ci95[0] <= rerun.speedup <= published.ci95[1]
+        rates[offset_s] = inside / trials
+    assert rates[30e-9] >= 0.9
+    assert rates[0.0] < 0.8
+
+
+def test_the_control_bound_joins_in_quadrature():
+    lo, hi, bound = combine((1.10, 1.12), (0.995, 1.004))
+    w, b = math.log(1.12 / 1.10) / 2, math.log(1 / 0.995)
+    c = math.log(1.10 * 1.12) / 2
+    assert bound == pytest.approx(1 / 0.995)
+    assert (lo, hi) == pytest.approx((math.exp(c - math.hypot(w, b)),
+                                      math.exp(c + math.hypot(w, b))))
+    assert combine((1.10, 1.12), (1.0, 1.0)) == pytest.approx((1.10, 1.12, 1.0))
 
 
 def test_a_single_replicate_is_not_a_rerun_interval():

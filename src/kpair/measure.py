@@ -539,6 +539,16 @@ def replicate_seed(seed: int, replicate: int) -> int:
     return (seed + replicate) % 2**63
 
 
+#: A GPU run's own timing offset: each run (process, module loads, placement) shifts a
+#: kernel's time by an amount its replicates share, with a standard deviation of about this
+#: many seconds. Estimated from the run means of 7 re-runs of 45 operators (H100 and H200,
+#: sessions 10-16: sum of between-run variance in excess of what the replicates predict,
+#: over sum of 1/t_ref^2 + 1/t_opt^2; 31 ns; per session 19-36 ns):
+#: benchmarks/results/replicate_structure_*.json and docs/format.md, "Speed". Negligible
+#: for long kernels, it is most of a 4 us kernel's run-to-run spread.
+GPU_RUN_OFFSET_S = 30e-9
+
+
 @dataclass(frozen=True)
 class Replicated:
     """A speedup measured in several independent replicates (fresh module loads, each its own
@@ -547,40 +557,51 @@ class Replicated:
     ``ci95`` is the 95% *re-run interval*: where the point of another run of the same design
     lands (a prediction interval for a mean of as many replicates); ``mean_ci95`` the
     confidence interval of the speedup itself; ``sd_log`` the spread of the replicates' log
-    speedups (between-run variation and within-run noise together)."""
+    speedups (between-replicate variation and within-run noise together); ``run_sd_log`` the
+    run-level term no replicate of one run can show (``run_offset_s``, 0 without one)."""
 
     speedup: float
     ci95: tuple[float, float]
     mean_ci95: tuple[float, float]
     sd_log: float
     parts: tuple[AbbaResult, ...]
+    run_sd_log: float = 0.0
 
     def replicate_rows(self) -> list[dict]:
         return [{"speedup": p.speedup, "ci95": list(p.ci95), "slot_bias": p.slot_bias,
                  "blocks": p.blocks, "stopped_by": p.stopped_by} for p in self.parts]
 
 
-def combine_replicates(parts: Sequence[AbbaResult]) -> Replicated:
+def combine_replicates(parts: Sequence[AbbaResult], *, run_offset_s: float = 0.0
+                       ) -> Replicated:
     """The replicate-level estimate of ``parts`` (two or more).
 
     With y_i the log speedup of replicate i (i = 1..R), m their mean and s their standard
     deviation — floored at the replicates' own root-mean-square bootstrap standard error,
-    because the spread of R means cannot be below their sampling noise — a re-run of the same
-    design gives a mean m' with m' - m ~ N(0, 2 sigma^2 / R). So:
-    speedup = exp(m); re-run interval = exp(m +- t(R-1) s sqrt(2/R));
-    mean CI = exp(m +- t(R-1) s / sqrt(R)). Between-run variation (module placement, clocks,
-    neighbours) is in s as far as the replicates meet it: that is why they reload the code."""
+    because the spread of R means cannot be below their sampling noise — and u the run-level
+    term: a timing offset shared by every replicate of one run, of standard deviation
+    ``run_offset_s`` in each kernel's time, so u = run_offset_s * sqrt(1/t_ref^2 +
+    1/t_opt^2) in log speedup (t the replicates' mean medians), a re-run of the same design
+    gives a mean m' with m' - m ~ N(0, 2 (s^2 / R + u^2)). So: speedup = exp(m); re-run
+    interval = exp(m +- t(R-1) sqrt(2 (s^2/R + u^2))); mean CI = exp(m +- t(R-1)
+    sqrt(s^2/R + u^2)). Between-run variation the replicates meet (module placement, clocks,
+    neighbours) is in s: that is why they reload the code; u is what one run cannot meet."""
     if len(parts) < 2:
         raise KpairError(f"combine_replicates needs at least 2 replicates, got {len(parts)}")
     y = np.log([p.speedup for p in parts])
     r = y.size
     se = np.array([(math.log(p.ci95[1]) - math.log(p.ci95[0])) / (2 * 1.96) for p in parts])
     sd = max(float(np.std(y, ddof=1)), float(np.sqrt(np.mean(se ** 2))))
+    t_ref = float(np.mean([p.ref_median_s for p in parts]))
+    t_opt = float(np.mean([p.opt_median_s for p in parts]))
+    u = run_offset_s * math.sqrt(1 / t_ref ** 2 + 1 / t_opt ** 2) \
+        if run_offset_s and t_ref > 0 and t_opt > 0 else 0.0
+    var = sd ** 2 / r + u ** 2
     m, t = float(y.mean()), t975(r - 1)
-    pred, mean = t * sd * math.sqrt(2 / r), t * sd / math.sqrt(r)
+    pred, mean = t * math.sqrt(2 * var), t * math.sqrt(var)
     return Replicated(speedup=math.exp(m), ci95=(math.exp(m - pred), math.exp(m + pred)),
                       mean_ci95=(math.exp(m - mean), math.exp(m + mean)), sd_log=sd,
-                      parts=tuple(parts))
+                      parts=tuple(parts), run_sd_log=u)
 
 
 #: Extra replicates (past the planned R, up to ``RunOptions.max_replicates``) a run may spend
@@ -604,11 +625,13 @@ def another_replicate(count: int, *, limit: int, per_replicate_s: float, extra_s
     return count < limit and extra_s + per_replicate_s <= budget_s
 
 
-def analyze_replicates(samples: Samples, *, n_boot: int = 2000) -> tuple[AbbaResult, Replicated]:
+def analyze_replicates(samples: Samples, *, n_boot: int = 2000, run_offset_s: float = 0.0
+                       ) -> tuple[AbbaResult, Replicated]:
     """The pooled ABBA statistics of every block (slot bias, fwd, rev, counts) and the
     replicate-level speedup, from a samples record alone (pure)."""
     parts = [analyze(samples.part(i), n_boot=n_boot) for i in range(samples.replicates)]
-    return analyze(samples, n_boot=n_boot), combine_replicates(parts)
+    return analyze(samples, n_boot=n_boot), combine_replicates(parts,
+                                                               run_offset_s=run_offset_s)
 
 
 def combine(ci95: Sequence[float], control_ci95: Sequence[float]) -> tuple[float, float, float]:
@@ -616,11 +639,14 @@ def combine(ci95: Sequence[float], control_ci95: Sequence[float]) -> tuple[float
 
     ``control_ci95`` is the interval of ref against a separately loaded copy of itself, placed
     and launched as opt is: whatever it spans away from 1.0 is what the meter would report
-    for no difference at all. Its larger log-distance from 1.0, ``bound``, widens both ends of
-    ``ci95`` (in log space). Returns (lo, hi, bound) with bound as a ratio (>= 1)."""
-    lo, hi = ci95
-    bound = math.exp(max(abs(math.log(control_ci95[0])), abs(math.log(control_ci95[1]))))
-    return lo / bound, hi * bound, bound
+    for no difference at all. Its larger log-distance from 1.0, b = log ``bound``, is an
+    error independent of the speedup's own: it joins the interval's log half-width w in
+    quadrature, around the interval's log centre c: exp(c +- sqrt(w^2 + b^2)). Returns (lo,
+    hi, bound) with bound as a ratio (>= 1)."""
+    b = max(abs(math.log(control_ci95[0])), abs(math.log(control_ci95[1])))
+    c = (math.log(ci95[0]) + math.log(ci95[1])) / 2
+    half = math.hypot((math.log(ci95[1]) - math.log(ci95[0])) / 2, b)
+    return math.exp(c - half), math.exp(c + half), math.exp(b)
 
 
 def difference(combined_ci95: Sequence[float]) -> str:

@@ -442,11 +442,12 @@ def _measure(run: Run) -> None:
     pooled = pooled_stats(joined)
     speed = pooled.to_json(SAMPLES)
     if len(parts) > 1:
-        rep = combine_replicates(parts)
+        rep = combine_replicates(parts, run_offset_s=run.device.run_offset_s)
         speed.update(speedup=rep.speedup, ci95=list(rep.ci95),
                      rel_ci_halfwidth=(rep.ci95[1] - rep.ci95[0]) / 2 / rep.speedup,
                      interval="re-run", mean_ci95=list(rep.mean_ci95),
-                     replicate_sd_log=rep.sd_log, replicates=rep.replicate_rows(),
+                     replicate_sd_log=rep.sd_log, run_offset_ns=run.device.run_offset_s * 1e9,
+                     run_sd_log=rep.run_sd_log, replicates=rep.replicate_rows(),
                      stopped_by=parts[-1].stopped_by)
     run.samples = samples_bytes(joined)
     # The samples archive's CRC catches accidents only; this ties it to the result.

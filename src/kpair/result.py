@@ -121,6 +121,8 @@ class Speed(Record, omit_defaults=True):
     interval: str | None = None
     mean_ci95: tuple[float, float] | None = None
     replicate_sd_log: float | None = None
+    run_offset_ns: float | None = None
+    run_sd_log: float | None = None
     replicates: list[Replicate] | None = None
 
     @property

@@ -106,6 +106,11 @@ class Device(ABC):
     #: placement replicates re-roll too. The host says no: there the load over minutes moves
     #: re-runs, which no replicate sees, and more replicates would only narrow the interval.
     extra_replicates: bool = True
+    #: The standard deviation, in seconds, of a run's own timing offset that every replicate
+    #: of the run shares (``kpair.measure.combine_replicates``): GPUs measured it
+    #: (``kpair.measure.GPU_RUN_OFFSET_S``); the host has none of its own (its load is the
+    #: machine's, and its clock the executor's CPU time).
+    run_offset_s: float = 0.0
 
     @abstractmethod
     def arch(self) -> str:

@@ -50,6 +50,7 @@ from ..errors import (
     SymbolNotFound,
     UsageError,
 )
+from ..measure import GPU_RUN_OFFSET_S
 from ..snapshot import Launch, Param
 from ._cuda_checks import DeviceChecks
 from ._cuda_driver import (
@@ -109,6 +110,7 @@ class CudaKernel(Kernel):
 
 class CudaDevice(DeviceChecks, SpanPlacement, Device):
     backend = "cuda"
+    run_offset_s = GPU_RUN_OFFSET_S
 
     def __init__(self, driver_module, *, device: int = 0, flush_bytes: int | None = None,
                  gate: bool = True):
