@@ -386,9 +386,9 @@ def test_replicated_samples_round_trip_and_reanalyse(tmp_path):
     assert rep.speedup == pytest.approx(combine_replicates(parts).speedup)
 
 
-def _parts(speedups, rel_se=0.002):
+def _parts(speedups, rel_se=0.002, t_ref_s=1e-4):
     return [AbbaResult("A/B", s, (s / (1 + 1.96 * rel_se), s * (1 + 1.96 * rel_se)), 1.0,
-                       (1.0, 1.0), 1.0, 1.0, 32, 16, 16, "ci", rel_se, 0, 1e-4, 1e-4)
+                       (1.0, 1.0), 1.0, 1.0, 32, 16, 16, "ci", rel_se, 0, t_ref_s, t_ref_s / s)
             for s in speedups]
 
 
@@ -439,12 +439,6 @@ def test_extra_replicates_keep_the_rerun_interval_honest(spread_decides):
         assert np.median(widths) < 0.7 * np.median(six)
 
 
-def _timed_parts(speedups, t_ref_s, rel_se=0.002):
-    return [AbbaResult("A/B", s, (s / (1 + 1.96 * rel_se), s * (1 + 1.96 * rel_se)), 1.0,
-                       (1.0, 1.0), 1.0, 1.0, 32, 16, 16, "ci", rel_se, 0, t_ref_s, t_ref_s / s)
-            for s in speedups]
-
-
 def test_the_run_offset_widens_short_kernels_and_spares_long_ones():
     """u = delta * sqrt(1/t_ref^2 + 1/t_opt^2) joins s^2/R: 30 ns is most of a 4 us kernel's
     interval and nothing of a 300 us one's; no offset leaves the interval as it was."""
@@ -454,10 +448,10 @@ def test_the_run_offset_widens_short_kernels_and_spares_long_ones():
         return math.log(r.ci95[1] / r.ci95[0]) / 2
 
     for t_ref, widens in ((4e-6, True), (300e-6, False)):
-        plain = combine_replicates(_timed_parts(speedups, t_ref))
-        offset = combine_replicates(_timed_parts(speedups, t_ref), run_offset_s=30e-9)
+        plain = combine_replicates(_parts(speedups, t_ref_s=t_ref))
+        offset = combine_replicates(_parts(speedups, t_ref_s=t_ref), run_offset_s=30e-9)
         assert plain.run_sd_log == 0.0 and plain.ci95 == combine_replicates(
-            _timed_parts(speedups, t_ref), run_offset_s=0.0).ci95
+            _parts(speedups, t_ref_s=t_ref), run_offset_s=0.0).ci95
         u = 30e-9 * math.sqrt(1 / t_ref ** 2 + (plain.speedup / t_ref) ** 2)
         assert offset.run_sd_log == pytest.approx(u, rel=1e-2)
         expected = 2.571 * math.sqrt(2 * (plain.sd_log ** 2 / 6 + u ** 2))   # t(5)
@@ -481,7 +475,7 @@ def test_rerun_offsets_a_run_shares_are_covered_only_with_the_run_term():
         t_r = t_ref + rng.normal(0, 30e-9)
         t_o = t_ref / true + rng.normal(0, 30e-9)
         speeds = [t_r / t_o * math.exp(rng.normal(0, 0.004)) for _ in range(12)]
-        return combine_replicates(_timed_parts(speeds, t_ref), run_offset_s=offset_s)
+        return combine_replicates(_parts(speeds, t_ref_s=t_ref), run_offset_s=offset_s)
 
     rates = {}
     for offset_s in (0.0, 30e-9):
