@@ -1,6 +1,7 @@
 #!/bin/bash
-# Session 17, call 2, on a machine started afresh (not the one call 1 published on): the
-# committed compact release benchmarks/results/reproduce_small_h200 re-verified six times.
+# For a machine started afresh (not the one that published): the committed compact release
+# benchmarks/results/reproduce_small_h200 re-verified six times. Prepared in session 17; it did
+# not run there (too little device time was left to start a second machine).
 set -u; T0=$(date +%s)
 . .gpu_tmp/setup.sh; cd /tmp/k; cat .head; echo
 
