@@ -277,9 +277,10 @@ def render_markdown(index: Index) -> str:
     else:
         lines.append("None.")
     lines += ["", "Speedup = t_ref / t_opt from ABBA-interleaved replays of the captured "
-              "dispatch; only ratios are reported. The interval is the ABBA CI widened by "
-              "the identical-binary control (ref against a second load of itself) where it "
-              "was measured. SOL: opt's speed of light, the least time the bytes the "
+              "dispatch; only ratios are reported. The interval is the 95% re-run interval of "
+              "the replicates (on a GPU with a run-level timing term), widened in quadrature "
+              "by the identical-binary control (ref against a second load of itself) where "
+              "it was measured. SOL: opt's speed of light, the least time the bytes the "
               "captured dispatch must move take at the device's copy bandwidth as kpair "
               "measured it, over opt's median time (ref's in parentheses). Director numbers "
               "come from each operator's "
