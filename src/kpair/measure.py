@@ -644,8 +644,8 @@ def combine(ci95: Sequence[float], control_ci95: Sequence[float]) -> tuple[float
     quadrature, around the interval's log centre c: exp(c +- sqrt(w^2 + b^2)). Returns (lo,
     hi, bound) with bound as a ratio (>= 1)."""
     b = max(abs(math.log(control_ci95[0])), abs(math.log(control_ci95[1])))
-    c = (math.log(ci95[0]) + math.log(ci95[1])) / 2
-    half = math.hypot((math.log(ci95[1]) - math.log(ci95[0])) / 2, b)
+    lo, hi = math.log(ci95[0]), math.log(ci95[1])
+    c, half = (lo + hi) / 2, math.hypot((hi - lo) / 2, b)
     return math.exp(c - half), math.exp(c + half), math.exp(b)
 
 
