@@ -16,7 +16,7 @@ rep = json.load(open(sys.argv[1]))
 pts = {o["name"]: o for o in rep["per_operator"]}
 tally = {"published (quadrature, with u)": 0, "quadrature without u": 0,
          "linear without u (before session 17)": 0}
-n = 0
+n, halves = 0, {k: [] for k in tally}
 for f in sorted(glob.glob(f"{sys.argv[2]}/level2/*/harness/result.json")):
     name = f.split("/")[-3]
     if name not in pts:
@@ -29,9 +29,11 @@ for f in sorted(glob.glob(f"{sys.argv[2]}/level2/*/harness/result.json")):
     d = np.abs(np.log(pts[name]["reruns"]) - m)
     got = [int(np.sum(d <= math.hypot(w_u, b))), int(np.sum(d <= math.hypot(w, b))),
            int(np.sum(d <= w + b))]
-    for k, g in zip(tally, got):
+    for k, g, h in zip(tally, got, (math.hypot(w_u, b), math.hypot(w, b), w + b)):
         tally[k] += g
+        halves[k].append(math.expm1(h))
     n += d.size
     print(f"{name[:40]:40} R={r} ref {s['debug_only']['ref_median_us']:6.1f} us  sd {sd:.4f}  "
           f"u {u:.4f}  b {b:.4f}  inside {got}")
-print({k: f"{v}/{n}" for k, v in tally.items()})
+for k, v in tally.items():
+    print(f"{k}: {v}/{n} inside, median half-width {np.median(halves[k]):.4f}")
