@@ -542,8 +542,8 @@ def _spawn(cmd: list[str], **kwargs) -> subprocess.Popen:
 #: What the worker asks of glibc's allocator (>= 2.35; older ones ignore it): the mmap'd
 #: chunks behind its large buffers (regions of tens of MB: mutated inputs, read-backs,
 #: expected outputs) on transparent huge pages where the kernel offers them (``madvise``
-#: mode). A fresh 32 MiB buffer then faults in a few hundred times instead of 8,192: 3.6 ms
-#: instead of 18 ms to allocate on the 2-CPU CI machine (benchmarks/worker_alloc.py).
+#: mode). A fresh 32 MiB buffer then faults in 2 MiB pages, not 8,192 pages of 4 KiB: 3.6 ms
+#: instead of 17 ms to allocate on the 2-CPU CI machine (benchmarks/worker_alloc.py).
 WORKER_MALLOC = "glibc.malloc.hugetlb=1"
 
 
