@@ -1,0 +1,21 @@
+#!/bin/bash
+# Prepared in session 18 for the next GPU session (not run): like driver.sh, with the trust
+# overhead measured with the worker's allocator setting and without it (GLIBC_TUNABLES=
+# glibc.malloc.hugetlb=0 in the parent's environment is kept by kpair.isolation._worker_env),
+# in turn, and --top 13 (session 17 reached a 4.4 us kernel with it). Start it as call1.sh does.
+cd /tmp/k; B=/tmp/box; mkdir -p $B
+s() { echo "$(date -u +%T) $*" >> $B/driver.log; }
+for i in 1 2; do
+  s "overhead on $i"; timeout 130 python3 benchmarks/trust_overhead.py --backend cuda --repeat 4 --case axpbyz_3x16M --case axpy_8M --out $B/trust_overhead_on_$i.json > $B/overhead_on_$i.log 2>&1
+  s "overhead off $i"; GLIBC_TUNABLES=glibc.malloc.hugetlb=0 timeout 130 python3 benchmarks/trust_overhead.py --backend cuda --repeat 4 --case axpbyz_3x16M --case axpy_8M --out $B/trust_overhead_off_$i.json > $B/overhead_off_$i.log 2>&1
+done
+python3 benchmarks/worker_alloc.py --out $B/worker_alloc.json > /dev/null 2>&1; s "worker_alloc rc $?"
+s publish; timeout 700 python3 benchmarks/reproduce.py publish --backend cuda -o /tmp/rel --top 13 --triton-limit 5 --keep 1 > $B/publish.log 2>&1
+s "publish rc $?"
+s verify; timeout 400 python3 benchmarks/reproduce.py verify /tmp/rel --times 6 --out $B/reproduce.json > $B/verify.log 2>&1
+s "verify rc $?"
+timeout 60 python3 benchmarks/replicate_structure.py /tmp/rel --out $B/replicate_structure.json > $B/structure.log 2>&1; s "structure rc $?"
+s tests; KPAIR_EVIDENCE=$B/gpu-tests.jsonl timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
+  tests/gpu/test_cuda_checks.py tests/gpu/test_cuda_trust.py tests/gpu/test_cuda_hostile.py > $B/pytest.log 2>&1
+s "tests rc $? $(tail -n 1 $B/pytest.log)"
+s done; touch $B/DONE
