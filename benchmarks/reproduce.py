@@ -25,8 +25,8 @@ as a committed release carries, are not counted) and prints one JSON document: `
 (re-verified points inside the published interval / compared), per operator its published
 interval, half-width and re-run points, the identical pairs' "no measurable difference" rate,
 the wall time per harness, and ``rules``: the same re-runs against the intervals other ways of
-folding in the identical-binary control would have published (``RULES``), so a candidate rule
-is judged on runs it was not chosen from.
+folding in the identical-binary control, or leaving out the run-level term, would have
+published (``RULES``), so a candidate rule is judged on runs it was not chosen from.
 
 ``compact`` publishes the operators of REL whose harnesses are smallest, up to ``--max-mb`` in
 all, into a release of their own (``kpair release add``, with their provenance, plus two
@@ -165,22 +165,23 @@ def verify(rel: Path, times: int, n_hogs: int, identical_pairs: bool = True) -> 
                                      text=True, check=False).stdout
                 r = json.loads(out) if out.strip().startswith("{") else {}
                 speed = r.get("speed") or {}
+                parts = _parts(speed)
                 runs.append({"status": r.get("status"), "speedup": speed.get("speedup"),
                              "interval": speed.get("combined_ci95") or speed.get("ci95"),
                              "difference": speed.get("difference"),
                              "ci95": speed.get("ci95"),
-                             "bound": (speed.get("systematic") or {}).get("bound")})
+                             "bound": (speed.get("systematic") or {}).get("bound"),
+                             "w_no_run_term": parts[2] if parts else None})
     return summary(rel, walls, identical, n_hogs, times, since)
 
 
-def _ref_median_us(rel: Path, row: dict) -> float | None:
-    """ref's median time at publication, from the harness's result.json (None if absent)."""
+def _published_speed(rel: Path, row: dict) -> dict:
+    """The ``speed`` section of the harness's result.json at publication ({} if absent)."""
     path = (row.get("paths") or {}).get("result")
     try:
-        speed = json.loads((rel / path).read_text())["speed"]
+        return json.loads((rel / path).read_text())["speed"] or {}
     except (TypeError, OSError, ValueError, KeyError):
-        return None
-    return (speed.get("debug_only") or {}).get("ref_median_us")
+        return {}
 
 
 #: Ways to fold the identical-binary control's bound b into the re-run interval's log
@@ -188,10 +189,12 @@ def _ref_median_us(rel: Path, row: dict) -> float | None:
 #: (``quadrature``, since session 17) and the others. ``linear`` is what it published before;
 #: ``calibrated`` widens w by the ratio of the spread of run means between processes to what
 #: the replicates inside one predict (median 1.19 over 13 H200 operators,
-#: benchmarks/results/replicate_structure_h200_session10.json).
-RULES = {"quadrature": lambda w, b: math.hypot(w, b), "linear": lambda w, b: w + b,
-         "rerun_only": lambda w, b: w,
-         "calibrated": lambda w, b: math.hypot(1.2 * w, b)}
+#: benchmarks/results/replicate_structure_h200_session10.json); ``no_run_term`` is
+#: ``quadrature`` with w0, w without the run-level term u (``speed.run_sd_log``).
+RULES = {"quadrature": lambda w, b, w0: math.hypot(w, b), "linear": lambda w, b, w0: w + b,
+         "rerun_only": lambda w, b, w0: w,
+         "calibrated": lambda w, b, w0: math.hypot(1.2 * w, b),
+         "no_run_term": lambda w, b, w0: math.hypot(w0, b)}
 
 
 def _halves(ci95, bound) -> tuple[float, float] | None:
@@ -199,6 +202,19 @@ def _halves(ci95, bound) -> tuple[float, float] | None:
     if not ci95 or not bound:
         return None
     return (math.log(ci95[1]) - math.log(ci95[0])) / 2, math.log(bound)
+
+
+def _parts(speed: dict) -> tuple[float, float, float] | None:
+    """(w, b, w0) of a result's ``speed``: ``_halves`` of its re-run interval, and w0, w
+    without the run-level term (w scaled by sqrt((s^2/R) / (s^2/R + u^2)); w where the
+    result has no u)."""
+    wb = _halves(speed.get("ci95"), (speed.get("systematic") or {}).get("bound"))
+    if wb is None:
+        return None
+    s, u = speed.get("replicate_sd_log"), speed.get("run_sd_log")
+    r = len(speed.get("replicates") or ())
+    own = s * s / r if s and r else 0.0
+    return (*wb, wb[0] * math.sqrt(own / (own + u * u)) if own and u else wb[0])
 
 
 def rules(ops: list[dict], identical: dict) -> dict:
@@ -211,7 +227,7 @@ def rules(ops: list[dict], identical: dict) -> dict:
         for o in ops:
             if o["log_parts"] is None:
                 continue
-            half = rule(*o["log_parts"])
+            half = rule(*o["log_parts"], o.get("w_no_run_term") or o["log_parts"][0])
             centre = math.log(o["speedup"])
             for x, ok in zip(o["reruns"], o["inside"], strict=True):
                 compared += 1
@@ -223,7 +239,8 @@ def rules(ops: list[dict], identical: dict) -> dict:
             for r in runs:
                 parts = _halves(r.get("ci95"), r.get("bound"))
                 if parts and r.get("speedup"):
-                    none.append(abs(math.log(r["speedup"])) <= rule(*parts))
+                    w0 = r.get("w_no_run_term") or parts[0]
+                    none.append(abs(math.log(r["speedup"])) <= rule(*parts, w0))
         out[name] = {"coverage": inside / compared if compared else None,
                      "inside": inside, "compared": compared,
                      "median_half_width": statistics.median(halves) if halves else None,
@@ -231,15 +248,6 @@ def rules(ops: list[dict], identical: dict) -> dict:
                      if long_halves else None,
                      "identical_no_difference": sum(none) / len(none) if none else None}
     return out
-
-
-def _log_parts(rel: Path, row: dict) -> tuple[float, float] | None:
-    path = (row.get("paths") or {}).get("result")
-    try:
-        speed = json.loads((rel / path).read_text())["speed"]
-    except (TypeError, OSError, ValueError, KeyError):
-        return None
-    return _halves(speed.get("ci95"), (speed.get("systematic") or {}).get("bound"))
 
 
 def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: int,
@@ -261,12 +269,16 @@ def summary(rel: Path, walls: list[float], identical: dict, hogs: int, times: in
         half = (published[1] - published[0]) / 2 / hs["speedup"] if published else None
         if half is not None:
             halves.append(half)
+        speed = _published_speed(rel, row)
+        parts = _parts(speed)
         ops.append({"name": row["name"], "speedup": hs.get("speedup"), "published": published,
-                    "half_width": half, "ref_median_us": _ref_median_us(rel, row),
+                    "half_width": half,
+                    "ref_median_us": (speed.get("debug_only") or {}).get("ref_median_us"),
                     "reruns": [v.get("speedup") for v in points],
                     "inside": [v["outcome"] == "reproduced" for v in points],
                     "failed": [v.get("reason") for v in points if v.get("verdict") != "pass"],
-                    "log_parts": _log_parts(rel, row)})
+                    "log_parts": parts[:2] if parts else None,
+                    "w_no_run_term": parts[2] if parts else None})
     none = [r["difference"] == "none" for runs in identical.values() for r in runs]
     long_halves = [o["half_width"] for o in ops
                    if o["half_width"] is not None and (o["ref_median_us"] or 0) >= 5]
