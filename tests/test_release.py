@@ -621,21 +621,38 @@ def _benchmark(name: str, monkeypatch):
 
 
 def test_reproduce_compares_interval_rules_on_the_same_reruns(monkeypatch):
-    """benchmarks/reproduce.py reports, beside the published (linear) intervals, what other
-    ways of folding in the identical-binary control would have covered: same re-runs, one
-    table, so a rule is judged on runs it was not chosen from."""
+    """benchmarks/reproduce.py reports, beside the published (quadrature) intervals, what
+    other ways of folding in the identical-binary control, or leaving out the run-level term,
+    would have covered: same re-runs, one table, so a rule is judged on runs it was not chosen
+    from."""
     rep = _benchmark("reproduce", monkeypatch)
-    w, b = 0.01, 0.005                     # linear 0.015, quadrature 0.0112, calibrated 0.013
-    at = [math.exp(math.log(1.1) + d) for d in (0.0, 0.0125, -0.014)]
-    ops = [{"speedup": 1.1, "log_parts": (w, b), "ref_median_us": 8.0,
-            "reruns": [*at, None], "inside": [True, True, True, None]}]
+    # linear 0.015, quadrature 0.0112, calibrated 0.013, no_run_term hypot(0.006, b) 0.0078
+    w, b, w0 = 0.01, 0.005, 0.006
+    at = [math.exp(math.log(1.1) + d) for d in (0.0, 0.0105, 0.0125, -0.014)]
+    ops = [{"speedup": 1.1, "log_parts": (w, b), "w_no_run_term": w0, "ref_median_us": 8.0,
+            "reruns": [*at, None], "inside": [True, True, True, True, None]}]
     identical = {"p": [{"speedup": 1.004, "ci95": [0.99, 1.01], "bound": 1.002}]}
     r = rep.rules(ops, identical)
     assert {k: v["inside"] for k, v in r.items()} == {
-        "linear": 3, "rerun_only": 1, "quadrature": 1, "calibrated": 2}
-    assert all(v["compared"] == 4 for v in r.values())     # a failed re-run is a miss
+        "linear": 4, "rerun_only": 1, "quadrature": 2, "calibrated": 3, "no_run_term": 1}
+    assert all(v["compared"] == 5 for v in r.values())     # a failed re-run is a miss
     assert r["linear"]["median_half_width_ref_ge_5us"] == pytest.approx(math.expm1(0.015))
     assert r["rerun_only"]["identical_no_difference"] == 1.0
+
+
+def test_reproduce_takes_the_run_level_term_out_of_a_published_interval(monkeypatch):
+    """w0, the re-run interval's log half-width without u: w scaled by
+    sqrt((s^2/R) / (s^2/R + u^2)); a result without u (older ones) keeps w."""
+    rep = _benchmark("reproduce", monkeypatch)
+    s_, u, r = 0.02, 0.005, 8
+    w = 0.03
+    speed = {"ci95": [math.exp(-w), math.exp(w)], "systematic": {"bound": 1.004},
+             "replicate_sd_log": s_, "run_sd_log": u, "replicates": [{}] * r}
+    got = rep._parts(speed)
+    assert got[:2] == pytest.approx((w, math.log(1.004)))
+    assert got[2] == pytest.approx(w * math.sqrt((s_ * s_ / r) / (s_ * s_ / r + u * u)))
+    assert rep._parts({**speed, "run_sd_log": 0.0})[2] == pytest.approx(w)
+    assert rep._parts({"ci95": [0.9, 1.1]}) is None       # no control bound: no parts
 
 
 def test_replicate_structure_tells_sticky_from_alternating_replicates(monkeypatch):
