@@ -11,15 +11,18 @@ Which launches get poison is the caller's choice at each launch, never a mode of
 Canaries are checked where the memory is (``Device.check_fills``); a band is read back to
 the host only when it changed, to say where.
 
-Poison in a few ranges is a device fill per range. A data-dependent write pattern has
-millions of ranges: there a poisoned launch reads the region, poisons it on the host and
-writes it back (``poison_into``), about half a second per 100 MB. Most launches (opt's
-repeats, the timed ones, and differential runs of mutated inputs elsewhere) find such a region
-holding its pre-state, so for them the armour makes, once per candidate, two poisoned copies
-of its pre-state (one quiet-NaN word, one arbitrary word), holds them where the device keeps
-copies (``Device.hold``), copies one in before each launch, alternately (``Device.put``;
-device to device on a GPU) and checks after the launch that the held copy is intact, so a
-kernel that writes its answer into it fails as one that writes out of bounds.
+Launches on the captured pre-state (opt's repeats, the timed ones, the timing windows, ref's
+rejudging) take one of two poisons per region in turn, one quiet-NaN word and one arbitrary
+word, drawn anew for each candidate; ref's control runs under each before the candidate's first
+launch (``kpair.trust.audit``), so a poison under which ref itself changes its answer (bytes
+that look write-only to two discovery fills but are read for other values) never judges opt.
+Launches on a mutated input get a fresh word each. Poison in a few ranges is a device fill per
+range. A data-dependent write pattern has millions of ranges: there a poisoned launch reads
+the region, poisons it on the host and writes it back (``poison_into``), about half a second
+per 100 MB, except on the pre-state: the armour holds the pre-state with each of the two
+poisons where the device keeps copies (``Device.hold``), copies one in before each launch
+(``Device.put``; device to device on a GPU) and checks after the launch that the held copy is
+intact, so a kernel that writes its answer into it fails as one that writes out of bounds.
 """
 
 from __future__ import annotations
@@ -262,9 +265,12 @@ class Armor:
 
     ``plan`` (region -> (address, size, write-only runs)) is what ``poisoned`` launches get
     poison in; it is set once the write-only bytes are known. ``pre`` (region -> captured
-    pre-state) is what ``poisoned_pre`` launches start from. After each launch ``last`` holds the
-    guard violations it caused and ``poisoned_regions()`` the poison it was given.
-    ``drop_held()`` releases the held poisoned copies (a new candidate gets new words).
+    pre-state) is what ``poisoned_pre`` launches start from: they take one of ``HELD_WORDS``
+    poisons per region in turn (``words()``), the same for every such launch of a candidate,
+    so that ref's control can run under each (``control_launches``). Launches on another state
+    get a fresh word each. After each launch ``last`` holds the guard violations it caused and
+    ``poisoned_regions()`` the poison it was given. ``renew()`` draws new poisons for the
+    pre-state (a new candidate gets new words) and ``restore(words)`` takes back earlier ones.
     """
 
     def __init__(self, device: Device, bands: list[Band], rng: np.random.Generator,
@@ -275,14 +281,18 @@ class Armor:
         self.poison_words: dict[str, int] = {}   # of the last launch
         self.last: list[dict] = []                 # guard violations of the last launch
         self.canary, self._n = 0, 0
-        self._held: dict[str, list[tuple[int, Held]]] = {}   # region -> (word, copy)
+        self._words: dict[str, list[int]] = {}     # region -> the pre-state's poison words
+        self._held: dict[str, dict[int, Held | None]] = {}   # region -> word -> copy
         self._turn = 0
         self._put: list[tuple[str, Held]] = []     # held copies put before the last launch
         self.guarded = _Hooks(self, poison=False)
         self.poisoned = _Hooks(self, poison=True)
         self.poisoned_pre = _Hooks(self, poison=True, pre=True)
-        #: The poison of the launch before, again (both kernels of a timed block get the same).
+        #: The poison of the launch before, again (both kernels of a timed block get the same;
+        #: ref, after opt failed under a poison, to learn whether that poison changes its own
+        #: answer).
         self.poisoned_again = _Hooks(self, poison=True, pre=True, again=True)
+        self.poisoned_state_again = _Hooks(self, poison=True, again=True)
 
     def _poison_word(self) -> int:
         # Alternate a quiet-NaN family (NaN as f32, and in the high half as f16/bf16) with
@@ -290,6 +300,29 @@ class Armor:
         self._n += 1
         w = int(self.rng.integers(1, 2**32))
         return QUIET_NAN | (w & 0xFFFF) if self._n % 2 else w
+
+    def words(self) -> dict[str, list[int]]:
+        """region -> the poison words launches on the pre-state get in turn (drawn on first
+        use)."""
+        for name in self.plan:
+            if name not in self._words:
+                self._words[name] = [self._poison_word() for _ in range(HELD_WORDS)]
+        return {name: list(w) for name, w in self._words.items()}
+
+    def renew(self) -> dict[str, list[int]]:
+        """Draw new poisons for launches on the pre-state; the words they replace."""
+        old = self.words()
+        self.restore({})
+        return old
+
+    def restore(self, words: dict[str, list[int]]) -> None:
+        """Launches on the pre-state take ``words`` (from ``renew`` or ``words``) again."""
+        for copies in self._held.values():
+            for held in copies.values():
+                if held is not None:
+                    self.device.drop(held)
+        self._words = {name: list(w) for name, w in words.items()}
+        self._held, self._put = {}, []
 
     def _before(self, poison: bool, pre: bool, again: bool = False) -> None:
         self.canary = int(self.rng.integers(1, 2**32))
@@ -299,60 +332,46 @@ class Armor:
             return
         if pre and not again:
             self._turn += 1
-
-        def word_for(name: str) -> int:
-            return last[name] if again and name in last else self._poison_word()
-
+        words = self.words() if pre else {}
         for name, (address, size, runs) in self.plan.items():
+            if again and name in last:
+                word = last[name]
+            elif pre:
+                word = words[name][self._turn % HELD_WORDS]
+            else:
+                word = self._poison_word()
+            held = self._held_copy(name, word) if pre and len(runs) > _FILL_RUNS else None
             if len(runs) <= _FILL_RUNS:
-                word = word_for(name)
                 self.device.fill_many([(address + s, e - s) for s, e in runs], word)
-            elif pre and self._held_copies(name):
-                word, held = self._held[name][self._turn % len(self._held[name])]
+            elif held is not None:
                 self.device.put(address, held)
                 self._put.append((name, held))
             else:
-                word = word_for(name)
                 cur = np.frombuffer(self.device.read(address, size), np.uint8).copy()
                 poison_into(cur, runs, word)
                 self.device.write(address, cur.tobytes())
             self.poison_words[name] = word
 
     def control_launches(self) -> int:
-        """How many different poisoned pre-states the launches that follow get in turn, so
-        ref's control covers each: one per held copy where a fragmented region takes its poison
-        from held copies (launch k gets copy k mod HELD_WORDS), else one."""
-        return HELD_WORDS if any(len(runs) > _FILL_RUNS for _, _, runs in self.plan.values()) \
-            else 1
+        """How many different poisoned pre-states the launches that follow get in turn (launch
+        k gets the words' k mod HELD_WORDS), so ref's control runs under each."""
+        return HELD_WORDS if self.plan else 0
 
-    def _held_copies(self, name: str) -> bool:
-        """Make region ``name``'s poisoned copies of its pre-state on first use; False where
-        there is no room for them (the launch then reads, poisons and writes the region)."""
-        if name not in self._held:
+    def _held_copy(self, name: str, word: int) -> Held | None:
+        """Region ``name``'s pre-state with ``word`` in its write-only runs, held on the
+        device (made on first use); None where there is no room for it (the launch then reads,
+        poisons and writes the region)."""
+        copies = self._held.setdefault(name, {})
+        if word not in copies:
             address, size, runs = self.plan[name]
-            copies: list[tuple[int, Held]] = []
-            made = sum(h.size for c in self._held.values() for _, h in c)
-            if name in self.pre and made + HELD_WORDS * size <= HELD_CAP:
-                for _ in range(HELD_WORDS):
-                    word = self._poison_word()
-                    image = np.frombuffer(self.pre[name], np.uint8).copy()
-                    poison_into(image, runs, word)
-                    held = self.device.hold(image.tobytes())
-                    if held is None:
-                        break
-                    copies.append((word, held))
-            if len(copies) < HELD_WORDS:   # one word only would be a constant poison
-                for _, held in copies:
-                    self.device.drop(held)
-                copies = []
-            self._held[name] = copies
-        return bool(self._held[name])
-
-    def drop_held(self) -> None:
-        for copies in self._held.values():
-            for _, held in copies:
-                self.device.drop(held)
-        self._held, self._put = {}, []
+            made = sum(h.size for c in self._held.values() for h in c.values() if h)
+            held = None
+            if name in self.pre and made + size <= HELD_CAP:
+                image = np.frombuffer(self.pre[name], np.uint8).copy()
+                poison_into(image, runs, word)
+                held = self.device.hold(image.tobytes())
+            copies[word] = held
+        return copies[word]
 
     def _after(self) -> None:
         # Checked where the memory is (Device.check_fills); only a band that changed is read.

@@ -5,8 +5,9 @@ Every launch an Audit makes goes through the replay with one of its ``Armor``'s 
 bytes for every opt launch, for ref's poisoned control run and for both kernels once timing
 starts. ``Audit`` runs the phases of a checked run, in this order (``kpair.pipeline``):
 ``baseline`` (ref repeated: determinism), ``discover`` (ref on two fills of each candidate
-region: which bytes are write-only; one poisoned control run), ``run_opt`` (opt repeated, each
-launch poisoned anew), ``differential`` (ref and opt on mutated inputs), ``timing`` (timer
+region: which bytes are write-only; ref's control under each poison), ``run_opt`` (ref's
+control under the candidate's own poisons, then opt repeated, the poisons in turn),
+``differential`` (ref and opt on mutated inputs), ``timing`` (timer
 against a synchronized wall-clock window), ``time_one`` (the ABBA launches: poison and guards
 on both kernels; every timed launch of every kernel judged against the expected output of the
 input it was given, the captured one or a secret sparse variant drawn per block) and
@@ -33,11 +34,13 @@ from ..policy.mutation import Patch, derive
 from ..replay import Replay
 from ..snapshot import Launch
 from . import findings as trust
-from .armor import QUIET_NAN, Armor, describe_violation, guard_bands
+from .armor import HELD_WORDS, QUIET_NAN, Armor, describe_violation, guard_bands
 from .findings import CHECKS, Finding, OptRun
 
 REF_RUNS = 3        # baseline determinism
-OPT_RUNS = 3        # opt repeated under fresh poison
+OPT_RUNS = 3        # opt repeated, under the candidate's poisons in turn
+#: Draws of a candidate's poisons at most before the last ones ref's control passed are kept.
+POISON_DRAWS = 3
 #: The second discovery fill is the first (a quiet NaN, 0x7FC0xxxx) xor this: every byte
 #: differs, and the high half becomes 0x3F65, a positive number as f32, bf16 and f16.
 FILL_FLIP = 0x40A5A5A5
@@ -73,10 +76,10 @@ class Audit:
         self.mutation_source: str | None = None   # set when the differential runs are chosen
         self.mutation_list: tuple[Mutation, ...] = ()
         self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what)
-        self._mutating_ref: tuple = ()
-        self._poison_ok: dict[int, bool] = {}   # mutated input -> poison keeps ref's answer
+        self._ref_run: tuple = ()      # (ref's latest load, its launch)
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
+        self._proven: dict[str, list[int]] = {}   # the last poison words ref's control passed
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
@@ -123,18 +126,22 @@ class Audit:
         self.rejudged, self.ref_code = [], None
         self.kernels["opt"] = None
         self._cache = None
-        self.armor.drop_held()
+        self.armor.renew()    # new poisons, proven by ref's control before opt's first launch
 
     # ---------------------------------------------------------------- phases
 
     def _launch(self, kernel: Kernel, launch: Launch, *, poison: bool,
-                state: dict[str, bytes | int] | None = None) -> dict[str, bytes]:
+                state: dict[str, bytes | int] | None = None, again: bool = False
+                ) -> dict[str, bytes]:
+        """One launch on ``state`` (the pre-state where None), poisoned or only guarded;
+        ``again``: the poison of the launch before."""
+        a = self.armor
         if not poison:
-            hooks = self.armor.guarded
-        elif any(name in self.armor.plan for name in state or {}):
-            hooks = self.armor.poisoned        # poison what the state put there
-        else:
-            hooks = self.armor.poisoned_pre    # the planned regions hold their pre-state
+            hooks = a.guarded
+        elif any(name in a.plan for name in state or {}):   # poison what the state put there
+            hooks = a.poisoned_state_again if again else a.poisoned
+        else:                                    # the planned regions hold their pre-state
+            hooks = a.poisoned_again if again else a.poisoned_pre
         return self.replay.run(kernel, launch, state=state, hooks=hooks)
 
     def _violations(self, role: str, label: str | None = None) -> list[dict]:
@@ -154,7 +161,7 @@ class Audit:
     def baseline(self, ref: Kernel, launch: Launch) -> list[dict[str, bytes]]:
         """ref, REF_RUNS times on the pre-state; the first run is the fidelity run."""
         n = 1 if "baseline_determinism" in self.skip else REF_RUNS
-        self.kernels["ref"] = ref
+        self.kernels["ref"], self._ref_run = ref, (ref, launch)
         self.ref_posts = [self._ref(ref, launch, f"ref run {i + 1}") for i in range(n)]
         self._changed, self._pointers = None, {}
         self.found["baseline_determinism"] = trust.skipped(
@@ -229,28 +236,50 @@ class Audit:
                 self._in_place.append(name)
         if plan:
             self.armor.plan = plan
-            # ref under every poisoned pre-state opt's launches will get (each held copy).
-            n = self.armor.control_launches()
-            for k in range(n):
-                post = self._ref(ref, launch, "poisoned control run", poison=True)
-                v = check(self.policy, normal, post, dtype_hints=self.hints)
-                if not v.passed:
-                    which = f" (control {k + 1} of {n})" if n > 1 else ""
-                    self.control = (f"ref fails under poison{which} ({v.summary()}): poison "
-                                    "not applied")
-                    self.armor.plan = {}
-                    break
-            else:
+            why = self._prove_poison()
+            if why is None:
                 self.control = ("ref reproduces its post-state with every write-only byte "
-                                "poisoned" + (f", under each of the {n} poisoned copies"
-                                              if n > 1 else ""))
+                                f"poisoned, under each of the {HELD_WORDS} poisons launches on "
+                                "it take in turn (drawn anew and proven again for every "
+                                "candidate)")
+            else:
+                self.control = f"ref fails under poison ({why}): poison not applied"
+                self.armor.plan = {}
         changed = trust.changed_regions(r.pre, normal)
         self.found["noop"] = trust.noop(changed, list(self.armor.plan))
 
+    def _prove_poison(self) -> str | None:
+        """ref under each poison that launches on the pre-state take (``control_launches``),
+        which must reproduce its post-state: bytes that look write-only to the two discovery
+        fills may still be read for other values (a guard that keeps huge numbers, a
+        threshold), and opt must never be judged under a poison that changes ref's own answer.
+        Up to POISON_DRAWS draws; where none passes, the last proven words are taken back. None
+        if the poisons now in use passed, else why the last draw failed."""
+        normal, why = self.ref_posts[0], None
+        for _ in range(POISON_DRAWS):
+            n = self.armor.control_launches()
+            for k in range(n):
+                post = self._ref(*self._ref_run, "poisoned control run", poison=True)
+                v = check(self.policy, normal, post, dtype_hints=self.hints)
+                if not v.passed:
+                    why = f"control {k + 1} of {n}: {v.summary()}"
+                    break
+            else:
+                self._proven = self.armor.words()
+                return None
+            self.armor.renew()
+        if self._proven:
+            self.armor.restore(self._proven)
+            return None
+        return why
+
     def run_opt(self, opt: Kernel, launch: Launch) -> Verdict:
-        """opt, OPT_RUNS times, each with fresh poison and canaries; the first failing verdict
-        (or the first)."""
+        """ref's control under this candidate's poisons (``_prove_poison``), then opt,
+        OPT_RUNS times, the poisons in turn, fresh canaries each; the first failing verdict (or
+        the first)."""
         r = self.replay
+        if self.armor.plan:
+            self._prove_poison()
         self.kernels["opt"] = opt
         for i in range(OPT_RUNS):
             post = self._launch(opt, launch, poison=True)
@@ -287,7 +316,6 @@ class Audit:
         runs += [sparse] * SPARSE_RUNS
         self._sparse = sparse
         r, normal = self.replay, self.ref_posts[0]
-        self._mutating_ref = (ref, ref_launch)
         # Every run's mutated regions are drawn in worker threads (numpy's gathers leave the
         # GIL), each chain with a generator seeded here in order: the inputs are the seed's,
         # and drawing the later runs overlaps ref's launches on the earlier ones.
@@ -349,23 +377,23 @@ class Audit:
     def ref_reloaded(self, ref: Kernel) -> None:
         """ref was loaded afresh (a measurement replicate): later launches use that load."""
         self.kernels["ref"] = ref
-        if self._mutating_ref:
-            self._mutating_ref = (ref, self._mutating_ref[1])
+        if self._ref_run:
+            self._ref_run = (ref, self._ref_run[1])
 
     def _poison_holds(self, j: int) -> bool:
-        """Whether ref's answer on mutated input ``j`` survives the poison (computed once).
-        Bytes write-only on the captured input may be read on a mutated one (a mask that
-        chooses between writing and updating): poison there changes ref's own answer."""
-        if j not in self._poison_ok:
-            label, state, expected, _, _ = self._mutated[j]
-            under = self._launch(*self._mutating_ref, poison=True, state=state)
-            self._poison_ok[j] = not self.armor.last and check(
-                self.policy, expected, under, dtype_hints=self.hints).passed
-            if not self._poison_ok[j]:
-                self.not_tested[label] = ("on this mutated input ref reads bytes that are "
-                                          "write-only on the captured one: opt's run on it "
-                                          "is not poisoned")
-        return self._poison_ok[j]
+        """Whether ref's answer on mutated input ``j`` survives the poison opt's launch just
+        had (the same words). Bytes write-only on the captured input may be read on a mutated
+        one (a mask that chooses between writing and updating), or for some poison values:
+        poison there changes ref's own answer."""
+        label, state, expected, _, _ = self._mutated[j]
+        under = self._launch(*self._ref_run, poison=True, state=state, again=True)
+        holds = not self.armor.last and check(self.policy, expected, under,
+                                              dtype_hints=self.hints).passed
+        if not holds:
+            self.not_tested[label] = ("on this mutated input ref reads bytes that are "
+                                      "write-only on the captured one, under the poison opt "
+                                      "had: opt's run on it is not poisoned")
+        return holds
 
     def differential(self, opt: Kernel, opt_launch: Launch) -> None:
         """opt on the inputs ``mutate`` prepared, judged against ref's outputs there; poisoned,
