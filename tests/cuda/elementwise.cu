@@ -19,6 +19,18 @@ extern "C" __global__ void relu_backward_skip(const unsigned char* mask, const f
   if (i < n && !mask[i]) out[i] = out[i] + g[i];
 }
 
+// Where mask[i] is set, out[i] becomes 0 unless it held a huge number (|x| > 1e6, as an
+// overflow guard keeps it); elsewhere it is read and updated. To the two discovery fills the
+// masked elements look write-only; about four arbitrary poison words in ten are huge, and
+// under them ref itself changes its answer (CUDA twin of tests/csrc/huge_keep.c).
+extern "C" __global__ void huge_keep(const unsigned char* mask, const float* g, float* out,
+                                     int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float x = out[i];
+  out[i] = mask[i] ? (fabsf(x) > 1e6f ? x : 0.0f) : x + g[i];
+}
+
 // ReLU updated in place: x is the only buffer, so nothing is read-only and the captured
 // pre-state is the input (as PyTorch's relu_). relu_inplace_memo is a cheat: per block it keeps
 // which of its elements were negative, keyed on 16 sampled elements of x (taken through the

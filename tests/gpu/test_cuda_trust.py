@@ -149,6 +149,29 @@ def test_cuda_fragmented_write_only_bytes_take_held_poison(kit, evidence):
     assert skip["correctness"]["failed_check"] == "poisoned_outputs", skip["correctness"]
 
 
+def test_cuda_opt_is_never_judged_under_a_poison_that_changes_refs_own_answer(kit, evidence):
+    """Masked elements of out become 0 unless they held a huge number: write-only to both
+    discovery fills, not to about four arbitrary poison words in ten. Each candidate's poisons
+    (held on the device: a million runs) are proven by ref's control before opt runs, and a
+    mutated input's poison is checked on ref with the words opt had: ref against itself passes
+    under every seed, poisoned."""
+    n = 1 << 22
+    rng = np.random.default_rng(4)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    g, out = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    snap = kit.record("elementwise", "huge_keep", [mask, g, out, np.int32(n)],
+                      Launch((n // 256, 1, 1), (256, 1, 1)), ["mask", "g", "out", "n"])
+    harness = kit.pair(snap, opt=kit.build("elementwise"), opt_kernel="huge_keep")
+    for seed in range(1, 7):
+        r = kit.run(harness, timeout_s=300, **dict(kit.quick, seed=seed))
+        poison = ((r.get("trust") or {}).get("poisoned_outputs") or {}).get("finding") or {}
+        evidence(f"huge-keep[seed {seed}]", {"status": r["status"],
+                                             "summary": Result.from_json(r).summary(),
+                                             "control": poison.get("control")})
+        assert r["status"] == "pass", (seed, Result.from_json(r).summary())
+        assert poison["regions"]["out"]["bytes"] == int(mask.sum()) * 4, (seed, poison)
+
+
 def test_cuda_in_place_memo_is_rejected_and_honest_in_place_passes(kit, evidence):
     """x is the only buffer and is updated in place (no region is read-only): its pre-state
     is the input, mutated whole and at secret positions, and freshly changed in every timed
