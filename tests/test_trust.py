@@ -25,6 +25,7 @@ from kpair.record import record_call
 from kpair.toolchain import compile_shared
 from kpair.trust import CHECKS
 from kpair.trust.armor import (
+    QUIET_NAN,
     Armor,
     Band,
     band_violation,
@@ -165,6 +166,46 @@ def test_launches_on_the_pre_state_take_their_poison_from_held_copies():
     armor.poisoned.before()
     word = armor.poisoned_regions()["out"][0]
     assert (mem == _poisoned(bytes(mem.size * [3]), runs, word)).all()
+
+
+def test_poisons_ref_changes_under_are_drawn_again_and_proven_ones_kept():
+    """ref's control under a draw of poisons: a failing draw is replaced (the last draw of
+    quiet-NaN words only); where no draw passes, a candidate keeps the last proven words, and
+    discovery, which has none, drops the poison."""
+    from kpair.backends.host import HostDevice
+    from kpair.trust.audit import POISON_DRAWS, Audit
+
+    armor, mem, pre, runs = _fragmented_armor(HostDevice())
+    tried: list[int] = []
+    refuse = {"all": False}
+
+    def ref_run(kernel, launch, what, state=None, *, poison=False):
+        assert poison
+        armor.poisoned_pre.before()
+        word = armor.poisoned_regions()["out"][0]
+        tried.append(word)
+        nan = (word & 0xFFC00000) == QUIET_NAN
+        return {"out": b"refused" if refuse["all"] or not nan else pre}
+
+    audit = Audit.__new__(Audit)
+    audit.armor, audit.ref_posts, audit._ref_run, audit._proven = armor, [{"out": pre}], \
+        (None, None), {}
+    audit.policy, audit.hints, audit._ref = Policy(), {}, ref_run
+    # Draws with an arbitrary word fail; the last draw is of quiet NaNs only, and passes.
+    assert audit._prove_poison() is None
+    proven = armor.words()["out"]
+    assert all((w & 0xFFC00000) == QUIET_NAN for w in proven) and audit._proven["out"] == proven
+    assert len(set(tried)) > 2
+    # A candidate whose every draw fails keeps the proven words.
+    armor.renew()
+    refuse["all"] = True
+    tried.clear()
+    assert audit._prove_poison() is None
+    assert armor.words()["out"] == proven
+    assert len(tried) == POISON_DRAWS     # the first control of each draw failed
+    # Discovery (nothing proven yet) drops the poison, saying why.
+    audit._proven = {}
+    assert "control 1 of 2" in audit._prove_poison()
 
 
 def test_a_kernel_that_writes_into_a_held_poisoned_copy_is_caught():

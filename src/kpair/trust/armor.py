@@ -309,10 +309,13 @@ class Armor:
                 self._words[name] = [self._poison_word() for _ in range(HELD_WORDS)]
         return {name: list(w) for name, w in self._words.items()}
 
-    def renew(self) -> dict[str, list[int]]:
-        """Draw new poisons for launches on the pre-state; the words they replace."""
+    def renew(self, quiet_nan: bool = False) -> dict[str, list[int]]:
+        """Draw new poisons for launches on the pre-state (``quiet_nan``: every word of that
+        family, the discovery's first fill); the words they replace."""
         old = self.words()
-        self.restore({})
+        self.restore({name: [QUIET_NAN | int(self.rng.integers(0, 2**16))
+                             for _ in range(HELD_WORDS)] for name in self.plan}
+                     if quiet_nan else {})
         return old
 
     def restore(self, words: dict[str, list[int]]) -> None:

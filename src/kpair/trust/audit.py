@@ -253,10 +253,11 @@ class Audit:
         which must reproduce its post-state: bytes that look write-only to the two discovery
         fills may still be read for other values (a guard that keeps huge numbers, a
         threshold), and opt must never be judged under a poison that changes ref's own answer.
-        Up to POISON_DRAWS draws; where none passes, the last proven words are taken back. None
-        if the poisons now in use passed, else why the last draw failed."""
+        Up to POISON_DRAWS draws, the last of the quiet-NaN family only (the discovery's first
+        fill, which ref was seen to overwrite); where none passes, the last proven words are
+        taken back. None if the poisons now in use passed, else why the last draw failed."""
         normal, why = self.ref_posts[0], None
-        for _ in range(POISON_DRAWS):
+        for draw in range(POISON_DRAWS):
             n = self.armor.control_launches()
             for k in range(n):
                 post = self._ref(*self._ref_run, "poisoned control run", poison=True)
@@ -267,7 +268,7 @@ class Audit:
             else:
                 self._proven = self.armor.words()
                 return None
-            self.armor.renew()
+            self.armor.renew(quiet_nan=draw + 2 == POISON_DRAWS)
         if self._proven:
             self.armor.restore(self._proven)
             return None
