@@ -208,6 +208,27 @@ def test_poisons_ref_changes_under_are_drawn_again_and_proven_ones_kept():
     assert "control 1 of 2" in audit._prove_poison()
 
 
+def test_a_timed_blocks_fresh_input_survives_poison_from_a_held_copy():
+    """A held poisoned copy replaces its whole region: the fresh input of a timed block (a
+    few elements changed at secret positions, here in the region updated in place) is written
+    after it, so no block repeats the input of another (a memo on the whole input would win)."""
+    from kpair.backends.host import HostDevice
+    from kpair.policy.mutation import Patch
+    from kpair.replay import Replay
+
+    armor, mem, pre, runs = _fragmented_armor(HostDevice())
+    replay = SimpleNamespace(device=armor.device, cache="warm", _put=None,
+                             address_of=lambda name: mem.ctypes.data)
+    offsets = np.array([8, 4000, 9000], np.int64)
+    patch = Patch(offsets, 4, bytes(range(1, 13)))
+    Replay._prepare_timed(replay, None, [("out", patch)], armor.poisoned_pre)
+    word = armor.poisoned_regions()["out"][0]
+    want = _poisoned(pre, runs, word)
+    for i, at in enumerate(offsets.tolist()):
+        want[at:at + 4] = np.arange(1 + 4 * i, 5 + 4 * i, dtype=np.uint8)
+    assert (mem == want).all()
+
+
 def test_a_kernel_that_writes_into_a_held_poisoned_copy_is_caught():
     from kpair.backends.host import HostDevice
 

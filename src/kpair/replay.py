@@ -301,15 +301,17 @@ class Replay:
     def _prepare_timed(self, state: dict[str, bytes] | None,
                        patches: Sequence[tuple[str, Patch]],
                        hooks: LaunchHooks | None) -> None:
-        """What comes before every timed launch: restore, ``state`` (as in ``run``), then
-        ``patches`` ((region, ``Patch``) pairs) over it, the hooks, the cache flush."""
+        """What comes before every timed launch: restore, ``state`` (as in ``run``), the
+        hooks, then ``patches`` ((region, ``Patch``) pairs) over it, the cache flush. Patches
+        come after the hooks: poison from a held copy replaces a whole region, and would undo
+        the fresh input of a region updated in place."""
         self.device.restore()
         for name, data in (state or {}).items():
             self._put(name, data)
-        if patches:
-            self.device.scatter([(self.address_of(name), p) for name, p in patches])
         if hooks is not None:
             hooks.before()
+        if patches:
+            self.device.scatter([(self.address_of(name), p) for name, p in patches])
         if self.cache == "cold":
             self.device.flush_cache()
 
