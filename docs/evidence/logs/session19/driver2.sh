@@ -1,4 +1,5 @@
 #!/bin/bash
+# As run at 00:02 UTC (refused): KPAIR_DRIVER_END=200 KPAIR_TOP=3 KPAIR_FILTER='^triton_.*threshold_backward' bash .gpu_tmp/call1.sh
 # Session 19, second machine (started afresh), after the fix that proves every candidate's
 # poisons with ref's control and checks ref under the very poison opt had on a mutated input:
 # the GPU trust tests (with the CUDA twin of the case, huge_keep), then kpair optimize on
