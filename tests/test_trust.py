@@ -666,7 +666,7 @@ def test_a_derived_mutation_ref_cannot_take_is_dropped_with_a_warning(tmp_path):
                and "SIGABRT" in w for w in r["warnings"]), r["warnings"]
 
 
-def _masked_update(tmp_path, kernel: str):
+def _masked_update(tmp_path, kernel: str, policy: Policy | None = None):
     """An A/A harness of tests/csrc/KERNEL.c (``kp_KERNEL(mask, g, out, n)``: out updated in
     place under a random mask over 4096 floats) and its mask."""
     lib = compile_shared(CSRC / f"{kernel}.c", tmp_path / f"{kernel}.so")
@@ -677,7 +677,7 @@ def _masked_update(tmp_path, kernel: str):
     out = rng.standard_normal(n).astype(np.float32)
     snap = record_call(lib, f"kp_{kernel}", [mask, g, out, np.int32(n)], tmp_path / "s",
                        names=["mask", "g", "out", "n"])
-    return create_harness(snap.root, tmp_path / "h", opt=lib), mask
+    return create_harness(snap.root, tmp_path / "h", opt=lib, policy=policy), mask
 
 
 def test_write_only_bytes_that_a_mutated_input_reads_are_not_poisoned(tmp_path):
@@ -725,6 +725,21 @@ def test_opt_is_never_judged_under_a_poison_that_changes_refs_own_answer(tmp_pat
         assert poison["opt_runs_poisoned"] >= 3
         controls.add(poison["control"])
     assert len(controls) == 1 and "under each of the 2 poisons" in controls.pop()
+
+
+def test_poison_an_honest_kernel_keeps_within_a_tolerance_is_not_held_against_it(tmp_path):
+    """A masked fill in place under a cosine tolerance: on a mutated mask some write-only
+    elements are kept, poison and all, by ref as by opt, and the run still passes the policy.
+    Whole poison words left where ref's answer differs fail ``poisoned_outputs``, so such a
+    run is checked on ref under the same poison and, where ref leaves it too, runs again
+    unpoisoned: ref against itself passes under every seed."""
+    n = 4096
+    policy = Policy((Tolerance("out", 0, 4 * n, "float32", "cosine", min_cosine=0.999),))
+    h, _ = _masked_update(tmp_path, "masked_fill", policy)
+    for seed in range(1, 9):
+        r = run_json(h.root, dataclasses.replace(QUICK, seed=seed))
+        assert r["status"] == "pass", (seed, summarize(r))
+        assert r["trust"]["poisoned_outputs"]["finding"]["left"] == []
 
 
 def test_timed_outputs_are_judged_once_per_bytes_object_and_input(monkeypatch):

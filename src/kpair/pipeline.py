@@ -329,7 +329,7 @@ def _arm(run: Run) -> None:
     from .trust.audit import Audit
 
     o = run.options
-    seed = o.seed if o.seed is not None else secrets.randbits(32)
+    seed = o.seed if o.seed is not None else secrets.randbits(63)
     run.audit = Audit(run.replay, run.harness.policy, run.hints, seed=seed,
                       skip=o.skip_checks, harness=str(run.root))
     run.audit.ref_code_before = run.device.code_digest(run.ref[0])
