@@ -19,8 +19,8 @@ only by the stages in their lists:
     trust:timing                 timer against wall-clock windows (checked)
     measure                      the ABBA meter in replicates (fresh loads of both kernels),
                                  poisoned and guarded when checked; every timed launch
-                                 judged, on inputs rotating among the captured one and
-                                 secret sparse variants (checked)
+                                 judged, each block on a fresh secret sparse change of the
+                                 captured input (checked)
     control                      ref against a second load of itself: the systematic offset
                                  folded into the reported interval (``--no-control``: off)
     aa                           an A/A control, on request

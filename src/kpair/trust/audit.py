@@ -9,8 +9,9 @@ region: which bytes are write-only; ref's control under each poison), ``run_opt`
 control under the candidate's own poisons, then opt repeated, the poisons in turn),
 ``differential`` (ref and opt on mutated inputs), ``timing`` (timer
 against a synchronized wall-clock window), ``time_one`` (the ABBA launches: poison and guards
-on both kernels; every timed launch of every kernel judged against the expected output of the
-input it was given, the captured one or a secret sparse variant drawn per block) and
+on both kernels; every timed launch of every kernel judged: in a block on a fresh secret
+sparse change of the captured input, the block's two launches against each other (opt against
+ref under the policy where they differ), else against the captured input's expected output) and
 ``speed``; ``rejudge_ref`` runs ref again once opt is loaded and has run.
 ``findings()`` gives one ``trust.Finding`` per check. One Audit per run, bound to one Replay.
 """
