@@ -229,6 +229,32 @@ def test_a_timed_blocks_fresh_input_survives_poison_from_a_held_copy():
     assert (mem == want).all()
 
 
+def test_both_launches_of_a_timing_window_pair_take_the_same_poison_in_turn():
+    """As both launches of a timed block do: opt's poison in a window pair is ref's, and the
+    pairs alternate the candidate's two words, so opt's poison never tells a window apart."""
+    from kpair.backends.host import HostDevice
+    from kpair.trust.audit import TIMING_LAUNCHES, Audit
+
+    armor, mem, _, _ = _fragmented_armor(HostDevice())
+    seen: list[tuple[str, int]] = []
+
+    def time_window(kernel, launch, *, patches=(), hooks=None):
+        hooks.before()
+        seen.append((kernel, armor.poisoned_regions()["out"][0]))
+        hooks.after()
+        return 1.0, 1.0
+
+    audit = Audit.__new__(Audit)
+    audit.armor, audit.skip, audit._sparse, audit._opt_absent = armor, set(), [], False
+    audit.replay = SimpleNamespace(time_window=time_window)
+    audit.windows, audit.timed = {"ref": [], "opt": []}, {"violations": []}
+    audit.timing("ref", None, "opt", None)
+    assert [k for k, _ in seen] == ["ref", "opt"] * TIMING_LAUNCHES
+    pairs = [(seen[i][1], seen[i + 1][1]) for i in range(0, len(seen), 2)]
+    assert all(a == b for a, b in pairs)
+    assert [a for a, _ in pairs[:2]] == [a for a, _ in pairs[2:4]] and pairs[0] != pairs[1]
+
+
 def test_a_kernel_that_writes_into_a_held_poisoned_copy_is_caught():
     from kpair.backends.host import HostDevice
 

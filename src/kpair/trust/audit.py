@@ -438,10 +438,14 @@ class Audit:
         for i in range(TIMING_LAUNCHES):
             # With fresh timed blocks the windows get fresh inputs too: a kernel cannot tell
             # a window from a timed launch by having seen its input before.
+            # Both launches of a window pair take the same poison, in turn by pair, as both
+            # launches of a timed block do: opt's poison never tells a window from a block.
             patches = self._fresh_input() if self._fresh else []
-            for role, k, launch in (("ref", ref, ref_launch), ("opt", opt, opt_launch)):
+            for role, k, launch, hooks in (
+                    ("ref", ref, ref_launch, self.armor.poisoned_pre),
+                    ("opt", opt, opt_launch, self.armor.poisoned_again)):
                 self.windows[role].append(self.replay.time_window(
-                    k, launch, patches=patches, hooks=self.armor.poisoned_pre))
+                    k, launch, patches=patches, hooks=hooks))
                 self._timed_guards(role, f"timing-window launch {i + 1}")
 
     def _timed_guards(self, role: str, label: str) -> None:
