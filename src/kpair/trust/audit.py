@@ -515,8 +515,8 @@ class Audit:
         that remembers answers to inputs it has seen never sees one again. Both launches of
         the block get that input and the same poison; the first one's outputs are kept on the
         device and the second one's compared with them there, and where they differ opt is
-        judged against ref under the policy (ref against ref for its control and A/A
-        blocks)."""
+        judged against ref under the policy. (Blocks without opt, ref against its control and
+        A/A, run the captured input: ``captured_input``.)"""
         block, second = self._block
         if not second:
             self._patches = self._fresh_input()
