@@ -120,16 +120,22 @@ def test_cuda_honest_opt_passes_every_check(cuda_suite, evidence, source, kernel
     assert trust["impossible_speed"]["ran"]  # the CUDA backend measures its bandwidth
 
 
+def _masked_update(kit, kernel: str, seed: int, n: int = 1 << 22):
+    """A recorded dispatch of tests/cuda/elementwise.cu's KERNEL(mask, g, out, n) (out
+    updated in place under a random mask: a million write-only runs) and its mask."""
+    rng = np.random.default_rng(seed)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    g, out = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    snap = kit.record("elementwise", kernel, [mask, g, out, np.int32(n)],
+                      Launch((n // 256, 1, 1), (256, 1, 1)), ["mask", "g", "out", "n"])
+    return snap, mask
+
+
 def test_cuda_fragmented_write_only_bytes_take_held_poison(kit, evidence):
     """out's write-only bytes depend on the data (a million runs): launches on the pre-state
     take their poison from copies held on the device, each checked intact after the launch.
     An honest opt passes every check; one that skips the masked writes leaves poison."""
-    n = 1 << 22
-    rng = np.random.default_rng(3)
-    mask = (rng.random(n) < 0.5).astype(np.uint8)
-    g, out = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-    snap = kit.record("elementwise", "relu_backward", [mask, g, out, np.int32(n)],
-                      Launch((n // 256, 1, 1), (256, 1, 1)), ["mask", "g", "out", "n"])
+    snap, mask = _masked_update(kit, "relu_backward", seed=3)
     rows = {}
     for kernel in ("relu_backward", "relu_backward_skip"):
         harness = kit.pair(snap, opt=kit.build("elementwise"), opt_kernel=kernel)
@@ -155,12 +161,7 @@ def test_cuda_opt_is_never_judged_under_a_poison_that_changes_refs_own_answer(ki
     (held on the device: a million runs) are proven by ref's control before opt runs, and a
     mutated input's poison is checked on ref with the words opt had: ref against itself passes
     under every seed, poisoned."""
-    n = 1 << 22
-    rng = np.random.default_rng(4)
-    mask = (rng.random(n) < 0.5).astype(np.uint8)
-    g, out = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-    snap = kit.record("elementwise", "huge_keep", [mask, g, out, np.int32(n)],
-                      Launch((n // 256, 1, 1), (256, 1, 1)), ["mask", "g", "out", "n"])
+    snap, mask = _masked_update(kit, "huge_keep", seed=4)
     harness = kit.pair(snap, opt=kit.build("elementwise"), opt_kernel="huge_keep")
     for seed in range(1, 7):
         r = kit.run(harness, timeout_s=300, **dict(kit.quick, seed=seed))
