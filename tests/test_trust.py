@@ -523,6 +523,21 @@ def test_a_memo_of_every_input_byte_gains_nothing(suite, policy):
     assert r["trust"]["ref_integrity"]["finding"]["timed_checked"] > timed["launches"]
 
 
+def test_blocks_no_sparse_range_can_change_count_as_the_captured_input(tmp_path, matmul_libs):
+    """A and B hold one value each: no sparse change of them changes a byte, so every timed
+    block runs the captured input, and timed_outputs says one input, not one per block."""
+    n = 32
+    a, b = np.ones((n, n), np.float32), np.full((n, n), 2.0, np.float32)
+    c = np.zeros((n, n), np.float32)
+    snap = record_call(matmul_libs["naive"], "kp_matmul", [a, b, c, np.int32(n)],
+                       tmp_path / "s", names=["a", "b", "c", "n"])
+    h = create_harness(snap.root, tmp_path / "h", opt=matmul_libs["fast"])
+    r = run_json(h.root, QUICK)
+    assert r["status"] == "pass", summarize(r)
+    timed = r["trust"]["timed_outputs"]["finding"]
+    assert timed["launches"] > 1 and timed["input_variants"] == 1, timed
+
+
 def test_a_memo_that_redoes_only_what_changed_gains_nothing(suite):
     """ref's own loop for the outputs that the elements changed since the last call can reach,
     the last answer for the rest: never wrong. With a fresh input of 4 changed elements per

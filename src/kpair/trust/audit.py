@@ -94,6 +94,7 @@ class Audit:
             ("captured", None, replay.expected, True)]
         self._fresh_rng = np.random.default_rng([seed, 3])
         self._block: tuple[int, bool] = (0, False)   # fresh blocks: (block, second launch)
+        self._captured_blocks = 0    # of them, blocks no sparse range could change
         self._output_names: list[str] | None = None
         self._changed: dict[str, bool] | None = None    # _modified(), once ref_posts are known
         self._sparse: list[Mutation] = []    # the sparse mutations: fresh timed inputs
@@ -121,7 +122,7 @@ class Audit:
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
         self._judged = []
-        self._block = (0, False)
+        self._block, self._captured_blocks = (0, False), 0
         if self._first is not None:
             self.replay.drop(self._first[2])
             self._first = None
@@ -520,6 +521,7 @@ class Audit:
         block, second = self._block
         if not second:
             self._patches = self._fresh_input()
+            self._captured_blocks += not self._patches   # every range constant: no change
             block += 1
         self._block = (block, not second)
         t = self.replay.time_one(kernel, launch, patches=self._patches,
@@ -547,6 +549,13 @@ class Audit:
                 {"launch": n if role == judged else first_n, "role": judged,
                  "input": f"a fresh sparse one of timed block {block}", "summary": summary})
         return t
+
+    def _input_variants(self) -> int:
+        """The inputs opt's timed launches were given: a fresh one per block, and the
+        captured one where blocks repeat it (no mutations, or no sparse range could change)."""
+        if not self._fresh:
+            return 1
+        return self._block[0] - self._captured_blocks + (self._captured_blocks > 0)
 
     def _judge_block(self, outputs: list[str], kept: dict, *, kept_expected: bool
                      ) -> str | None:
@@ -701,7 +710,7 @@ class Audit:
         if self.timed["launches"]:
             f["timed_outputs"] = trust.timed_outputs(
                 "opt", self.timed["launches"], self.timed["checked"],
-                self._block[0] if self._fresh else 1, self.timed["failed"])
+                self._input_variants(), self.timed["failed"])
         if self.rejudged or self.ref_timed["checked"]:
             f["ref_integrity"] = trust.ref_integrity(self.rejudged, self.ref_code,
                                                      self.ref_timed)
