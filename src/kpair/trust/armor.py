@@ -304,10 +304,13 @@ class Armor:
     def words(self) -> dict[str, list[int]]:
         """region -> the poison words launches on the pre-state get in turn (drawn on first
         use)."""
+        self._draw()
+        return {name: list(w) for name, w in self._words.items()}
+
+    def _draw(self) -> None:
         for name in self.plan:
             if name not in self._words:
                 self._words[name] = [self._poison_word() for _ in range(HELD_WORDS)]
-        return {name: list(w) for name, w in self._words.items()}
 
     def renew(self, quiet_nan: bool = False) -> dict[str, list[int]]:
         """Draw new poisons for launches on the pre-state (``quiet_nan``: every word of that
@@ -335,18 +338,18 @@ class Armor:
             return
         if pre and not again:
             self._turn += 1
-        words = self.words() if pre else {}
+        if pre:
+            self._draw()
         for name, (address, size, runs) in self.plan.items():
             if again and name in last:
                 word = last[name]
             elif pre:
-                word = words[name][self._turn % HELD_WORDS]
+                word = self._words[name][self._turn % HELD_WORDS]
             else:
                 word = self._poison_word()
-            held = self._held_copy(name, word) if pre and len(runs) > _FILL_RUNS else None
             if len(runs) <= _FILL_RUNS:
                 self.device.fill_many([(address + s, e - s) for s, e in runs], word)
-            elif held is not None:
+            elif pre and (held := self._held_copy(name, word)) is not None:
                 self.device.put(address, held)
                 self._put.append((name, held))
             else:

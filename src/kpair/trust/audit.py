@@ -81,7 +81,7 @@ class Audit:
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
         self._proven: dict[str, list[int]] = {}   # the last poison words ref's control passed
-        self._unpoisoned: list[str] = []   # this candidate's differential runs run unpoisoned
+        self._unpoisoned: dict[str, str] = {}   # this candidate's: run -> why not poisoned
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
         self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
@@ -129,9 +129,7 @@ class Audit:
         self.rejudged, self.ref_code = [], None
         self.kernels["opt"] = None
         self._cache = None
-        for label in self._unpoisoned:
-            self.not_tested.pop(label, None)
-        self._unpoisoned = []
+        self._unpoisoned = {}
         self.armor.renew()    # new poisons, proven by ref's control before opt's first launch
 
     # ---------------------------------------------------------------- phases
@@ -267,11 +265,9 @@ class Audit:
             n = self.armor.control_launches()
             for k in range(n):
                 post = self._ref(*self._ref_run, "poisoned control run", poison=True)
-                v = check(self.policy, normal, post, dtype_hints=self.hints)
-                if not v.passed or self._left_poison(normal, post):
-                    why = f"control {k + 1} of {n}: " + (
-                        v.summary() if not v.passed else "ref leaves poison words as written "
-                        "(within the policy's tolerance, but poisoned_outputs would fail)")
+                failure = self._poison_failure(normal, post)
+                if failure:
+                    why = f"control {k + 1} of {n}: {failure}"
                     break
             else:
                 self._proven = self.armor.words()
@@ -396,14 +392,11 @@ class Audit:
         poison there changes ref's own answer."""
         label, state, expected, _, _ = self._mutated[j]
         under = self._launch(*self._ref_run, poison=True, state=state, again=True)
-        holds = not self.armor.last and check(self.policy, expected, under,
-                                              dtype_hints=self.hints).passed \
-            and not self._left_poison(expected, under)
+        holds = not self.armor.last and self._poison_failure(expected, under) is None
         if not holds:
-            self.not_tested[label] = ("on this mutated input ref reads bytes that are "
-                                      "write-only on the captured one, under the poison opt "
-                                      "had: opt's run on it is not poisoned")
-            self._unpoisoned.append(label)
+            self._unpoisoned[label] = ("on this mutated input ref reads bytes that are "
+                                       "write-only on the captured one, under the poison opt "
+                                       "had: opt's run on it is not poisoned")
         return holds
 
     def _left_poison(self, expected: dict[str, bytes], post: dict[str, bytes]) -> bool:
@@ -412,6 +405,19 @@ class Audit:
         elements still holding poison can pass the policy."""
         return any(poison_left(runs, word, expected[name], post[name])[0]
                    for name, (word, runs) in self.armor.poisoned_regions().items())
+
+    def _poison_failure(self, expected: dict[str, bytes], post: dict[str, bytes]
+                        ) -> str | None:
+        """Why ref's run under the last launch's poison does not stand for its answer: it
+        fails the policy against ``expected``, or leaves poison words as written; None if it
+        stands."""
+        v = check(self.policy, expected, post, dtype_hints=self.hints)
+        if not v.passed:
+            return v.summary()
+        if self._left_poison(expected, post):
+            return ("ref leaves poison words as written (within the policy's tolerance, but "
+                    "poisoned_outputs would fail)")
+        return None
 
     def differential(self, opt: Kernel, opt_launch: Launch) -> None:
         """opt on the inputs ``mutate`` prepared, judged against ref's outputs there; poisoned,
@@ -690,7 +696,8 @@ class Audit:
                                                         self.windows["opt"]),
                                                     self.timed["violations"])
             f["input_integrity"] = trust.input_integrity(inputs, runs)
-            f["poisoned_outputs"] = trust.poisoned_outputs(plan, self.not_tested, runs,
+            f["poisoned_outputs"] = trust.poisoned_outputs(plan, {**self.not_tested,
+                                                                  **self._unpoisoned}, runs,
                                                            self.control)
             f["opt_determinism"] = trust.opt_determinism(self.policy, self.opt_runs,
                                                          self.hints)
