@@ -29,7 +29,7 @@ from kpair.backends._cuda_driver import (
     ptx_target,
     replayed_attributes,
 )
-from kpair.backends.base import byte_diff, digest64, fill_bytes
+from kpair.backends.base import byte_diff, digest64, fill_bytes, mask_bytes
 from kpair.backends.cuda import CudaDevice
 from kpair.errors import (
     ArchitectureMismatch,
@@ -484,11 +484,11 @@ class MemoryDriver(FakeDriver):
             return ctype.from_address(ptrs[i]).value
 
         if f == b"kp_copy":
-            table = self._at(arg(0), 24 * gy)
+            table = self._at(arg(0), 32 * gy)
             for i in range(gy):
-                dst, src, n = struct.unpack_from("<QQQ", table, 24 * i)
+                dst, src, n, mask = struct.unpack_from("<QQQQ", table, 32 * i)
                 if n:
-                    self._at(dst, n)[:] = bytes(self._at(src, n))
+                    self._at(dst, n)[:] = _xor(bytes(self._at(src, n)), mask)
         elif f == b"kp_fill":
             table, word = self._at(arg(0), 16 * gy), arg(1, ctypes.c_uint32)
             for i in range(gy):
@@ -496,13 +496,13 @@ class MemoryDriver(FakeDriver):
                 if n:
                     self._at(dst, n)[:] = fill_bytes(word, n)
         else:
-            rows = bytes(self._at(arg(0), 40 * gy))
+            rows = bytes(self._at(arg(0), 48 * gy))
             for i in range(gy):
-                a, b, word, n, key = struct.unpack_from("<QQQQQ", rows, 40 * i)
+                a, b, word, n, key, mask = struct.unpack_from("<QQQQQQ", rows, 48 * i)
                 out = arg(1) + 24 * i
                 got = bytes(self._at(a, n)) if n else b""
                 other = bytes(self._at(b, n)) if b and n else fill_bytes(word, n)
-                count, first = byte_diff(got, other)
+                count, first = byte_diff(got, _xor(other, mask))
                 count += self.broken
                 h = digest64(other if b else got, key)
                 c0, f0, h0 = struct.unpack_from("<QQQ", self._at(out, 24))
@@ -510,6 +510,14 @@ class MemoryDriver(FakeDriver):
                     "<QQQ", c0 + count, min(f0, 2**64 - 1 if first is None else first),
                     (h0 + h) % 2**64)
         return self._out("cuLaunchKernel", None, f, gx, gy)[:1]
+
+
+def _xor(data: bytes, mask: int) -> bytes:
+    """``data`` masked (or unmasked) under ``mask`` as kp_copy and kp_diff do; 0: as is."""
+    if not mask or not data:
+        return data
+    return (np.frombuffer(data, np.uint8) ^ np.frombuffer(mask_bytes(mask, len(data)),
+                                                           np.uint8)).tobytes()
 
 
 def _memory_device(**kw):
@@ -617,7 +625,9 @@ def test_many_ranges_are_filled_and_checked_in_one_launch_each():
         n = len(drv.calls)
         found = dev.check_fills(spans, 0xC0FFEE11)
         assert [c[0] for c in drv.calls[n:]] == ["cuMemcpyHtoDAsync", "cuLaunchKernel",
-                                                 "cuStreamSynchronize", "cuMemcpyDtoH"]
+                                                 "cuMemsetD8Async", "cuStreamSynchronize",
+                                                 "cuMemcpyDtoH"]
+        assert not any(drv._at(dev._counters, 48 * len(spans)))   # no key left behind
         assert found == [(0, None)] * 5 + [(1, 3)] + [(0, None)] * 6
         # A kernel launched in between rewrites the tables the check kernels read (it can
         # write anywhere): the next fill and check upload theirs again and are not misled.
@@ -760,7 +770,7 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
         assert verdict.passed and audit.timed["checked"] == 8 and not audit.timed["failed"]
         assert audit._fresh and audit._block == (4, False)
         uploads = [c for c in drv.calls if c[0] == "cuMemcpyHtoDAsync"
-                   and c[3] == 2 * 256 * (24 + 16)]
+                   and c[3] == 2 * 256 * (32 + 16)]
         assert len(uploads) >= 8   # every launch
         assert drv.d2h - before < region // 4
         audit.differential(opt, launch)
@@ -769,6 +779,79 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
         assert all(f.passed is not False for f in audit.findings().values())
     finally:
         dev.close()
+
+
+def _plain_answers_left(dev, read, audit, region: str) -> list[str]:
+    """Where kpair's own device buffers (``read(ptr, size)`` of each) hold, in plain, 64-byte
+    windows of ref's answers for ``region`` (the captured outputs, its outputs on mutated
+    inputs), or a held copy's mask key or the digest key."""
+    answers = [e[region] for _, _, e, _ in audit.variants]
+    windows = [a[at:at + 64] for a in answers for at in (0, len(a) // 2, len(a) - 64)]
+    keys = [h.mask.to_bytes(8, "little") for entries in audit.replay.known.entries.values()
+            for _, h, _ in entries] + [dev._key.to_bytes(8, "little")]
+    found = []
+    for ptr, size in dev._allocs.items():
+        memory = bytes(read(ptr, size))
+        found += [f"{hex(ptr)}: answer window {i}" for i, w in enumerate(windows) if w in memory]
+        found += [f"{hex(ptr)}: key {i}" for i, k in enumerate(keys) if k in memory]
+    return found
+
+
+def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(tmp_path):
+    """After every stage of a checked run (setup, discovery, ref on mutated inputs, opt,
+    timed blocks on fresh inputs, differential runs), a kernel reading kpair's own device
+    buffers finds none of ref's answers: every held copy is masked under its own key, and no
+    key is left in a table. The copies still give the answers back to kpair."""
+    from kpair.policy import Policy
+    from kpair.replay import Replay
+    from kpair.snapshot import Snapshot
+    from kpair.trust.audit import Audit
+
+    snap = Snapshot.open(_axpbyz_snapshot(tmp_path))
+    drv = KernelDriver()
+    dev = CudaDevice(drv)
+    try:
+        replay = Replay(dev, snap)
+        audit = Audit(replay, Policy(), {r.name: "float32" for r in snap.manifest.regions},
+                      seed=3)
+        ref, opt = dev.load(b"cubin", "axpbyz"), dev.load(b"cubin", "axpbyz")
+        launch = snap.manifest.launch
+        audit.baseline(ref, launch)
+        audit.discover(ref, launch)
+        audit.mutate(ref, launch)
+        assert audit.run_opt(opt, launch).passed
+        for role in ("ref", "opt", "opt", "ref") * 2:
+            audit.time_one(ref if role == "ref" else opt, launch, role)
+        audit.differential(opt, launch)
+        assert not audit.failure(), audit.failure()
+        assert len(audit.variants) > 2 and audit.variants[0][2]["z"] == replay.expected["z"]
+        assert _plain_answers_left(dev, drv._at, audit, "z") == []
+        held = replay.known.find("z", replay.expected["z"])
+        assert bytes(drv._at(held.ptr, held.size)) != replay.expected["z"]
+        assert dev.fetch(held) == replay.expected["z"]
+        assert dev.intact(held)                      # masked again, as it was
+    finally:
+        dev.close()
+
+
+def test_philox_keystream_matches_random123_known_answers():
+    """The mask's keystream is Philox4x32-10: Random123's known-answer vectors (tests/
+    kat_vectors, the three philox4x32 10 lines)."""
+    from kpair.backends.base import philox4x32
+
+    vectors = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+               ((2**32 - 1,) * 4, (2**32 - 1,) * 2,
+                (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+               ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+                (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for ctr, key, want in vectors:
+        assert philox4x32(np.array([ctr], np.uint32), key)[0].tolist() == list(want)
+    # byte j: byte j % 16 of the block of counter j // 16, whatever the length asked for
+    stream = mask_bytes(0x1234_5678_9ABC_DEF1, 100)
+    assert mask_bytes(0x1234_5678_9ABC_DEF1, 37) == stream[:37]
+    block = philox4x32(np.array([(6, 0, 0, 0)], np.uint32), (0x9ABCDEF1, 0x12345678))
+    assert stream[96:100] == block.astype("<u4").tobytes()[:4]
+    assert mask_bytes(0x1234_5678_9ABC_DEF3, 100) != stream
 
 
 def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judged(tmp_path):

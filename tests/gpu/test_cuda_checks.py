@@ -141,3 +141,50 @@ def test_work_queued_right_after_a_write_sees_every_written_byte(dev, span):
         finally:
             dev.drop(held)
         assert int(np.count_nonzero(got != i + 1)) == 0, f"round {i}"
+
+
+def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(kit, evidence):
+    """y = a*x + y in place, checked in this process through every stage (setup, discovery,
+    ref on mutated inputs, opt, timed blocks on fresh inputs, differential runs): none of
+    kpair's cuMemAlloc buffers holds 64 bytes of ref's answers or a key in plain, so a kernel
+    that found them reads noise; the held copies still give the answers back."""
+    from kpair.policy import Policy
+    from kpair.replay import Replay
+    from kpair.snapshot import Launch, Snapshot
+    from kpair.trust.audit import Audit
+
+    n = 1 << 20
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    snap = Snapshot.open(kit.record("elementwise", "axpy", [x, y, np.float32(0.5), np.int32(n)],
+                                    Launch((n // 256, 1, 1), (256, 1, 1)), ["x", "y", "a", "n"]))
+    with open_device("cuda") as dev:
+        replay = Replay(dev, snap, relocate=True)
+        audit = Audit(replay, Policy(), {"x": "float32", "y": "float32"}, seed=11)
+        kernel = dev.load(snap.code_object(), "axpy")
+        launch = snap.manifest.launch
+        audit.baseline(kernel, launch)
+        audit.discover(kernel, launch)
+        audit.mutate(kernel, launch)
+        assert audit.run_opt(kernel, launch).passed
+        for role in ("ref", "opt", "opt", "ref") * 2:
+            audit.time_one(kernel, launch, role)
+        audit.differential(kernel, launch)
+        assert not audit.failure(), audit.failure()
+        answers = [e["y"] for _, _, e, _ in audit.variants]
+        windows = [a[at:at + 64] for a in answers for at in (0, len(a) // 2, len(a) - 64)]
+        keys = [h.mask.to_bytes(8, "little") for entries in replay.known.entries.values()
+                for _, h, _ in entries] + [dev._key.to_bytes(8, "little")]
+        found, scanned = [], 0
+        for ptr, size in list(dev._allocs.items()):
+            memory = dev.read(ptr, size)
+            scanned += size
+            found += [f"{hex(ptr)}: answer {i}" for i, w in enumerate(windows) if w in memory]
+            found += [f"{hex(ptr)}: key {i}" for i, k in enumerate(keys) if k in memory]
+        held = replay.known.find("y", replay.expected["y"])
+        evidence("checks[no-plain-answers]", {"variants": len(answers), "keys": len(keys),
+                                             "buffers": len(dev._allocs),
+                                             "scanned_bytes": scanned, "found": found})
+        assert len(answers) > 2 and not found, found
+        assert dev.read(held.ptr, held.size) != replay.expected["y"]
+        assert dev.fetch(held) == replay.expected["y"] and dev.intact(held)

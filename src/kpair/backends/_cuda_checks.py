@@ -6,8 +6,19 @@ of them in a single pass: bytes that differ, the first differing offset, and ``d
 fills a table of ranges with a repeated 32-bit word (guard canaries, poison) in one launch,
 and ``kp_copy`` runs a table of device-to-device copies in one launch (the batched restore).
 A table is uploaded on the replay stream right before every launch that reads it (a
-candidate kernel launched in between could have rewritten it). The driver JIT-compiles the
-PTX for the device at load (``cuModuleLoadData``), so no compiler is needed at run time.
+candidate kernel launched in between could have rewritten it), and a table that names a
+key is zeroed on the stream right after it (the next kernel finds no key).
+
+Held copies are masked. Every ``CudaHeld`` is stored xored with ``mask_bytes`` under a key
+of its own, drawn at random and kept on the host: a candidate kernel that finds kpair's
+buffers (cuMemAlloc addresses repeat from run to run) reads noise, not ref's answers or the
+captured expected outputs, and knowing some of a copy's bytes tells it nothing of the rest.
+``kp_copy`` masks as it keeps, unmasks as it puts back; ``kp_diff`` compares against the
+unmasked bytes and digests the stored ones (an overwritten copy is still noticed); a fetch
+unmasks in place, reads, and masks again before anything else runs on the stream.
+
+The driver JIT-compiles the PTX for the device at load (``cuModuleLoadData``), so no compiler
+is needed at run time.
 ``kernels/checks.ptx`` targets compute_75; its first line names the sha256 of the source it
 was built from, and ``python -m kpair.backends._cuda_checks`` (needs nvcc) rebuilds it.
 """
@@ -15,6 +26,7 @@ was built from, and ``python -m kpair.backends._cuda_checks`` (needs nvcc) rebui
 from __future__ import annotations
 
 import hashlib
+import secrets
 import struct
 from collections.abc import Sequence
 from importlib import resources
@@ -22,7 +34,7 @@ from importlib import resources
 from ..errors import DriverError, UsageError
 from ..snapshot import Param
 from ._cuda_driver import ParamArray
-from .base import Held, byte_diff, digest64, fill_bytes
+from .base import Held, byte_diff, digest64, fill_bytes, mask_bytes
 
 #: nvcc command that produces the PTX from the source.
 NVCC = ("nvcc", "-arch=compute_75", "-ptx")
@@ -44,8 +56,10 @@ def ptx_source_sha256() -> str:
 
 #: Threads per block, and the most blocks, of a check kernel (it strides over the rest).
 _CHECK_BLOCK, _CHECK_BLOCKS_PER_SM = 256, 8
-#: Rows checked by one kp_diff launch (its table and counters fill one 4 KiB buffer).
+#: Rows checked by one kp_diff launch (its table of 48-byte rows and 24-byte counters fill
+#: one 4.5 KiB buffer, which a kp_copy table of up to 144 rows also uses).
 _CHECK_BATCH = 64
+_CHECK_BYTES = 72 * _CHECK_BATCH
 _NONE = 2**64 - 1
 #: Rows filled by one kp_fill launch (grid y is at most 65535).
 _FILL_BATCH = 4096
@@ -56,11 +70,16 @@ _COPY_PARAMS = [Param(0, 8)]
 
 
 class CudaHeld(Held):
-    """A held copy in a ``cuMemAlloc`` buffer (``ptr``) and its keyed digest at keep time."""
+    """A held copy in a ``cuMemAlloc`` buffer (``ptr``), masked under ``mask`` (never 0),
+    and the keyed digest of its stored bytes at keep time."""
 
-    def __init__(self, size: int, ptr: int, digest: int):
+    def __init__(self, size: int, ptr: int, mask: int, digest: int = 0):
         super().__init__(size)
-        self.ptr, self.digest = ptr, digest
+        self.ptr, self.mask, self.digest = ptr, mask, digest
+
+
+def _mask_key() -> int:
+    return secrets.randbits(64) | 1
 
 
 
@@ -87,7 +106,7 @@ class DeviceChecks:
             self._checks = (self.drv("cuModuleGetFunction", module, b"kp_diff"),
                             self.drv("cuModuleGetFunction", module, b"kp_copy"),
                             self.drv("cuModuleGetFunction", module, b"kp_fill"))
-            self._counters = self._alloc(64 * _CHECK_BATCH)   # rows, then counters
+            self._counters = self._alloc(_CHECK_BYTES)   # rows, then counters
             self._fill_rows = self._alloc(16 * _FILL_BATCH)
             problem = self._self_test()
         except DriverError as e:
@@ -114,10 +133,16 @@ class DeviceChecks:
             for off in (0, 3):   # aligned, then an address 3 bytes past 16-byte alignment
                 self.write(pa + off, bytes(a))
                 self.write(pb, bytes(b))
-                held = CudaHeld(n, pb, self._diff([(pa + off, pb, 0, n)])[0][2])
-                if held.digest != digest64(bytes(b), self._key):
+                held = CudaHeld(n, pb, _mask_key())
+                self._copy([(pb, pb, n, held.mask)])         # masked in place
+                if self.read(pb, n) != bytes(x ^ y for x, y in zip(b, mask_bytes(held.mask, n),
+                                                                   strict=True)):
+                    return "failed their self-test (mask)"
+                held.digest = self._diff([(pb, pb, 0, n, 0)])[0][2]
+                if held.digest != digest64(self.read(pb, n), self._key):
                     return "failed their self-test (digest)"
-                if self.compare(pa + off, n, held) != byte_diff(bytes(a), bytes(b)):
+                if self.compare(pa + off, n, held) != byte_diff(bytes(a), bytes(b)) or \
+                        self.fetch(held) != bytes(b):
                     return "failed their self-test (compare)"
                 self.write(pa + off, (0xA1B2C3D4).to_bytes(4, "little") * (n // 4))
                 if self.check_fills([(pa + off, n // 4 * 4), (pa + off, n)], 0xA1B2C3D4) != \
@@ -131,6 +156,9 @@ class DeviceChecks:
                 want[n - 33:n - 3] = fill_bytes(0x0BADF00D, 30)
                 if self.read(pa + off, n) != bytes(want):
                     return "failed their self-test (batched fill)"
+                self.put(pa + off, held)
+                if self.read(pa + off, n) != bytes(b):
+                    return "failed their self-test (unmasked copy)"
                 self.write(pa + off, bytes(a))
                 staged = self._staged
                 self._staged, self._table_stale = [(pb + off, pa + off, n - off),
@@ -155,28 +183,49 @@ class DeviceChecks:
         self.drv("cuLaunchKernel", function, blocks, rows, 1, _CHECK_BLOCK, 1, 1, 0,
                  self.stream, pa.address, 0, context=" (a check kernel)")
 
-    def _diff(self, items: Sequence[tuple[int, int, int, int]], key: int | None = None
+    def _diff(self, items: Sequence[tuple[int, int, int, int, int]], key: int | None = None
               ) -> list[tuple[int, int | None, int]]:
-        """kp_diff over (a, b or 0, word, size) items: (differing bytes, first, digest) each.
-        Per batch of rows: one upload (the rows and their zeroed counters), one launch, one
-        read of the counters."""
+        """kp_diff over (a, b or 0, word, size, b's mask or 0) items: (differing bytes, first,
+        digest) each. Per batch of rows: one upload (the rows and their zeroed counters), one
+        launch, the rows zeroed (they hold keys), one read of the counters."""
         out: list[tuple[int, int | None, int]] = []
         k = self._key if key is None else key % 2**64
         for at in range(0, len(items), _CHECK_BATCH):
             batch = items[at:at + _CHECK_BATCH]
-            rows = b"".join(struct.pack("<QQQQQ", a, b, word & 0xFFFFFFFF, size, k)
-                            for a, b, word, size in batch)
+            rows = b"".join(struct.pack("<QQQQQQ", a, b, word & 0xFFFFFFFF, size, k, mask)
+                            for a, b, word, size, mask in batch)
             counters = self._counters + len(rows)   # right after the rows
             self.patch(((self._counters, rows + struct.pack("<QQQ", 0, _NONE, 0) *
                          len(batch)),))
-            self._run_check(self._checks[0], self._blocks(max(n for *_, n in batch)),
+            self._run_check(self._checks[0], self._blocks(max(n for _, _, _, n, _ in batch)),
                             len(batch), struct.pack("<QQ", self._counters, counters),
                             _DIFF_PARAMS)
+            self.drv("cuMemsetD8Async", self._counters, 0, len(rows), self.stream)
             raw = self.read(counters, 24 * len(batch))
             for i in range(len(batch)):
                 count, first, h = struct.unpack_from("<QQQ", raw, 24 * i)
                 out.append((count, first if count else None, h))
         return out
+
+    def _copy(self, rows: Sequence[tuple[int, int, int, int]]) -> None:
+        """kp_copy over (dst, src, size, mask or 0) rows, in one launch per batch; the table
+        (it holds the masks) is zeroed on the stream right after."""
+        for at in range(0, len(rows), 2 * _CHECK_BATCH):
+            batch = rows[at:at + 2 * _CHECK_BATCH]
+            table = b"".join(struct.pack("<QQQQ", *row) for row in batch)
+            self.patch(((self._counters, table),))
+            self._run_check(self._checks[1], self._blocks(max(n for _, _, n, _ in batch)),
+                            len(batch), struct.pack("<Q", self._counters))
+            self.drv("cuMemsetD8Async", self._counters, 0, len(table), self.stream)
+
+    def _held(self, ptr: int, src: int, size: int) -> CudaHeld:
+        """``size`` bytes at ``src`` masked into ``ptr`` (in place where they are the same)
+        under a fresh key, with the digest of what is stored."""
+        held = CudaHeld(size, ptr, _mask_key())
+        if size:
+            self._copy([(ptr, src, size, held.mask)])
+        held.digest = self._diff([(ptr, ptr, 0, size, 0)])[0][2]
+        return held
 
     def fill_many(self, spans: Sequence[tuple[int, int]], word: int) -> None:
         """Every (address, size) filled with ``word`` in one kp_fill launch per batch (rows
@@ -207,11 +256,7 @@ class DeviceChecks:
         if not self.compares_in_place:
             return super().keep(address, size)
         ptr = self._take(size)
-        if ptr is None:
-            return None
-        if size:
-            self.drv("cuMemcpyDtoDAsync", ptr, address, size, self.stream)
-        return CudaHeld(size, ptr, self._diff([(ptr, ptr, 0, size)])[0][2])
+        return None if ptr is None else self._held(ptr, address, size)
 
     def hold(self, data: bytes) -> Held | None:
         if not self.compares_in_place:
@@ -219,19 +264,25 @@ class DeviceChecks:
         ptr = self._take(len(data))
         if ptr is None:
             return None
-        self.write(ptr, data)
-        return CudaHeld(len(data), ptr, self._diff([(ptr, ptr, 0, len(data))])[0][2])
+        self.write(ptr, data)   # plain only until masked: no candidate runs in between
+        return self._held(ptr, ptr, len(data))
 
     def fetch(self, held: Held) -> bytes:
         if not isinstance(held, CudaHeld):
             return super().fetch(held)
-        return self.read(held.ptr, held.size)
+        if not held.size:
+            return b""
+        self._copy([(held.ptr, held.ptr, held.size, held.mask)])
+        try:
+            return self.read(held.ptr, held.size)
+        finally:
+            self._copy([(held.ptr, held.ptr, held.size, held.mask)])
 
     def put(self, address: int, held: Held) -> None:
         if not isinstance(held, CudaHeld):
             super().put(address, held)
         elif held.size:
-            self.drv("cuMemcpyDtoDAsync", address, held.ptr, held.size, self.stream)
+            self._copy([(address, held.ptr, held.size, held.mask)])
 
     def drop(self, held: Held) -> None:
         if isinstance(held, CudaHeld):
@@ -240,26 +291,26 @@ class DeviceChecks:
     def intact(self, held: Held) -> bool:
         if not isinstance(held, CudaHeld):
             return super().intact(held)
-        return self._diff([(held.ptr, held.ptr, 0, held.size)])[0][2] == held.digest
+        return self._diff([(held.ptr, held.ptr, 0, held.size, 0)])[0][2] == held.digest
 
     def compare(self, address: int, size: int, held: Held) -> tuple[int, int | None] | None:
         if not isinstance(held, CudaHeld):
             return super().compare(address, size, held)
         if size != held.size:
             raise UsageError(f"compare of {size} bytes against a held copy of {held.size}")
-        count, first, h = self._diff([(address, held.ptr, 0, size)])[0]
+        count, first, h = self._diff([(address, held.ptr, 0, size, held.mask)])[0]
         return None if h != held.digest else (count, first)
 
     def check_fills(self, spans: Sequence[tuple[int, int]], word: int
                     ) -> list[tuple[int, int | None]]:
         if not self.compares_in_place:
             return super().check_fills(spans, word)
-        return [(c, f) for c, f, _ in self._diff([(a, 0, word, n) for a, n in spans])]
+        return [(c, f) for c, f, _ in self._diff([(a, 0, word, n, 0) for a, n in spans])]
 
     def digest(self, address: int, size: int, key: int = 0) -> int:
         if not self.compares_in_place:
             return super().digest(address, size, key)
-        return self._diff([(address, address, 0, size)], key)[0][2]
+        return self._diff([(address, address, 0, size, 0)], key)[0][2]
 
 
 

@@ -76,6 +76,37 @@ def digest64(data: bytes, key: int = 0) -> int:
         return int(x.sum(dtype=np.uint64))
 
 
+_PHILOX_M = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+_LOW = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32(counters: np.ndarray, key: tuple[int, int], rounds: int = 10) -> np.ndarray:
+    """Random123's Philox4x32 (``rounds`` rounds) of each row of ``counters`` (n x 4 uint32)
+    under ``key`` (two 32-bit words): n x 4 uint32."""
+    c = [counters[:, i].astype(np.uint64) for i in range(4)]
+    k0, k1 = key
+    for _ in range(rounds):
+        p0, p1 = _PHILOX_M[0] * c[0], _PHILOX_M[1] * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), p1 & _LOW,
+             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1), p0 & _LOW]
+        k0, k1 = (k0 + _PHILOX_W[0]) % 2**32, (k1 + _PHILOX_W[1]) % 2**32
+    return np.stack(c, axis=1).astype(np.uint32)
+
+
+def mask_bytes(key: int, size: int) -> bytes:
+    """The bytes a held copy of ``size`` bytes is xored with under its 64-bit ``key``: byte j
+    is byte j % 16 of Philox4x32-10 of the counter (j // 16, 0) (little-endian words), the
+    keystream the cuda backend's check kernels mask held copies with. Without the key,
+    bytes of the stream tell nothing of the others (Philox is built as a keyed pseudorandom
+    function, though not proven a cipher)."""
+    chunks = np.arange(-(-size // 16), dtype=np.uint64)
+    counters = np.zeros((chunks.size, 4), np.uint32)
+    counters[:, 0], counters[:, 1] = chunks & _LOW, chunks >> np.uint64(32)
+    out = philox4x32(counters, (key & 0xFFFFFFFF, key >> 32 & 0xFFFFFFFF))
+    return out.astype("<u4").tobytes()[:size]
+
+
 def byte_diff(a: bytes, b: bytes) -> tuple[int, int | None]:
     """(bytes that differ, first differing offset) of two equally long byte strings."""
     if a == b:

@@ -20,11 +20,13 @@ Checks in place: the trust checks compare regions far more often than they need 
 (``Device.keep``/``compare``/``check_fills``/``digest``). Here those run as kernels
 (``_cuda_checks``: PTX JIT-compiled by the driver, loaded on first use and self-tested; if
 either fails, the base class's read-back versions are used and ``environment()`` says why).
-A ``CudaHeld`` copy lives in a ``cuMemAlloc`` buffer with a digest taken when it was made,
-under a key drawn for this process and passed only as a kernel argument; every compare
-re-digests the copy in the same pass, so a kernel that overwrote a copy (it lives in device
-memory that candidate code could address) makes the compare answer "unknown" and the caller
-reads the region instead. Only a compare's three counters come back to the host.
+A ``CudaHeld`` copy lives in a ``cuMemAlloc`` buffer, masked under a key of its own (a
+kernel that reads it learns nothing of ref's answers), with a digest of its stored bytes
+taken when it was made, under a key drawn for this process; keys reach the check kernels in
+a table that is zeroed on the stream right after. Every compare re-digests the copy in the
+same pass, so a kernel that overwrote a copy (it lives in device memory that candidate code
+could address) makes the compare answer "unknown" and the caller reads the region instead.
+Only a compare's three counters come back to the host.
 Host memory: no pinned (page-locked) staging buffer. With unified addressing a kernel can
 write page-locked host memory it knows the address of, so a verdict would depend on bytes
 candidate code can reach between a copy and its use; reading far less through pageable
@@ -120,7 +122,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self._ctx = None
         self._streams: list = []
         self._events: list = []
-        self._allocs: list[int] = []          # cuMemAlloc pointers (pristine copies, buffers)
+        self._allocs: dict[int, int] = {}     # cuMemAlloc pointer -> bytes (copies, buffers)
         self._mapped: list[tuple[int, int]] = []
         self._handles: list = []
         self._reservations: list[tuple[int, int]] = []
@@ -203,13 +205,13 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
 
     def _alloc(self, size: int) -> int:
         ptr = int(self.drv("cuMemAlloc", size))
-        self._allocs.append(ptr)
+        self._allocs[ptr] = size
         return ptr
 
     def _free(self, ptr: int) -> None:
         """Give back a buffer of ``_alloc`` before the device closes."""
         self.drv("cuMemFree", ptr)
-        self._allocs.remove(ptr)
+        del self._allocs[ptr]
 
     def _try_gate(self) -> bool:
         geq = self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
@@ -363,13 +365,13 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         last = self._scattered[0]
         if len(last) != len(patches) or any(a != b or p is not q for (a, p), (b, q)
                                             in zip(patches, last, strict=True)):
-            need = sum(len(p.offsets) * (24 + p.size) for _, p in patches)
+            need = sum(len(p.offsets) * (32 + p.size) for _, p in patches)
             if self._scratch[1] < need:
                 if self._scratch[0]:
                     self._free(self._scratch[0])
                 self._scratch = (self._alloc(need), need)
-            table = np.empty((runs, 3), "<u8")
-            data = self._scratch[0] + 24 * runs
+            table = np.zeros((runs, 4), "<u8")      # (dst, src, bytes, no mask)
+            data = self._scratch[0] + 32 * runs
             row = 0
             for address, p in patches:
                 n = len(p.offsets)
@@ -383,7 +385,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self.patch(((buf, blob),))
         for at in range(0, runs, _GRID_ROWS):
             self._run_check(self._checks[1], 1, min(_GRID_ROWS, runs - at),
-                            struct.pack("<Q", buf + 24 * at))
+                            struct.pack("<Q", buf + 32 * at))
         self.drv("cuMemsetD8Async", buf, 0, len(blob), self.stream)
 
     def read(self, address: int, size: int) -> bytes:
@@ -422,8 +424,8 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         if self._table_stale:
             if self._table:
                 self._free(self._table)
-            self._table = self._alloc(24 * n)
-            self._table_rows = b"".join(struct.pack("<QQQ", a, p, size)
+            self._table = self._alloc(32 * n)
+            self._table_rows = b"".join(struct.pack("<QQQQ", a, p, size, 0)
                                         for a, p, size in self._staged)
             self._table_stale = False
         # Uploaded before every launch: a kernel launched since could have rewritten it.
