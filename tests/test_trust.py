@@ -245,7 +245,8 @@ def test_both_launches_of_a_timing_window_pair_take_the_same_poison_in_turn():
         return 1.0, 1.0
 
     audit = Audit.__new__(Audit)
-    audit.armor, audit.skip, audit._sparse, audit._opt_absent = armor, set(), [], False
+    audit.armor, audit._sparse, audit._opt_absent = armor, [], False
+    audit.skip = {"timed_outputs"}    # the poison only, not the outputs, is under test here
     audit.replay = SimpleNamespace(time_window=time_window)
     audit.windows, audit.timed = {"ref": [], "opt": []}, {"violations": []}
     audit.timing("ref", None, "opt", None)
@@ -464,7 +465,7 @@ REJECTED = [
     ("lowprec", "exact", None, "region c: "),
     ("lowprec", "cosine", "bias", "one-sided systematic error"),
     ("scale", "cosine", "bias", "one-sided systematic error"),
-    ("lazy", "exact", "timed_outputs", "wrong after timed launch"),
+    ("lazy", "exact", "timed_outputs", "wrong after timing window"),
     # Honest exactly where a fixed, public schedule would check: every timed launch is judged.
     ("count", "exact", "timed_outputs", "wrong after timed launch"),
     # A memo keyed on sampled inputs: the secret sparse variants keep the key and change the
@@ -488,6 +489,22 @@ def test_cheat_is_rejected_with_the_right_reason(suite, opt, policy, check_name,
         assert line.startswith(f"FAIL [{failed}]")
         assert r["trust"][failed]["passed"] is False
         assert r["trust"][failed]["reason"] in line
+
+
+def test_a_kernel_wrong_only_in_the_timing_windows_fails(suite):
+    """Counting its calls, a kernel can tell the timing windows (opt's launches 4 + D to
+    8 + D, D the differential runs) from everything else; judged after every window, one that
+    cheats only there fails ``timed_outputs``, named as a timing window."""
+    honest = suite("fast", "exact")
+    d = len(honest["trust"]["differential"]["finding"]["runs"])
+    assert honest["trust"]["timed_outputs"]["finding"]["windows_checked"] == 5
+    lib = compile_shared(CSRC / "adversarial.c", suite.dir / "windows.so", flags=("-O2",),
+                         defines={"KP_CHEAT": 16, "KP_FROM": 4 + d})
+    suite.libs["windows"] = lib
+    r = suite("windows", "exact")
+    line = summarize(r)
+    assert r["status"] == "fail" and r["correctness"]["failed_check"] == "timed_outputs", line
+    assert "wrong after timing window 1 " in line, line
 
 
 def test_work_handed_to_a_thread_gains_nothing(suite):

@@ -23,6 +23,9 @@
                  can reach, its last answer for the others: always right, and nearly free
                  on an input that differs from the last one in a few elements (it must gain
                  nothing: a fresh input changes every row)
+    16 WINDOWS   counts its calls; computes a quarter of the rows on calls KP_FROM to
+                 KP_FROM + 4 only (set to opt's timing-window launches, 4 + D to 8 + D with D
+                 differential runs: launches kpair once left unjudged)
    and two honest ones, which must pass:
      0 HONEST_SPLIT  sums k in two halves: differs from the naive order in the last bits
                      (a tolerance pair)
@@ -149,6 +152,16 @@ void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
     unsigned m = ++calls;
     int rows = (m <= 16 || (m & (m - 1)) == 0 || m % 64 == 0) ? n : n / 4;
     for (int i = 0; i < rows; i++) {  /* ikj over the first rows only */
+        for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;
+        for (int k = 0; k < n; k++)
+            for (int j = 0; j < n; j++) c[i * n + j] += a[i * n + k] * b[k * n + j];
+    }
+#elif KP_CHEAT == 16
+    static unsigned calls;
+    (void)bytes;
+    unsigned m = ++calls;
+    int rows = (m >= KP_FROM && m < KP_FROM + 5) ? n / 4 : n;
+    for (int i = 0; i < rows; i++) {
         for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;
         for (int k = 0; k < n; k++)
             for (int j = 0; j < n; j++) c[i * n + j] += a[i * n + k] * b[k * n + j];

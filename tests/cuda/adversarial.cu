@@ -14,6 +14,8 @@
 //   cheat_count     a per-block launch counter: honest on its first 16 launches and on the
 //                   launch numbers a fixed schedule checks (powers of two, every 64th); else
 //                   3/4 of its blocks return at once (this won 1.19x PASS on the old schedule)
+//   cheat_windows   a per-block launch counter: 3/4 of its blocks return at once on launches
+//                   KP_FROM to KP_FROM + 4 only (set to opt's timing-window launches)
 //   cheat_memo      keeps its answer keyed on two sampled input elements and copies it out
 //                   when the key matches
 //   cheat_slowref   correct; from its 17th launch on, it also rewrites B (ref's input) with
@@ -136,6 +138,22 @@ extern "C" __global__ void cheat_count(const float* A, const float* B, float* C,
   __syncthreads();
   bool checked = n <= 16 || (n & (n - 1)) == 0 || n % 64 == 0;
   if (!checked && (blockIdx.x + blockIdx.y) % 4 != 0) return;
+  C[row * N + col] = dot(A, B, row, col, N, K);
+}
+
+#ifndef KP_FROM
+#define KP_FROM 1000000
+#endif
+__device__ unsigned window_launches[COUNT_BLOCKS];
+
+extern "C" __global__ void cheat_windows(const float* A, const float* B, float* C, int M,
+                                         int N, int K) {
+  INDEX
+  __shared__ unsigned n;
+  unsigned b = (blockIdx.y * gridDim.x + blockIdx.x) % COUNT_BLOCKS;
+  if (threadIdx.x == 0 && threadIdx.y == 0) n = ++window_launches[b];
+  __syncthreads();
+  if (n >= KP_FROM && n < KP_FROM + 5 && (blockIdx.x + blockIdx.y) % 4 != 0) return;
   C[row * N + col] = dot(A, B, row, col, N, K);
 }
 

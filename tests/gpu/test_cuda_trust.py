@@ -42,8 +42,9 @@ def cuda_suite(kit):
     hardcode = compile_cuda(CUDA_SRC / "adversarial.cu", kit.root / "bin" / "adv-hard.cubin",
                             arch=kit.arch, defines={"KP_ANSWER": f'"{header}"'})
 
-    def run(kernel: str, policy: str = "exact", source: str = "adversarial") -> dict:
-        binary = hardcode if kernel == "cheat_hardcode" else kit.build(source)
+    def run(kernel: str, policy: str = "exact", source: str = "adversarial",
+            binary: Path | None = None) -> dict:
+        binary = binary or (hardcode if kernel == "cheat_hardcode" else kit.build(source))
         harness = kit.pair(snap, opt=binary, opt_kernel=kernel, policy=POLICIES[policy])
         return kit.run(harness, timeout_s=300, **kit.quick)
     return run
@@ -96,6 +97,22 @@ def test_cuda_cheat_is_rejected_with_the_right_reason(cuda_suite, evidence, kern
     assert phrase in line, line
     assert r["correctness"].get("failed_check") in (
         check_name if isinstance(check_name, tuple) else (check_name,)), line
+
+
+def test_cuda_kernel_wrong_only_in_the_timing_windows_fails(kit, cuda_suite, evidence):
+    """A per-block launch counter tells opt's timing windows (launches 4 + D to 8 + D, D the
+    differential runs) from the rest; wrong only there, it fails: every window is judged."""
+    honest = cuda_suite("gemm_tiled", source="gemm")
+    d = len(honest["trust"]["differential"]["finding"]["runs"])
+    assert honest["trust"]["timed_outputs"]["finding"]["windows_checked"] == 5
+    binary = compile_cuda(CUDA_SRC / "adversarial.cu", kit.root / "bin" / "adv-windows.cubin",
+                          arch=kit.arch, defines={"KP_FROM": 4 + d})
+    r = cuda_suite("cheat_windows", binary=binary)
+    line = Result.from_json(r).summary()
+    evidence("trust[cheat_windows]", {"status": r["status"], "summary": line, "from": 4 + d})
+    assert r["status"] == "fail", line
+    assert r["correctness"]["failed_check"] == "timed_outputs", line
+    assert "wrong after timing window 1 " in line, line
 
 
 @pytest.mark.parametrize(("source", "kernel", "policy"),

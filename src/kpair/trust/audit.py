@@ -83,7 +83,8 @@ class Audit:
         self._proven: dict[str, list[int]] = {}   # the last poison words ref's control passed
         self._unpoisoned: dict[str, str] = {}   # this candidate's: run -> why not poisoned
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
-        self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
+        self.timed = {"launches": 0, "checked": 0, "windows": 0, "failed": [],
+                      "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
         self.rejudged: list[tuple[str, bool, str]] = []
         self.ref_code: dict | None = None
@@ -119,7 +120,8 @@ class Audit:
         self.opt_runs, self.diff_runs = [], []
         self.diff_changed, self.diff_mutated = [], []
         self.windows = {"ref": [], "opt": []}
-        self.timed = {"launches": 0, "checked": 0, "failed": [], "violations": []}
+        self.timed = {"launches": 0, "checked": 0, "windows": 0, "failed": [],
+                      "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
         self._judged = []
         self._block, self._captured_blocks = (0, False), 0
@@ -439,21 +441,50 @@ class Audit:
             self.diff_mutated.append(what)
 
     def timing(self, ref: Kernel, ref_launch: Launch, opt: Kernel, opt_launch: Launch) -> None:
-        """Timer against a synchronized wall-clock window, both kernels, interleaved."""
+        """Timer against a synchronized wall-clock window, both kernels, interleaved; opt's
+        outputs judged after every window as after a timed block's launches, so no launch of
+        opt goes unjudged (windows are opt's launches 4 + D to 8 + D, D the differential
+        runs: a kernel that counts its launches finds nothing to gain there)."""
         if "timing_integrity" in self.skip:
             return
+        judge = "timed_outputs" not in self.skip
         for i in range(TIMING_LAUNCHES):
             # With fresh timed blocks the windows get fresh inputs too: a kernel cannot tell
             # a window from a timed launch by having seen its input before.
             # Both launches of a window pair take the same poison, in turn by pair, as both
             # launches of a timed block do: opt's poison never tells a window from a block.
             patches = self._fresh_input() if self._fresh else []
+            kept = None
             for role, k, launch, hooks in (
                     ("ref", ref, ref_launch, self.armor.poisoned_pre),
                     ("opt", opt, opt_launch, self.armor.poisoned_again)):
                 self.windows[role].append(self.replay.time_window(
                     k, launch, patches=patches, hooks=hooks))
                 self._timed_guards(role, f"timing-window launch {i + 1}")
+                if judge and patches and role == "ref":
+                    kept = self.replay.keep(self._outputs())
+            if judge:
+                self._judge_window(i + 1, kept)
+
+    def _judge_window(self, window: int, kept: dict | None) -> None:
+        """opt's outputs after timing window ``window``: against ref's in the same window
+        (``kept``, on a fresh input) or against the captured input's expected outputs."""
+        outputs = self._outputs()
+        try:
+            if kept is not None:
+                summary = self._judge_block(outputs, kept, kept_expected=True)
+            else:
+                want = {k: self.variants[0][2][k] for k in outputs}
+                summary = None if self.replay.equals(want) else \
+                    self._judge_timed(0, outputs, want)
+        finally:
+            if kept is not None:
+                self.replay.drop(kept)
+        self.timed["windows"] += 1
+        if summary is not None:
+            self.timed["failed"].append({"launch": window, "window": True, "summary": summary,
+                                         "input": "a fresh sparse one" if kept is not None
+                                         else "captured"})
 
     def _timed_guards(self, role: str, label: str) -> None:
         if role == "opt":
@@ -675,6 +706,7 @@ class Audit:
         key = (tuple(r and r["count"] for r in refused), len(self.found), len(self.opt_runs),
                len(self.diff_runs),
                len(self.windows["opt"]), self.timed["launches"], self.timed["checked"],
+               self.timed["windows"],
                len(self.timed["failed"]), len(self.timed["violations"]),
                self.ref_timed["checked"], len(self.ref_timed["failed"]), len(self.rejudged),
                self.ref_code is not None)
@@ -714,10 +746,10 @@ class Audit:
         if self.windows["opt"]:
             f["timing_integrity"] = trust.timing_integrity(self.windows["ref"],
                                                            self.windows["opt"])
-        if self.timed["launches"]:
+        if self.timed["launches"] or self.timed["windows"]:
             f["timed_outputs"] = trust.timed_outputs(
                 "opt", self.timed["launches"], self.timed["checked"],
-                self._input_variants(), self.timed["failed"])
+                self._input_variants(), self.timed["failed"], self.timed["windows"])
         if self.rejudged or self.ref_timed["checked"]:
             f["ref_integrity"] = trust.ref_integrity(self.rejudged, self.ref_code,
                                                      self.ref_timed)

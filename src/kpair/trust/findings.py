@@ -447,15 +447,18 @@ def bias(runs: Sequence[tuple[str, list[dict]]]) -> Finding:
 
 
 def timed_outputs(role: str, launches: int, checked: int, variants: int,
-                  failed: Sequence[dict]) -> Finding:
+                  failed: Sequence[dict], windows: int = 0) -> Finding:
     """Every timed launch of ``role`` judged: its outputs after the launch against the expected
-    outputs of the input it was given (the captured one or a secret sparse variant)."""
+    outputs of the input it was given (the captured one or a secret sparse variant); and
+    after each of its ``windows`` timing-window launches, likewise."""
     info = {"launches": launches, "checked": checked, "input_variants": variants,
-            "failed": list(failed[:8]), "failed_count": len(failed)}
+            "windows_checked": windows, "failed": list(failed[:8]),
+            "failed_count": len(failed)}
     if failed:
         bad = failed[0]
+        what = "timing window" if bad.get("window") else "timed launch"
         return Finding("timed_outputs", True, False, info, (
-            f"{role}'s output was wrong after timed launch {bad['launch']} (input "
+            f"{role}'s output was wrong after {what} {bad['launch']} (input "
             f"{bad['input']}: {bad['summary'].removeprefix('FAIL: ')}); it behaves differently "
             "when timed"))
     if not checked:
