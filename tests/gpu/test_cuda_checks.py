@@ -145,7 +145,8 @@ def test_work_queued_right_after_a_write_sees_every_written_byte(dev, span):
 
 def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(kit, evidence):
     """y = a*x + y in place, checked in this process through every stage (setup, discovery,
-    ref on mutated inputs, opt, timed blocks on fresh inputs, differential runs): none of
+    ref on mutated inputs, opt, differential runs, timing windows, timed blocks on fresh
+    inputs): none of
     kpair's cuMemAlloc buffers holds 64 bytes of ref's answers or a key in plain, so a kernel
     that found them reads noise; the held copies still give the answers back."""
     from kpair.policy import Policy
@@ -167,10 +168,12 @@ def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(kit, eviden
         audit.discover(kernel, launch)
         audit.mutate(kernel, launch)
         assert audit.run_opt(kernel, launch).passed
+        audit.differential(kernel, launch)
+        audit.timing(kernel, launch, kernel, launch)
         for role in ("ref", "opt", "opt", "ref") * 2:
             audit.time_one(kernel, launch, role)
-        audit.differential(kernel, launch)
         assert not audit.failure(), audit.failure()
+        assert audit.timed["windows"] == 5 and audit.timed["checked"] == 4
         answers = [e["y"] for _, _, e, _ in audit.variants]
         windows = [a[at:at + 64] for a in answers for at in (0, len(a) // 2, len(a) - 64)]
         keys = [h.mask.to_bytes(8, "little") for entries in replay.known.entries.values()

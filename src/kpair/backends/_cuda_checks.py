@@ -71,11 +71,12 @@ _COPY_PARAMS = [Param(0, 8)]
 
 class CudaHeld(Held):
     """A held copy in a ``cuMemAlloc`` buffer (``ptr``), masked under ``mask`` (never 0),
-    and the keyed digest of its stored bytes at keep time."""
+    and the digest of its stored bytes at keep time, under ``digest_key``: the process's key
+    xor the mask, a key of its own (one copy's bytes and digest tell nothing of another's)."""
 
-    def __init__(self, size: int, ptr: int, mask: int, digest: int = 0):
+    def __init__(self, size: int, ptr: int, mask: int, digest_key: int, digest: int = 0):
         super().__init__(size)
-        self.ptr, self.mask, self.digest = ptr, mask, digest
+        self.ptr, self.mask, self.digest_key, self.digest = ptr, mask, digest_key, digest
 
 
 def _mask_key() -> int:
@@ -122,7 +123,7 @@ class DeviceChecks:
         are known."""
         import numpy as np
 
-        rng = np.random.default_rng(self._key % 2**32)
+        rng = np.random.default_rng(secrets.randbits(64))   # nothing of the keys
         n = 4096 + 37
         a = bytearray(rng.integers(0, 256, n, np.uint8).tobytes())
         b = bytearray(a)
@@ -133,13 +134,14 @@ class DeviceChecks:
             for off in (0, 3):   # aligned, then an address 3 bytes past 16-byte alignment
                 self.write(pa + off, bytes(a))
                 self.write(pb, bytes(b))
-                held = CudaHeld(n, pb, _mask_key())
+                mask = _mask_key()
+                held = CudaHeld(n, pb, mask, self._key ^ mask)
                 self._copy([(pb, pb, n, held.mask)])         # masked in place
                 if self.read(pb, n) != bytes(x ^ y for x, y in zip(b, mask_bytes(held.mask, n),
                                                                    strict=True)):
                     return "failed their self-test (mask)"
-                held.digest = self._diff([(pb, pb, 0, n, 0)])[0][2]
-                if held.digest != digest64(self.read(pb, n), self._key):
+                held.digest = self._diff([(pb, pb, 0, n, 0)], held.digest_key)[0][2]
+                if held.digest != digest64(self.read(pb, n), self._key ^ held.mask):
                     return "failed their self-test (digest)"
                 if self.compare(pa + off, n, held) != byte_diff(bytes(a), bytes(b)) or \
                         self.fetch(held) != bytes(b):
@@ -171,6 +173,8 @@ class DeviceChecks:
                     return "failed their self-test (batched copy)"
         finally:
             for p in (pa, pb):
+                self.drv("cuMemsetD8Async", p, 0, n + 16, self.stream)
+                self.drv("cuStreamSynchronize", self.stream)
                 self._free(p)
         return None
 
@@ -187,7 +191,7 @@ class DeviceChecks:
               ) -> list[tuple[int, int | None, int]]:
         """kp_diff over (a, b or 0, word, size, b's mask or 0) items: (differing bytes, first,
         digest) each. Per batch of rows: one upload (the rows and their zeroed counters), one
-        launch, the rows zeroed (they hold keys), one read of the counters."""
+        launch, one read of the counters, then rows and counters zeroed (keys, digests)."""
         out: list[tuple[int, int | None, int]] = []
         k = self._key if key is None else key % 2**64
         for at in range(0, len(items), _CHECK_BATCH):
@@ -200,8 +204,8 @@ class DeviceChecks:
             self._run_check(self._checks[0], self._blocks(max(n for _, _, _, n, _ in batch)),
                             len(batch), struct.pack("<QQ", self._counters, counters),
                             _DIFF_PARAMS)
-            self.drv("cuMemsetD8Async", self._counters, 0, len(rows), self.stream)
             raw = self.read(counters, 24 * len(batch))
+            self.drv("cuMemsetD8Async", self._counters, 0, len(rows) + len(raw), self.stream)
             for i in range(len(batch)):
                 count, first, h = struct.unpack_from("<QQQ", raw, 24 * i)
                 out.append((count, first if count else None, h))
@@ -220,11 +224,17 @@ class DeviceChecks:
 
     def _held(self, ptr: int, src: int, size: int) -> CudaHeld:
         """``size`` bytes at ``src`` masked into ``ptr`` (in place where they are the same)
-        under a fresh key, with the digest of what is stored."""
-        held = CudaHeld(size, ptr, _mask_key())
-        if size:
-            self._copy([(ptr, src, size, held.mask)])
-        held.digest = self._diff([(ptr, ptr, 0, size, 0)])[0][2]
+        under a fresh key, with the digest of what is stored. On an error the buffer is
+        cleared (it may hold plain bytes) and not used again."""
+        mask = _mask_key()
+        held = CudaHeld(size, ptr, mask, self._key ^ mask)
+        try:
+            if size:
+                self._copy([(ptr, src, size, held.mask)])
+            held.digest = self._diff([(ptr, ptr, 0, size, 0)], held.digest_key)[0][2]
+        except BaseException:
+            self.drv.quiet("cuMemsetD8Async", ptr, 0, max(size, 16), self.stream)
+            raise
         return held
 
     def fill_many(self, spans: Sequence[tuple[int, int]], word: int) -> None:
@@ -264,7 +274,11 @@ class DeviceChecks:
         ptr = self._take(len(data))
         if ptr is None:
             return None
-        self.write(ptr, data)   # plain only until masked: no candidate runs in between
+        try:
+            self.write(ptr, data)   # plain only until masked: no candidate runs in between
+        except BaseException:
+            self.drv.quiet("cuMemsetD8Async", ptr, 0, len(data), self.stream)
+            raise
         return self._held(ptr, ptr, len(data))
 
     def fetch(self, held: Held) -> bytes:
@@ -272,8 +286,8 @@ class DeviceChecks:
             return super().fetch(held)
         if not held.size:
             return b""
-        self._copy([(held.ptr, held.ptr, held.size, held.mask)])
         try:
+            self._copy([(held.ptr, held.ptr, held.size, held.mask)])
             return self.read(held.ptr, held.size)
         finally:
             self._copy([(held.ptr, held.ptr, held.size, held.mask)])
@@ -291,14 +305,16 @@ class DeviceChecks:
     def intact(self, held: Held) -> bool:
         if not isinstance(held, CudaHeld):
             return super().intact(held)
-        return self._diff([(held.ptr, held.ptr, 0, held.size, 0)])[0][2] == held.digest
+        return self._diff([(held.ptr, held.ptr, 0, held.size, 0)],
+                          held.digest_key)[0][2] == held.digest
 
     def compare(self, address: int, size: int, held: Held) -> tuple[int, int | None] | None:
         if not isinstance(held, CudaHeld):
             return super().compare(address, size, held)
         if size != held.size:
             raise UsageError(f"compare of {size} bytes against a held copy of {held.size}")
-        count, first, h = self._diff([(address, held.ptr, 0, size, held.mask)])[0]
+        count, first, h = self._diff([(address, held.ptr, 0, size, held.mask)],
+                                     held.digest_key)[0]
         return None if h != held.digest else (count, first)
 
     def check_fills(self, spans: Sequence[tuple[int, int]], word: int

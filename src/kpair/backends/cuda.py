@@ -248,6 +248,10 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
                        "gate": "cuStreamWaitValue32" if self.gated else None},
             "module_loading": os.environ.get("CUDA_MODULE_LOADING", "default"),
             "checks_in_place": self._checks_status,
+            # Where a kernel can read pageable host memory (HMM, ATS), kpair's host memory is
+            # in its reach too: see format.md, "Limits".
+            "pageable_memory_access": bool(self._attr(
+                self._d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)),
         }
         env.update(nvml_facts(bus_id, self.ordinal))
         return env
