@@ -162,6 +162,41 @@ def test_a_measured_run_renews_between_replicates(kit, tmp_path, monkeypatch):
         assert len(after) == len(before) == 3      # ref, opt and ref's control copy
         assert not set(before) & set(after)
     assert len(result.speed.replicates) == 3
+    # The run-level term follows the measured wait for a CPU (read from outside, each
+    # replicate's executors), and is the interval's whole run term on the host.
+    from kpair.measure import host_run_rel
+    wait = result.speed.cpu_wait
+    assert wait is not None and 0.0 <= wait <= 1.0
+    assert result.speed.run_rel_sd_log == pytest.approx(host_run_rel(wait))
+    assert result.speed.run_sd_log == pytest.approx(result.speed.run_rel_sd_log)
+
+
+def test_an_executors_wait_for_a_cpu_is_read_from_outside(kit):
+    """/proc/PID/schedstat of an executor: time on a CPU and time runnable but waiting. An
+    executor pinned to one CPU beside a busy loop pinned there too waits for it a good part
+    of the time its launches take."""
+    import subprocess
+    import sys
+    import time
+
+    dev, replay, (ref,) = _open(kit, [(kit["naive"], "kp_matmul")])
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        cpu = sorted(os.sched_getaffinity(0))[0]
+        os.sched_setaffinity(hog.pid, {cpu})
+        (pid,) = [ex.pid for ex in dev._executors]
+        os.sched_setaffinity(pid, {cpu})
+        before = dev.sched_times()[pid]
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            replay.run(ref)
+        on_cpu, waited = (a - b for a, b in zip(dev.sched_times()[pid], before, strict=True))
+        assert on_cpu > 0 and waited / (on_cpu + waited) > 0.1, (on_cpu, waited)
+    finally:
+        hog.kill()
+        hog.wait()
+        dev.close()
+    assert HostDevice().sched_times() is None        # nothing loaded, nothing to read
 
 
 def test_a_run_takes_extra_replicates_while_they_are_cheap(kit, tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from kpair.measure import (
     measure,
     round_schedule,
     save_samples,
+    t975,
 )
 
 
@@ -372,6 +373,24 @@ def test_rerun_interval_covers_fresh_reruns():
         published, rerun = draw(t), draw(t)
         inside += published.ci95[0] <= rerun.speedup <= published.ci95[1]
     assert 0.88 <= inside / trials <= 1.0
+
+
+def test_the_hosts_run_term_follows_its_wait_for_a_cpu_and_adds_in_quadrature():
+    from kpair.measure import HOST_RUN_REL_IDLE, HOST_RUN_REL_LOADED, host_run_rel
+
+    assert host_run_rel(0.0) == HOST_RUN_REL_IDLE == 0.01
+    assert host_run_rel(0.15) == pytest.approx(0.02)
+    assert host_run_rel(0.3) == host_run_rel(0.9) == HOST_RUN_REL_LOADED == 0.03
+    assert host_run_rel(None) == HOST_RUN_REL_LOADED        # unknown: as loaded
+    parts = _parts([1.10, 1.12, 1.09, 1.11, 1.105, 1.115])
+    plain, rel = combine_replicates(parts), combine_replicates(parts, run_rel=0.03)
+    assert rel.speedup == plain.speedup and rel.run_sd_log == 0.03
+    s, r = plain.sd_log, len(parts)
+    half = math.log(rel.ci95[1] / rel.speedup)
+    assert half == pytest.approx(t975(r - 1) * math.sqrt(2 * (s * s / r + 0.03 ** 2)))
+    both = combine_replicates(parts, run_offset_s=30e-9, run_rel=0.03)
+    assert both.run_sd_log == pytest.approx(math.hypot(
+        combine_replicates(parts, run_offset_s=30e-9).run_sd_log, 0.03))
 
 
 def test_replicated_samples_round_trip_and_reanalyse(tmp_path):

@@ -548,6 +548,25 @@ def replicate_seed(seed: int, replicate: int) -> int:
 #: Negligible for long kernels, it is most of a 4 us kernel's run-to-run spread.
 GPU_RUN_OFFSET_S = 30e-9
 
+#: The host's run-level term, relative (in log speedup), from how much of the measurement its
+#: executors spent waiting for a CPU (``wait``: run-queue time / (run-queue + on-CPU time),
+#: the kernel's /proc/PID/schedstat): HOST_RUN_REL_IDLE on an idle machine, rising linearly
+#: to HOST_RUN_REL_LOADED at HOST_LOADED_WAIT and above (two CPU hogs on two CPUs gave 0.34).
+#: Calibrated on recorded host re-runs (docs/evidence/logs/session18/host/relterm.txt): a fixed
+#: 1% covered 99% of idle re-runs (44 runs), 3% covered 95% and 100% of two sets beside two
+#: hogs (80 and 24 runs), whose between-run spread no replicate of one run shows (the load over
+#: minutes moves it). Where the wait cannot be read, the loaded value.
+HOST_RUN_REL_IDLE, HOST_RUN_REL_LOADED, HOST_LOADED_WAIT = 0.01, 0.03, 0.3
+
+
+def host_run_rel(wait: float | None) -> float:
+    """The host's relative run-level term for a measurement whose executors waited for a CPU
+    ``wait`` of the time (None: unknown)."""
+    if wait is None:
+        return HOST_RUN_REL_LOADED
+    share = min(1.0, max(0.0, wait) / HOST_LOADED_WAIT)
+    return HOST_RUN_REL_IDLE + share * (HOST_RUN_REL_LOADED - HOST_RUN_REL_IDLE)
+
 
 @dataclass(frozen=True)
 class Replicated:
@@ -572,8 +591,8 @@ class Replicated:
                  "blocks": p.blocks, "stopped_by": p.stopped_by} for p in self.parts]
 
 
-def combine_replicates(parts: Sequence[AbbaResult], *, run_offset_s: float = 0.0
-                       ) -> Replicated:
+def combine_replicates(parts: Sequence[AbbaResult], *, run_offset_s: float = 0.0,
+                       run_rel: float = 0.0) -> Replicated:
     """The replicate-level estimate of ``parts`` (two or more).
 
     With y_i the log speedup of replicate i (i = 1..R), m their mean and s their standard
@@ -581,7 +600,9 @@ def combine_replicates(parts: Sequence[AbbaResult], *, run_offset_s: float = 0.0
     because the spread of R means cannot be below their sampling noise — and u the run-level
     term: a timing offset shared by every replicate of one run, of standard deviation
     ``run_offset_s`` in each kernel's time, so u = run_offset_s * sqrt(1/t_ref^2 +
-    1/t_opt^2) in log speedup (t the replicates' mean medians), a re-run of the same design
+    1/t_opt^2) in log speedup (t the replicates' mean medians), or the square root of the sum
+    of its square and ``run_rel``'s (a term already in log speedup: the host's), a re-run of
+    the same design
     gives a mean m' with m' - m ~ N(0, 2 (s^2 / R + u^2)). So: speedup = exp(m); re-run
     interval = exp(m +- t(R-1) sqrt(2 (s^2/R + u^2))); mean CI = exp(m +- t(R-1)
     sqrt(s^2/R + u^2)). Between-run variation the replicates meet (module placement, clocks,
@@ -596,6 +617,7 @@ def combine_replicates(parts: Sequence[AbbaResult], *, run_offset_s: float = 0.0
     t_opt = float(np.mean([p.opt_median_s for p in parts]))
     u = run_offset_s * math.sqrt(1 / t_ref ** 2 + 1 / t_opt ** 2) \
         if run_offset_s and t_ref > 0 and t_opt > 0 else 0.0
+    u = math.hypot(u, run_rel)
     var = sd ** 2 / r + u ** 2
     m, t = float(y.mean()), t975(r - 1)
     pred, mean = t * math.sqrt(2 * var), t * math.sqrt(var)
@@ -625,13 +647,13 @@ def another_replicate(count: int, *, limit: int, per_replicate_s: float, extra_s
     return count < limit and extra_s + per_replicate_s <= budget_s
 
 
-def analyze_replicates(samples: Samples, *, n_boot: int = 2000, run_offset_s: float = 0.0
-                       ) -> tuple[AbbaResult, Replicated]:
+def analyze_replicates(samples: Samples, *, n_boot: int = 2000, run_offset_s: float = 0.0,
+                       run_rel: float = 0.0) -> tuple[AbbaResult, Replicated]:
     """The pooled ABBA statistics of every block (slot bias, fwd, rev, counts) and the
     replicate-level speedup, from a samples record alone (pure)."""
     parts = [analyze(samples.part(i), n_boot=n_boot) for i in range(samples.replicates)]
-    return analyze(samples, n_boot=n_boot), combine_replicates(parts,
-                                                               run_offset_s=run_offset_s)
+    return analyze(samples, n_boot=n_boot), combine_replicates(
+        parts, run_offset_s=run_offset_s, run_rel=run_rel)
 
 
 def combine(ci95: Sequence[float], control_ci95: Sequence[float]) -> tuple[float, float, float]:

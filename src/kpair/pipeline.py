@@ -422,6 +422,7 @@ def _measure(run: Run) -> None:
     clocks_before = run.device.clocks()
     parts, samples = [], []
     started, planned_end = time.monotonic(), None
+    waited = [0, 0]   # the kernels' ns on a CPU and waiting for one, over every replicate
     while len(parts) < n or another_replicate(
             len(parts), limit=limit, per_replicate_s=(time.monotonic() - started) / len(parts),
             extra_s=time.monotonic() - planned_end):
@@ -430,9 +431,14 @@ def _measure(run: Run) -> None:
             _reload(run)   # placement of code and data, as a re-run in a new process meets
             run.device.renew_memory()
         what = f"replicate {i + 1}/{n}" if i < n else f"extra replicate {i + 1} (<= {limit})"
+        before = run.device.sched_times() or {}
         abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i),
                              progress=_meter(what if n > 1 else "A/B", rule,
                                              after=max(0, n - 1 - i)))
+        for pid, (on_cpu, wait) in (run.device.sched_times() or {}).items():
+            if pid in before:
+                waited[0] += on_cpu - before[pid][0]
+                waited[1] += wait - before[pid][1]
         parts.append(abba)
         samples.append(part)
         if len(parts) == n:
@@ -441,12 +447,15 @@ def _measure(run: Run) -> None:
     joined = Samples.joined(samples)
     pooled = pooled_stats(joined)
     speed = pooled.to_json(SAMPLES)
+    wait = waited[1] / sum(waited) if sum(waited) else None
+    run_rel = run.device.run_rel(wait)
     if len(parts) > 1:
-        rep = combine_replicates(parts, run_offset_s=run.device.run_offset_s)
+        rep = combine_replicates(parts, run_offset_s=run.device.run_offset_s, run_rel=run_rel)
         speed.update(speedup=rep.speedup, ci95=list(rep.ci95),
                      rel_ci_halfwidth=(rep.ci95[1] - rep.ci95[0]) / 2 / rep.speedup,
                      interval="re-run", mean_ci95=list(rep.mean_ci95),
                      replicate_sd_log=rep.sd_log, run_offset_ns=run.device.run_offset_s * 1e9,
+                     run_rel_sd_log=run_rel or None, cpu_wait=wait,
                      run_sd_log=rep.run_sd_log, replicates=rep.replicate_rows(),
                      stopped_by=parts[-1].stopped_by)
     run.samples = samples_bytes(joined)

@@ -122,6 +122,8 @@ class Speed(Record, omit_defaults=True):
     mean_ci95: tuple[float, float] | None = None
     replicate_sd_log: float | None = None
     run_offset_ns: float | None = None
+    run_rel_sd_log: float | None = None
+    cpu_wait: float | None = None
     run_sd_log: float | None = None
     replicates: list[Replicate] | None = None
 

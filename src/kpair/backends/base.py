@@ -139,9 +139,20 @@ class Device(ABC):
     extra_replicates: bool = True
     #: The standard deviation, in seconds, of a run's own timing offset that every replicate
     #: of the run shares (``kpair.measure.combine_replicates``): GPUs measured it
-    #: (``kpair.measure.GPU_RUN_OFFSET_S``); the host has none of its own (its load is the
-    #: machine's, and its clock the executor's CPU time).
+    #: (``kpair.measure.GPU_RUN_OFFSET_S``); the host has none of its own (its clock is the
+    #: executor's CPU time): its term is relative and follows the load (``run_rel``).
     run_offset_s: float = 0.0
+
+    def run_rel(self, wait: float | None) -> float:
+        """A run-level term in log speedup (``kpair.measure.combine_replicates``) for a
+        measurement whose kernels waited for a CPU ``wait`` of the time (``sched_times``);
+        0 where the backend has none."""
+        return 0.0
+
+    def sched_times(self) -> dict[int, tuple[int, int]] | None:
+        """Per process that runs kernels: (ns on a CPU, ns waiting for one) so far, or None
+        where the backend runs none of its own (GPUs) or they cannot be read."""
+        return None
 
     @abstractmethod
     def arch(self) -> str:

@@ -589,6 +589,25 @@ class HostDevice(Device):
 
     # ------------------------------------------------------------------ executors
 
+    def run_rel(self, wait: float | None) -> float:
+        from ..measure import host_run_rel
+
+        return host_run_rel(wait)
+
+    def sched_times(self) -> dict[int, tuple[int, int]] | None:
+        """Per live executor (pid): ns it ran on a CPU and ns it waited for one, from the
+        kernel's /proc/PID/schedstat, read from outside (nothing the executor runs can change
+        it); None where the kernel does not keep them."""
+        out = {}
+        for ex in self._executors:
+            try:
+                with open(f"/proc/{ex.pid}/schedstat") as f:
+                    on_cpu, waited = f.read().split()[:2]
+                out[ex.pid] = (int(on_cpu), int(waited))
+            except (OSError, ValueError):
+                continue
+        return out or None
+
     def load(self, image: bytes, kernel_name: str, *, fmt: str = "elf-so") -> HostKernel:
         if fmt != "elf-so":
             raise ArchitectureMismatch(f"the host backend runs ELF shared objects, not {fmt}")
