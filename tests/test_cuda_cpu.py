@@ -13,6 +13,7 @@ import shutil
 import struct
 import sys
 import types
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -783,6 +784,33 @@ def test_checked_run_reads_back_only_what_a_verdict_needs(tmp_path, opt_name):
         dev.close()
 
 
+@contextmanager
+def _judged_axpbyz(tmp_path: Path):
+    """axpbyz against itself on the stand-in driver, through ref's stages and opt's
+    correctness runs (passed): (driver, device, replay, audit, ref, opt, launch)."""
+    from kpair.policy import Policy
+    from kpair.replay import Replay
+    from kpair.snapshot import Snapshot
+    from kpair.trust.audit import Audit
+
+    snap = Snapshot.open(_axpbyz_snapshot(tmp_path))
+    drv = KernelDriver()
+    dev = CudaDevice(drv)
+    try:
+        replay = Replay(dev, snap)
+        audit = Audit(replay, Policy(), {r.name: "float32" for r in snap.manifest.regions},
+                      seed=3)
+        ref, opt = dev.load(b"cubin", "axpbyz"), dev.load(b"cubin", "axpbyz")
+        launch = snap.manifest.launch
+        audit.baseline(ref, launch)
+        audit.discover(ref, launch)
+        audit.mutate(ref, launch)
+        assert audit.run_opt(opt, launch).passed
+        yield drv, dev, replay, audit, ref, opt, launch
+    finally:
+        dev.close()
+
+
 def _plain_answers_left(dev, read, audit, region: str) -> list[str]:
     """Where kpair's own device buffers (``read(ptr, size)`` of each) hold, in plain, 64-byte
     windows of ref's answers for ``region`` (the captured outputs, its outputs on mutated
@@ -804,24 +832,7 @@ def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(tmp_path):
     timed blocks on fresh inputs, differential runs), a kernel reading kpair's own device
     buffers finds none of ref's answers: every held copy is masked under its own key, and no
     key is left in a table. The copies still give the answers back to kpair."""
-    from kpair.policy import Policy
-    from kpair.replay import Replay
-    from kpair.snapshot import Snapshot
-    from kpair.trust.audit import Audit
-
-    snap = Snapshot.open(_axpbyz_snapshot(tmp_path))
-    drv = KernelDriver()
-    dev = CudaDevice(drv)
-    try:
-        replay = Replay(dev, snap)
-        audit = Audit(replay, Policy(), {r.name: "float32" for r in snap.manifest.regions},
-                      seed=3)
-        ref, opt = dev.load(b"cubin", "axpbyz"), dev.load(b"cubin", "axpbyz")
-        launch = snap.manifest.launch
-        audit.baseline(ref, launch)
-        audit.discover(ref, launch)
-        audit.mutate(ref, launch)
-        assert audit.run_opt(opt, launch).passed
+    with _judged_axpbyz(tmp_path) as (drv, dev, replay, audit, ref, opt, launch):
         audit.differential(opt, launch)
         audit.timing(ref, launch, opt, launch)
         for role in ("ref", "opt", "opt", "ref") * 2:
@@ -836,8 +847,6 @@ def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(tmp_path):
         assert bytes(drv._at(held.ptr, held.size)) != replay.expected["z"]
         assert dev.fetch(held) == replay.expected["z"]
         assert dev.intact(held)                      # masked again, as it was
-    finally:
-        dev.close()
 
 
 def test_philox_keystream_matches_random123_known_answers():
@@ -864,24 +873,7 @@ def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judge
     """A replicate's fresh placement: new physical memory under the same addresses (all new
     handles taken before an old one goes), zeroed; every launch after it restores, checks and
     passes as before."""
-    from kpair.policy import Policy
-    from kpair.replay import Replay
-    from kpair.snapshot import Snapshot
-    from kpair.trust.audit import Audit
-
-    snap = Snapshot.open(_axpbyz_snapshot(tmp_path))
-    drv = KernelDriver()
-    dev = CudaDevice(drv)
-    try:
-        replay = Replay(dev, snap)
-        audit = Audit(replay, Policy(), {r.name: "float32" for r in snap.manifest.regions},
-                      seed=3)
-        ref, opt = dev.load(b"cubin", "axpbyz"), dev.load(b"cubin", "axpbyz")
-        launch = snap.manifest.launch
-        audit.baseline(ref, launch)
-        audit.discover(ref, launch)
-        audit.mutate(ref, launch)
-        assert audit.run_opt(opt, launch).passed
+    with _judged_axpbyz(tmp_path) as (drv, dev, replay, audit, ref, opt, launch):
         mapped, z = dev.mapped_ranges(), replay.address_of("z")
         dev.flush_cache()
         flush = dev._flush_ptr
@@ -935,8 +927,6 @@ def test_renewed_memory_is_other_pages_at_the_same_addresses_and_runs_stay_judge
                 else result(name)
         drv._result = full_once
         assert dev.renew_memory() and len(made) == 2 + len(mapped)
-    finally:
-        dev.close()
 
 
 def test_shipped_check_ptx_is_built_from_the_shipped_source(tmp_path):
