@@ -172,9 +172,9 @@ class DeviceChecks:
                 if self.read(pb + off, n - off) != bytes(a[:n - off]):
                     return "failed their self-test (batched copy)"
         finally:
-            for p in (pa, pb):
-                self.drv("cuMemsetD8Async", p, 0, n + 16, self.stream)
-                self.drv("cuStreamSynchronize", self.stream)
+            for p in (pa, pb):   # cleared first (quietly: a failed test may have left an error)
+                self.drv.quiet("cuMemsetD8Async", p, 0, n + 16, self.stream)
+                self.drv.quiet("cuStreamSynchronize", self.stream)
                 self._free(p)
         return None
 
