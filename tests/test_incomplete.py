@@ -58,7 +58,10 @@ def test_capture_records_what_it_left_out_in_the_manifest(incomplete):
 
 def test_a_complete_manifest_has_no_omitted_field(tmp_path):
     session, driver = make_session(tmp_path)
-    launch, kernel = add_launch(HostArgs(("c_uint64", SEG), ("c_int32", 1)))
+    # Bound to a name: the launch holds only the address of its kernelParams array, which
+    # must outlive launch_enter (a temporary could be freed first: "kernelParams[0] is NULL").
+    args = HostArgs(("c_uint64", SEG), ("c_int32", 1))
+    launch, kernel = add_launch(args)
     session.launch_enter(launch, kernel, 1)
     session.launch_exit(1, 0)
     obj = json.loads((tmp_path / "cap" / "0001_kp_add" / "snapshot.json").read_text())
