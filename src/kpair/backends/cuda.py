@@ -22,11 +22,11 @@ Checks in place: the trust checks compare regions far more often than they need 
 either fails, the base class's read-back versions are used and ``environment()`` says why).
 A ``CudaHeld`` copy lives in a ``cuMemAlloc`` buffer, masked under a key of its own (a
 kernel that reads it learns nothing of ref's answers), with a digest of its stored bytes
-taken when it was made, under a key drawn for this process; keys reach the check kernels in
-a table that is zeroed on the stream right after. Every compare re-digests the copy in the
-same pass, so a kernel that overwrote a copy (it lives in device memory that candidate code
-could address) makes the compare answer "unknown" and the caller reads the region instead.
-Only a compare's three counters come back to the host.
+taken when it was made, under a key of its own too (this process's key xor the mask); keys
+reach the check kernels in a table that is zeroed on the stream right after. Every compare
+re-digests the copy in the same pass, so a kernel that overwrote a copy (it lives in device
+memory that candidate code could address) makes the compare answer "unknown" and the caller
+reads the region instead. Only a compare's three counters come back to the host.
 Host memory: no pinned (page-locked) staging buffer. With unified addressing a kernel can
 write page-locked host memory it knows the address of, so a verdict would depend on bytes
 candidate code can reach between a copy and its use; reading far less through pageable
