@@ -79,3 +79,19 @@ def cpu_hogs():
         p.kill()
     for p in procs:
         p.wait()
+
+
+def plain_answers_left(dev, read, audit, region: str) -> list[str]:
+    """Where kpair's own device buffers (``read(ptr, size)`` of each) hold, in plain, 64-byte
+    windows of ref's answers for ``region`` (the captured outputs, its outputs on mutated
+    inputs), or a held copy's mask key or the digest key."""
+    answers = [e[region] for _, _, e, _ in audit.variants]
+    windows = [a[at:at + 64] for a in answers for at in (0, len(a) // 2, len(a) - 64)]
+    keys = [h.mask.to_bytes(8, "little") for entries in audit.replay.known.entries.values()
+            for _, h, _ in entries] + [dev._key.to_bytes(8, "little")]
+    found = []
+    for ptr, size in dev._allocs.items():
+        memory = bytes(read(ptr, size))
+        found += [f"{hex(ptr)}: answer window {i}" for i, w in enumerate(windows) if w in memory]
+        found += [f"{hex(ptr)}: key {i}" for i, k in enumerate(keys) if k in memory]
+    return found

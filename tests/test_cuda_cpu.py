@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import plain_answers_left
 from kpair.backends import open_device
 from kpair.backends._cuda_driver import (
     ATTRIBUTE_BYTES,
@@ -811,22 +812,6 @@ def _judged_axpbyz(tmp_path: Path):
         dev.close()
 
 
-def _plain_answers_left(dev, read, audit, region: str) -> list[str]:
-    """Where kpair's own device buffers (``read(ptr, size)`` of each) hold, in plain, 64-byte
-    windows of ref's answers for ``region`` (the captured outputs, its outputs on mutated
-    inputs), or a held copy's mask key or the digest key."""
-    answers = [e[region] for _, _, e, _ in audit.variants]
-    windows = [a[at:at + 64] for a in answers for at in (0, len(a) // 2, len(a) - 64)]
-    keys = [h.mask.to_bytes(8, "little") for entries in audit.replay.known.entries.values()
-            for _, h, _ in entries] + [dev._key.to_bytes(8, "little")]
-    found = []
-    for ptr, size in dev._allocs.items():
-        memory = bytes(read(ptr, size))
-        found += [f"{hex(ptr)}: answer window {i}" for i, w in enumerate(windows) if w in memory]
-        found += [f"{hex(ptr)}: key {i}" for i, k in enumerate(keys) if k in memory]
-    return found
-
-
 def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(tmp_path):
     """After every stage of a checked run (setup, discovery, ref on mutated inputs, opt,
     timed blocks on fresh inputs, differential runs), a kernel reading kpair's own device
@@ -842,7 +827,7 @@ def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(tmp_path):
                 if f.passed is False and n != "timing_integrity"] == []
         assert audit.timed["windows"] == 5 and audit.timed["checked"] == 4
         assert len(audit.variants) > 2 and audit.variants[0][2]["z"] == replay.expected["z"]
-        assert _plain_answers_left(dev, drv._at, audit, "z") == []
+        assert plain_answers_left(dev, drv._at, audit, "z") == []
         held = replay.known.find("z", replay.expected["z"])
         assert bytes(drv._at(held.ptr, held.size)) != replay.expected["z"]
         assert dev.fetch(held) == replay.expected["z"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import plain_answers_left
 from kpair.backends import open_device
 from kpair.backends.base import byte_diff, digest64, fill_bytes
 
@@ -146,9 +147,9 @@ def test_work_queued_right_after_a_write_sees_every_written_byte(dev, span):
 def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(kit, evidence):
     """y = a*x + y in place, checked in this process through every stage (setup, discovery,
     ref on mutated inputs, opt, differential runs, timing windows, timed blocks on fresh
-    inputs): none of
-    kpair's cuMemAlloc buffers holds 64 bytes of ref's answers or a key in plain, so a kernel
-    that found them reads noise; the held copies still give the answers back."""
+    inputs): none of kpair's cuMemAlloc buffers holds 64 bytes of ref's answers or a key in
+    plain, so a kernel that found them reads noise; the held copies still give the answers
+    back."""
     from kpair.policy import Policy
     from kpair.replay import Replay
     from kpair.snapshot import Launch, Snapshot
@@ -174,20 +175,12 @@ def test_no_device_buffer_of_kpair_holds_an_answer_or_a_key_in_plain(kit, eviden
             audit.time_one(kernel, launch, role)
         assert not audit.failure(), audit.failure()
         assert audit.timed["windows"] == 5 and audit.timed["checked"] == 4
-        answers = [e["y"] for _, _, e, _ in audit.variants]
-        windows = [a[at:at + 64] for a in answers for at in (0, len(a) // 2, len(a) - 64)]
-        keys = [h.mask.to_bytes(8, "little") for entries in replay.known.entries.values()
-                for _, h, _ in entries] + [dev._key.to_bytes(8, "little")]
-        found, scanned = [], 0
-        for ptr, size in list(dev._allocs.items()):
-            memory = dev.read(ptr, size)
-            scanned += size
-            found += [f"{hex(ptr)}: answer {i}" for i, w in enumerate(windows) if w in memory]
-            found += [f"{hex(ptr)}: key {i}" for i, k in enumerate(keys) if k in memory]
+        found = plain_answers_left(dev, dev.read, audit, "y")
         held = replay.known.find("y", replay.expected["y"])
-        evidence("checks[no-plain-answers]", {"variants": len(answers), "keys": len(keys),
+        evidence("checks[no-plain-answers]", {"variants": len(audit.variants),
                                              "buffers": len(dev._allocs),
-                                             "scanned_bytes": scanned, "found": found})
-        assert len(answers) > 2 and not found, found
+                                             "scanned_bytes": sum(dev._allocs.values()),
+                                             "found": found})
+        assert len(audit.variants) > 2 and not found, found
         assert dev.read(held.ptr, held.size) != replay.expected["y"]
         assert dev.fetch(held) == replay.expected["y"] and dev.intact(held)

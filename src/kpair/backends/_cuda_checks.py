@@ -222,13 +222,16 @@ class DeviceChecks:
                             len(batch), struct.pack("<Q", self._counters))
             self.drv("cuMemsetD8Async", self._counters, 0, len(table), self.stream)
 
-    def _held(self, ptr: int, src: int, size: int) -> CudaHeld:
-        """``size`` bytes at ``src`` masked into ``ptr`` (in place where they are the same)
-        under a fresh key, with the digest of what is stored. On an error the buffer is
-        cleared (it may hold plain bytes) and not used again."""
+    def _held(self, ptr: int, src: int, size: int, data: bytes | None = None) -> CudaHeld:
+        """``size`` bytes at ``src`` (``data`` written there first, where given) masked into
+        ``ptr`` (in place where they are the same) under a fresh key, with the digest of what
+        is stored. On an error the buffer is cleared (it may hold plain bytes) and not used
+        again."""
         mask = _mask_key()
         held = CudaHeld(size, ptr, mask, self._key ^ mask)
         try:
+            if data is not None:   # plain only until masked: no candidate runs in between
+                self.write(src, data)
             if size:
                 self._copy([(ptr, src, size, held.mask)])
             held.digest = self._diff([(ptr, ptr, 0, size, 0)], held.digest_key)[0][2]
@@ -274,12 +277,7 @@ class DeviceChecks:
         ptr = self._take(len(data))
         if ptr is None:
             return None
-        try:
-            self.write(ptr, data)   # plain only until masked: no candidate runs in between
-        except BaseException:
-            self.drv.quiet("cuMemsetD8Async", ptr, 0, len(data), self.stream)
-            raise
-        return self._held(ptr, ptr, len(data))
+        return self._held(ptr, ptr, len(data), data)
 
     def fetch(self, held: Held) -> bytes:
         if not isinstance(held, CudaHeld):

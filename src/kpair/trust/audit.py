@@ -471,12 +471,8 @@ class Audit:
         (``kept``, on a fresh input) or against the captured input's expected outputs."""
         outputs = self._outputs()
         try:
-            if kept is not None:
-                summary = self._judge_block(outputs, kept, kept_expected=True)
-            else:
-                want = {k: self.variants[0][2][k] for k in outputs}
-                summary = None if self.replay.equals(want) else \
-                    self._judge_timed(0, outputs, want)
+            summary = self._judge_block(outputs, kept, kept_expected=True) \
+                if kept is not None else self._judge_captured(outputs)
         finally:
             if kept is not None:
                 self.replay.drop(kept)
@@ -521,19 +517,15 @@ class Audit:
             self.kernels["opt"] = kernel   # a replicate's fresh load
         if self._fresh:
             return self._time_fresh(kernel, launch, role)
-        label, _, expected, _ = self.variants[0]
+        label = self.variants[0][0]
         t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned_pre)
         tally = self.timed if role == "opt" else self.ref_timed
         n = tally["launches"] = tally["launches"] + 1
         self._timed_guards(role, f"timed launch {n}")
         check_name = "timed_outputs" if role == "opt" else "ref_integrity"
         if check_name not in self.skip:
-            outputs = self._outputs()
-            want = {k: expected[k] for k in outputs}
             tally["checked"] += 1
-            if self.replay.equals(want):   # byte-identical: passes under any policy
-                return t
-            failed = self._judge_timed(0, outputs, want)
+            failed = self._judge_captured(self._outputs())
             if failed is not None:
                 tally["failed"].append({"launch": n, "role": role, "input": label,
                                         "summary": failed})
@@ -620,6 +612,12 @@ class Audit:
             return None
         v = check(only, want, got, dtype_hints=self.hints)
         return None if v.passed else v.summary()
+
+    def _judge_captured(self, outputs: list[str]) -> str | None:
+        """The outputs now against the captured input's expected ones: None if they pass
+        (byte-identical, found on the device: under any policy), else the summary."""
+        want = {k: self.variants[0][2][k] for k in outputs}
+        return None if self.replay.equals(want) else self._judge_timed(0, outputs, want)
 
     def _judge_timed(self, index: int, outputs: list[str], want: dict[str, bytes]
                      ) -> str | None:
