@@ -272,6 +272,56 @@ def test_samples_round_trip_reproduces_result(tmp_path):
     assert analyze(back, seed=99).speedup == res.speedup  # the point estimate needs no seed
 
 
+class BusyCpu(FakeGpu):
+    """FakeGpu whose launches are slowed by interference (preemption, a busy sibling thread)
+    as on a loaded CPU: 20-80% added to a launch, ref's with probability ``share``, a shorter
+    launch's in proportion to its time (a preemption falls in a longer one more often)."""
+
+    def __init__(self, share, **kw):
+        super().__init__(**kw)
+        self.share, self.hits = share, np.random.default_rng(kw.get("seed", 1) + 100)
+
+    def __call__(self, which: str) -> float:
+        t = super().__call__(which)
+        hit = self.hits.random() < self.share * (1 if which == "ref" else 1 / self.speedup)
+        return t * (1 + self.hits.uniform(0.2, 0.8)) if hit else t
+
+
+@pytest.mark.parametrize("location", ["mean", "low_quartile"])
+def test_the_low_quartile_reads_through_interference_the_mean_follows(location):
+    """Two runs of one pair, 5% and 35% of their launches slowed by interference: the lower
+    quartiles agree within 2% and hold the undisturbed 1.5x (slot bias cancelling), the ABBA
+    mean moves by more than the 2% (the host's case for ``Device.timing_location``)."""
+    got = [measure(BusyCpu(share, speedup=1.5, slot_bias=1.03, seed=3), seed=5, rule=FIXED,
+                   location=location)[0] for share in (0.05, 0.35)]
+    moved = abs(math.log(got[0].speedup / got[1].speedup))
+    if location == "mean":
+        assert moved > 0.02
+        return
+    assert moved < 0.02
+    for r in got:
+        assert r.location == "low_quartile" and r.to_json()["location"] == "low_quartile"
+        assert r.speedup == pytest.approx(1.5, rel=0.02)
+        assert r.ci95[0] < r.speedup < r.ci95[1]
+        assert r.slot_bias == pytest.approx(1.03, rel=0.05)   # still the ABBA mean's
+
+
+def test_the_location_travels_with_the_samples_and_old_files_read_as_mean(tmp_path):
+    res, samples = measure(BusyCpu(0.2, speedup=1.3), seed=2, rule=FIXED,
+                           location="low_quartile")
+    back = load_samples(save_samples(samples, tmp_path / "s.npz"))
+    assert back.location == "low_quartile" and analyze(back) == res
+    assert "location" not in analyze(replace_location(back, "mean")).to_json()
+    old = _rewrite(tmp_path / "s.npz", tmp_path / "v2.npz", location=None,
+                   kpair_samples_version=np.int64(2))
+    assert load_samples(old).location == "mean"
+
+
+def replace_location(samples, location):
+    from dataclasses import replace
+    return replace(samples, location=location)
+
+
 def _rewrite(src, dst, **changes):
     with np.load(src) as npz:
         arrays = {k: npz[k] for k in npz.files}
@@ -299,8 +349,10 @@ def samples_file(tmp_path):
     ({"mode": np.bytes_(b"B/A")}, "mode"),
     ({"stopped_by": np.bytes_(b"bored")}, "stopped_by"),
     ({"seed": np.float64(1.5)}, "seed"),
-    ({"kpair_samples_version": np.int64(3)}, "kpair_samples_version"),
+    ({"kpair_samples_version": np.int64(4)}, "kpair_samples_version"),
     ({"replicate": np.full(8, -1)}, "replicate"),
+    ({"location": np.bytes_(b"mode")}, "location"),
+    ({"location": None}, "location"),
 ])
 def test_bad_samples_fields_are_named(samples_file, tmp_path, change, field):
     bad = _rewrite(samples_file, tmp_path / "bad.npz", **change)

@@ -13,8 +13,15 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
+
+T, R = TypeVar("T"), TypeVar("R")
+
+#: Threads for work that leaves the GIL (zstd, sha256 and numpy over large buffers).
+IO_THREADS = 8
 
 
 def utc_now() -> str:
@@ -249,6 +256,19 @@ def sweep_stale_tempdirs(parent: Path | None = None) -> list[Path]:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
+
+
+def threaded_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """``[fn(x) for x in items]``, computed on up to ``IO_THREADS`` threads (one per CPU at
+    most): for work that releases the GIL, such as decompressing and hashing blobs. Every call
+    finishes before this returns; the first item's error, in order, is raised."""
+    items = list(items)
+    workers = min(IO_THREADS, os.cpu_count() or 1, len(items))
+    if workers <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(fn, x) for x in items]
+    return [f.result() for f in futures]
 
 
 def pid_alive(pid: int) -> bool:

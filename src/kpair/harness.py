@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import __version__
-from ._util import check_output_dir, make_dirs, write_bytes_atomic, write_text_atomic
+from ._util import check_output_dir, make_dirs, threaded_map, write_bytes_atomic, write_text_atomic
 from .backends import BACKENDS, arch_accepted
 from .errors import HarnessError, InputError, KpairError
 from .formats import Record, read, write
@@ -129,8 +129,9 @@ class Harness:
         m, snap = self.snapshot.manifest, self.snapshot
         ranges = [(r.address, r.end) for r in m.regions]
         lo, hi = span_of(ranges) if ranges else (0, 0)
-        pre = {r.name: snap.pre(i) for i, r in enumerate(m.regions)}
-        read_only = [r.name for i, r in enumerate(m.regions) if pre[r.name] == snap.post(i)]
+        states = {r.name: data for r, data in zip(m.regions, snap.regions_data(), strict=True)}
+        pre = {name: p for name, (p, _) in states.items()}
+        read_only = [name for name, (p, post) in states.items() if p == post]
         pointers = [r.name for r in m.regions
                     if holds_pointers(pre[r.name], r.address, lo, hi)]
         return derive([(r.name, r.size, r.dtype) for r in m.regions], read_only,
@@ -205,6 +206,7 @@ def verify_manifest(root: Path) -> int:
     except (OSError, UnicodeDecodeError) as e:
         raise HarnessError(f"cannot read ({e})", path=path) from None
     listed: dict[str, int] = {}
+    targets: list[tuple[int, str, str, Path]] = []
     for n, line in enumerate(text.splitlines(), 1):
         m = _LINE.match(line)
         if not m:
@@ -218,7 +220,11 @@ def verify_manifest(root: Path) -> int:
         if not target.exists() or not stat.S_ISREG(os.lstat(target).st_mode):
             raise HarnessError(f"{rel} is listed but is not a regular file here", path=path,
                                field=f"line {n}")
-        if sha256(target.read_bytes()) != digest:
+        targets.append((n, rel, digest, target))
+    # Hashed on several threads (sha256 leaves the GIL); the first mismatch in order is named.
+    got = threaded_map(lambda t: sha256(t[3].read_bytes()), targets)
+    for (n, rel, digest, _), actual in zip(targets, got, strict=True):
+        if actual != digest:
             raise HarnessError(f"{rel} does not match its sha256 (modified or corrupt)",
                                path=path, field=f"line {n}")
     files, other = _entries(root)

@@ -41,7 +41,13 @@ from kpair.errors import FormatError, KpairError, UsageError
 
 MODES = ("A/B", "A/A")
 STOP_REASONS = ("ci", "max_blocks", "time_cap")
-SAMPLES_VERSION = 2   # 2 added ``replicate``; version 1 files (one replicate) still load
+#: How a run's blocks become one speedup (``analyze``): "mean", the ABBA geometric mean of the
+#: block ratios; "low_quartile", the ratio of each kernel's lower-quartile time over every
+#: block (a CPU's clock: interference only adds time).
+LOCATIONS = ("mean", "low_quartile")
+#: 2 added ``replicate``, 3 ``location``; files of versions 1 (one replicate) and 2 still load,
+#: as "mean".
+SAMPLES_VERSION = 3
 # The bootstrap draws from (seed, this) so that it never replays the schedule's random stream.
 _BOOT_STREAM = 0xB007
 _SAMPLE_ARRAYS = ("block", "direction", "t_slot1_s", "t_slot2_s")
@@ -67,7 +73,8 @@ def geomean(values: Sequence[float] | np.ndarray) -> float:
 # --------------------------------------------------------------------------- raw samples
 
 
-def _checked_samples(block, direction, t1, t2, mode, seed, stopped_by, path):
+def _checked_samples(block, direction, t1, t2, mode, seed, stopped_by, path,
+                     location="mean"):
     """Normalise and validate the fields of a Samples record; FormatError names the bad one."""
 
     def fail(msg: str, fld: str) -> FormatError:
@@ -112,9 +119,12 @@ def _checked_samples(block, direction, t1, t2, mode, seed, stopped_by, path):
         raise fail(f"must be an integer in [0, 2**63), got {seed!r}", "seed")
     if stopped_by not in ("", *STOP_REASONS):
         raise fail(f"must be '' or one of {STOP_REASONS}, got {stopped_by!r}", "stopped_by")
+    if location not in LOCATIONS:
+        raise fail(f"must be one of {LOCATIONS}, got {location!r}", "location")
     for a in (*arrays.values(), d):
         a.flags.writeable = False
-    return arrays["block"], d, arrays["t_slot1_s"], arrays["t_slot2_s"], mode, int(seed), stopped_by
+    return (arrays["block"], d, arrays["t_slot1_s"], arrays["t_slot2_s"], mode, int(seed),
+            stopped_by, location)
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,7 +133,8 @@ class Samples:
 
     ``direction[i]`` is "F" (ref in slot 1) or "R" (opt in slot 1); times are float64 seconds.
     ``seed`` seeded the schedule (and, by default, the bootstrap); ``stopped_by`` is "" while
-    the run is still going. Arrays are made read-only.
+    the run is still going; ``location`` is how ``analyze`` reads them (``LOCATIONS``). Arrays
+    are made read-only.
     """
 
     block: np.ndarray
@@ -134,12 +145,14 @@ class Samples:
     seed: int = 0
     stopped_by: str = ""
     replicate: np.ndarray | None = None
+    location: str = "mean"
 
     def __post_init__(self):
         fields = _checked_samples(self.block, self.direction, self.t_slot1_s, self.t_slot2_s,
-                                  self.mode, self.seed, self.stopped_by, None)
+                                  self.mode, self.seed, self.stopped_by, None, self.location)
         for name, value in zip(
-            ("block", "direction", "t_slot1_s", "t_slot2_s", "mode", "seed", "stopped_by"),
+            ("block", "direction", "t_slot1_s", "t_slot2_s", "mode", "seed", "stopped_by",
+             "location"),
             fields, strict=True,
         ):
             object.__setattr__(self, name, value)
@@ -161,14 +174,16 @@ class Samples:
         return cls(np.arange(sum(len(p) for p in parts)), cat("direction"), cat("t_slot1_s"),
                    cat("t_slot2_s"), mode=parts[0].mode, seed=parts[0].seed,
                    stopped_by=parts[-1].stopped_by,
-                   replicate=np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)]))
+                   replicate=np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)]),
+                   location=parts[0].location)
 
     def part(self, replicate: int) -> Samples:
         """The blocks of one replicate (its seed is ``replicate_seed(seed, replicate)``)."""
         at = self.replicate == replicate
         return Samples(np.arange(int(at.sum())), self.direction[at], self.t_slot1_s[at],
                        self.t_slot2_s[at], mode=self.mode,
-                       seed=replicate_seed(self.seed, replicate), stopped_by=self.stopped_by)
+                       seed=replicate_seed(self.seed, replicate), stopped_by=self.stopped_by,
+                       location=self.location)
 
     @property
     def replicates(self) -> int:
@@ -217,6 +232,7 @@ def samples_bytes(samples: Samples) -> bytes:
         t_slot1_s=samples.t_slot1_s,
         t_slot2_s=samples.t_slot2_s,
         replicate=samples.replicate,
+        location=np.bytes_(samples.location.encode()),
     )
     return fh.getvalue()
 
@@ -243,7 +259,7 @@ def load_samples(path: str | Path) -> Samples:
     try:
         with np.load(path, allow_pickle=False) as npz:
             version = _scalar(npz, "kpair_samples_version", "iu", path)
-            if version not in (1, SAMPLES_VERSION):
+            if version not in (1, 2, SAMPLES_VERSION):
                 raise FormatError(f"unsupported version {version} (this kpair reads "
                                   f"{SAMPLES_VERSION})", path=path, field="kpair_samples_version")
             meta = {k: _scalar(npz, k, kd, path)
@@ -256,6 +272,7 @@ def load_samples(path: str | Path) -> Samples:
             replicate = npz["replicate"] if version >= 2 and "replicate" in npz.files else None
             if version >= 2 and replicate is None:
                 raise FormatError("missing array", path=path, field="replicate")
+            location = _scalar(npz, "location", "SU", path) if version >= 3 else "mean"
     except FormatError:
         raise
     except OSError as exc:
@@ -265,12 +282,14 @@ def load_samples(path: str | Path) -> Samples:
         # RuntimeError / NotImplementedError: zipfile's answer to flipped header flag bits.
         raise FormatError(f"not a readable .npz samples file (truncated or corrupted?): {exc}",
                           path=path) from None
-    fields = _checked_samples(*arrays, meta["mode"], meta["seed"], meta["stopped_by"], path)
+    fields = _checked_samples(*arrays, meta["mode"], meta["seed"], meta["stopped_by"], path,
+                              location)
     if replicate is not None and (replicate.shape != fields[0].shape or
                                   replicate.dtype.kind not in "iu" or (replicate < 0).any()):
         raise FormatError("expected one replicate index >= 0 per block", path=path,
                           field="replicate")
-    return Samples(*fields, replicate=replicate)
+    *fields, location = fields
+    return Samples(*fields, replicate=replicate, location=location)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -296,6 +315,7 @@ class AbbaResult:
     ref_median_s: float
     opt_median_s: float
     n_boot: int = 2000
+    location: str = "mean"
 
     def to_json(self, samples_file: str | None = None) -> dict:
         """Plain JSON types; absolute times only under ``debug_only``, in microseconds."""
@@ -320,6 +340,8 @@ class AbbaResult:
                 "note": "absolute times drift with power and placement; compare ratios",
             },
         }
+        if self.location != "mean":
+            out["location"] = self.location
         if samples_file is not None:
             out["samples_file"] = samples_file
         return out
@@ -335,6 +357,12 @@ def analyze(samples: Samples, *, n_boot: int = 2000, seed: int | None = None) ->
     fwd and rev are geometric means of the block ratios per direction; speedup = sqrt(fwd/rev),
     slot_bias = sqrt(fwd*rev). The 95% CIs are bootstrap percentile intervals that resample F
     and R blocks separately, with replacement, so each resample keeps the design's balance.
+
+    With ``samples.location`` "low_quartile" the speedup is instead Q1(t_ref) / Q1(t_opt), each
+    kernel's lower-quartile time over every block (half of them in each slot, so a slot effect
+    cancels as in the mean), its CI bootstrapped the same way: on a CPU, preemption, cache
+    pollution and a busy sibling thread only add time, to a share of the launches that moves
+    with the machine's load from run to run, and the lower quartile stays clear of them.
     """
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 100:
         raise UsageError(f"n_boot must be an integer >= 100, got {n_boot!r}")
@@ -351,6 +379,8 @@ def analyze(samples: Samples, *, n_boot: int = 2000, seed: int | None = None) ->
     s_lo, s_hi = (float(v) for v in np.exp(np.percentile((bf - br) / 2, [2.5, 97.5])))
     b_lo, b_hi = (float(v) for v in np.exp(np.percentile((bf + br) / 2, [2.5, 97.5])))
     speedup = math.exp((mf - mr) / 2)
+    if samples.location == "low_quartile":
+        speedup, (s_lo, s_hi) = _low_quartile(samples, rng, n_boot)
     return AbbaResult(
         mode=samples.mode,
         speedup=speedup,
@@ -368,7 +398,21 @@ def analyze(samples: Samples, *, n_boot: int = 2000, seed: int | None = None) ->
         ref_median_s=float(np.median(samples.t_ref_s)),
         opt_median_s=float(np.median(samples.t_opt_s)),
         n_boot=n_boot,
+        location=samples.location,
     )
+
+
+def _low_quartile(samples: Samples, rng: np.random.Generator, n_boot: int
+                  ) -> tuple[float, tuple[float, float]]:
+    """Q1(t_ref) / Q1(t_opt) over every block and its bootstrap percentile CI (F and R blocks
+    resampled separately, as ``analyze`` does)."""
+    t_ref, t_opt = samples.t_ref_s, samples.t_opt_s
+    f, r = np.flatnonzero(samples.forward), np.flatnonzero(~samples.forward)
+    rows = np.concatenate([f[rng.integers(0, f.size, (n_boot, f.size))],
+                           r[rng.integers(0, r.size, (n_boot, r.size))]], axis=1)
+    boot = np.quantile(t_ref[rows], 0.25, axis=1) / np.quantile(t_opt[rows], 0.25, axis=1)
+    lo, hi = (float(v) for v in np.percentile(boot, [2.5, 97.5]))
+    return float(np.quantile(t_ref, 0.25) / np.quantile(t_opt, 0.25)), (lo, hi)
 
 
 # --------------------------------------------------------------------------- stopping
@@ -463,13 +507,15 @@ def measure(
     n_boot: int = 2000,
     clock: Callable[[], float] = time.monotonic,
     progress: Callable[[int, AbbaResult | None], None] | None = None,
+    location: str = "mean",
 ) -> tuple[AbbaResult, Samples]:
     """Time ref against opt (or ref against itself with ``aa``) in randomized ABBA rounds.
 
     ``time_one(which)`` launches "ref" or "opt" once and returns its time in seconds; restoring
     state and flushing caches is the caller's business, outside the timed region. ``warmup``
     untimed calls of each kernel come first. ``progress(blocks, result_or_None)`` is called
-    after every round. Returns the final result and the raw samples it was computed from.
+    after every round. ``location``: how the blocks are read (``analyze``). Returns the final
+    result and the raw samples it was computed from.
     """
     rule = StoppingRule() if rule is None else rule
     if isinstance(round_blocks, bool) or not isinstance(round_blocks, int) \
@@ -511,7 +557,7 @@ def measure(
             if progress is not None:
                 progress(n, result)
             continue
-        samples = Samples.from_blocks(dirs, t1, t2, mode=mode, seed=seed)
+        samples = Samples.from_blocks(dirs, t1, t2, mode=mode, seed=seed, location=location)
         result = analyze(samples, n_boot=n_boot)
         next_check = max(n + round_blocks, math.ceil(n * CHECK_GROWTH))
         reason = rule.is_finished(MeasureState(n, elapsed, result))

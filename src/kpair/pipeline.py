@@ -434,7 +434,8 @@ def _measure(run: Run) -> None:
         before = run.device.sched_times() or {}
         abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i),
                              progress=_meter(what if n > 1 else "A/B", rule,
-                                             after=max(0, n - 1 - i)))
+                                             after=max(0, n - 1 - i)),
+                             location=run.device.timing_location)
         for pid, (on_cpu, wait) in (run.device.sched_times() or {}).items():
             if pid in before:
                 waited[0] += on_cpu - before[pid][0]
@@ -538,7 +539,7 @@ def _aa_control(run: Run) -> None:
     rule = _rule(run)
     with _ref_alone(run):
         aa, _ = measure(run.time_one, rule=rule, seed=run.options.seed, aa=True,
-                        progress=_meter("A/A", rule))
+                        progress=_meter("A/A", rule), location=run.device.timing_location)
     run.speed = run.speed.replace(aa_control=convert(aa.to_json(), Speed))
 
 
@@ -556,7 +557,8 @@ def _control(run: Run) -> None:
         with _ref_alone(run):
             ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"),
                              rule=rule, seed=run.options.seed,
-                             progress=_meter("ref vs its second load", rule))
+                             progress=_meter("ref vs its second load", rule),
+                             location=run.device.timing_location)
         run.systematic = Systematic(control="identical binary (ref loaded twice)",
                                     speedup=ctl.speedup, ci95=ctl.ci95,
                                     slot_bias=ctl.slot_bias, blocks=ctl.blocks,

@@ -142,9 +142,10 @@ class Replay:
         self.pre: dict[str, bytes] = {}
         self.expected: dict[str, bytes] = {}
         region_words = 0
-        for i, r in enumerate(m.regions):
-            pre, n = patch_pointers(snapshot.pre(i), r.address, lo, hi, delta)
-            post, _ = patch_pointers(snapshot.post(i), r.address, lo, hi, delta)
+        for i, (r, (pre, post)) in enumerate(zip(m.regions, snapshot.regions_data(),
+                                                  strict=True)):
+            pre, n = patch_pointers(pre, r.address, lo, hi, delta)
+            post, _ = patch_pointers(post, r.address, lo, hi, delta)
             region_words += n
             self.pre[r.name], self.expected[r.name] = pre, post
             device.stage(self.addresses[i], pre)

@@ -125,6 +125,7 @@ class Speed(Record, omit_defaults=True):
     run_rel_sd_log: float | None = None
     cpu_wait: float | None = None
     run_sd_log: float | None = None
+    location: str | None = None
     replicates: list[Replicate] | None = None
 
     @property

@@ -142,6 +142,9 @@ class Device(ABC):
     #: (``kpair.measure.GPU_RUN_OFFSET_S``); the host has none of its own (its clock is the
     #: executor's CPU time): its term is relative and follows the load (``run_rel``).
     run_offset_s: float = 0.0
+    #: How a run's timed blocks become its speedup (``kpair.measure.LOCATIONS``): the ABBA
+    #: geometric mean on a GPU; the host, whose clock is a CPU's, reads lower quartiles.
+    timing_location: str = "mean"
 
     def run_rel(self, wait: float | None) -> float:
         """A run-level term in log speedup (``kpair.measure.combine_replicates``) for a

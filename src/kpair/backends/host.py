@@ -403,6 +403,7 @@ class HostKernel(Kernel):
 class HostDevice(Device):
     backend = "host"
     extra_replicates = False   # see Device.extra_replicates
+    timing_location = "low_quartile"   # see Device.timing_location
 
     def __init__(self, *, device: int = 0, flush_bytes: int | None = None):
         # One host, one "device": the ordinal names a worker slot of a pool (``--workers``),

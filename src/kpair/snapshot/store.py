@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 
 from .. import progress
-from .._util import human_bytes, write_text_atomic
+from .._util import human_bytes, threaded_map, write_text_atomic
 from ..errors import SnapshotFormatError, UsageError
 from .model import BlobRef, Manifest
 
@@ -47,6 +47,11 @@ def _zstd():
 
 def sha256(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _identity(ref: BlobRef) -> tuple:
+    """What makes two blob references the same stored bytes."""
+    return ref.path, ref.size, ref.sha256, ref.compression
 
 
 def write_json_atomic(path: Path, obj: object) -> None:
@@ -305,9 +310,12 @@ class Snapshot:
 
     def read_blob(self, ref: BlobRef, field: str = "blob") -> bytes:
         """The verified raw bytes of ``ref``; ``field`` names it in errors."""
-        path = self._blob_path(ref, field)
         if ref.size >= PROGRESS_BYTES:  # one call: the progress line's heartbeat times it
             progress.stage(f"load {field} ({human_bytes(ref.size)})")
+        return self._verified(ref, field)
+
+    def _verified(self, ref: BlobRef, field: str) -> bytes:
+        path = self._blob_path(ref, field)
         data = _read_bounded(path, ref, self._fail(ref, field))
         if sha256(data) != ref.sha256:
             raise SnapshotFormatError(f"blob {ref.path} does not match its sha256",
@@ -350,6 +358,22 @@ class Snapshot:
     def post(self, index: int) -> bytes:
         return self.read_blob(self.manifest.regions[index].post, f"regions[{index}].post")
 
+    def regions_data(self) -> list[tuple[bytes, bytes]]:
+        """Every region's (pre, post) bytes, verified as ``pre`` and ``post`` verify them,
+        the blobs decompressed and hashed on several threads (``threaded_map``). A blob named
+        twice (an input's unchanged pre- and post-state) is read once: both get one object."""
+        m = self.manifest
+        blobs: dict[tuple, tuple[BlobRef, str]] = {}
+        for i, r in enumerate(m.regions):
+            for ref, side in ((r.pre, "pre"), (r.post, "post")):
+                blobs.setdefault(_identity(ref), (ref, f"regions[{i}].{side}"))
+        size = sum(ref.size for ref, _ in blobs.values())
+        if size >= PROGRESS_BYTES:
+            progress.stage(f"load {len(blobs)} region blobs ({human_bytes(size)})")
+        data = dict(zip(blobs, threaded_map(lambda b: self._verified(*b), blobs.values()),
+                        strict=True))
+        return [(data[_identity(r.pre)], data[_identity(r.post)]) for r in m.regions]
+
     def blob_fields(self) -> list[tuple[BlobRef, str]]:
         """Every blob the manifest names, with the field that names it."""
         m = self.manifest
@@ -364,7 +388,7 @@ class Snapshot:
         Streams: at most ``chunk`` raw bytes are held at a time, whatever the regions' size."""
         total, checked = 0, set()
         for ref, field in self.blob_fields():
-            key = (ref.path, ref.size, ref.sha256, ref.compression)
+            key = _identity(ref)
             if key not in checked:
                 self.check_blob(ref, field, chunk=chunk)
                 checked.add(key)
