@@ -410,3 +410,47 @@ def test_verify_reads_a_blob_named_twice_once(snap_dir, monkeypatch):
                         or real(self, ref, field, **kw))
     assert snap.verify() == 15 + 20 + 4 * 4096
     assert len(seen) == len(set(seen)) == 4
+
+
+def test_regions_data_reads_each_stored_blob_once_and_shares_the_bytes(snap_dir, monkeypatch):
+    snap = Snapshot.open(snap_dir)
+    read = []
+    real = Snapshot._verified
+    monkeypatch.setattr(Snapshot, "_verified",
+                        lambda self, ref, field: read.append(field) or real(self, ref, field))
+    data = snap.regions_data()
+    # x's pre, x's post and y's pre are one stored blob: read once, one bytes object.
+    assert sorted(read) == ["regions[0].pre", "regions[1].post"]
+    assert data[0][0] is data[0][1] is data[1][0]
+    assert data == [(snap.pre(i), snap.post(i)) for i in range(2)]
+
+
+def test_regions_data_names_a_bad_blob_and_returns_nothing(snap_dir):
+    import zstandard
+
+    blob_of(snap_dir, "post").write_bytes(zstandard.ZstdCompressor().compress(b"\x01" * 4096))
+    with pytest.raises(SnapshotFormatError, match=r"regions\[1\]\.post.*sha256"):
+        Snapshot.open(snap_dir).regions_data()
+
+
+def test_threaded_map_keeps_the_order_and_raises_the_first_error_in_it():
+    import threading
+    import time
+
+    from kpair._util import threaded_map
+
+    def slow_square(x):
+        time.sleep(0.01 * (5 - x))     # the later items finish first
+        return x * x, threading.get_ident()
+
+    out = threaded_map(slow_square, range(5))
+    assert [v for v, _ in out] == [0, 1, 4, 9, 16]
+
+    def fail(x):
+        if x in (1, 3):
+            time.sleep(0.05 if x == 1 else 0)
+            raise ValueError(f"item {x}")
+        return x
+
+    with pytest.raises(ValueError, match="item 1"):
+        threaded_map(fail, range(5))

@@ -2,7 +2,7 @@
 # Session 21 (device budget cut by failed starts): GPU tests, a committed release re-verified
 # x6 on this freshly started machine, a profile of one checked run.
 cd /tmp/k; B=/tmp/box; mkdir -p $B
-s() { echo "$(date -u +%T) $*" >> $B/driver.log; }
+s() { echo "$(date -u +%T) $*" >> $B/driver.log; [ -n "${OUT:-}" ] && cp -r $B/. $OUT/ 2>/dev/null; }
 G="$(nvidia-smi --query-gpu=name,uuid --format=csv,noheader | head -n 1)"
 s "gpu $G"
 s tests; KPAIR_EVIDENCE=$B/gpu-tests.jsonl timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
@@ -12,6 +12,4 @@ case "$G" in *H200*) SRC=benchmarks/results/reproduce_small_h200;; *) SRC=benchm
 rm -rf /tmp/rel; cp -a $SRC /tmp/rel
 s "fresh $SRC"; timeout 400 python3 benchmarks/reproduce.py verify /tmp/rel --times 6 --out $B/reproduce_small_fresh.json > $B/fresh.log 2>&1
 s "fresh rc $?"
-BIG=$(du -s /tmp/rel/level2/*/harness 2>/dev/null | sort -n | tail -n 1 | cut -f2)
-s "profile $BIG"; [ -n "$BIG" ] && timeout 120 python3 .gpu_tmp/profile_run.py "$BIG" > $B/profile.log 2>&1; s "profile rc $?"
 s done; touch $B/DONE
