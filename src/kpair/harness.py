@@ -129,9 +129,8 @@ class Harness:
         m, snap = self.snapshot.manifest, self.snapshot
         ranges = [(r.address, r.end) for r in m.regions]
         lo, hi = span_of(ranges) if ranges else (0, 0)
-        states = {r.name: data for r, data in zip(m.regions, snap.regions_data(), strict=True)}
-        pre = {name: p for name, (p, _) in states.items()}
-        read_only = [name for name, (p, post) in states.items() if p == post]
+        pre = {r.name: snap.pre(i) for i, r in enumerate(m.regions)}
+        read_only = [r.name for i, r in enumerate(m.regions) if pre[r.name] == snap.post(i)]
         pointers = [r.name for r in m.regions
                     if holds_pointers(pre[r.name], r.address, lo, hi)]
         return derive([(r.name, r.size, r.dtype) for r in m.regions], read_only,
