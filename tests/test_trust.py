@@ -28,6 +28,7 @@ from kpair.trust.armor import (
     QUIET_NAN,
     Armor,
     Band,
+    Runs,
     band_violation,
     describe_violation,
     guard_bands,
@@ -123,6 +124,23 @@ def test_poison_arithmetic_over_many_fragmented_runs_matches_the_run_by_run_rule
             im = pattern(word, e - s)[lo - s:hi - s]
             want[lo:hi] = (actual[lo:hi] == im).all() and not (expected[lo:hi] == im).all()
     assert (left == want).all() and want.any()
+
+
+def test_runs_sharing_one_alignment_take_the_word_from_each_runs_start():
+    # The tiled fast path: every run starts at a mod 4, for each a; and mixed starts.
+    rng = np.random.default_rng(3)
+    size, word = 1 << 14, 0x7FC01234
+    for a in (0, 1, 2, 3, None):
+        starts = np.sort(rng.choice(np.arange(0, size - 64, 64), 100, replace=False))
+        starts = starts + (a if a is not None else rng.integers(0, 4, starts.size))
+        runs = Runs(starts, starts + rng.integers(1, 60, starts.size))
+        assert runs.alignment == a
+        buf = rng.integers(0, 256, size, np.uint8)
+        want = buf.copy()
+        for s, e in runs:
+            want[s:e] = pattern(word, e - s)
+        poison_into(buf, runs, word)
+        assert (buf == want).all()
 
 
 def _fragmented_armor(device, size=1 << 14):

@@ -27,6 +27,7 @@ intact, so a kernel that writes its answer into it fails as one that writes out 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -96,6 +97,12 @@ class Runs:
             self._layout = (size, inside, phase)
         return self._layout[1], self._layout[2]
 
+    @functools.cached_property
+    def alignment(self) -> int | None:
+        """The start of every run mod 4 where they all share one (None otherwise)."""
+        shifts = np.unique(self.starts & 3)
+        return int(shifts[0]) if shifts.size == 1 else None
+
 
 def mask_runs(mask: np.ndarray) -> Runs:
     """The runs of True in a boolean mask."""
@@ -121,9 +128,16 @@ def pattern(word: int, size: int) -> np.ndarray:
 
 
 def poison_into(buf: np.ndarray, runs: Runs, word: int) -> None:
-    """Write ``word`` into ``buf`` (a region's bytes) over every run, from each run's start."""
+    """Write ``word`` into ``buf`` (a region's bytes) over every run, from each run's start.
+    Runs that all start at one alignment a mod 4 (the usual case) take the word rotated by a
+    and tiled over the region; others an image indexed by each byte's offset in its run."""
     inside, phase = runs.layout(buf.size)
-    np.copyto(buf, pattern(word, 4)[phase], where=inside)
+    if (a := runs.alignment) is not None:
+        image = pattern(int.from_bytes(np.roll(pattern(word, 4), a).tobytes(), "little"),
+                        buf.size)
+    else:
+        image = pattern(word, 4)[phase]
+    np.copyto(buf, image, where=inside)
 
 
 def poisoned_image(runs: Runs | Sequence[tuple[int, int]], word: int, size: int
