@@ -9,9 +9,14 @@ the geomean line and Director speedups as hollow markers (reference only); and s
 operator with its CI against the [0.99, 1.01] band. Charts are inlined as SVG, so the page
 needs no other file and no network.
 Only passing operators are drawn: the others have no measured speed, and appear in the
-exclusions table with their reason. A "Reproduction" section lists, per operator, the published
-interval and every ``kpair verify`` re-run since (its point and interval, inside / compatible,
-the outcome), and each verify run's release-level reproduction rate.
+exclusions table with their reason. An operator whose last ``kpair verify`` re-run failed
+(``failed_verification``: a tampered input, a wrong answer, a crash) is failed everywhere:
+the headline names it, its status cell says so with the reason, and it is left out of the
+geometric means and the charts, whatever was published. The summary is computed again from
+the rows (``current``), so an index written by an older kpair renders the same way.
+A "Reproduction" section lists, per operator, the published interval and every
+``kpair verify`` re-run since (its point and interval, inside / compatible, the outcome),
+and each verify run's release-level reproduction rate.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from pathlib import Path
 from . import __version__
 from ._util import make_dirs, write_text_atomic
 from .errors import BackendUnavailable, InputError
-from .release import SLOT_BIAS_BAND, Index, Row, load_index
+from .release import SLOT_BIAS_BAND, Index, Row, load_index, summarize
+from .release.index import failed_verification, verification_reason
 
 HTML_NAME, MD_NAME = "report.html", "report.md"
 _BAR, _GEO, _DIRECTOR, _BAND, _OUT = "#3b6ea5", "#c0392b", "#333333", "#d8ecd5", "#e67e22"
@@ -97,10 +103,44 @@ def _ci(row: Row) -> str:
     return f"[{lo:.3f}, {hi:.3f}]"
 
 
+def current(index: Index) -> Index:
+    """``index`` with its summary computed from its rows as this kpair does (pure): exclusions
+    of failed verifications included, whichever kpair wrote the file."""
+    return index.replace(summary=summarize(index.operators, index.refused))
+
+
+def _status(row: Row) -> tuple[str, str]:
+    """(text, class) of a row's status cell: a failed last verification overrides a pass."""
+    v = failed_verification(row)
+    if v is None:
+        return row.status, row.status
+    return f"failed {verification_reason(v)}", v.verdict
+
+
+def _speed(row: Row) -> str:
+    """The Harness speedup cell: the published figure, marked as withdrawn when the last
+    verification failed."""
+    h = row.harness
+    if not h:
+        return "—"
+    text = f"{_x(h.speedup)} {_ci(row)}"
+    return text if failed_verification(row) is None else f"— (published {text}, withdrawn)"
+
+
+def _failed_line(index: Index) -> str | None:
+    failed = [(r, v) for r in index.operators if (v := failed_verification(r)) is not None]
+    if not failed:
+        return None
+    return "; ".join(f"level{r.level}/{r.name} ({verification_reason(v)})" for r, v in failed)
+
+
 def _summary_lines(index: Index) -> list[tuple[str, str]]:
     s, c = index.summary, index.summary.counts
     rng = s.slot_bias_range
+    failed = _failed_line(index)
     return [
+        *((("FAILED VERIFICATION (excluded from the geometric means)", failed),)
+          if failed else ()),
         ("Harness geomean speedup (recommended)",
          f"{_x(s.harness_geomean_speedup, 4)} over {s.harness_geomean_over} passing "
          "operators"),
@@ -111,7 +151,10 @@ def _summary_lines(index: Index) -> list[tuple[str, str]]:
                              f"{SLOT_BIAS_BAND[1]})") if rng else "—"),
         ("Operators", f"{c.passed} pass ({c.byte_exact} byte-exact, {c.tolerance} "
                       f"tolerance), {c.excluded} excluded ({_excluded_counts(s.excluded)}; "
-                      f"{c.refused} refused when added)"),
+                      f"{c.refused} refused when added"
+                      + (f"; {n} published then failed kpair verify" if (n := sum(
+                          failed_verification(r) is not None for r in index.operators))
+                         else "") + ")"),
         ("Reproduced (last verification)",
          _rate(index.verifications[-1]) if index.verifications
          else "not verified since publication"),
@@ -141,8 +184,7 @@ def _baselines(index: Index) -> tuple[list[str], list[list[str]]]:
         for r in rows:
             if not r.baselines:
                 continue
-            ours = f"{_x(r.harness.speedup)} {_ci(r)}" if published and r.harness \
-                else "1.00x (ref kept)"
+            ours = _speed(r) if published and r.harness else "1.00x (ref kept)"
             got = {b.mode: b for b in r.baselines}
             cells = []
             for mode in modes:
@@ -231,6 +273,7 @@ def _per_device(index: Index) -> tuple[list[int], list[tuple[str, list[str]]]]:
 
 
 def render_markdown(index: Index) -> str:
+    index = current(index)
     lines = ["# kpair release report", "",
              f"Index updated {index.updated} (kpair {index.kpair_version}).", ""]
     lines += [f"- **{k}**: {v}" for k, v in _summary_lines(index)]
@@ -240,11 +283,12 @@ def render_markdown(index: Index) -> str:
               "|---|---|---|---|---|---|---|---|---|"]
     for r in index.operators:
         h = r.harness
-        speed = f"{_x(h.speedup)} {_ci(r)}" if h else "—"
         corr = r.correctness.label + (f" ({_measured(r)})" if _measured(r) else "")
+        status, _ = _status(r)
         lines.append("| " + " | ".join(_md_cell(v) for v in (
-            r.level, r.name, f"{r.backend}/{r.arch}", corr, speed,
-            _f(h.slot_bias if h else None), _sol(r), _x(_director(r)), r.status)) + " |")
+            r.level, r.name, f"{r.backend}/{r.arch}", corr, _speed(r),
+            _f(h.slot_bias if h else None), _sol(r), _x(_director(r)),
+            status if status == "pass" else f"**{status}**")) + " |")
     devices, table = _per_device(index)
     if table:
         lines += ["", "## Per device (verified on every device; the verdict must agree)", "",
@@ -471,13 +515,16 @@ def _operators_table(index: Index) -> str:
     body = []
     for r in index.operators:
         h = r.harness
+        withdrawn = failed_verification(r) is not None
+        speed = f"— (published {_x(h.speedup)}, withdrawn)" if h and withdrawn \
+            else _x(h.speedup if h else None)
         body.append("<tr>" + "".join((
             _cell(r.level), _cell(r.name), _cell(f"{r.backend}/{r.arch}"),
             _cell(r.correctness.label), _cell(_measured(r) or "—"),
-            _cell(_x(h.speedup if h else None), "num"), _cell(_ci(r), "num"),
+            _cell(speed, "num"), _cell(_ci(r), "num"),
             _cell(_f(h.slot_bias if h else None), "num"), _cell(_sol(r), "num"),
             _cell(_x(_director(r)), "num"),
-            _cell(r.status, r.status))) + "</tr>")
+            _cell(*_status(r)))) + "</tr>")
     return f"<table>{head}{''.join(body)}</table>"
 
 
@@ -541,7 +588,11 @@ def _baselines_section(index: Index) -> str:
 
 
 def render_html(index: Index) -> str:
+    index = current(index)
     s, c = index.summary, index.summary.counts
+    failed = _failed_line(index)
+    alert = (f'<p class="fail">FAILED VERIFICATION (excluded from the geometric means): '
+             f'{html.escape(failed)}</p>') if failed else ""
     cards = [("Harness geomean (recommended)", _x(s.harness_geomean_speedup, 4),
               f"over {s.harness_geomean_over} passing operators", ""),
              ("Director geomean (reference only)", _x(s.director_geomean_speedup, 4),
@@ -574,6 +625,7 @@ def render_html(index: Index) -> str:
 <h1>kpair release report</h1>
 <div class="meta">index updated {html.escape(index.updated)} · kpair
 {html.escape(index.kpair_version)} · report by kpair {__version__}</div>
+{alert}
 <div class="cards">{cards_html}</div>
 <p class="note">Harness: ABBA-interleaved replays of the captured dispatch; only ratios are
 reported. Director: {html.escape(s.director_note)}.</p>

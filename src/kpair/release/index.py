@@ -368,6 +368,8 @@ class Row(Record, omit_defaults=True):
         return rel_dir(self.level, self.name)
 
 
+# fail and error count a published pass whose last verification failed as that
+# verification's verdict (it is not in pass).
 class Counts(Record):
     published: int
     passed: int = msgspec.field(name="pass")
@@ -446,7 +448,8 @@ class Index(Record, kw_only=True):
 
     @property
     def passing(self) -> list[Row]:
-        return [r for r in self.operators if r.status == "pass"]
+        """Published passes whose last verification (if any) did not fail."""
+        return [r for r in self.operators if r.status == "pass" and failed_verification(r) is None]
 
 
 class IndexV1(Record, kw_only=True):
@@ -751,6 +754,22 @@ def verify_run(run: int, when: str, records: list[Verification], *,
         rate=count["reproduced"] / compared if compared else None)
 
 
+def failed_verification(row: Row) -> Verification | None:
+    """The row's last verification when it failed: its re-run failed correctness or could not
+    be judged (a tampered input, a crash), on the same (or an unknown) ref. Such a row is
+    shown failed and left out of the geometric means, whatever was published; None when the
+    row was never verified or its last re-run passed (reproduced or not)."""
+    v = latest(row)
+    if v is None or v.same_operator is False or v.verdict == "pass":
+        return None
+    return v
+
+
+def verification_reason(v: Verification) -> str:
+    """One line: which verification failed and why."""
+    return f"kpair verify {v.run}: {v.verdict}" + (f": {v.reason}" if v.reason else "")
+
+
 def latest(row: Row, run: int | None = None) -> Verification | None:
     """The row's verification of ``run`` (default: its last), None if there is none."""
     for v in reversed(row.verifications):
@@ -769,8 +788,13 @@ def sort_key(level: int, name: str) -> tuple:
 
 
 def summarize(operators: list[Row], refused: list[Row]) -> Summary:
-    """Counts, geometric means over passing operators only, slot_bias range, exclusions."""
-    passing = [r for r in operators if r.status == "pass" and r.harness is not None]
+    """Counts, geometric means over passing operators only, slot_bias range, exclusions.
+
+    A published pass whose last verification failed (``failed_verification``) counts as
+    that verdict and is excluded, with the verification's reason."""
+    failed = {r.key: v for r in operators if (v := failed_verification(r)) is not None}
+    passing = [r for r in operators if r.status == "pass" and r.harness is not None
+               and r.key not in failed]
     speedups = [r.harness.speedup for r in passing]
     director = [r.director.speedup for r in passing if r.director and r.director.speedup]
     biases = [r.harness.slot_bias for r in passing]
@@ -780,15 +804,21 @@ def summarize(operators: list[Row], refused: list[Row]) -> Summary:
                           WHERE_NO_WINNER if r.refused_by == "optimizer" else WHERE_REFUSED)
                 for rows, published in ((operators, True), (refused, False))
                 # A refused pass (correct, not faster) is excluded as well.
-                for r in rows if r.status != "pass" or not published]
+                for r in rows if (r.status != "pass" or not published)
+                and not (published and r.key in failed)]
+    excluded += [Exclusion(level=r.level, name=r.name, status=failed[r.key].verdict,
+                           reason=verification_reason(failed[r.key]), where=WHERE_PUBLISHED)
+                 for r in operators if r.key in failed]
+    status = {r.key: failed[r.key].verdict if r.key in failed else r.status
+              for r in operators}
     levels: dict[str, int] = {}
     for r in passing:
         levels[f"level{r.level}"] = levels.get(f"level{r.level}", 0) + 1
     return Summary(
         counts=Counts(
             published=len(operators), passed=len(passing),
-            fail=sum(r.status == "fail" for r in operators),
-            error=sum(r.status == "error" for r in operators),
+            fail=sum(s == "fail" for s in status.values()),
+            error=sum(s == "error" for s in status.values()),
             refused=len(refused), excluded=len(excluded),
             byte_exact=sum(r.correctness.mode == "byte-exact" for r in passing),
             tolerance=sum(r.correctness.mode == "tolerance" for r in passing),
@@ -812,7 +842,8 @@ def baseline_summaries(operators: list[Row], refused: list[Row]) -> list[Baselin
     for rows, published in ((operators, True), (refused, False)):
         for r in rows:
             ours, upper = 1.0, 1.0  # nothing published: ref is kept
-            if published and r.status == "pass" and r.harness is not None:
+            if published and r.status == "pass" and r.harness is not None \
+                    and failed_verification(r) is None:
                 ours, upper = r.harness.speedup, r.harness.reported_ci95[1]
             for b in r.baselines:
                 if b.speedup:
@@ -839,8 +870,10 @@ __all__ = ["BASELINE_FILE", "Baseline", "BaselineEntry", "BaselineRecord", "Base
            "Exclusion", "FormatError", "HarnessSpeed", "INDEX", "Index", "IndexV1", "Kernels",
            "OUTCOMES", "Outcome", "Paths", "RefIdentity", "Row", "SLOT_BIAS_BAND", "Summary",
            "ToleranceRow", "Verification", "VerifyRun", "baseline_summaries", "build_index",
-           "check_key", "classify", "correctness_mode", "device_run", "environment_line",
+           "check_key", "classify", "correctness_mode", "device_run",
+           "environment_line", "failed_verification",
            "harness_speed", "latest", "load_index", "operator_row", "read_baselines",
            "read_director", "ref_identity", "ref_identity_of", "rule_text", "same_operator",
-           "summarize", "verdict_interval", "verification", "verified_row", "verify_run",
+           "summarize", "verdict_interval", "verification", "verification_reason", "verified_row",
+           "verify_run",
            "with_devices"]
