@@ -244,10 +244,14 @@ class Worker:
         key = secrets.token_bytes(KEY_BYTES)
         channel_r, channel_w = os.pipe()
         output_r, output_w = os.pipe()
+        # Nothing secret on the command line (/proc/PID/cmdline is world-readable, also of a
+        # non-dumpable process): the options (the check seed with --seed) follow the key on
+        # stdin, the worker's private channel.
         cmd = child_command("kpair.isolation", "worker_main", str(root),
                             "--channel", str(channel_w), "--parent", str(os.getpid()),
-                            "--options", options_arg(options), *extra,
-                            *(["--session"] if session else []))
+                            *extra, *(["--session"] if session else []))
+        if options.seed is not None:
+            hide_argument("--seed")
         try:
             self.proc = _spawn(cmd, stdin=subprocess.PIPE, stdout=output_w,
                                stderr=output_w, cwd=scratch, env=_worker_env(),
@@ -257,7 +261,8 @@ class Worker:
             os.close(output_w)
         self.pump = _Pump(channel_r, output_r, log_path, key)
         try:
-            self.proc.stdin.write(key)  # the key that signs the worker's messages
+            # The key that signs the worker's messages, then the options, one line.
+            self.proc.stdin.write(key + options_arg(options).encode() + b"\n")
             self.proc.stdin.flush()
             if not session:
                 self.proc.stdin.close()
@@ -555,6 +560,39 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def hide_argument(flag: str) -> int:
+    """Overwrite with ``*`` the value of ``flag`` (``--seed N`` or ``--seed=N``) where the
+    kernel keeps this process's own command line, the memory /proc/PID/cmdline shows to every
+    process on the machine (a candidate walking up from its executor included); Python has
+    its own copy (``sys.argv``), which stays. Returns the bytes hidden (0 where there is none,
+    or off Linux)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (Linux 3.5+)
+        with open("/proc/self/cmdline", "rb") as f:
+            shown = f.read()
+    except (OSError, IndexError, ValueError):
+        return 0
+    import ctypes
+
+    if not 0 < start < end or end - start != len(shown) or \
+            ctypes.string_at(start, end - start) != shown:
+        return 0   # the command line was moved (a process title): nothing known to write
+    hidden, at, want, tokens = 0, 0, flag.encode(), shown.split(b"\0")
+    for i, token in enumerate(tokens):
+        lo = None
+        if token == want and i + 1 < len(tokens):
+            lo, n = at + len(token) + 1, len(tokens[i + 1])
+        elif token.startswith(want + b"="):
+            lo, n = at + len(want) + 1, len(token) - len(want) - 1
+        if lo is not None and n:
+            ctypes.memmove(start + lo, b"*" * n, n)
+            hidden += n
+        at += len(token) + 1
+    return hidden
+
+
 def _describe_exit(code: int | None, stage: str | None) -> str:
     where = f" during stage {stage!r}" if stage else ""
     if stage in _STAGE_CHECK:
@@ -576,7 +614,6 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("harness", type=Path)
     p.add_argument("--channel", type=int, required=True)
     p.add_argument("--parent", type=int, required=True)
-    p.add_argument("--options", default="{}")
     p.add_argument("--session", action="store_true",
                    help="after setup, judge candidates read from stdin, one per line")
     p.add_argument("--reproduce", type=int, metavar="RUNS",
@@ -585,6 +622,7 @@ def worker_main(argv: list[str]) -> int:
     _die_with_parent(args.parent)
     stdin = sys.stdin.buffer
     key = stdin.read(KEY_BYTES)
+    options = stdin.readline().decode() or "{}"
     if not args.session:
         stdin.close()
     sys.dont_write_bytecode = True  # nothing written beside kpair's code from here on
@@ -596,7 +634,7 @@ def worker_main(argv: list[str]) -> int:
             channel.send(Reproduction.of(_reproduce(args.harness, args.reproduce)))
             return 0
         requests = (decode_request(line) for line in stdin) if args.session else None
-        return _serve(args.harness, read_options(args.options), channel, requests)
+        return _serve(args.harness, read_options(options), channel, requests)
 
 
 class _ToParent(progress.Reporter):

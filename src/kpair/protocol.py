@@ -3,8 +3,9 @@
 A worker (``kpair.isolation``) and its parent talk over three channels:
 
 - **handshake** (parent → worker, stdin): ``KEY_BYTES`` raw random bytes, the key that signs
-  everything the worker sends back. The run's ``RunOptions`` travel on the command line
-  (``options_arg`` / ``read_options``).
+  everything the worker sends back, then the run's ``RunOptions`` as one JSON line
+  (``options_arg`` / ``read_options``): never on the command line, which every process on
+  the machine can read (the check seed is among them).
 - **requests** (parent → worker, stdin after the key; a session worker only): one ``Judge``
   per line, plain JSON (``encode_request`` / ``decode_request``). The worker trusts its
   parent, so these lines are not signed.
