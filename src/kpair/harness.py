@@ -35,6 +35,7 @@ from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
 from .policy.lint import lint
 from .policy.mutation import derive
+from .policy.suggest import Spread
 from .snapshot import CODE_FORMATS, Launch, Snapshot, detect_format, require_complete, sha256
 
 SCHEMA = "kpair.harness"
@@ -144,6 +145,28 @@ class Harness:
 
     def inputs_digest(self) -> str:
         return sha256((self.root / MANIFEST).read_bytes())
+
+
+def ref_spread(root: str | os.PathLike, runs: int, device_options: dict | None = None
+               ) -> tuple[Spread, Policy]:
+    """Replay the harness's ref ``runs`` times in this process, on its captured dispatch,
+    and reduce the runs as they come (``Spread``: memory of one run, whatever ``runs``):
+    (the spread, the harness's current policy). ``kpair policy suggest`` reads it."""
+    from . import progress
+    from .backends import open_device
+    from .replay import Replay
+
+    h = Harness.open(root)
+    hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
+    with open_device(h.backend, **(device_options or {})) as device:
+        replay = Replay(device, h.snapshot)
+        ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
+        replay.check_abi(ref, "ref")
+        spread = Spread(hints, replay.pre)
+        for i in range(runs):
+            progress.stage(f"ref run {i + 1}/{runs}")
+            spread.add(replay.run(ref, h.launch(h.ref)))
+    return spread, h.policy
 
 
 def _inside(root: Path, rel: str, where: Path, field_name: str) -> Path:
