@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
+import traceback
 
 from .. import __version__, progress
 from .._util import remove_live_tempdirs
 from ..errors import KpairError
 from .asm import Asm
-from .base import Command, HelpFormatter, sigterm_unwinds
+from .base import ArgumentParser, Command, HelpFormatter, UsageExit, sigterm_unwinds
 from .capture import Capture
 from .core import Inspect, Pair
+from .errordoc import print_error_document
 from .evaluate import Evaluate
 from .mcp import McpCmd
 from .optimize import Optimize
@@ -37,7 +40,7 @@ COMMANDS: list[type[Command]] = [ProfileCmd, Capture, Replay, Pair, Run, Evaluat
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="kpair", description="Pair harnesses for GPU kernels: capture a real dispatch, "
         "replay a baseline and an optimized kernel on it, judge and time them.")
     parser.add_argument("--version", action="version", version=f"kpair {__version__}")
@@ -66,31 +69,69 @@ def _parsers(parser: argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageExit as e:  # argparse refused the command line: one line, exit 2
+        print(f"{e.prog}: {e.message}", file=sys.stderr)
+        if _wants_json(argv):
+            print_error_document(e.prog, 2, e.message, kind="UsageError")
+        return 2
+    name = f"kpair {args.command}"
+    as_json = bool(getattr(args, "json", False))
+
+    def fail(code: int, message: str, error: BaseException) -> int:
+        print(f"{name}: {message}", file=sys.stderr)
+        if as_json:
+            print_error_document(name, code, error if str(error) == message else message,
+                                 kind=type(error).__name__)
+        return code
+
     with sigterm_unwinds():
         try:
-            with progress.using(progress.for_command(f"kpair {args.command}",
+            with progress.using(progress.for_command(name,
                                                      quiet=getattr(args, "quiet", False))):
                 return args._command().run(args)
         except KpairError as e:
-            print(f"kpair {args.command}: {e}", file=sys.stderr)
-            return e.exit_code
+            return fail(e.exit_code, str(e), e)
         except KeyboardInterrupt as e:
             remove_live_tempdirs()  # those of pool threads, which do not unwind
             code = getattr(e, "exit_code", 130)
             how = "terminated (SIGTERM)" if code == 143 else "interrupted"
-            print(f"kpair {args.command}: {how}; temporary files removed, earlier results "
-                  "left as they were", file=sys.stderr)
-            return code
+            return fail(code, f"{how}; temporary files removed, earlier results left as "
+                        "they were", e)
         except BrokenPipeError:
             # The reader of stdout went away (| head): nothing more to say to it.
             with contextlib.suppress(OSError):
                 sys.stdout = open(_devnull(), "w")  # noqa: SIM115 - for the exit flush
             return 5
+        except shutil.Error as e:  # a copy that failed midway (disk full): one line
+            return fail(5, _copy_failed(e), e)
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
-            print(f"kpair {args.command}: {where}{e.strerror or e}", file=sys.stderr)
-            return 5
+            return fail(5, f"{where}{e.strerror or e}", e)
+        except Exception as e:  # a bug: its traceback for the report, then one line
+            traceback.print_exc()
+            return fail(5, f"internal error (a bug in kpair; please report it): "
+                        f"{type(e).__name__}: {e}", e)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """``--json`` among the options (not in a program's own arguments after ``--``)."""
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
+def _copy_failed(e: shutil.Error) -> str:
+    """``shutil.Error``'s list of (source, destination, reason), as one line."""
+    failures = e.args[0] if e.args and isinstance(e.args[0], list) else []
+    if not failures:
+        return f"a copy failed: {e}"
+    _, dst, why = failures[0]
+    why = str(why)
+    reason = why.split("] ", 1)[1].split(":", 1)[0] if why.startswith("[Errno") else why
+    more = f" and {len(failures) - 1} more file(s)" if len(failures) > 1 else ""
+    return f"{dst}: cannot be written ({reason}){more}; nothing was kept"
 
 
 def _devnull() -> str:

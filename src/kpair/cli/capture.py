@@ -17,8 +17,10 @@ from .._util import check_output_dir, write_bytes_atomic
 from ..capture.child import child_command, child_environment, status_of, strip_separator
 from ..capture.program import ENV
 from ..errors import UsageError
-from .base import Command
+from .base import Command, integer
 
+#: The largest size option (``--max-region-bytes``).
+MAX_SIZE = 1 << 40
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 
 
@@ -28,7 +30,10 @@ def parse_size(text: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 2GiB)")
     scale = 1024 ** " KMGT".index(m.group(2).upper() or " ")
-    return int(float(m.group(1)) * scale)
+    size = int(float(m.group(1)) * scale)
+    if not 1 <= size <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"must be 1 byte to 1TiB, not {text!r}")
+    return size
 
 
 class Capture(Command):
@@ -44,13 +49,13 @@ class Capture(Command):
                        "plus capture.json")
         p.add_argument("--kernel", metavar="REGEX",
                        help="capture kernels whose mangled or demangled name matches")
-        p.add_argument("--nth", type=int, default=1, metavar="N",
+        p.add_argument("--nth", type=integer(1, 2**31), default=1, metavar="N",
                        help="start at the Nth matching launch (default 1)")
-        p.add_argument("--max", type=int, default=None, metavar="K",
+        p.add_argument("--max", type=integer(0, 2**31), default=None, metavar="K",
                        help="capture at most K dispatches; 0 = no limit (default 1)")
         p.add_argument("--distinct", action="store_true",
                        help="only the first launch of each kernel counts as a match")
-        p.add_argument("--top", type=int, metavar="K",
+        p.add_argument("--top", type=integer(1, 1000), metavar="K",
                        help="run the program twice: a profiling run ranks kernels by total GPU "
                        "time, then the first dispatch of each of the K most expensive (among "
                        "those matching --kernel) is captured; profile.json is kept in DIR")

@@ -6,8 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import UsageError
-from .base import Command
+from .base import Command, parse_launch
 
 
 class Pair(Command):
@@ -39,10 +38,9 @@ class Pair(Command):
 
         launch = None
         if args.opt_launch:
-            try:
-                launch = json.loads(args.opt_launch)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"--opt-launch is not valid JSON: {e}") from None
+            launch = parse_launch(args.opt_launch, _snapshot_backend(args.snapshot))
+        if args.ref_kernel and not args.ref and args.snapshot.exists():
+            _check_captured_kernel(args.snapshot, args.ref_kernel)
         h = create_harness(args.snapshot, args.out, ref=args.ref, opt=args.opt,
                            ref_kernel=args.ref_kernel, opt_kernel=args.opt_kernel,
                            policy=args.policy, opt_launch=launch)
@@ -66,6 +64,29 @@ class Pair(Command):
                 "updates in place") + ")")
         print(f"run it: kpair run {h.root}   or   cd {h.root} && python run_harness.py")
         return 0
+
+
+def _snapshot_backend(snapshot: Path) -> str:
+    """The backend a snapshot names (host when snapshot.json cannot say: the pair's own
+    checks then report what is wrong with it)."""
+    try:
+        manifest = json.loads((snapshot / "snapshot.json").read_text())
+    except (OSError, ValueError):
+        return "host"
+    backend = manifest.get("backend") if isinstance(manifest, dict) else None
+    return backend if isinstance(backend, str) else "host"
+
+
+def _check_captured_kernel(snapshot: Path, kernel: str) -> None:
+    """``--ref-kernel`` without ``--ref`` names a kernel of the captured code object: it must
+    be there (refused as "ref kernel ...", before opt is looked at)."""
+    from ..codecheck import check_kernel
+    from ..snapshot import Snapshot
+
+    src = Snapshot.open(snapshot)
+    m = src.manifest
+    if kernel != m.code.kernel_name:
+        check_kernel(src.code_object(), m.code.format, kernel, m, "ref")
 
 
 class Inspect(Command):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .._util import check_output_dir
 from ..errors import InputError, KpairError, UsageError
-from .base import Command
+from .base import Command, check_device
 from .run import (
     add_pool_arguments,
     add_run_arguments,
@@ -88,6 +88,7 @@ class Evaluate(Command):
         check_harness_dir(args.harness)
         check_output_dir(args.out)
         devices = pool_devices(args, _backend(args.harness))
+        check_device(_backend(args.harness), args.device)
         if devices is not None:
             return self._pooled(args, devices)
         worst = 0

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..mcp import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
-from .base import Command
+from .base import BLOCKS, REPLICATES, SECONDS, Command, integer
 from .run import add_run_arguments, options_from_args
 
 
@@ -25,17 +25,18 @@ class McpCmd(Command):
         p.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                        help="stdio (default; the agent starts kpair) or streamable HTTP")
         p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
-        p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+        p.add_argument("--port", type=integer(0, 65535), default=8000,
+                       help="HTTP port (default 8000)")
         add_run_arguments(p)
         q = p.add_argument_group(
             "quick measurement", "submissions are judged quick unless the agent asks for "
             "full=true: every trust check, with a short measurement; the options above make "
             "the full one (full=true, and publish)")
-        q.add_argument("--quick-max-blocks", type=int, default=QUICK_MAX_BLOCKS, metavar="N",
+        q.add_argument("--quick-max-blocks", type=BLOCKS, default=QUICK_MAX_BLOCKS, metavar="N",
                        help=f"ABBA blocks at most (default {QUICK_MAX_BLOCKS})")
-        q.add_argument("--quick-time-cap", type=float, default=QUICK_TIME_CAP_S, metavar="S",
+        q.add_argument("--quick-time-cap", type=SECONDS, default=QUICK_TIME_CAP_S, metavar="S",
                        help=f"seconds of ABBA timing at most (default {QUICK_TIME_CAP_S:g})")
-        q.add_argument("--quick-replicates", type=int, default=QUICK_REPLICATES, metavar="N",
+        q.add_argument("--quick-replicates", type=REPLICATES, default=QUICK_REPLICATES, metavar="N",
                        help=f"replicates (default {QUICK_REPLICATES})")
         q.add_argument("--no-quick", action="store_true",
                        help="judge every submission with the full measurement")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .._util import check_output_dir
 from ..errors import UsageError
-from .base import Command
+from .base import BLOCKS, LEVEL, SECONDS, SEED, Command, integer
 
 
 class Optimize(Command):
@@ -32,7 +32,7 @@ class Optimize(Command):
                        help="work directory: capture, harnesses, searches (default "
                        "OUT.work, beside the release); keep it to resume")
         src = p.add_argument_group("what to optimize (one of)")
-        src.add_argument("--top", type=int, default=5, metavar="K",
+        src.add_argument("--top", type=integer(1, 1000), default=5, metavar="K",
                          help="with a program: capture the K kernels that take most GPU "
                          "time (default 5)")
         src.add_argument("--kernel-filter", metavar="REGEX",
@@ -44,7 +44,7 @@ class Optimize(Command):
         src.add_argument("--harness", type=Path, action="append", default=[],
                          help="an existing harness: candidates are judged against its ref "
                          "(repeatable)")
-        p.add_argument("--level", type=int, help="release level for --harness/--snapshot "
+        p.add_argument("--level", type=LEVEL, help="release level for --harness/--snapshot "
                        "operators (default: 2 for fused kernels, else 1)")
         p.add_argument("--name", help="operator name (one --harness or --snapshot only)")
         p.add_argument("--prefix", default="",
@@ -66,9 +66,9 @@ class Optimize(Command):
         st.add_argument("--policy", type=Path,
                         help="validation policy for harnesses made from snapshots "
                         "(default byte-exact)")
-        st.add_argument("--keep", type=int, default=3,
+        st.add_argument("--keep", type=integer(1, 1000), default=3,
                         help="candidates confirmed with the full run (default 3)")
-        st.add_argument("--triton-limit", type=int, default=48, metavar="N",
+        st.add_argument("--triton-limit", type=integer(1, 100_000), default=48, metavar="N",
                         help="triton: configs built per kernel, fewest changes first "
                         "(default 48)")
         b = p.add_argument_group("baseline to beat")
@@ -83,28 +83,28 @@ class Optimize(Command):
                        "with Inductor tuning MODE on (e.g. coordinate-descent=cd.cap), used "
                        "as --inductor-baseline uses its own (repeatable)")
         m = p.add_argument_group("measurement")
-        m.add_argument("--timeout", type=float, metavar="S",
+        m.add_argument("--timeout", type=SECONDS, metavar="S",
                        help="seconds a candidate's worker has before it is killed (default: "
                        "derived from ref's own time, as for kpair run)")
-        m.add_argument("--prune-max-blocks", type=int, default=16, metavar="N",
+        m.add_argument("--prune-max-blocks", type=BLOCKS, default=16, metavar="N",
                        help="ABBA blocks at most in the prune stage's short measurement of "
                        "every candidate")
-        m.add_argument("--prune-time-cap", type=float, default=1.0, metavar="S",
+        m.add_argument("--prune-time-cap", type=SECONDS, default=1.0, metavar="S",
                        help="seconds of ABBA timing at most per candidate in the prune stage")
-        m.add_argument("--rungs", type=int, default=1, metavar="N",
+        m.add_argument("--rungs", type=integer(0, 4), default=1, metavar="N",
                        help="successive-halving rungs between prune and confirm, each "
                        "measuring the best third again with twice the blocks (default 1; "
                        "0: prune, then confirm)")
-        m.add_argument("--time-cap", type=float, metavar="S",
+        m.add_argument("--time-cap", type=SECONDS, metavar="S",
                        help="seconds of ABBA timing in the confirming and publishing runs "
                        "(default: the harness's measure setting, else kpair run's)")
-        m.add_argument("--min-blocks", type=int, metavar="N",
+        m.add_argument("--min-blocks", type=BLOCKS, metavar="N",
                        help="ABBA blocks before the CI may stop the confirming and publishing "
                        "runs (default: as kpair run)")
-        m.add_argument("--max-blocks", type=int, metavar="N",
+        m.add_argument("--max-blocks", type=BLOCKS, metavar="N",
                        help="ABBA blocks at most in the confirming and publishing runs "
                        "(default: as kpair run)")
-        m.add_argument("--seed", type=int,
+        m.add_argument("--seed", type=SEED, metavar="N",
                        help="seed of every ABBA schedule (default: random)")
         p.add_argument("--json", action="store_true",
                        help="print the outcome as one JSON document on stdout: the release, "
@@ -169,6 +169,13 @@ class Optimize(Command):
             raise UsageError("--inductor-baseline captures the program again: give it as "
                              "-- python prog.py (or give --baseline-capture MODE=DIR)")
         if command:
+            if not (work / "capture" / "capture.json").is_file():
+                from ..capture.cudadrv import CudaDriver
+                from ..capture.cupti import find_cupti
+
+                # No driver or no CUPTI: exit 4, as capture's, before anything is made.
+                CudaDriver()
+                find_cupti()
             capture = capture_program(command, work, top=args.top,
                                       kernel=args.kernel_filter)
             operators = operators_from_capture(capture)

@@ -22,7 +22,7 @@ from ..harness import ref_spread
 from ..policy import Policy, save_policy
 from ..policy.suggest import Spread
 from ..policy.suggest import suggest_policy as suggest
-from .base import Command
+from .base import MAX_RUNS, Command, integer, number
 
 
 def suggest_policy(policy: Policy, runs: Sequence[dict[str, bytes]], *,
@@ -50,8 +50,9 @@ class PolicyCmd(Command):
         s.add_argument("--force", action="store_true", help="replace an existing --out file")
         s.add_argument("--json", action="store_true",
                        help="print one JSON document: the policy and the notes")
-        s.add_argument("--runs", type=int, default=8, help="ref runs (default 8)")
-        s.add_argument("--margin", type=float, default=4.0,
+        s.add_argument("--runs", type=integer(2, MAX_RUNS), default=8, metavar="N",
+                       help=f"ref runs, 2 to {MAX_RUNS} (default 8)")
+        s.add_argument("--margin", type=number(1, 1e6, low_open=False), default=4.0,
                        help="tolerance = margin x observed spread (default 4)")
 
     def run(self, args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from .base import Command
+from .base import Command, integer
 
 
 class ProfileCmd(Command):
@@ -26,7 +26,7 @@ class ProfileCmd(Command):
         p.add_argument("--force", action="store_true",
                        help="replace the profile file if it exists (never a directory or a "
                        "special file)")
-        p.add_argument("--top", type=int, default=20, metavar="N",
+        p.add_argument("--top", type=integer(1, 1_000_000), default=20, metavar="N",
                        help="rows of the table (default 20); profile.json holds every kernel")
         p.add_argument("--json", action="store_true",
                        help='print {"out", "exit_status", "profile": profile.json} as one JSON '

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, UsageError
-from .base import Command
+from .base import LEVEL, SECONDS, Command, check_device
 
 if TYPE_CHECKING:
     from ..release import Index, Row
@@ -176,6 +176,11 @@ class Verify(Command):
         from .run import options_from_args, pool_devices
 
         options = options_from_args(args)
+        if not args.root.exists():  # a missing path is a bad input in every verb (exit 3)
+            raise InputError("no such release directory", path=args.root)
+        if not args.root.is_dir():
+            raise InputError("not a release directory", path=args.root)
+        check_device(release_backend(args.root), args.device)
         runner = None
         if args.ray is not None:
             if args.gpus is not None or args.workers is not None or args.each:
@@ -242,7 +247,7 @@ class ReleaseCmd(Command):
                              description=cls.__doc__)
         add.add_argument("root", type=Path, help="release directory (created if absent)")
         add.add_argument("harness", type=Path, help="pair harness directory")
-        add.add_argument("--level", type=int, required=True, help="1, 2, ...")
+        add.add_argument("--level", type=LEVEL, required=True, help="1 to 99")
         add.add_argument("--name", required=True, help="operator name, e.g. 37_FrobeniusNorm_")
         add.add_argument("--replace", action="store_true",
                          help="replace an operator already in the release")
@@ -260,11 +265,16 @@ class ReleaseCmd(Command):
 
         if args.action != "add":  # argparse already refuses others; kept for new actions
             raise UsageError(f"unknown action {args.action!r}")
+        from .run import check_harness_dir, harness_backend
+
+        options = options_from_args(args)  # usage errors before anything is touched
+        check_harness_dir(args.harness)
+        check_device(harness_backend(args.harness), args.device)
         key = f"level{args.level}/{args.name}"
         print(f"verifying {args.harness} as {key} ...", file=sys.stderr)
         out = add_operator(args.root, args.harness, level=args.level, name=args.name,
                            replace=args.replace, provenance=args.provenance,
-                           options=options_from_args(args), allow_slower=args.allow_slower)
+                           options=options, allow_slower=args.allow_slower)
         if args.json:
             print(encode(out.row), end="")
         elif out.added:
@@ -286,6 +296,9 @@ class Report(Command):
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("root", type=Path, help="release directory (with index.json)")
         p.add_argument("-o", "--out", type=Path, help="output directory (default: ROOT)")
+        p.add_argument("--force", action="store_true",
+                       help="replace report.md / report.html already in --out (the release's "
+                       "own report in ROOT is its latest and is replaced by each run)")
         p.add_argument("--markdown-only", action="store_true",
                        help="skip the HTML page (no matplotlib needed)")
         p.add_argument("--json", action="store_true",
@@ -303,8 +316,11 @@ class Report(Command):
                              "add` or `kpair demo`)", path=args.root)
         out = args.out if args.out is not None else args.root
         check_output_dir(out)
-        for name in (MD_NAME, HTML_NAME):  # the report's own files, rewritten each time
-            check_output(out / name, replace=True)
+        # The release's own report (in ROOT) is its latest, rewritten each time; a report
+        # written elsewhere is replaced only with --force, as every verb's outputs are.
+        replace = args.out is None or args.force
+        for name in (MD_NAME, HTML_NAME):
+            check_output(out / name, replace=replace)
         written = write_report(args.root, args.out, html_page=not args.markdown_only)
         if args.json:
             print(json.dumps({kind: str(path) for kind, path in written.items()}, indent=1))
@@ -331,7 +347,7 @@ class Demo(Command):
                             "(default: ./kpair-demo)")
         p.add_argument("--backend", choices=("host", "cuda"), default="host",
                        help="where the demo's kernels run: host (any CPU) or cuda")
-        p.add_argument("--time-cap", type=float, default=None,
+        p.add_argument("--time-cap", type=SECONDS, default=None,
                        help="seconds of ABBA measurement per operator (default: demo's own)")
         p.add_argument("--json", action="store_true",
                        help="progress to stderr; stdout: one JSON document (root, index, "
@@ -340,12 +356,12 @@ class Demo(Command):
     def run(self, args: argparse.Namespace) -> int:
         import json
 
-        from .._util import check_output_dir
         from ..demo import run_demo
+        from ..release.store import check_empty_release_dir
 
-        if args.time_cap is not None and not 0 < args.time_cap < 1e6:
-            raise UsageError("--time-cap must be a positive number of seconds")
-        check_output_dir(args.out, empty=True)  # refused before anything is built
+        # Refused before anything is built; a folder holding only the lock an interrupted
+        # demo left behind counts as empty.
+        check_empty_release_dir(args.out)
         log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else \
             (lambda s: print(s, flush=True))
         result = run_demo(args.out, backend=args.backend, time_cap_s=args.time_cap, log=log)

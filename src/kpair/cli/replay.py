@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError, UsageError
-from .base import Command
+from .base import MAX_RUNS, SECONDS, Command, integer
 
 #: Exit status per outcome: reproduced, not reproduced, no verdict (a runtime failure).
 EXIT = {"byte-exact": 0, "nondeterministic": 1, "mismatch": 1, "error": 5}
@@ -24,8 +24,9 @@ class Replay(Command):
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("snapshot", type=Path, help="snapshot directory")
-        p.add_argument("--runs", type=int, default=3, help="replays (default 3)")
-        p.add_argument("--timeout", type=float, default=600.0,
+        p.add_argument("--runs", type=integer(1, MAX_RUNS), default=3, metavar="N",
+                       help=f"replays, 1 to {MAX_RUNS} (default 3)")
+        p.add_argument("--timeout", type=SECONDS, default=600.0,
                        help="seconds before a hung worker is killed (default 600)")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
 

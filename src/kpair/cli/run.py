@@ -7,7 +7,17 @@ import sys
 from pathlib import Path
 
 from ..errors import FormatError, InputError, KpairError
-from .base import Command
+from .base import (
+    BLOCKS,
+    DEVICE,
+    REPLICATES,
+    SECONDS,
+    SEED,
+    Command,
+    check_device,
+    integer,
+    number,
+)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,39 +31,40 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the identical-binary control (ref against a second load of "
                    "itself) whose offset widens the reported interval: faster, less honest")
     p.add_argument("--warm", action="store_true", help="warm cache (default: flushed, cold)")
-    p.add_argument("--device", type=int, metavar="N",
+    p.add_argument("--device", type=DEVICE, metavar="N",
                    help="device ordinal to run on (the backend's numbering of the devices "
-                   "this process sees; default 0); recorded as environment.device_index")
+                   "this process sees; default 0; host: 0, its one device); recorded as "
+                   "environment.device_index")
     p.add_argument("--relocate", action="store_true",
                    help="force relocation (test the pointer-patching path)")
     rule = StoppingRule()
-    p.add_argument("--min-blocks", type=int, metavar="N",
+    p.add_argument("--min-blocks", type=BLOCKS, metavar="N",
                    help="ABBA blocks (a ref and an opt launch each) timed before the CI may "
                    "stop a measurement (default: the harness's measure setting, else "
                    f"{rule.min_blocks})")
-    p.add_argument("--max-blocks", type=int, metavar="N",
+    p.add_argument("--max-blocks", type=BLOCKS, metavar="N",
                    help="ABBA blocks at most per measurement (default: the harness's "
                    f"measure setting, else {rule.max_blocks})")
-    p.add_argument("--rel-ci", type=float, metavar="FRACTION",
+    p.add_argument("--rel-ci", type=number(0, 1), metavar="FRACTION",
                    help="stop when the speedup CI's half-width is below this fraction of it "
                    f"(default: the harness's measure setting, else {rule.rel_ci_halfwidth:g})")
-    p.add_argument("--time-cap", type=float, metavar="S",
+    p.add_argument("--time-cap", type=SECONDS, metavar="S",
                    help="seconds of ABBA timing at most per measurement: the A/B "
                    "measurement (shared by its replicates), the identical-binary control and "
                    "the A/A control each get this much (default: the harness's measure "
                    f"setting, else {rule.time_cap_s:g})")
-    p.add_argument("--seed", type=int,
-                   help="seed of the ABBA schedule and bootstrap (default: random, recorded "
-                   "in result.json)")
-    p.add_argument("--replicates", type=int, default=RunOptions.replicates, metavar="N",
+    p.add_argument("--seed", type=SEED, metavar="N",
+                   help="seed of the ABBA schedule, the bootstrap and the trust checks' "
+                   "inputs, 0 to 2**63-1 (default: random, recorded in result.json)")
+    p.add_argument("--replicates", type=REPLICATES, default=RunOptions.replicates, metavar="N",
                    help="independent measurements on fresh loads of both kernels, read "
                    f"together as a re-run interval (default {RunOptions.replicates}; 1: one "
                    "ABBA run, its own CI)")
-    p.add_argument("--max-replicates", type=int, metavar="N",
+    p.add_argument("--max-replicates", type=REPLICATES, metavar="N",
                    help="more replicates past --replicates, up to N in all, while each costs "
                    f"little (about 1 s of extra measurement at most; default {MAX_REPLICATES} "
                    "on a GPU, none on the host)")
-    p.add_argument("--timeout", type=float, metavar="S",
+    p.add_argument("--timeout", type=SECONDS, metavar="S",
                    help="seconds the worker has for its setup and for each opt before it is "
                    "killed (default: derived from ref's own time: a worker that shows no "
                    f"progress for max({HANG_FLOOR_S:g} s, {HANG_FACTOR:g} x the time of "
@@ -117,6 +128,7 @@ class Run(Command):
 
         options = options_from_args(args)  # a usage error before anything is touched
         check_harness_dir(args.harness)
+        check_device(harness_backend(args.harness), args.device)
         result = run_isolated(args.harness, options, out=args.out,
                               replace=args.out is None or args.force)
         return report(result, args.json, args.out or args.harness / "result.json")
@@ -134,26 +146,52 @@ def harness_main(root: Path, argv: list[str]) -> int:
     """Entry point of a harness's generated ``run_harness.py``."""
     from .. import progress
     from ..isolation import run_isolated
-    from .base import HelpFormatter
+    from .base import ArgumentParser, HelpFormatter, UsageExit, sigterm_unwinds
+    from .errordoc import print_error_document
 
-    p = argparse.ArgumentParser(prog="run_harness.py", formatter_class=HelpFormatter,
-                                description=f"Run the pair harness in {root}.")
+    p = ArgumentParser(prog="run_harness.py", formatter_class=HelpFormatter,
+                       description=f"Run the pair harness in {root}.")
     add_run_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    args = p.parse_args(argv)
-    from .base import sigterm_unwinds
+    try:
+        args = p.parse_args(argv)
+    except UsageExit as e:
+        print(f"{e.prog}: {e.message}", file=sys.stderr)
+        if "--json" in argv:
+            print_error_document(e.prog, 2, e.message, kind="UsageError")
+        return 2
+
+    def fail(code: int, message: str, error: BaseException) -> int:
+        print(f"kpair: {message}", file=sys.stderr)
+        if args.json:
+            print_error_document("run_harness.py", code, message, kind=type(error).__name__)
+        return code
 
     with sigterm_unwinds():
         try:
             with progress.using(progress.for_command("run_harness.py", quiet=args.quiet)):
-                result = run_isolated(root, options_from_args(args))
+                options = options_from_args(args)
+                check_device(harness_backend(root), args.device)
+                result = run_isolated(root, options)
         except KpairError as e:
-            print(f"kpair: {e}", file=sys.stderr)
-            return e.exit_code
+            return fail(e.exit_code, str(e), e)
         except KeyboardInterrupt as e:
-            print("kpair: interrupted; result.json left as it was", file=sys.stderr)
-            return getattr(e, "exit_code", 130)
+            return fail(getattr(e, "exit_code", 130), "interrupted; result.json left as it was",
+                        e)
     return report(result, args.json, root / "result.json")
+
+
+def harness_backend(harness: Path) -> str:
+    """The backend a harness names (host when harness.json cannot say: its own open then
+    reports what is wrong with it)."""
+    import json
+
+    try:
+        spec = json.loads((harness / "harness.json").read_text())
+    except (OSError, ValueError):
+        return "host"
+    backend = spec.get("backend", "host") if isinstance(spec, dict) else "host"
+    return backend if isinstance(backend, str) else "host"
 
 
 def add_pool_arguments(p: argparse.ArgumentParser) -> None:
@@ -161,7 +199,7 @@ def add_pool_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", metavar="all|0,1,...",
                    help="spread the work over these GPUs, one harness in flight per GPU "
                    "(all: every GPU this process sees)")
-    p.add_argument("--workers", type=int, metavar="N",
+    p.add_argument("--workers", type=integer(1, 1024), metavar="N",
                    help="host backend: N worker slots sharing the CPUs (the pool without GPUs)")
 
 
@@ -177,5 +215,5 @@ def pool_devices(args: argparse.Namespace, backend: str) -> tuple[int, ...] | No
     return resolve_devices(backend, args.gpus, args.workers)
 
 
-__all__ = ["Run", "add_pool_arguments", "add_run_arguments", "harness_main",
+__all__ = ["Run", "add_pool_arguments", "add_run_arguments", "harness_backend", "harness_main",
            "options_from_args", "pool_devices", "report"]

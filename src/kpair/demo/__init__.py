@@ -204,9 +204,13 @@ def director_validation(harness: Path, opt: Path, provenance: Path, *,
 
 
 def _check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out} exists and is not empty; the demo writes a fresh release "
-                         "(choose another --out, nothing was written)")
+    """A new or empty folder; one holding only the lock of an interrupted demo is empty."""
+    from ..release.store import check_empty_release_dir
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory; the demo writes a fresh "
+                         "release (choose another --out, nothing was written)")
+    check_empty_release_dir(out)
 
 
 def run_demo(out: str | os.PathLike = "kpair-demo", *, backend: str = "host",

@@ -72,17 +72,110 @@ Progress = Callable[[int, int, str, "Row | None"], None]
 
 @contextlib.contextmanager
 def locked(root: Path) -> Iterator[None]:
-    """Hold the release's writer lock; released by the kernel even if this process dies."""
-    with open(root / LOCK, "a") as fh:
+    """Hold the release's writer lock, with this process's pid written in it.
+
+    The ``flock`` is released by the kernel when its holder dies. A lock still held although
+    the pid it names is gone (a child that inherited the descriptor outlived a killed
+    writer) is taken over: the lock file is replaced by a fresh one. A lock file that is no
+    longer the one at ``root/LOCK`` once locked (another writer replaced it meanwhile) is
+    dropped and the new one taken."""
+    path = root / LOCK
+    for _ in range(8):
+        fh = open(path, "a+")  # noqa: SIM115 - held for the whole block below
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"another kpair command is writing {root} (lock {LOCK}); "
-                             "wait for it to finish") from None
-        try:
-            yield
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _lock_owner(fh)
+                if owner is None or pid_alive(owner):
+                    who = f" (pid {owner})" if owner else ""
+                    raise UsageError(f"another kpair command{who} is writing {root} (lock "
+                                     f"{LOCK}); wait for it to finish") from None
+                _replace_stale_lock(path, fh)  # its writer is gone: take it over
+                continue
+            if not _same_file(path, fh):
+                continue  # replaced while we waited for it: lock the one in place
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    fh.truncate(0)
+                    fh.flush()
+                fcntl.flock(fh, fcntl.LOCK_UN)
+            return
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+    raise UsageError(f"the lock {path} keeps changing hands; try again")
+
+
+def _lock_owner(fh) -> int | None:
+    """The pid a lock file names (None: none, or not a pid)."""
+    with contextlib.suppress(OSError, ValueError):
+        fh.seek(0)
+        text = fh.read(32).strip()
+        return int(text) if text.isdigit() and int(text) > 0 else None
+    return None
+
+
+def _same_file(path: Path, fh) -> bool:
+    try:
+        a, b = os.stat(path), os.fstat(fh.fileno())
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _replace_stale_lock(path: Path, fh) -> None:
+    """Put a fresh lock file in place of ``fh`` (if it is still the one at ``path``)."""
+    if _same_file(path, fh):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def lock_held(root: Path) -> bool:
+    """Whether a live writer holds the release's lock (a lock whose holder died is free)."""
+    path = root / LOCK
+    try:
+        fh = open(path)  # noqa: SIM115
+    except OSError:
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _lock_owner(fh)
+            return owner is None or pid_alive(owner)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def check_empty_release_dir(root: str | os.PathLike) -> Path:
+    """Refuse (``OutputError``, exit 2) an output for a new release that is not absent or
+    empty. A folder holding nothing but a free release lock (and staging folders of dead
+    writers), as an interrupted command leaves it, counts as empty."""
+    from .._util import check_output_dir
+    from ..errors import OutputError
+
+    root = check_output_dir(root)
+    if not root.is_dir():
+        return root
+    left = [p for p in root.iterdir() if p.name != LOCK and not _stale_staging(p)]
+    if left:
+        raise OutputError(f"{root} exists and is not empty; give a new or empty directory "
+                          "(nothing was written)")
+    if lock_held(root):
+        raise UsageError(f"another kpair command is writing {root} (lock {LOCK}); wait for "
+                         "it to finish")
+    return root
+
+
+def _stale_staging(path: Path) -> bool:
+    m = re.match(rf"{re.escape(STAGING_PREFIX)}(\d+)-", path.name)
+    return bool(m) and path.is_dir() and not path.is_symlink() and not pid_alive(int(m.group(1)))
 
 
 def sweep_stale_staging(root: Path) -> list[Path]:
@@ -465,5 +558,6 @@ def refuse_operator(root: str | os.PathLike, harness: str | os.PathLike, *, leve
             shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["AddOutcome", "LOCK", "Runner", "add_operator", "device_result_path", "discover",
-           "locked", "not_faster", "refuse_operator", "sweep_stale_staging", "verify_release"]
+__all__ = ["AddOutcome", "LOCK", "Runner", "add_operator", "check_empty_release_dir",
+           "device_result_path", "discover", "lock_held", "locked", "not_faster",
+           "refuse_operator", "sweep_stale_staging", "verify_release"]
