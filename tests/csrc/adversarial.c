@@ -26,6 +26,19 @@
     16 WINDOWS   counts its calls; computes a quarter of the rows on calls KP_FROM to
                  KP_FROM + 4 only (set to opt's timing-window launches, 4 + D to 8 + D with D
                  differential runs: launches kpair once left unjudged)
+    17 SNOOP     at load (its constructor, where read-only opens are allowed) reads the
+                 command line and environment of every process above its own, looking for
+                 KP_SECRET (the run's --seed, a build-time define); ikj (bit-identical) if
+                 it is nowhere, zeros if it found it (a candidate that knows the seed knows
+                 the fresh inputs, poison and canaries). It says what it read on stdout.
+    18 TIMEDSCALE ikj on its first KP_FROM - 1 calls and on the captured input (its first
+                 call's); from call KP_FROM on (opt's first timing-window launch), the exact
+                 result times (1 + 2^-10) on any other input: exact on every check run,
+                 scaled on fresh timed inputs, where cosine cannot see it
+    19 MEMOB     takes B for a constant weight (the region the declared mutations leave
+                 out, in that test): rounds it to bf16 (to nearest: no one-sided error, and
+                 cosine >= 0.9999 holds) at its first call and multiplies by that copy ever
+                 after, whatever B holds
    and two honest ones, which must pass:
      0 HONEST_SPLIT  sums k in two halves: differs from the naive order in the last bits
                      (a tolerance pair)
@@ -60,6 +73,55 @@ static float bf16(float x) {
 
 #if KP_CHEAT == 6
 #include KP_ANSWER /* static const uint32_t kp_answer[] = {...}; */
+#endif
+
+#if KP_CHEAT == 17
+#include <stdio.h>
+#include <unistd.h>
+
+static int kp_found = -1;
+
+/* Whether KP_SECRET is in /proc/PID/<what> (1), not in it (0), or it cannot be read (-1). */
+static int holds_secret(long pid, const char *what) {
+    char path[64], buf[1 << 16];
+    snprintf(path, sizeof path, "/proc/%ld/%s", pid, what);
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < n; i++)
+        if (!buf[i]) buf[i] = ' ';
+    buf[n] = 0;
+    return strstr(buf, KP_SECRET) != NULL;
+}
+
+static long parent_of(long pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    long ppid = 0;
+    if (!p || sscanf(p + 1, " %*c %ld", &ppid) != 1) return 0;
+    return ppid;
+}
+
+__attribute__((constructor)) static void snoop(void) {
+    int read = 0;
+    kp_found = 0;
+    for (long pid = getppid(); pid > 1; pid = parent_of(pid)) {
+        for (int w = 0; w < 2; w++) {
+            int r = holds_secret(pid, w ? "environ" : "cmdline");
+            read += r >= 0;
+            if (r > 0) kp_found = 1;
+        }
+    }
+    printf("kp-snoop: %d files read, secret %s\n", read, kp_found ? "FOUND" : "absent");
+    fflush(stdout);
+}
 #endif
 
 #if KP_CHEAT == 9
@@ -239,6 +301,38 @@ void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
         }
     memcpy(last_a, a, bytes), memcpy(last_b, b, bytes), memcpy(last_c, c, bytes);
     free(row), free(col);
+#elif KP_CHEAT == 17
+    (void)bytes;
+    if (kp_found) memset(c, 0, bytes);
+    else ikj(a, b, c, n);
+#elif KP_CHEAT == 18
+    static unsigned calls;
+    static float *first_a, *first_b;
+    if (!first_a) {
+        first_a = malloc(bytes), first_b = malloc(bytes);
+        memcpy(first_a, a, bytes), memcpy(first_b, b, bytes);
+    }
+    ikj(a, b, c, n);
+    if (++calls >= KP_FROM && (memcmp(a, first_a, bytes) || memcmp(b, first_b, bytes)))
+        for (int i = 0; i < n * n; i++) c[i] *= 1.0f + 1.0f / 1024.0f;
+#elif KP_CHEAT == 19
+    static float *low;
+    if (!low) {
+        low = malloc(bytes);
+        for (int i = 0; i < n * n; i++) {   /* bf16, round to nearest even */
+            uint32_t u;
+            memcpy(&u, &b[i], 4);
+            u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+            memcpy(&low[i], &u, 4);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;
+        for (int k = 0; k < n; k++) {
+            float aik = a[i * n + k];
+            for (int j = 0; j < n; j++) c[i * n + j] += aik * low[k * n + j];
+        }
+    }
 #elif KP_CHEAT == 11
     (void)bytes;
     ikj(a, b, c, n);

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..backends import Kernel
+from ..backends.base import byte_diff
 from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
 from ..errors import KpairError, UsageError
 from ..placement import holds_pointers
@@ -86,6 +87,12 @@ class Audit:
         self.timed = {"launches": 0, "checked": 0, "windows": 0, "failed": [],
                       "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
+        # Every timed launch of opt gets a check run's checks: the policy's criterion
+        # (timed_outputs), the one-sided error (bias: its flagged ranges) and input integrity
+        # (the inputs it modified).
+        self.timed_bias: dict = {"judged": 0, "flagged": []}
+        self.timed_inputs: dict = {"checked": 0, "modified": []}
+        self._block_inputs: tuple[object, dict] | None = None   # (patches, expected inputs)
         self.rejudged: list[tuple[str, bool, str]] = []
         self.ref_code: dict | None = None
         self.ref_code_before: str | None = None   # ref's code digest at load, if readable
@@ -123,6 +130,9 @@ class Audit:
         self.timed = {"launches": 0, "checked": 0, "windows": 0, "failed": [],
                       "violations": []}
         self.ref_timed = {"launches": 0, "checked": 0, "failed": []}
+        self.timed_bias = {"judged": 0, "flagged": []}
+        self.timed_inputs = {"checked": 0, "modified": []}
+        self._drop_block_inputs()
         self._judged = []
         self._block, self._captured_blocks = (0, False), 0
         if self._first is not None:
@@ -454,6 +464,7 @@ class Audit:
             # Both launches of a window pair take the same poison, in turn by pair, as both
             # launches of a timed block do: opt's poison never tells a window from a block.
             patches = self._fresh_input() if self._fresh else []
+            self._hold_inputs(patches)
             kept = None
             for role, k, launch, hooks in (
                     ("ref", ref, ref_launch, self.armor.poisoned_pre),
@@ -461,18 +472,20 @@ class Audit:
                 self.windows[role].append(self.replay.time_window(
                     k, launch, patches=patches, hooks=hooks))
                 self._timed_guards(role, f"timing-window launch {i + 1}")
+                self._timed_inputs(role, f"timing window {i + 1}", patches)
                 if judge and patches and role == "ref":
                     kept = self.replay.keep(self._outputs())
             if judge:
                 self._judge_window(i + 1, kept)
+        self._drop_block_inputs()
 
     def _judge_window(self, window: int, kept: dict | None) -> None:
         """opt's outputs after timing window ``window``: against ref's in the same window
         (``kept``, on a fresh input) or against the captured input's expected outputs."""
-        outputs = self._outputs()
+        outputs, label = self._outputs(), f"timing window {window}"
         try:
-            summary = self._judge_block(outputs, kept, kept_expected=True) \
-                if kept is not None else self._judge_captured(outputs)
+            summary = self._judge_block(outputs, kept, kept_expected=True, label=label) \
+                if kept is not None else self._judge_captured(outputs, label)
         finally:
             if kept is not None:
                 self.replay.drop(kept)
@@ -522,10 +535,12 @@ class Audit:
         tally = self.timed if role == "opt" else self.ref_timed
         n = tally["launches"] = tally["launches"] + 1
         self._timed_guards(role, f"timed launch {n}")
+        self._timed_inputs(role, f"timed launch {n}", [])
         check_name = "timed_outputs" if role == "opt" else "ref_integrity"
         if check_name not in self.skip:
             tally["checked"] += 1
-            failed = self._judge_captured(self._outputs())
+            failed = self._judge_captured(self._outputs(),
+                                          f"timed launch {n}" if role == "opt" else None)
             if failed is not None:
                 tally["failed"].append({"launch": n, "role": role, "input": label,
                                         "summary": failed})
@@ -552,6 +567,7 @@ class Audit:
             self._patches = self._fresh_input()
             self._captured_blocks += not self._patches   # every range constant: no change
             block += 1
+            self._hold_inputs(self._patches)   # before the block's launches: its inputs
         self._block = (block, not second)
         t = self.replay.time_one(kernel, launch, patches=self._patches,
                                  hooks=self.armor.poisoned_again if second
@@ -559,6 +575,7 @@ class Audit:
         tally = self.timed if role == "opt" else self.ref_timed
         n = tally["launches"] = tally["launches"] + 1
         self._timed_guards(role, f"timed launch {n}")
+        self._timed_inputs(role, f"timed launch {n}", self._patches)
         outputs = self._outputs()
         if not second:
             self._first = (role, n, self.replay.keep(outputs))
@@ -568,7 +585,9 @@ class Audit:
         try:
             if ("timed_outputs" if judged == "opt" else "ref_integrity") in self.skip:
                 return t
-            summary = self._judge_block(outputs, kept, kept_expected=first != judged)
+            summary = self._judge_block(outputs, kept, kept_expected=first != judged,
+                                        label=f"timed launch {n if role == judged else first_n}"
+                                        if judged == "opt" else None)
         finally:
             self.replay.drop(kept)
         for r in (first, role):
@@ -586,12 +605,13 @@ class Audit:
             return 1
         return self._block[0] - self._captured_blocks + (self._captured_blocks > 0)
 
-    def _judge_block(self, outputs: list[str], kept: dict, *, kept_expected: bool
-                     ) -> str | None:
+    def _judge_block(self, outputs: list[str], kept: dict, *, kept_expected: bool,
+                     label: str | None = None) -> str | None:
         """The outputs now against the ones ``kept`` after the block's first launch: None if
         they pass (byte-identical, found on the device, or within the policy's tolerances on
         the host: a tolerance harness reads both back whenever they differ), else the
-        verdict's summary, the kept ones expected where ``kept_expected``."""
+        verdict's summary, the kept ones expected where ``kept_expected``. ``label``: opt's
+        launch judged (its one-sided error is tested too, ``_summary``)."""
         r, d = self.replay, self.replay.device
         found = [d.compare(r.address_of(name), len(r.pre[name]), kept[name]) for name in outputs]
         if any(f is None for f in found):   # only a kernel writing outside its regions can
@@ -602,25 +622,122 @@ class Audit:
         now = r.read_back(outputs)
         then = {name: d.fetch(kept[name]) for name in outputs}
         want, got = (then, now) if kept_expected else (now, then)
-        return self._summary(outputs, want, got)
+        return self._summary(outputs, want, got, label)
 
-    def _summary(self, outputs: list[str], want: dict, got: dict) -> str | None:
+    def _summary(self, outputs: list[str], want: dict, got: dict, label: str | None = None
+                 ) -> str | None:
         """``got`` judged against ``want`` under the tolerances of ``outputs``: None if it
-        passes (the quick test first, ``check`` where it cannot tell), else the summary."""
+        passes (the quick test first, ``check`` where it cannot tell), else the summary.
+        With ``label`` (opt's timed launch) a passing ``got`` is also tested for one-sided
+        error, as a check run's is (``bias``): a flagged range is kept in ``timed_bias``."""
         only = Policy(tuple(t for t in self.policy.tolerances if t.region in outputs))
-        if passes(only, want, got):
-            return None
-        v = check(only, want, got, dtype_hints=self.hints)
-        return None if v.passed else v.summary()
+        if not passes(only, want, got):
+            v = check(only, want, got, dtype_hints=self.hints)
+            if not v.passed:
+                return v.summary()
+        if label is not None and "bias" not in self.skip:
+            self._timed_bias(label, only, want, got)
+        return None
 
-    def _judge_captured(self, outputs: list[str]) -> str | None:
+    def _timed_bias(self, label: str, only: Policy, want: dict, got: dict) -> None:
+        """The sign tests of ``bias`` on one timed launch's float ranges (those that differ
+        from ``want``: identical bytes have no error); flagged ranges are kept."""
+        tested = [t for t in only.tolerances if t.dtype in FLOAT_DTYPES
+                  and want[t.region][t.start:t.end] != got[t.region][t.start:t.end]]
+        if not tested:
+            return
+        self.timed_bias["judged"] += 1
+        stats = [trust.bias_stats(t, want[t.region], got[t.region], self.policy.max_bias)
+                 for t in tested]
+        flagged = [dict(s, criterion_passed=True) for s in stats if s["flagged"]]
+        if flagged and len(self.timed_bias["flagged"]) < JUDGED_KEPT:
+            self.timed_bias["flagged"].append((label, flagged))
+
+    # ------------------------------------------------- inputs of timed launches
+
+    def _inputs(self) -> list[str]:
+        """Regions ref leaves unchanged and that are not poisoned: opt must too."""
+        modified = self._modified()
+        return [n for n in self.replay.pre if not modified[n] and n not in self.armor.plan]
+
+    def _drop_block_inputs(self) -> None:
+        if self._block_inputs is not None:
+            for held in self._block_inputs[1].values():
+                if not isinstance(held, bytes):
+                    self.replay.device.drop(held)
+            self._block_inputs = None
+
+    def _patched(self, name: str, patch: Patch) -> bytes:
+        """Region ``name``'s pre-state with ``patch`` written over it, on the host."""
+        data = bytearray(self.replay.pre[name])
+        for at, run in patch.writes():
+            data[at:at + len(run)] = run
+        return bytes(data)
+
+    def _hold_inputs(self, patches: list[tuple[str, Patch]]) -> None:
+        """What each input region holds for a block (or window) given ``patches``: the
+        pre-state's held copy where it is not patched; else a copy made on the device from
+        the held pre-state and the patch (written into the region, which the next launch
+        restores anyway), or the bytes on the host. Made before the block's first launch, so
+        no launch of the candidate can have touched it."""
+        self._drop_block_inputs()
+        if "input_integrity" in self.skip:
+            return
+        r, d = self.replay, self.replay.device
+        out: dict = {}
+        by_region = dict(patches)
+        for name in self._inputs():
+            patch = by_region.get(name)
+            if patch is None:
+                continue    # it holds its pre-state (``_timed_inputs`` knows it)
+            pre = r.known.find(name, r.pre[name]) if d.compares_in_place else None
+            held = None
+            if pre is not None:
+                address = r.address_of(name)
+                d.put(address, pre)
+                d.scatter([(address, patch)])
+                held = d.keep(address, len(r.pre[name]))
+            out[name] = held if held is not None else self._patched(name, patch)
+        self._block_inputs = (patches, out)
+
+    def _timed_inputs(self, role: str, label: str, patches: list[tuple[str, Patch]]) -> None:
+        """After opt's timed launch ``label`` (given ``patches``): every input region must
+        hold what it was given, byte for byte, as after a check run (``input_integrity``).
+        Compared where the memory is when the device keeps copies; else read back."""
+        if role != "opt" or "input_integrity" in self.skip:
+            return
+        r, d = self.replay, self.replay.device
+        held = self._block_inputs[1] if self._block_inputs is not None and \
+            self._block_inputs[0] is patches else {}
+        by_region = dict(patches)
+        for name in self._inputs():
+            address, size = r.address_of(name), len(r.pre[name])
+            expected = held.get(name)
+            if name in by_region and expected is None:   # not held for these patches
+                expected = self._patched(name, by_region[name])
+            elif name not in by_region:
+                expected = (r.known.find(name, r.pre[name]) if d.compares_in_place
+                            else None) or r.pre[name]
+            got = None if isinstance(expected, bytes) else d.compare(address, size, expected)
+            if got is None:   # host bytes, or a device copy that changed under it: read
+                want = expected if isinstance(expected, bytes) else (
+                    self._patched(name, by_region[name]) if name in by_region
+                    else r.pre[name])
+                got = byte_diff(d.read(address, size), want)
+            if got[0]:
+                self.timed_inputs["modified"].append(
+                    {"run": label, "region": name, "differing_bytes": got[0],
+                     "first_offset": got[1]})
+        self.timed_inputs["checked"] += 1
+
+    def _judge_captured(self, outputs: list[str], label: str | None = None) -> str | None:
         """The outputs now against the captured input's expected ones: None if they pass
         (byte-identical, found on the device: under any policy), else the summary."""
         want = {k: self.variants[0][2][k] for k in outputs}
-        return None if self.replay.equals(want) else self._judge_timed(0, outputs, want)
+        return None if self.replay.equals(want) else self._judge_timed(0, outputs, want, label)
 
-    def _judge_timed(self, index: int, outputs: list[str], want: dict[str, bytes]
-                     ) -> str | None:
+    def _judge_timed(self, index: int, outputs: list[str], want: dict[str, bytes],
+                     label: str | None = None) -> str | None:
         """A timed launch's outputs, not byte-identical to input ``index``'s expected ones,
         judged under the policy: None if they pass, else the verdict's summary. Outputs the
         replay matched on the device to bytes it already holds come back as the very same
@@ -631,7 +748,7 @@ class Audit:
         for i, seen, summary in self._judged:
             if i == index and all(got[k] is seen[k] for k in outputs):
                 return summary
-        summary = self._summary(outputs, want, got)
+        summary = self._summary(outputs, want, got, label)
         self._judged = [(index, got, summary), *self._judged[:JUDGED_KEPT - 1]]
         return summary
 
@@ -707,7 +824,9 @@ class Audit:
                self.timed["windows"],
                len(self.timed["failed"]), len(self.timed["violations"]),
                self.ref_timed["checked"], len(self.ref_timed["failed"]), len(self.rejudged),
-               self.ref_code is not None)
+               self.ref_code is not None, self.timed_bias["judged"],
+               len(self.timed_bias["flagged"]), self.timed_inputs["checked"],
+               len(self.timed_inputs["modified"]))
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, self._findings(refused))
         return dict(self._cache[1])
@@ -718,14 +837,13 @@ class Audit:
         if self.kernels["opt"] is not None:
             f["refused_calls"] = trust.refused_calls(*refused)
         plan = {n: runs_ for n, (_, _, runs_) in self.armor.plan.items()}
-        modified = self._modified()
-        inputs = [n for n in self.replay.pre if not modified[n] and n not in plan]
+        inputs = self._inputs()
         if runs:
             f["guard_bands"] = trust.guard_findings(self.armor.bands, runs, len(runs) +
                                                     self.timed["launches"] + len(
                                                         self.windows["opt"]),
                                                     self.timed["violations"])
-            f["input_integrity"] = trust.input_integrity(inputs, runs)
+            f["input_integrity"] = trust.input_integrity(inputs, runs, self.timed_inputs)
             f["poisoned_outputs"] = trust.poisoned_outputs(plan, {**self.not_tested,
                                                                   **self._unpoisoned}, runs,
                                                            self.control)
@@ -735,7 +853,8 @@ class Audit:
                 dict(trust.bias_stats(t, r.expected[t.region], r.post[t.region],
                                       self.policy.max_bias),
                      criterion_passed=_range_passed(r.verdict, t))
-                for t in self.policy.tolerances if t.dtype in FLOAT_DTYPES]) for r in runs])
+                for t in self.policy.tolerances if t.dtype in FLOAT_DTYPES]) for r in runs],
+                timed=self.timed_bias)
         if self.opt_runs and self.mutation_source is not None and \
                 (self.diff_runs or not self.mutation_list):
             f["differential"] = trust.differential(self.mutation_source, self.mutation_list,

@@ -268,8 +268,11 @@ def _unpoisoned(run: OptRun) -> dict[str, bytes]:
     return post
 
 
-def input_integrity(inputs: Sequence[str], runs: Sequence[OptRun]) -> Finding:
-    """Regions ref leaves unchanged must come out of opt unchanged, byte for byte."""
+def input_integrity(inputs: Sequence[str], runs: Sequence[OptRun],
+                    timed: dict | None = None) -> Finding:
+    """Regions ref leaves unchanged must come out of opt unchanged, byte for byte: after every
+    check run, and after every timed launch (``timed``: ``checked``, the launches compared,
+    and ``modified``, rows as the check runs' are)."""
     modified = []
     for run in runs:
         for name in inputs:
@@ -277,7 +280,9 @@ def input_integrity(inputs: Sequence[str], runs: Sequence[OptRun]) -> Finding:
             if n:
                 modified.append({"run": run.label, "region": name, "differing_bytes": n,
                                  "first_offset": first})
-    info = {"inputs": list(inputs), "modified": modified}
+    modified += list((timed or {}).get("modified", ()))
+    info = {"inputs": list(inputs), "modified": modified[:16],
+            "timed_launches_checked": (timed or {}).get("checked", 0)}
     if modified:
         m = modified[0]
         return Finding("input_integrity", True, False, info, (
@@ -422,13 +427,19 @@ def bias_stats(t: Tolerance, expected: bytes, actual: bytes, max_bias: float | N
     return out
 
 
-def bias(runs: Sequence[tuple[str, list[dict]]]) -> Finding:
-    """One-sided systematic error over every judged opt run ((label, bias_stats list))."""
+def bias(runs: Sequence[tuple[str, list[dict]]], timed: dict | None = None) -> Finding:
+    """One-sided systematic error over every judged opt run ((label, bias_stats list)) and
+    every timed launch of opt whose outputs differ from ref's (``timed``: ``judged``, the
+    launches tested, and ``flagged``, (label, flagged bias_stats) of those that showed one)."""
     ranges = [dict(s, run=label) for label, stats in runs for s in stats]
     if not ranges:
         return Finding("bias", False, None, {"skipped": "no declared float range to test"})
-    flagged = [s for s in ranges if s["flagged"]]
-    info = {"z_threshold": BIAS_Z, "ranges": ranges}
+    timed = timed or {}
+    flagged_timed = [dict(s, run=label) for label, stats in timed.get("flagged", ())
+                     for s in stats]
+    flagged = [s for s in ranges if s["flagged"]] + flagged_timed
+    info = {"z_threshold": BIAS_Z, "ranges": ranges + flagged_timed,
+            "timed_launches_judged": timed.get("judged", 0)}
     if not flagged:
         return Finding("bias", True, True, info)
     s = flagged[0]
