@@ -1,7 +1,7 @@
 """The host backend's sandbox: every loaded kernel runs in its own executor process
-(``host_executor.c``) that holds no key, no Python and no verdict path, confined by a seccomp
-ALLOWLIST generated here with libseccomp (the ``pyseccomp`` bindings) and installed by the
-executor itself.
+(``host_executor.c``) that holds no key, no Python, no verdict path and no protocol, confined
+by ONE seccomp filter generated here with libseccomp (the ``pyseccomp`` bindings) and
+installed by the executor itself before the code object is loaded.
 
 What this module provides to ``kpair.backends.host``:
 
@@ -10,25 +10,32 @@ What this module provides to ``kpair.backends.host``:
   it never runs a candidate unconfined;
 - ``executor()``: the executor binary, compiled once per source digest with the system C
   compiler into the per-user cache (``$XDG_CACHE_HOME/kpair`` or ``~/.cache/kpair``);
-- ``filters(pid)``: the two BPF programs for the executor whose pid is ``pid`` — filter 1
-  (the allowlist plus read-only ``open``/``openat``, in force while the code object is
-  dlopen'ed and its ELF constructors run) and filter 2 (the allowlist alone, stacked on
-  filter 1 before the first launch);
+- ``filter_for(pid)``: the BPF program for the executor whose pid is ``pid``, in force before
+  its code object is dlopen'ed (ELF constructors and IFUNC resolvers run under it) and for
+  the rest of its life; ``FILTERS`` is how many filters an executor has then (the judge reads
+  ``Seccomp_filters`` from /proc from outside and fails a candidate whose count differs);
 - ``describe()``: what the sandbox is, for result.json.
 
 The allowlist is what running an already loaded kernel needs: memory (mmap, mprotect, brk,
-...), threads (clone only with CLONE_THREAD and no namespace flag; clone3 answers ENOSYS so
-the C library falls back to clone), futexes, signals to itself only (kill and tgkill whose
-first argument is its own pid), clocks and sleeps, reading and writing descriptors it
-already holds, signal handlers other than SIGSYS's. Every other system call fails with EPERM:
+...; madvise only with advice that cannot change a shared page's residency for another
+process), threads (clone only with CLONE_THREAD and no namespace flag; clone3 answers ENOSYS
+so the C library falls back to clone), futexes, signals to itself only (kill and tgkill whose
+first argument is its own pid: the executor stops itself that way between calls), clocks and
+sleeps, reading and writing descriptors it already holds, signal handlers other than
+SIGSYS's. ``open``/``openat`` go to the judge (SECCOMP_RET_USER_NOTIF): it lets read-only
+opens through while the code object loads (SECCOMP_USER_NOTIF_FLAG_CONTINUE) and refuses
+every open after. ``sendmsg`` on descriptor 0 (the setup socket, closed before the load)
+hands the judge that listener. Every other system call fails with EPERM — ``seccomp()`` and
+``prctl()`` included, so no filter can be stacked and nothing the executor set can be undone:
 files cannot be opened (after the load), created or changed; no process, socket, mount,
 namespace, IPC object, trace, reboot, clock change, BPF program or perf event can be made; no
 other process can be signalled, limited or read.
 
-A refused call is not silent: the filters trap it (SECCOMP_RET_TRAP), the executor's SIGSYS
-handler writes a record naming the call to the reply pipe and makes the call return EPERM;
-the judge counts the records (``HostDevice.refused_calls``, the ``refused_calls`` trust
-check). ``syscall_name`` turns a number back into its name.
+A refused call is not silent: the filter traps it (SECCOMP_RET_TRAP), the executor's SIGSYS
+handler writes a record naming the call to the report pipe and makes the call return EPERM
+(an open is refused and counted by the judge itself); the judge counts them
+(``HostDevice.refused_calls``, the ``refused_calls`` trust check). ``syscall_name`` turns a
+number back into its name.
 """
 
 from __future__ import annotations
@@ -54,14 +61,23 @@ MECHANISM = "seccomp allowlist (libseccomp) + separate process"
 #: them; one absent on an architecture, such as ``newfstatat`` vs ``fstat``, is skipped).
 ALLOWED = (
     "read", "write", "readv", "writev", "pread64", "close", "fstat", "newfstatat", "statx",
-    "lseek", "mmap", "munmap", "mprotect", "mremap", "madvise", "brk", "futex",
+    "lseek", "mmap", "munmap", "mprotect", "mremap", "brk", "futex",
     "set_robust_list", "get_robust_list", "rseq", "set_tid_address", "exit", "exit_group",
-    "rt_sigreturn", "rt_sigprocmask", "sigaltstack", "clock_gettime",
+    "rt_sigreturn", "restart_syscall", "rt_sigprocmask", "sigaltstack", "clock_gettime",
     "clock_getres", "gettimeofday", "nanosleep", "clock_nanosleep", "sched_yield",
     "sched_getaffinity", "getpid", "gettid", "getrandom", "membarrier",
 )
+#: madvise advice that changes only the caller's own view (its page tables, its VMA's flags)
+#: or only makes pages resident: NORMAL RANDOM SEQUENTIAL WILLNEED DONTNEED FREE DONTFORK
+#: DOFORK UNMERGEABLE NOHUGEPAGE DONTDUMP DODUMP WIPEONFORK KEEPONFORK DONTNEED_LOCKED.
+#: Refused: REMOVE (punches the shared object), COLD and PAGEOUT (reclaim its pages),
+#: POPULATE_READ/WRITE, HUGEPAGE and COLLAPSE (change its pages' size under another process's
+#: mapping), MERGEABLE, HWPOISON, SOFT_OFFLINE, and any advice not named here.
+MADVISE_ALLOWED = (0, 1, 2, 3, 4, 8, 10, 11, 13, 15, 16, 17, 18, 19, 24)
+#: Seccomp filters in force in a loaded executor (its one filter).
+FILTERS = 1
 #: Open flags that write or create: O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND __O_TMPFILE.
-_WRITE_FLAGS = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000 | 0o20000000
+WRITE_FLAGS = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000 | 0o20000000
 _CLONE_THREAD = 0x00010000
 #: SIGSYS (31 on x86_64 and aarch64): its handler reports refused calls and stays in place.
 _SIGSYS = 31
@@ -107,7 +123,7 @@ def check() -> None:
     executor()
 
 
-def _build(pid: int, *, loading: bool) -> bytes:
+def _build(pid: int) -> bytes:
     sc = _seccomp()
     # TRAP: the executor's SIGSYS handler reports the call, then answers it with EPERM.
     f = sc.SyscallFilter(sc.TRAP)
@@ -119,12 +135,13 @@ def _build(pid: int, *, loading: bool) -> bytes:
          sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD | _CLONE_NEW, _CLONE_THREAD))
     _add(sc, f, sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid))
     _add(sc, f, sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid))
-    if loading:
-        _add(sc, f, sc.ALLOW, "openat", sc.Arg(2, sc.MASKED_EQ, _WRITE_FLAGS, 0))
-        _add(sc, f, sc.ALLOW, "open", sc.Arg(1, sc.MASKED_EQ, _WRITE_FLAGS, 0))
-        # The executor stacks filter 2 once the code object is loaded: seccomp(
-        # SECCOMP_SET_MODE_FILTER, no flags), which can only confine a process further.
-        _add(sc, f, sc.ALLOW, "seccomp", sc.Arg(0, sc.EQ, 1), sc.Arg(1, sc.EQ, 0))
+    for advice in MADVISE_ALLOWED:
+        _add(sc, f, sc.ALLOW, "madvise", sc.Arg(2, sc.EQ, advice))
+    # Opens are the judge's to answer (read-only ones while loading, none after).
+    _add(sc, f, sc.NOTIFY, "openat")
+    _add(sc, f, sc.NOTIFY, "open")
+    # The setup reply carries the listener (SCM_RIGHTS) on descriptor 0, closed right after.
+    _add(sc, f, sc.ALLOW, "sendmsg", sc.Arg(0, sc.EQ, 0))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
@@ -154,10 +171,20 @@ def syscall_name(nr: int) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def filters(pid: int) -> tuple[bytes, bytes]:
-    """(filter 1, filter 2) as BPF for the executor ``pid``: see the module docstring."""
+@lru_cache(maxsize=64)
+def syscall_number(name: str) -> int:
+    """The number of system call ``name`` on this architecture (-1 where it has none)."""
+    sc = _seccomp()
+    try:
+        return int(sc.resolve_syscall(sc.Arch.NATIVE, name))
+    except (OSError, ValueError):
+        return -1
+
+
+def filter_for(pid: int) -> bytes:
+    """The executor ``pid``'s one filter, as BPF: see the module docstring."""
     check()
-    return _build(pid, loading=True), _build(pid, loading=False)
+    return _build(pid)
 
 
 def cache_dir() -> Path:
@@ -204,9 +231,13 @@ def describe(*, filter_bytes: int, rlimits: dict) -> dict:
             "capabilities": "none", "no_new_privs": True, "allowlist": list(ALLOWED) + [
                 "clone (CLONE_THREAD only)", "kill/tgkill (own pid only)",
                 "rt_sigaction (not SIGSYS)",
-                "clone3 (ENOSYS)", "openat/open (read-only, while loading)",
-                "seccomp (SET_MODE_FILTER, while loading)"],
+                "clone3 (ENOSYS)", "madvise (advice " + ", ".join(map(str, MADVISE_ALLOWED))
+                + ")", "openat/open (the judge's: read-only while loading, refused after)",
+                "sendmsg (descriptor 0: the setup socket, closed before the load)"],
+            "filters": FILTERS, "installed": "before the code object is loaded",
             "default_action": "EPERM, reported (SECCOMP_RET_TRAP: the executor's SIGSYS "
             "handler tells the judge which call was refused)", "rlimits": rlimits,
             "filter_instructions": filter_bytes // 8, "timer": "executor CPU clock, read "
-            "by the judge from outside"}
+            "by the judge from outside", "protocol": "none in the executor: it stops itself "
+            "between calls; the judge writes a read-only call page, SIGCONTs it and waits for "
+            "its stop"}

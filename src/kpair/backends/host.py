@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import errno
 import fcntl
 import hashlib
 import math
@@ -47,11 +48,14 @@ import os
 import platform
 import select
 import signal
+import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,7 +91,8 @@ _INTS = {"pointer", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"}
 #: The executor's trampoline: integer registers, float registers, 8-byte stack slots.
 _NINT = {"x86_64": 6, "aarch64": 8}
 _NFLOAT, _NSTACK = 8, 16
-_OP_CALL, _OP_EXIT = 1, 2
+#: The call page's op word: what a SIGCONTed executor does (IDLE: stop again at once).
+_OP_IDLE, _OP_CALL, _OP_EXIT, _OP_WAIT = 0, 1, 2, 3
 _CALL = struct.Struct(f"=QQ8Q{_NFLOAT}Q{_NSTACK}Q")
 _SETUP = struct.Struct("=8I4Q")
 _REGION = struct.Struct("=4Q")
@@ -96,6 +101,15 @@ _MAGIC = 0x3158504B
 _ST_OK, _ST_SETUP, _ST_LOAD, _ST_SYMBOL, _ST_PLACE = range(5)
 #: The sequence number of a refused-call record (its status is the system call's number).
 _REFUSED = 0xFFFFFFFF
+#: The sequence number of a load-failure record (written after dlopen began).
+_LATE = 0xFFFFFFFE
+#: The call page: one page, written by the judge, mapped read-only in the executor.
+_PAGE_BYTES = max(PAGE, 4096)
+#: The seccomp user-notification interface (linux/seccomp.h): struct seccomp_notif,
+#: struct seccomp_notif_resp, SECCOMP_IOCTL_NOTIF_RECV / _SEND, the CONTINUE flag.
+_NOTIF = struct.Struct("=QIIiIQ6Q")
+_NOTIF_RESP = struct.Struct("=QqiI")
+_NOTIF_RECV, _NOTIF_SEND, _NOTIF_CONTINUE = 0xC0502100, 0xC0182101, 1
 #: A refused call made with SIGSYS blocked kills the executor before it can say which.
 _UNNAMED = "(unnamed: made with SIGSYS blocked)"
 
@@ -133,6 +147,7 @@ def elf_arch(image: bytes) -> str:
     return ELF_MACHINES.get(machine, f"elf-machine-{machine}")
 
 
+@lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -224,18 +239,26 @@ class _Arena:
 
 
 class _Executor:
-    """One executor process and the judge's side of its pipes."""
+    """One executor process and the judge's side of it: its call page, its report pipe, its
+    seccomp listener (served by a thread of the judge) and its stops."""
 
-    def __init__(self, pid: int, cmd: int, reply: int, role: str,
+    def __init__(self, pid: int, report: int, page: int, page_view: int, role: str,
                  refusals: _Refusals | None = None):
-        self.pid, self.cmd, self.reply, self.role = pid, cmd, reply, role
+        self.pid, self.report, self.role = pid, report, role
+        self.page, self.page_view = page, page_view
         self.clock = ((~pid) << 3) | 2
         self.stopped, self.dead, self.last_cpu = False, None, 0.0
-        self.busy = False   # a command written, its reply not yet read
-        self.nonce, self.seq, self.pending = int.from_bytes(os.urandom(8), "little"), 0, b""
+        # Stopped at the top of its loop: the next SIGCONT acts on the call page. False after
+        # synchronize (it was stopped from outside, wherever it was).
+        self.parked = False
+        self.nonce, self.pending = int.from_bytes(os.urandom(8), "little"), b""
         self.refusals = refusals if refusals is not None else _Refusals()
-        self.loading = True   # until the setup reply: refusals then come from the load
+        self.loading = True   # until its load stop: refusals then come from the load
         self.image, self.symbol = b"", ""   # what it loaded: a renewal spawns its successor
+        self.listener: int | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closing = False
 
     def cpu(self) -> float:
         """The executor's CPU time; an executor whose clock cannot be read has ended, and
@@ -267,9 +290,88 @@ class _Executor:
             return None
         return self.dead
 
+    # -------------------------------------------------------------- reports and opens
+
+    def serve(self, listener: int) -> None:
+        """Answer the executor's opens (its seccomp listener) and read its report pipe on a
+        thread of the judge, for as long as it lives: a kernel that floods the pipe or waits
+        on an open never stalls the judge, and the judge never waits on the executor."""
+        self.listener = listener
+        self._thread = threading.Thread(target=self._serve, name=f"kpair-executor-{self.pid}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        poll = select.poll()
+        live = {self.report: "report"}
+        poll.register(self.report, select.POLLIN)
+        if self.listener is not None:
+            live[self.listener] = "listener"
+            poll.register(self.listener, select.POLLIN)
+        while live and not self._closing:
+            try:
+                events = poll.poll(500)
+            except InterruptedError:
+                continue
+            for fd, mask in events:
+                if live.get(fd) == "listener":
+                    if mask & select.POLLIN:
+                        self._answer()
+                    elif mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                        poll.unregister(fd)
+                        live.pop(fd)
+                elif live.get(fd) == "report" and not self._read_report():
+                    poll.unregister(fd)
+                    live.pop(fd)
+
+    def _read_report(self) -> bool:
+        """Read what the report pipe holds (without waiting); False at its end."""
+        with self._lock:
+            while True:
+                try:
+                    chunk = os.read(self.report, 1 << 16)
+                except BlockingIOError:
+                    break
+                except InterruptedError:
+                    continue
+                except OSError:
+                    return False
+                if not chunk:
+                    self._take_refusals()
+                    return False
+                self.pending += chunk
+                if len(self.pending) > 1 << 20:   # junk a kernel wrote: keep the records
+                    self._take_refusals()
+                    self.pending = self.pending[-(1 << 16):]
+            self._take_refusals()
+        return True
+
+    def _answer(self) -> None:
+        """One open of the executor: let a read-only one through while its code object loads
+        (SECCOMP_USER_NOTIF_FLAG_CONTINUE), refuse any other with EPERM and count it."""
+        buf = bytearray(_NOTIF.size)
+        try:
+            fcntl.ioctl(self.listener, _NOTIF_RECV, buf, True)
+        except OSError:
+            return   # the call was interrupted, or the executor has gone
+        nid, _, _, nr, _, _, *args = _NOTIF.unpack(buf)
+        is_open, is_openat = (nr == _sandbox.syscall_number(n) for n in ("open", "openat"))
+        flags = args[1] if is_open else args[2]
+        loading = self.loading
+        allowed = loading and (is_open or is_openat) and not flags & _sandbox.WRITE_FLAGS
+        resp = _NOTIF_RESP.pack(nid, 0, 0, _NOTIF_CONTINUE) if allowed else \
+            _NOTIF_RESP.pack(nid, 0, -errno.EPERM, 0)
+        try:
+            fcntl.ioctl(self.listener, _NOTIF_SEND, bytearray(resp), True)
+        except OSError:
+            return   # the call was interrupted (it will be made again) or the executor died
+        if not allowed:
+            with self._lock:
+                self.refusals.add(nr, loading)
+
     def _take_refusals(self) -> None:
         """Count and remove the refused-call records received so far (wherever they lie:
-        a kernel's own bytes may come between them)."""
+        a kernel's own bytes may come between them). The caller holds the lock."""
         mark = struct.pack("=QI", self.nonce, _REFUSED)
         at = self.pending.find(mark)
         while at >= 0 and len(self.pending) >= at + _REPLY.size:
@@ -279,66 +381,41 @@ class _Executor:
             at = self.pending.find(mark, at)
 
     def drain(self) -> None:
-        """Read what the executor has written without waiting (refusals from a thread that
-        outlived its launch), keeping any reply for ``read_reply``."""
-        with contextlib.suppress(OSError, ValueError):
-            while select.select([self.reply], [], [], 0)[0]:
-                chunk = os.read(self.reply, 1 << 16)
-                if not chunk:
-                    break
-                self.pending += chunk
-        self._take_refusals()
+        """Count what the executor has reported so far (refusals from a thread that outlived
+        its launch)."""
+        self._read_report()
+
+    def late_report(self) -> tuple[int, str] | None:
+        """The load-failure record (status, message) the executor wrote after dlopen began,
+        if any: written where a candidate's code could have written it too."""
+        self._read_report()
+        with self._lock:
+            at = self.pending.find(struct.pack("=QI", self.nonce, _LATE))
+            if at < 0 or len(self.pending) < at + _REPLY.size:
+                return None
+            _, _, status, n = _REPLY.unpack_from(self.pending, at)
+            msg = self.pending[at + _REPLY.size:at + _REPLY.size + min(n, 4096)]
+        return status, msg.decode(errors="replace")
 
     def _died_of(self, sig: int) -> None:
         self.dead = _signame(sig)
         if sig == signal.SIGSYS:   # a refused call it could not be told of: count it too
-            self.refusals.add(-1, self.loading)
+            with self._lock:
+                self.refusals.add(-1, self.loading)
 
-    def read_reply(self) -> tuple[int, str]:
-        """The executor's next reply. A kernel can write into the reply pipe too: bytes
-        before the header it expects (nonce, sequence number) are skipped; refused-call
-        records are counted wherever they come."""
-        want = struct.pack("=QI", self.nonce, self.seq)
+    # -------------------------------------------------------------- stops and calls
+
+    def _wait_stop(self) -> None:
+        """Wait until the executor is stopped again (every thread: a group stop), whoever
+        stopped it; KernelCrashed if it ended instead."""
         while True:
-            self._take_refusals()
-            at = self.pending.find(want)
-            if at >= 0 and len(self.pending) >= at + _REPLY.size:
-                _, _, status, n = _REPLY.unpack_from(self.pending, at)
-                n = min(n, 4096)
-                if len(self.pending) >= at + _REPLY.size + n:
-                    msg = self.pending[at + _REPLY.size:at + _REPLY.size + n]
-                    self.pending = self.pending[at + _REPLY.size + n:]
-                    self.seq += 1
-                    return status, msg.decode(errors="replace")
-            elif at < 0 and len(self.pending) > 1 << 16:
-                self.pending = self.pending[-_REPLY.size:]
             try:
-                chunk = os.read(self.reply, 1 << 16)
+                _, status = os.waitpid(self.pid, os.WUNTRACED)
+            except ChildProcessError:
+                self.dead = self.dead or "it ended"
+                break
             except InterruptedError:
                 continue
-            if not chunk:
-                raise KernelCrashed(self._reap(block=True) or "it closed its reply pipe",
-                                    self.role)
-            self.pending += chunk
-
-    def cont(self) -> None:
-        if self.stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGCONT)
-            self.stopped = False
-
-    def stop(self) -> None:
-        """SIGSTOP, and wait until every thread has stopped (the clock is exact then)."""
-        if self.stopped or self.dead is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGSTOP)
-        while True:
-            try:
-                pid, status = os.waitpid(self.pid, os.WUNTRACED)
-            except ChildProcessError:
-                self.dead = "it ended"
-                break
             if os.WIFSTOPPED(status):
                 self.stopped = True
                 return
@@ -350,23 +427,57 @@ class _Executor:
                 break
         raise KernelCrashed(self.dead, self.role)
 
-    def call(self, record: bytes) -> None:
+    def cont(self) -> None:
+        if self.stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+            self.stopped = False
+
+    def run_until_stopped(self) -> None:
+        """SIGCONT, then wait for its next stop: the executor's own, at the end of its call
+        (or a kernel's, earlier: then its outputs are what it left, and judged so)."""
         if self.dead is not None:
             raise KernelCrashed(self.dead, self.role)
-        if self.busy:   # an earlier reply never came: the next one would answer the wrong call
-            self.close()
-            raise KernelCrashed("an earlier command was interrupted before its reply",
-                                self.role)
         self.cont()
-        self.busy = True
-        try:
-            os.write(self.cmd, record)
-        except BrokenPipeError:
-            raise KernelCrashed(self._reap(block=True) or "its command pipe closed",
-                                self.role) from None
-        self.read_reply()
-        self.busy = False
+        self._wait_stop()
+
+    def stop(self) -> None:
+        """SIGSTOP from outside (synchronize), and wait until every thread has stopped."""
+        if self.stopped or self.dead is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGSTOP)
+        self._wait_stop()
+
+    def _set_op(self, op: int) -> None:
+        ctypes.c_uint64.from_address(self.page_view).value = op
+
+    def park(self) -> None:
+        """Bring an executor stopped from outside back to the top of its loop (op IDLE: it
+        leaves the WAIT loop and stops itself), so the next SIGCONT makes a call."""
+        if not self.parked:
+            self.stop()
+            self._set_op(_OP_IDLE)
+            self.run_until_stopped()
+            self.parked = True
+
+    def prepare(self, record: bytes) -> None:
+        """Write the next call into its call page (it is stopped, at the top of its loop)."""
+        if self.dead is not None:
+            raise KernelCrashed(self.dead, self.role)
+        self.park()
+        ctypes.memmove(self.page_view, record, len(record))
+
+    def call(self, record: bytes) -> None:
+        self.prepare(record)
+        self.run_until_stopped()
+
+    def wait(self) -> None:
+        """Op WAIT and SIGCONT: its threads run, its main thread sleeps on the op word."""
         self.stop()
+        self._set_op(_OP_WAIT)
+        self.parked = False
+        self.cont()
 
     def tasks(self) -> list[int]:
         try:
@@ -379,9 +490,45 @@ class _Executor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self._reap(block=True)
-        for fd in (self.cmd, self.reply):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._closing = True
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        for fd in (self.report, self.listener, self.page):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if self.page_view:
+            _libc().munmap(self.page_view, _PAGE_BYTES)
+            self.page_view = 0
+
+
+def _seccomp_filters(pid: int) -> int | None:
+    """``Seccomp_filters`` of /proc/PID/status, read from outside (None if unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Seccomp_filters:"):
+                return int(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _exports(image: bytes, symbol: str) -> bool | None:
+    """Whether the ELF image's .dynsym defines the function ``symbol`` (read by the judge,
+    not by the executor); None where it cannot tell."""
+    import io
+
+    try:
+        from elftools.elf.elffile import ELFFile
+
+        table = ELFFile(io.BytesIO(image)).get_section_by_name(".dynsym")
+        if table is None:
+            return None
+        return any(s.name == symbol and s["st_shndx"] != "SHN_UNDEF"
+                   for s in table.iter_symbols())
+    except Exception:   # noqa: BLE001 - any malformed ELF: the judge cannot tell
+        return None
 
 
 def _signame(sig: int) -> str:
@@ -479,9 +626,10 @@ class HostDevice(Device):
         self._index.sort()
         self._arenas.append(_Arena(fd, size, view, out))
 
-    def _memfd(self, size: int, number: int) -> tuple[int, int]:
+    def _memfd(self, size: int, number: int | str) -> tuple[int, int]:
         """A sealed-size memfd of ``size`` bytes and its MAP_SHARED view in the judge."""
-        fd = os.memfd_create(f"kpair-regions-{number}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        name = number if isinstance(number, str) else f"regions-{number}"
+        fd = os.memfd_create(f"kpair-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
@@ -677,12 +825,17 @@ class HostDevice(Device):
     def _spawn(self, image: bytes, symbol: str, role: str, refusals: _Refusals) -> _Executor:
         exe = _sandbox.executor()
         code = os.memfd_create("kpair-code", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        cmd_r, cmd_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        # Children's ends, moved above the numbers they take in the child (0..5+arenas).
-        low = 6 + len(self._arenas)
+        page, view = self._memfd(_PAGE_BYTES, "call-page")
+        # The executor's descriptor of the call page is read-only: it can map it only so.
+        page_ro = os.open(f"/proc/self/fd/{page}", os.O_RDONLY | os.O_CLOEXEC)
+        judge_end, its_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(report_r, False)
+        # Children's ends, moved above the numbers they take in the child (0..6+arenas).
+        low = 7 + len(self._arenas)
         theirs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64 + low)
-                  for fd in (cmd_r, 2, reply_w, code, *(a.fd for a in self._arenas))]
+                  for fd in (its_end.fileno(), 2, report_w, code, page_ro,
+                             *(a.fd for a in self._arenas))]
         try:
             os.write(code, image)
             fcntl.fcntl(code, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
@@ -690,49 +843,113 @@ class HostDevice(Device):
             log = theirs[1]
             actions = [(os.POSIX_SPAWN_DUP2, theirs[0], 0), (os.POSIX_SPAWN_DUP2, log, 1),
                        (os.POSIX_SPAWN_DUP2, log, 2), (os.POSIX_SPAWN_DUP2, theirs[2], 3),
-                       (os.POSIX_SPAWN_DUP2, theirs[3], 4)]
-            actions += [(os.POSIX_SPAWN_DUP2, fd, 5 + i) for i, fd in enumerate(theirs[4:])]
+                       (os.POSIX_SPAWN_DUP2, theirs[3], 4), (os.POSIX_SPAWN_DUP2, theirs[4], 5)]
+            actions += [(os.POSIX_SPAWN_DUP2, fd, 6 + i) for i, fd in enumerate(theirs[5:])]
             pid = os.posix_spawn(str(exe), [str(exe), str(len(self._arenas))], {},
                                  file_actions=actions)
-        finally:
-            for fd in (cmd_r, reply_w, code, *theirs):
+        except BaseException:
+            judge_end.close()
+            for fd in (report_r, page):
                 os.close(fd)
-        ex = _Executor(pid, cmd_w, reply_r, role, refusals)
+            self._libc.munmap(view, _PAGE_BYTES)
+            raise
+        finally:
+            its_end.close()
+            for fd in (report_w, code, page_ro, *theirs):
+                os.close(fd)
+        ex = _Executor(pid, report_r, page, view, role, refusals)
         ex.image, ex.symbol = image, symbol
         self._executors.append(ex)
         try:
-            f1, f2 = _sandbox.filters(pid)
-            limits = self._limits()
-            self._filter_bytes, self._rlimits = len(f1) + len(f2), limits
-            regions = [(lo, hi - lo, off, 5 + k) for k, a in enumerate(self._arenas)
-                       for lo, hi, off in a.spans]
-            name = symbol.encode()
-            setup = _SETUP.pack(_MAGIC, os.getpid(), _sandbox.NOBODY, _sandbox.NOBODY,
-                                len(regions), len(name), len(f1), len(f2),
-                                limits["as_bytes"], limits["nproc"], limits["nofile"],
-                                ex.nonce)
-            setup += b"".join(_REGION.pack(*r) for r in regions) + name + f1 + f2
-            with contextlib.suppress(BrokenPipeError):  # it died: the reply says how
-                os.write(cmd_w, setup)
-            status, msg = ex.read_reply()
-            ex.loading = False
+            with judge_end:
+                status, msg, listener = self._setup(ex, judge_end, symbol)
+            if status == _ST_OK:
+                ex.serve(listener)
+                self._loaded(ex, image, symbol)
         except BaseException:
             ex.close()
             self._executors.remove(ex)
             raise
-        if status != _ST_OK:
+        if status != _ST_OK:   # told before the load, on the trusted channel: the sandbox's
             ex.close()
             self._executors.remove(ex)
-            if status == _ST_LOAD:
-                raise ArchitectureMismatch(f"cannot load code object: {msg}")
-            if status == _ST_SYMBOL:
-                raise SymbolNotFound(f"kernel {symbol!r} is not exported by the code object")
             if status == _ST_PLACE:
                 raise PlacementError(f"{msg} (captured pages taken by the executor's own "
                                      "mappings: replay with relocation)")
             raise _sandbox.SandboxUnavailable(f"the host sandbox could not be set up: {msg}")
-        ex.stop()
         return ex
+
+    def _setup(self, ex: _Executor, sock: socket.socket, symbol: str
+               ) -> tuple[int, str, int | None]:
+        """Send the setup message; the executor's reply (status, message) and its seccomp
+        listener. Everything on this socket comes before any candidate code runs (the
+        executor closes it before dlopen): a failure here is the sandbox's."""
+        filt = _sandbox.filter_for(ex.pid)
+        limits = self._limits()
+        self._filter_bytes, self._rlimits = len(filt), limits
+        regions = [(lo, hi - lo, off, 6 + k) for k, a in enumerate(self._arenas)
+                   for lo, hi, off in a.spans]
+        name = symbol.encode()
+        setup = _SETUP.pack(_MAGIC, os.getpid(), _sandbox.NOBODY, _sandbox.NOBODY,
+                            len(regions), len(name), len(filt), _PAGE_BYTES,
+                            limits["as_bytes"], limits["nproc"], limits["nofile"], ex.nonce)
+        setup += b"".join(_REGION.pack(*r) for r in regions) + name + filt
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it died: see below
+            sock.sendall(setup)
+        data, fds = b"", []
+        while True:
+            if len(data) >= _REPLY.size:
+                nonce, _, status, n = _REPLY.unpack_from(data)
+                if nonce != ex.nonce:
+                    break
+                if len(data) >= _REPLY.size + min(n, 4096):
+                    msg = data[_REPLY.size:_REPLY.size + min(n, 4096)].decode(errors="replace")
+                    for extra in fds[1:]:
+                        os.close(extra)
+                    if status == _ST_OK and not fds:
+                        break
+                    return status, msg, fds[0] if fds else None
+            try:
+                chunk, more, _, _ = socket.recv_fds(sock, 8192, 4)
+            except InterruptedError:
+                continue
+            except OSError:
+                chunk, more = b"", []
+            fds += more
+            if not chunk:
+                break
+            data += chunk
+        for fd in fds:
+            os.close(fd)
+        how = ex._reap(block=True) or "its setup reply was malformed"
+        raise _sandbox.SandboxUnavailable(f"the host executor ended during its setup, before "
+                                          f"loading anything: {how}")
+
+    def _loaded(self, ex: _Executor, image: bytes, symbol: str) -> None:
+        """Wait for the executor's first stop (its code object loaded, its loop reached).
+        From dlopen on the process may run the candidate's code: a failure now is the
+        kernel's (KernelCrashed in its role), except a symbol the judge itself finds missing
+        from the image (SymbolNotFound)."""
+        try:
+            ex._wait_stop()
+        except KernelCrashed:
+            late = ex.late_report()
+            if late is not None and late[0] == _ST_SYMBOL and _exports(image, symbol) is False:
+                raise SymbolNotFound(f"kernel {symbol!r} is not exported by the code object") \
+                    from None
+            said = f" (it reported: {late[1]!r})" if late is not None else ""
+            raise KernelCrashed(f"its code object failed while loading: {ex.dead}{said}",
+                                ex.role) from None
+        ex.drain()   # it is stopped: every record it wrote while loading is in the pipe
+        with ex._lock:
+            ex.loading = False
+        ex.parked = True
+        found = _seccomp_filters(ex.pid)
+        if found != _sandbox.FILTERS:
+            ex.close()
+            raise KernelCrashed(f"{found} seccomp filters are in force in its executor after "
+                                f"its code object loaded; the executor installed "
+                                f"{_sandbox.FILTERS}", ex.role)
 
     # ------------------------------------------------------------------ launches
 
@@ -781,9 +998,9 @@ class HostDevice(Device):
                      params: Sequence[Param]) -> float:
         record = self._record(kernarg, params)
         ex = self._begin(kernel)
-        ex.stop()
-        t0 = ex.cpu()       # stopped: every thread's time is accounted
-        ex.call(record)     # returns stopped again
+        ex.prepare(record)   # stopped at the top of its loop, the call page written
+        t0 = ex.cpu()        # stopped: every thread's time is accounted
+        ex.run_until_stopped()
         t = ex.cpu() - t0
         if t <= 0:   # the stop was reported before its last slice was accounted: read again
             time.sleep(0.001)
@@ -804,11 +1021,13 @@ class HostDevice(Device):
         gain CPU time over a poll or be runnable at its end, and its thread count must fall
         back to what it was before the launch (or stay idle for a while: a persistent pool).
         Then the executor is stopped again. Gives up after two minutes. An executor with
-        one thread is not woken: that thread has replied and waits for the next command."""
+        one thread is not woken: that thread has stopped itself and waits for the next call.
+        The executor's own thread makes no call meanwhile: the call page's op is WAIT, on
+        which it sleeps (a futex on the op word) until the next call brings it back."""
         ex = self._last
         if ex is None or ex.dead is not None or len(ex.tasks()) <= 1:
-            return   # stopped, and its one thread waits for the next command: nothing runs
-        ex.cont()
+            return   # stopped, and its one thread waits for the next call: nothing runs
+        ex.wait()
         try:
             deadline, idle = time.monotonic() + _SYNC_LIMIT_S, 0
             last = _thread_cpu(ex)
@@ -846,8 +1065,8 @@ class HostDevice(Device):
         say what it is. The confinement itself happens in each executor, at load."""
         _sandbox.check()
         _undumpable()
-        f1, f2 = _sandbox.filters(os.getpid())
-        return _sandbox.describe(filter_bytes=len(f1) + len(f2), rlimits=self._limits())
+        return _sandbox.describe(filter_bytes=len(_sandbox.filter_for(os.getpid())),
+                                 rlimits=self._limits())
 
     def close(self) -> None:
         for ex in self._executors:
