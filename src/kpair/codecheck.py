@@ -11,8 +11,9 @@ give minutes later:
   (AMDGPU);
 - a parameter layout other than the snapshot's kernarg (``AbiMismatch``), where the binary
   records one: the ``EIATTR_KPARAM_INFO`` records of a cubin's ``.nv.info.<kernel>``
-  section, the explicit arguments of an AMDGPU metadata note. A host shared object records
-  no parameter types: its ABI is checked only when it runs.
+  section, the explicit arguments of an AMDGPU metadata note, a host shared object's DWARF
+  when it was built with ``-g`` (``elfabi``: count and kind of every parameter; a host
+  symbol must also be a function in ``.text``). A stripped host object says nothing.
 
 What the binary does not say (a fatbin's members, a stripped object) is left to the run,
 which checks again with the driver's own view. pyelftools reads the ELF files.
@@ -44,6 +45,9 @@ def check_kernel(image: bytes, fmt: str, kernel: str, manifest, role: str) -> No
     want = [(p.offset, p.size) for p in manifest.kernarg.params]
     if fmt == "elf-so":
         _check_host(image, kernel, manifest.arch, role)
+        from .elfabi import check_params  # the declared parameters, where DWARF says them
+
+        check_params(image, kernel, manifest.kernarg.params, role)
     elif fmt == "cubin":
         _check_cubin(image, kernel, want, role)
     elif fmt == "ptx":

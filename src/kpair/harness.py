@@ -18,6 +18,7 @@ snapshot's); the manifest lists every regular input file once, and nothing else 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -29,7 +30,7 @@ from typing import Any, Literal
 from . import __version__
 from ._util import check_output_dir, make_dirs, threaded_map, write_bytes_atomic, write_text_atomic
 from .backends import BACKENDS, arch_accepted
-from .errors import HarnessError, InputError, KpairError
+from .errors import HarnessError, InputError, KpairError, WriteFailed
 from .formats import Record, read, write
 from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
@@ -118,6 +119,8 @@ class Harness:
             m.launch.override(spec.opt.launch_override)
         except KpairError as e:
             raise HarnessError(str(e), path=spec_path, field="opt.launch_override") from None
+        if complete:  # before any launch: a host object's declared parameters (DWARF)
+            check_declared(root, spec, m.kernarg.params)
         return cls(root, spec.backend, spec.ref, spec.opt, snapshot, policy, spec)
 
     def planned_mutations(self) -> tuple[tuple[Mutation, ...], str]:
@@ -167,6 +170,17 @@ def ref_spread(root: str | os.PathLike, runs: int, device_options: dict | None =
             progress.stage(f"ref run {i + 1}/{runs}")
             spread.add(replay.run(ref, h.launch(h.ref)))
     return spread, h.policy
+
+
+def check_declared(root: Path, spec: HarnessSpec, params) -> None:
+    """Refuse (``AbiMismatch``) a host side whose shared object declares (DWARF, ``-g``)
+    other parameters than the snapshot's kernarg passes; a stripped object passes unchecked
+    (``kpair.elfabi``). Other formats were checked at pair time and by the driver at load."""
+    from .elfabi import check_params
+
+    for role, side in (("ref", spec.ref), ("opt", spec.opt)):
+        if side.format == "elf-so":
+            check_params((root / side.binary).read_bytes(), side.kernel, params, role)
 
 
 def _inside(root: Path, rel: str, where: Path, field_name: str) -> Path:
@@ -363,11 +377,27 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
             ref_kernel=ref_side.kernel, opt_kernel=opt_side.kernel, backend=m.backend,
             version=__version__, install=install), replace=False)
         write_manifest(out)
-    except BaseException:
+    except BaseException as e:
         # What this call made goes; an empty directory the caller had stays (empty).
         shutil.rmtree(out, ignore_errors=True)
         if existed:
             with contextlib.suppress(OSError):
                 out.mkdir()
+        if isinstance(e, OSError):   # shutil.Error (copytree) is one too
+            raise write_failure(e, out) from None
         raise
     return Harness.open(out)
+
+
+def write_failure(e: OSError, out: Path) -> WriteFailed:
+    """A failed write while making ``out`` as one line (exit 5): "no space left on device
+    writing <path>" for a full disk, else the system's reason; ``copytree``'s list of
+    failures (``shutil.Error``) is read for its first."""
+    path, why, code = e.filename or out, e.strerror or str(e), e.errno
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+        _, path, why = e.args[0][0]
+        m = re.match(r"\[Errno (\d+)\] ([^:]*)", str(why))
+        code, why = (int(m.group(1)), m.group(2)) if m else (None, str(why))
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return WriteFailed(f"no space left on device writing {path}; nothing was written")
+    return WriteFailed(f"cannot write {path} ({why}); nothing was written")

@@ -158,13 +158,22 @@ class Outcome:
         never names a file that is not there."""
         samples_path, log_path = beside(path)
         result = self.result
-        if self.samples is not None and result.speed is not None:
-            write_bytes_atomic(samples_path, self.samples, replace=replace)
-            result = result.replace(speed=result.speed.replace(samples_file=samples_path.name))
-        if log is not None:
-            write_bytes_atomic(log_path, log, replace=replace)
-            result = result.replace(log=log_path.name)
-        result.write(path, replace=replace)
+        new = [p for p in (samples_path, log_path) if not os.path.lexists(p)]
+        try:
+            if self.samples is not None and result.speed is not None:
+                write_bytes_atomic(samples_path, self.samples, replace=replace)
+                result = result.replace(speed=result.speed.replace(
+                    samples_file=samples_path.name))
+            if log is not None:
+                write_bytes_atomic(log_path, log, replace=replace)
+                result = result.replace(log=log_path.name)
+            result.write(path, replace=replace)
+        except BaseException:
+            # No result (a full disk): the samples and log this call made go with it.
+            for p in new:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            raise
         return result
 
 

@@ -10,6 +10,13 @@ shared object on ``host``, an nvcc-built cubin on ``cuda``, a clang-built hsaco 
 (its layout must match the code object's metadata: AbiMismatch otherwise). Used by tests,
 examples and ``kpair demo``; real programs are captured with ``kpair capture`` instead.
 
+One buffer passed twice (the same array, or overlapping views of one buffer) is one region,
+spanning every view of it, each argument pointing at its own place in it: the kernel sees
+the aliasing the caller's call had. Every region has guard bands on both sides (a fixed byte
+pattern): a kernel that writes outside its arrays is refused (``DriverError``) naming the
+argument whose guard it wrote and by how many bytes. On ``host``, a shared object built
+with ``-g`` is checked against the arguments before the launch (``kpair.elfabi``).
+
 Scalars are typed: a numpy scalar (``np.int32(3)``, ``np.float32(1.5)``, ...) or a ctypes
 one (``ctypes.c_int(3)``) says how many bytes the kernel's parameter has. A bare Python int or
 float is refused: C has no single size for it, and a guess packs ``int n`` as 8 bytes.
@@ -41,7 +48,15 @@ import numpy as np
 from . import __version__, errors
 from ._util import check_output_dir, child_command, kill_group, utc_now
 from .backends import open_device
-from .errors import AbiMismatch, FormatError, KpairError, UsageError, WorkerFailed
+from .elfabi import check_params
+from .errors import (
+    AbiMismatch,
+    DriverError,
+    FormatError,
+    KpairError,
+    UsageError,
+    WorkerFailed,
+)
 from .snapshot import (
     DTYPE_HINTS,
     SCALAR_FORMATS,
@@ -70,9 +85,17 @@ _CTYPES = {ctypes.c_int8: np.int8, ctypes.c_uint8: np.uint8, ctypes.c_int16: np.
            ctypes.c_int64: np.int64, ctypes.c_uint64: np.uint64, ctypes.c_float: np.float32,
            ctypes.c_double: np.float64}
 
-#: Arena layout: arrays start on this alignment, separated by at least GAP bytes.
+#: Arena layout: regions start on this alignment, with a guard band of at least GAP bytes
+#: on each side of each (two between neighbours).
 ALIGN = 256
 GAP = 256
+#: The guard bands' bytes (a fixed pseudo-random pattern, so that a stray write of any
+#: usual value shows).
+_GUARD_SEED = 0x6B70_6169
+
+
+def _guard(size: int) -> bytes:
+    return np.random.default_rng(_GUARD_SEED).bytes(size)
 
 #: Default limit for the isolated call, seconds (build, map, launch, read back).
 TIMEOUT_S = 600.0
@@ -101,6 +124,38 @@ def _scalar(value: object, index: int, name: str) -> tuple[str, object]:
                          f"np.float64({value}) for a double")
     raise UsageError(f"{what}: expected a numpy array or a typed scalar (np.int32(3), "
                      f"np.float32(1.5), ...), got {type(value).__name__}")
+
+
+def _regions(args: list, names: list[str]) -> tuple[list[dict], dict[int, tuple[int, int]]]:
+    """One region per buffer: arrays whose memory overlaps (one array passed twice, views
+    of one buffer) share a region spanning them. Returns the regions (name, bytes, dtype
+    hint, the arguments in it) and, per array argument, (region index, offset in it)."""
+    spans = sorted((a.__array_interface__["data"][0], i) for i, a in enumerate(args)
+                   if isinstance(a, np.ndarray))
+    groups: list[list[int]] = []
+    hi = -1
+    for lo, i in spans:
+        end = lo + args[i].nbytes
+        if groups and lo < hi:   # overlaps the group so far: one buffer
+            groups[-1].append(i)
+            hi = max(hi, end)
+        else:
+            groups.append([i])
+            hi = end
+    regions, where = [], {}
+    for members in sorted(groups, key=min):
+        members.sort()
+        lo = min(args[i].__array_interface__["data"][0] for i in members)
+        end = max(args[i].__array_interface__["data"][0] + args[i].nbytes for i in members)
+        # Every byte of [lo, end) belongs to one of the (contiguous) arrays: safe to read.
+        data = args[members[0]].tobytes() if len(members) == 1 else ctypes.string_at(lo, end - lo)
+        dtypes = {str(args[i].dtype) for i in members}
+        hint = dtypes.pop() if len(dtypes) == 1 else None
+        for i in members:
+            where[i] = (len(regions), args[i].__array_interface__["data"][0] - lo)
+        regions.append({"name": names[members[0]], "data": data, "members": members,
+                        "dtype": hint if hint in DTYPE_HINTS else None})
+    return regions, where
 
 
 def _check_out(out: Path) -> None:
@@ -142,7 +197,12 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
     if timeout_s <= 0:
         raise UsageError(f"timeout_s must be positive, not {timeout_s}")
     _check_out(out)
-    request = {"image": image, "library": str(library), "symbol": symbol, "args": typed,
+    regions, where = _regions(typed, names)
+    # What the child gets: each array as (region, offset), each scalar as (kind, value).
+    passed = [("region", *where[i]) if isinstance(a, np.ndarray) else a
+              for i, a in enumerate(typed)]
+    request = {"image": image, "library": str(library), "symbol": symbol, "args": passed,
+               "regions": regions,
                "names": names, "backend": backend, "launch": launch or Launch(),
                "provenance": {"recorded_by": f"kpair {__version__} record_call",
                               "library": str(library), "command": list(sys.argv),
@@ -170,9 +230,10 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
                              "written") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    arrays = [a for a in typed if isinstance(a, np.ndarray)]
-    for a, post in zip(arrays, posts, strict=True):
-        np.copyto(a, np.frombuffer(post, dtype=a.dtype).reshape(a.shape))
+    for region, post in zip(regions, posts, strict=True):
+        for i in region["members"]:
+            a, at = typed[i], where[i][1]
+            np.copyto(a, np.frombuffer(post[at:at + a.nbytes], dtype=a.dtype).reshape(a.shape))
     return Snapshot.open(out)
 
 
@@ -180,11 +241,13 @@ def _record(request: dict, root: Path) -> None:
     """Map, launch and snapshot one call into ``root`` (in whichever process runs this)."""
     args, names, backend = request["args"], request["names"], request["backend"]
     image, symbol, launch = request["image"], request["symbol"], request["launch"]
-    arrays = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
-    offsets, cursor = {}, GAP
-    for i, a in arrays:
-        offsets[i] = cursor
-        cursor = -(-(cursor + a.nbytes + GAP) // ALIGN) * ALIGN
+    regions = request["regions"]
+    # Region k at starts[k], GAP-byte guards (at least) on both sides of it.
+    starts, cursor = [], GAP
+    for reg in regions:
+        starts.append(cursor)
+        cursor = -(-(cursor + len(reg["data"]) + 2 * GAP) // ALIGN) * ALIGN
+    cursor -= GAP
     writer = SnapshotWriter(root)
     fmt = detect_format(image)
     with open_device(backend, **request["device_options"]) as dev:
@@ -194,9 +257,8 @@ def _record(request: dict, root: Path) -> None:
 
         params, kernarg, offset = [], bytearray(), 0
         for i, a in enumerate(args):
-            if isinstance(a, np.ndarray):
-                kind, value = "pointer", base + offsets[i]
-                dev.write(value, a.tobytes())
+            if a[0] == "region":
+                kind, value = "pointer", base + starts[a[1]] + a[2]
             else:
                 kind, value = a
             size = struct.calcsize(SCALAR_FORMATS[kind])
@@ -209,23 +271,58 @@ def _record(request: dict, root: Path) -> None:
         if layout is not None and layout != [(p.offset, p.size) for p in params]:
             raise AbiMismatch(f"kernel {symbol!r} takes (offset, size) {layout}; the "
                               f"arguments give {[(p.offset, p.size) for p in params]}")
+        if fmt == "elf-so":
+            check_params(image, symbol, params, "recorded")
 
+        guard = _guard(cursor)
+        dev.write(base, guard)
+        for reg, start in zip(regions, starts, strict=True):
+            dev.write(base + start, reg["data"])
         dev.launch(kernel, launch, kernarg, params)
-        regions = []
-        for i, a in arrays:
-            address = base + offsets[i]
-            post = dev.read(address, a.nbytes)
-            regions.append(Region(params[i].name, address, a.nbytes,
-                                  writer.put(a.tobytes()), writer.put(post),
-                                  str(a.dtype) if str(a.dtype) in DTYPE_HINTS else None))
+        dev.synchronize()   # a host kernel's leftover threads, too, before the guards
+        _check_guards(dev.read(base, cursor), guard, regions, starts, names, symbol)
+        out = []
+        for reg, start in zip(regions, starts, strict=True):
+            post = dev.read(base + start, len(reg["data"]))
+            out.append(Region(reg["name"], base + start, len(reg["data"]),
+                              writer.put(reg["data"]), writer.put(post), reg["dtype"]))
         env, dev_arch = dev.environment(), dev.arch()
 
     manifest = Manifest(
         backend=backend, arch=dev_arch,
         code=CodeObject(writer.put(image), fmt, symbol),
         launch=launch, kernarg=Kernarg(writer.put(kernarg), tuple(params)),
-        regions=tuple(regions), environment=env, provenance=request["provenance"])
+        regions=tuple(out), environment=env, provenance=request["provenance"])
     writer.finish(manifest)
+
+
+def _check_guards(arena: bytes, guard: bytes, regions: list[dict], starts: list[int],
+                  names: list[str], symbol: str) -> None:
+    """Refuse the call when the kernel wrote into a guard band: name the argument whose
+    band it was (past the end of one region or before the start of the next: the nearer)."""
+    got, want = np.frombuffer(arena, np.uint8), np.frombuffer(guard, np.uint8)
+    inside = np.zeros(len(arena), bool)
+    for reg, start in zip(regions, starts, strict=True):
+        inside[start:start + len(reg["data"])] = True
+    bad = np.flatnonzero((got != want) & ~inside)
+    if not bad.size:
+        return
+    bounds = [(start, start + len(reg["data"]), reg) for reg, start in zip(regions, starts,
+                                                                            strict=True)]
+    at = int(bad[0])
+    # The region whose edge is nearest the first written guard byte.
+    lo, hi, reg = min(bounds, key=lambda b: min(abs(at - b[0]), abs(at - b[1])))
+    args = [f"argument {i} ({names[i]})" for i in reg["members"]]
+    near = [int(b) for b in bad if min(abs(b - lo), abs(b - hi + 1)) <= GAP * 2]
+    if at >= hi:
+        where = f"{len(near)} byte(s) past the end of {' / '.join(args)}, up to byte " \
+                f"+{max(near) - hi + 1} beyond it"
+    else:
+        where = f"{len(near)} byte(s) before the start of {' / '.join(args)}, from byte " \
+                f"-{lo - min(near)}"
+    raise DriverError(f"kernel {symbol!r}", "wrote outside its arrays",
+                      f"{where}; {int(bad.size)} guard byte(s) changed in all; nothing "
+                      "was recorded")
 
 
 def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:

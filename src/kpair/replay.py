@@ -35,6 +35,7 @@ import numpy as np
 
 from .backends import Device, Kernel, Mapping
 from .backends.base import Held, fill_bytes
+from .elfabi import check_params
 from .errors import AbiMismatch, ArchitectureMismatch
 from .formats import Record
 from .placement import patch_pointers, span_of
@@ -366,12 +367,22 @@ def reproduce(device: Device, snapshot: Snapshot, runs: int) -> Reproduction:
     """Replay the snapshot's own code object ``runs`` times on its captured pre-state."""
     m = snapshot.manifest
     replay = Replay(device, snapshot)
-    kernel = device.load(snapshot.code_object(), m.code.kernel_name, fmt=m.code.format)
+    image = snapshot.code_object()
+    if m.code.format == "elf-so":  # what the object declares (DWARF), before any launch
+        check_params(image, m.code.kernel_name, m.kernarg.params, "captured")
+    kernel = device.load(image, m.code.kernel_name, fmt=m.code.format)
     replay.check_abi(kernel, "captured")
-    posts = [replay.run(kernel) for _ in range(runs)]
     names = [r.name for r in m.regions]
-    unstable = [n for n in names if any(p[n] != posts[0][n] for p in posts[1:])]
-    differs = [n for n in names if posts[0][n] != replay.expected[n]]
+    # Each run is compared with the first as it comes and then dropped: memory does not
+    # grow with ``runs``.
+    first = replay.run(kernel)
+    unstable_set: set[str] = set()
+    for _ in range(runs - 1):
+        post = replay.run(kernel)
+        unstable_set.update(n for n in names if post[n] != first[n])
+        del post
+    unstable = [n for n in names if n in unstable_set]
+    differs = [n for n in names if first[n] != replay.expected[n]]
     status = "nondeterministic" if unstable else "mismatch" if differs else "byte-exact"
     return Reproduction(snapshot=str(snapshot.root), kernel=m.code.kernel_name, runs=runs,
                         status=status, differing_regions=differs, unstable_regions=unstable,
