@@ -100,7 +100,21 @@ def written(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, list[Pa
     files["capture"].append(_capture(d / "capture"))
     files["snapshot"] += sorted((d / "capture" / "cap").glob("*/snapshot.json"))
     files["profile"].append(_profile(d / "profile.json"))
+    files["plan"].append(_plan(d / "opt.plan.json"))
     return files
+
+
+def _plan(path: Path) -> Path:
+    """A two-launch plan with scratch and every kind of binding, as kpair encodes it."""
+    from kpair.plan import Plan, PlanLaunch, RegionArg, ScalarArg, Scratch, ScratchArg
+
+    launches = (PlanLaunch(code="gemm.so", kernel="kp_gemm", args=(
+        RegionArg("a"), RegionArg("b", offset=64, bytes=128), ScratchArg("c"),
+        ScalarArg("i32", 64))),
+        PlanLaunch(code="epi.so", kernel="kp_epi", grid=(2, 1, 1), args=(
+            ScratchArg("c"), RegionArg("out", access="write"), ScalarArg("f32", 0.5))))
+    write(path, Plan(launches=launches, scratch=(Scratch("c", 16384),), note="fused"))
+    return path
 
 
 def _capture(where: Path) -> Path:

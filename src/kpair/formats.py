@@ -214,6 +214,7 @@ FORMATS: dict[str, tuple[str, str]] = {
     "director_validation": ("director_validation.json",
                             "kpair.optimize.director:DirectorValidation"),
     "baseline": ("baseline.json", "kpair.release.index:BaselineRecord"),
+    "plan": ("opt.plan.json", "kpair.plan:Plan"),
     # JSON lines: the schema is that of one line.
     "attempt": ("attempts.jsonl", "kpair.session:Attempt"),
 }

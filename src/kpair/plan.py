@@ -1,0 +1,286 @@
+"""Launch plans: a candidate with its own signature (``opt.plan.json``).
+
+A same-layout ``opt`` is one launch of one kernel whose kernarg is ref's. A **plan** is any
+number of launches, in order, of kernels with parameter lists of their own. Each parameter is
+bound, in the kernel's own order, to one of:
+
+- a **region** of the target (``{"bind": "region", "name": "out", "offset": 0,
+  "access": "write"}``): the argument is the region's placed address plus ``offset``;
+  ``bytes`` (optional) says how far from ``offset`` the launch reaches (default: the region's
+  end); ``access`` says whether the launch may write there;
+- a **scratch** buffer the plan declares with a size (``{"bind": "scratch", "name": "tmp"}``);
+- a typed **scalar** (``{"bind": "scalar", "kind": "i32", "value": 1024}``).
+
+The target is what a plan must produce: the regions of the captured range, each ``in``
+(read, must stay unchanged), ``out`` (written; the judge compares it) or ``inout`` (updated
+in place). ``check_plan`` refuses a plan before any launch, naming the launch and the
+parameter: a parameter count, size or type other than the code object's own layout, an
+unknown region or scratch, a reach past a region's or scratch buffer's end, a write to an
+``in`` region, an ``out`` region no launch may write. ``kernarg`` then builds each launch's
+argument blob from the layout and the placed addresses.
+
+Layouts come from the code object itself (``kpair.codecheck.kernel_layout``): a cubin's
+``.nv.info`` records, an AMDGPU metadata note, a host object's DWARF. A layout whose kinds
+are unknown (``bytes``) is checked by size only.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from .errors import AbiMismatch, FormatError
+from .formats import Invalid, Record, read
+from .snapshot.model import (
+    CODE_FORMATS,
+    SCALAR_FORMATS,
+    SCALAR_SIZES,
+    Count,
+    Dim3,
+    Param,
+    Positive,
+    RegionName,
+)
+
+SCHEMA = "kpair.plan"
+SCHEMA_VERSION = 1
+FILENAME = "opt.plan.json"
+
+#: Scalar kinds a plan can pass by value.
+SCALAR_KINDS = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64")
+Access = Literal["read", "write", "readwrite"]
+Role = Literal["in", "out", "inout"]
+KernelName = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class PlanError(FormatError):
+    """A plan that cannot run on its target: refused before any launch."""
+
+
+class RegionArg(Record, tag_field="bind", tag="region", omit_defaults=True):
+    name: RegionName
+    offset: Count = 0
+    access: Access = "read"
+    bytes: Count | None = None
+
+
+class ScratchArg(Record, tag_field="bind", tag="scratch", omit_defaults=True):
+    name: RegionName
+    offset: Count = 0
+    bytes: Count | None = None
+
+
+class ScalarArg(Record, tag_field="bind", tag="scalar"):
+    kind: Literal[SCALAR_KINDS]  # type: ignore[valid-type]
+    value: int | float
+
+    def __post_init__(self) -> None:
+        if self.kind in ("f32", "f64"):
+            if isinstance(self.value, bool) or not isinstance(self.value, int | float):
+                raise Invalid(f"a {self.kind} value must be a number", "value")
+            return
+        if not isinstance(self.value, int) or isinstance(self.value, bool):
+            raise Invalid(f"a {self.kind} value must be an integer, got {self.value!r}",
+                          "value")
+        bits = SCALAR_SIZES[self.kind] * 8
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if self.kind[0] == "i" \
+            else (0, (1 << bits) - 1)
+        if not lo <= self.value <= hi:
+            raise Invalid(f"{self.value} does not fit a {self.kind} ([{lo}, {hi}])", "value")
+
+    def pack(self) -> bytes:
+        value = float(self.value) if self.kind in ("f32", "f64") else self.value
+        if self.kind == "f32" and math.isfinite(value) and abs(value) > 3.4028234663852886e38:
+            raise Invalid(f"{self.value} does not fit an f32", "value")
+        return struct.pack(SCALAR_FORMATS[self.kind], value)
+
+
+Arg = RegionArg | ScratchArg | ScalarArg
+
+
+class Scratch(Record):
+    """A buffer the plan needs between launches: placed beside the regions, poisoned before
+    every execution of the plan, never judged."""
+
+    name: RegionName
+    size: Positive
+    align: Positive = 256
+
+    def __post_init__(self) -> None:
+        if self.align & (self.align - 1):
+            raise Invalid(f"must be a power of two, got {self.align}", "align")
+
+
+class PlanLaunch(Record, omit_defaults=True):
+    """One launch: the code object (a file beside the plan), the kernel, its geometry and
+    one binding per parameter, in the kernel's order."""
+
+    code: str
+    kernel: KernelName
+    args: tuple[Arg, ...]
+    grid: Dim3 = (1, 1, 1)
+    block: Dim3 = (1, 1, 1)
+    dynamic_shared_bytes: Count = 0
+    format: Literal[CODE_FORMATS] | None = None  # type: ignore[valid-type]
+
+    def __post_init__(self) -> None:
+        p = self.code
+        if not p or p.startswith("/") or "\\" in p or ".." in p.split("/"):
+            raise Invalid(f"must be a relative path beside the plan, got {p!r}", "code")
+
+
+class Plan(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
+    """``opt.plan.json``: the launches of a candidate with its own signature."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    launches: tuple[PlanLaunch, ...]
+    scratch: tuple[Scratch, ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.launches:
+            raise Invalid("a plan has at least one launch", "launches")
+        names = [s.name for s in self.scratch]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise Invalid(f"scratch buffer {name!r} is declared twice", f"scratch[{i}]")
+
+    @classmethod
+    def read(cls, path: Path) -> Plan:
+        return read(path, cls, error=PlanError, schema=SCHEMA, version=SCHEMA_VERSION)
+
+
+@dataclass(frozen=True)
+class TargetRegion:
+    """A region a plan binds to: its size, and what the range does with it."""
+
+    size: int
+    role: Role
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a plan must produce: the range's regions by name."""
+
+    regions: Mapping[str, TargetRegion]
+
+    @classmethod
+    def of_dispatch(cls, manifest) -> Target:
+        """The one-dispatch range of a snapshot: a region whose post-state differs from its
+        pre-state is written (``inout``: the dispatch may also read it), the others are
+        ``in``."""
+        return cls({r.name: TargetRegion(r.size, "inout" if r.pre.sha256 != r.post.sha256
+                                         else "in") for r in manifest.regions})
+
+
+def _where(i: int, launch: PlanLaunch, j: int | None = None,
+           layout: Sequence[Param] | None = None) -> str:
+    at = f"launch {i} ({launch.kernel})"
+    if j is None:
+        return at
+    name = layout[j].name if layout is not None and j < len(layout) and layout[j].name else ""
+    return f"{at} parameter {j}" + (f" ({name!r})" if name else "")
+
+
+def check_plan(plan: Plan, target: Target,
+               layouts: Sequence[Sequence[Param] | None]) -> None:
+    """Refuse ``plan`` on ``target`` (see the module docstring). ``layouts[i]`` is launch
+    i's parameter layout as its code object records it, or None where the code object
+    records none (then the bindings must still be well formed, and only the run can check
+    the rest). Raises AbiMismatch for a layout mismatch, PlanError for a binding fault."""
+    if len(layouts) != len(plan.launches):
+        raise ValueError("one layout (or None) per launch")
+    scratch = {s.name: s for s in plan.scratch}
+    clash = sorted(set(scratch) & set(target.regions))
+    if clash:
+        raise PlanError(f"scratch buffer {clash[0]!r} is named like a region of the range: "
+                        "one name, one buffer")
+    written: set[str] = set()
+    for i, (launch, layout) in enumerate(zip(plan.launches, layouts, strict=True)):
+        if layout is not None and len(layout) != len(launch.args):
+            raise AbiMismatch(f"{_where(i, launch)} takes {len(layout)} parameters (from its "
+                              f"code object), the plan binds {len(launch.args)}")
+        for j, arg in enumerate(launch.args):
+            where = _where(i, launch, j, layout)
+            param = layout[j] if layout is not None else None
+            if isinstance(arg, ScalarArg):
+                _check_scalar(arg, param, where)
+                continue
+            _check_pointer(param, where, arg)
+            if isinstance(arg, RegionArg):
+                region = target.regions.get(arg.name)
+                if region is None:
+                    raise PlanError(f"{where}: the range has no region {arg.name!r} "
+                                    f"(it has {', '.join(sorted(target.regions)) or 'none'})")
+                _check_reach(arg, region.size, f"region {arg.name!r}", where)
+                if arg.access != "read":
+                    if region.role == "in":
+                        raise PlanError(f"{where}: region {arg.name!r} is live-in (the range "
+                                        f"only reads it), the plan binds it for {arg.access}")
+                    written.add(arg.name)
+            else:
+                buf = scratch.get(arg.name)
+                if buf is None:
+                    raise PlanError(f"{where}: scratch buffer {arg.name!r} is not declared "
+                                    f"(the plan declares {', '.join(scratch) or 'none'})")
+                _check_reach(arg, buf.size, f"scratch buffer {arg.name!r}", where)
+    unwritten = sorted(n for n, r in target.regions.items()
+                       if r.role != "in" and n not in written)
+    if unwritten:
+        raise PlanError(f"the range writes {', '.join(map(repr, unwritten))}, which no launch "
+                        "of the plan binds for writing")
+
+
+def _check_scalar(arg: ScalarArg, param: Param | None, where: str) -> None:
+    if param is None:
+        return
+    if param.kind == "pointer":
+        raise AbiMismatch(f"{where} is a pointer, the plan passes a {arg.kind} scalar")
+    if param.size != SCALAR_SIZES[arg.kind]:
+        raise AbiMismatch(f"{where} is {param.size} bytes, the plan passes a {arg.kind} "
+                          f"({SCALAR_SIZES[arg.kind]} bytes)")
+    if param.kind != "bytes" and param.kind != arg.kind:
+        raise AbiMismatch(f"{where} is {param.kind}, the plan passes {arg.kind}")
+
+
+def _check_pointer(param: Param | None, where: str, arg: RegionArg | ScratchArg) -> None:
+    if param is None:
+        return
+    what = f"{'region' if isinstance(arg, RegionArg) else 'scratch buffer'} {arg.name!r}"
+    if param.kind not in ("pointer", "bytes"):
+        raise AbiMismatch(f"{where} is {param.kind}, the plan passes the address of {what}")
+    if param.size != SCALAR_SIZES["pointer"]:
+        raise AbiMismatch(f"{where} is {param.size} bytes, the plan passes the address of "
+                          f"{what} (8 bytes)")
+
+
+def _check_reach(arg: RegionArg | ScratchArg, size: int, what: str, where: str) -> None:
+    if arg.offset >= size:
+        raise PlanError(f"{where}: offset {arg.offset} is past the end of {what} "
+                        f"({size} bytes)")
+    if arg.bytes is not None and arg.offset + arg.bytes > size:
+        raise PlanError(f"{where}: reaches {arg.bytes} bytes from offset {arg.offset}, past "
+                        f"the end of {what} ({size} bytes)")
+
+
+def kernarg(launch: PlanLaunch, layout: Sequence[Param], addresses: Mapping[str, int]) -> bytes:
+    """Launch ``launch``'s argument blob: each binding packed at its parameter's offset.
+    ``addresses`` holds the placed address of every region and scratch buffer by name
+    (``check_plan`` refuses a scratch buffer named like a region). Call ``check_plan``
+    first."""
+    end = max((p.offset + p.size for p in layout), default=0)
+    blob = bytearray(end)
+    for param, arg in zip(layout, launch.args, strict=True):
+        if isinstance(arg, ScalarArg):
+            data = arg.pack()
+        else:
+            data = struct.pack("<Q", addresses[arg.name] + arg.offset)
+        blob[param.offset:param.offset + len(data)] = data
+    return bytes(blob)
+
