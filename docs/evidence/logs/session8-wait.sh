@@ -1,8 +1,0 @@
-#!/bin/bash
-# Wait (at most $1 s) for /tmp/box/$2, then hand back what the driver has so far.
-set -u; T0=$(date +%s); lim=${1:-560}; flag=${2:-DONE}
-while [ ! -f /tmp/box/$flag ] && [ $(( $(date +%s) - T0 )) -lt $lim ]; do sleep 5; done
-date -u; cat /tmp/box/driver.log; tail -n 5 /tmp/box/publish.log 2>/dev/null | cut -c1-300
-grep -E '"coverage"|"inside"|"compared"|median_half' /tmp/box/reproduce_h200.json 2>/dev/null | head
-tail -n 12 /tmp/box/kb.out 2>/dev/null | cut -c1-300
-cd /tmp/box && tar czf $OUT/box.tgz --exclude=release.tgz --exclude=kb.tgz . ; cp kb.tgz release.tgz $OUT/ 2>/dev/null; ls -la $OUT
