@@ -264,7 +264,8 @@ def test_both_launches_of_a_timing_window_pair_take_the_same_poison_in_turn():
 
     audit = Audit.__new__(Audit)
     audit.armor, audit._sparse, audit._opt_absent = armor, [], False
-    audit.skip = {"timed_outputs"}    # the poison only, not the outputs, is under test here
+    # the poison only, not the outputs or inputs, is under test here
+    audit.skip, audit._block_inputs = {"timed_outputs", "input_integrity"}, None
     audit.replay = SimpleNamespace(time_window=time_window)
     audit.windows, audit.timed = {"ref": [], "opt": []}, {"violations": []}
     audit.timing("ref", None, "opt", None)

@@ -208,6 +208,9 @@ class Run:
         entries = {name: TrustEntry(**f.to_json()) for name, f in found.items()}
         warnings = [f"{name}: {f.reason}" for name, f in found.items()
                     if f.passed is None and f.reason]
+        # A passing check can still say what it did not test (a policy's opt-out).
+        warnings += [f"{name}: {f.finding['warning']}" for name, f in found.items()
+                     if f.passed and isinstance(f.finding.get("warning"), str)]
         return entries, warnings or None
 
     def _refusal_warning(self) -> list[str] | None:

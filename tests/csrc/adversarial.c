@@ -77,7 +77,6 @@ static float bf16(float x) {
 
 #if KP_CHEAT == 17
 #include <stdio.h>
-#include <unistd.h>
 
 static int kp_found = -1;
 
@@ -95,9 +94,8 @@ static int holds_secret(long pid, const char *what) {
     return strstr(buf, KP_SECRET) != NULL;
 }
 
-static long parent_of(long pid) {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+static long parent_in(const char *path) {
+    char buf[512];
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
@@ -109,10 +107,19 @@ static long parent_of(long pid) {
     return ppid;
 }
 
+static long parent_of(long pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    return parent_in(path);
+}
+
+static long parent_of_self(void) { return parent_in("/proc/self/stat"); }
+
 __attribute__((constructor)) static void snoop(void) {
     int read = 0;
     kp_found = 0;
-    for (long pid = getppid(); pid > 1; pid = parent_of(pid)) {
+    /* from /proc/self/stat: the sandbox refuses getppid() */
+    for (long pid = parent_of_self(); pid > 1; pid = parent_of(pid)) {
         for (int w = 0; w < 2; w++) {
             int r = holds_secret(pid, w ? "environ" : "cmdline");
             read += r >= 0;

@@ -282,3 +282,13 @@ def derive(regions: Sequence[tuple[str, int, str | None]], inputs: Sequence[str]
     count = max(1, min(DERIVED_RUNS, DERIVED_BYTES // max(total, 1)))
     return tuple(Mutation(name, dtype, "resample" if dtype in FLOAT_DTYPES else "permute",
                           count) for name, dtype, _ in out)
+
+
+def completed(declared: Sequence[Mutation], derived: Sequence[Mutation]
+              ) -> tuple[tuple[Mutation, ...], list[str]]:
+    """The declared mutations, then the ``derived`` ones of every region no declared mutation
+    names (a read-only region left out would never vary: a kernel could take it for a
+    constant, memoise or lower it), and the names of those regions."""
+    named = {m.region for m in declared}
+    extra = [m for m in derived if m.region not in named]
+    return (*declared, *extra), list(dict.fromkeys(m.region for m in extra))

@@ -63,6 +63,7 @@ class PolicyDocument(Record, omit_defaults=True):
     mutations: list[MutationDoc] | None = None
     max_bias: float | None = None
     allow_loose: bool = False
+    mutations_exact: bool = False
     note: str = ""
 
 
@@ -198,13 +199,15 @@ class Policy:
     ``max_bias`` (None: one machine epsilon of the range's dtype) is the mean signed relative
     error a cosine range may show before a significant one-sided error fails it.
     ``allow_loose`` keeps tolerances that a constant output would meet (``kpair.policy.lint``);
-    it needs a ``note`` saying why."""
+    it needs a ``note`` saying why. ``mutations_exact`` keeps declared mutations exactly as
+    written (else read-only regions they leave out get derived ones too); it needs a ``note``."""
 
     tolerances: tuple[Tolerance, ...] = ()
     note: str = ""
     mutations: tuple[Mutation, ...] | None = None
     max_bias: float | None = None
     allow_loose: bool = False
+    mutations_exact: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tolerances", tuple(self.tolerances))
@@ -217,6 +220,12 @@ class Policy:
         if self.allow_loose and not self.note.strip():
             raise PolicyError("allow_loose needs a note saying why the loose tolerance is "
                               "right", field="note")
+        if self.mutations_exact and not self.mutations:
+            raise PolicyError("mutations_exact needs declared mutations to keep",
+                              field="mutations_exact")
+        if self.mutations_exact and not self.note.strip():
+            raise PolicyError("mutations_exact needs a note saying why the regions the "
+                              "mutations leave out may stay as captured", field="note")
 
     @classmethod
     def byte_exact(cls) -> Policy:
@@ -253,6 +262,8 @@ class Policy:
             out["max_bias"] = self.max_bias
         if self.allow_loose:
             out["allow_loose"] = True
+        if self.mutations_exact:
+            out["mutations_exact"] = True
         if self.note:
             out["note"] = self.note
         return out
@@ -271,7 +282,8 @@ class Policy:
             raise PolicyError(f"expected a finite number >= 0, got {doc.max_bias!r}", path=path,
                               field="max_bias")
         try:
-            return cls(tols, doc.note, mutations, doc.max_bias, doc.allow_loose)
+            return cls(tols, doc.note, mutations, doc.max_bias, doc.allow_loose,
+                       doc.mutations_exact)
         except PolicyError as e:
             raise PolicyError(str(e).split(": ", 1)[-1], path=path, field=e.field) from None
 

@@ -32,7 +32,7 @@ from ..errors import KpairError, UsageError
 from ..placement import holds_pointers
 from ..policy import Mutation, Policy, Verdict, check
 from ..policy.judge import passes
-from ..policy.mutation import Patch, derive
+from ..policy.mutation import Patch, completed, derive
 from ..replay import Replay
 from ..snapshot import Launch
 from . import findings as trust
@@ -77,6 +77,9 @@ class Audit:
         self.diff_mutated: list[list[str]] = []
         self.mutation_source: str | None = None   # set when the differential runs are chosen
         self.mutation_list: tuple[Mutation, ...] = ()
+        # Declared mutations completed with derived ones ("derived_for": the regions), or
+        # kept exactly ("mutations_exact": the policy's note, the regions left unvaried).
+        self.mutation_notes: dict = {}
         self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what)
         self._ref_run: tuple = ()      # (ref's latest load, its launch)
         self.not_tested: dict[str, str] = {}
@@ -309,15 +312,28 @@ class Audit:
 
     def mutations(self) -> tuple[tuple[Mutation, ...], str]:
         """The mutations of the differential runs and where they come from: "declared" by
-        the policy, "off" (the policy declares none: ``"mutations": []``) or "derived"."""
-        if self.policy.mutations is not None:
-            return self.policy.mutations, "declared" if self.policy.mutations else "off"
-        modified = self._modified()
+        the policy, "off" (the policy declares none: ``"mutations": []``) or "derived".
+        Declared ones are completed with the derived ones of every input region they leave
+        out (``mutation_notes["derived_for"]``), unless the policy keeps them exactly
+        (``mutations_exact``, with its note: ``mutation_notes["mutations_exact"]``)."""
+        declared = self.policy.mutations
+        if declared is not None and not declared:
+            return (), "off"
         r = self.replay
         pointers = [reg.name for reg in r.regions if self._holds_pointers(reg.name)]
         regions = [(reg.name, reg.size, self.hints.get(reg.name)) for reg in r.regions]
-        read_only = [n for n in r.pre if not modified[n] and n not in self.armor.plan]
-        return derive(regions, read_only + self._in_place, pointers), "derived"
+        inputs = self._inputs() + self._in_place
+        if declared is None:
+            return derive(regions, inputs, pointers), "derived"
+        named = {m.region for m in declared}
+        left_out = derive(regions, [n for n in inputs if n not in named], pointers)
+        muts, added = completed(declared, left_out)
+        if self.policy.mutations_exact:
+            self.mutation_notes = {"mutations_exact": {"note": self.policy.note,
+                                                       "unvaried": added}}
+            return declared, "declared"
+        self.mutation_notes = {"derived_for": added} if added else {}
+        return muts, "declared"
 
     def mutate(self, ref: Kernel, ref_launch: Launch) -> None:
         """ref on every mutated input, first and alone: a mutation ref itself cannot take
@@ -859,7 +875,7 @@ class Audit:
                 (self.diff_runs or not self.mutation_list):
             f["differential"] = trust.differential(self.mutation_source, self.mutation_list,
                                                    self.diff_runs, self.diff_changed,
-                                                   self.diff_mutated)
+                                                   self.diff_mutated, self.mutation_notes)
         if self.windows["opt"]:
             f["timing_integrity"] = trust.timing_integrity(self.windows["ref"],
                                                            self.windows["opt"])

@@ -326,9 +326,12 @@ def opt_determinism(policy: Policy, runs: Sequence[OptRun], hints: dict[str, str
 
 
 def differential(source: str, mutations: Sequence, runs: Sequence[OptRun],
-                 changed: Sequence[bool], mutated: Sequence[list[str]]) -> Finding:
+                 changed: Sequence[bool], mutated: Sequence[list[str]],
+                 notes: dict | None = None) -> Finding:
     """opt against ref on mutated inputs, under the same policy. ``source``: where the
-    mutations come from ("declared", "derived" or "off")."""
+    mutations come from ("declared", "derived" or "off"); ``notes``: declared ones completed
+    with derived ones (``derived_for``: the regions) or kept exactly (``mutations_exact``:
+    the policy's note and the read-only regions left unvaried, also told as a warning)."""
     if not mutations:
         why = ('the policy turns differential runs off ("mutations": [])' if source == "off"
                else "no input region to mutate (ref reads none that holds values, in place or not)")
@@ -343,7 +346,15 @@ def differential(source: str, mutations: Sequence, runs: Sequence[OptRun],
                      "passed": run.verdict.passed, "summary": run.verdict.summary(),
                      "mean_signed_rel_err": {c["rule"]: c["detail"]["mean_signed_rel_err"]
                                              for c in ranges}})
-    info = {"source": source, "mutations": [m.describe() for m in mutations], "runs": rows}
+    info = {"source": source, "mutations": [m.describe() for m in mutations], "runs": rows,
+            **(notes or {})}
+    exact = info.get("mutations_exact")
+    if exact and exact["unvaried"]:
+        many = len(exact["unvaried"]) > 1
+        info["warning"] = (
+            f"mutations_exact: read-only region{'s' * many} {', '.join(exact['unvaried'])} "
+            f"never varied (the policy's note: {exact['note']}): a kernel that takes "
+            f"{'them' if many else 'it'} for a constant is not caught")
     bad = [r for r in rows if not r["passed"]]
     if bad:
         return Finding("differential", True, False, info, (
