@@ -1,5 +1,5 @@
 #!/bin/bash
-# The H200 evidence run of docs/evidence/cuda-capture.md, in one device call: the must-show
+# The H200 evidence run of docs/evidence/capture.md, in one device call: the must-show
 # cases (captured with the Python API, replayed in fresh processes) run beside the coverage
 # capture; the overhead timing runs alone afterwards; then the GPU tests. Each stage has its
 # own time limit and log, so one failing stage does not hide the others.

@@ -1,6 +1,6 @@
 """Is there a run-level (worker process) component in a published speedup, as JSON?
 
-On the H100 in session 14 (docs/evidence/h100-2026-12-05-session14.md), the re-run points of
+On an H100 (2026-12-05, docs/evidence/timing.md), the re-run points of
 kernels under 8 µs spread 2 to 7 times more than one run's six replicates predict for their
 mean, while kernels from 12 µs up spread as predicted: something differs from one worker
 process to the next that the replicates inside one process (fresh module loads, fresh pages)

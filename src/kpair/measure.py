@@ -598,7 +598,7 @@ GPU_RUN_OFFSET_S = 30e-9
 #: executors spent waiting for a CPU (``wait``: run-queue time / (run-queue + on-CPU time),
 #: the kernel's /proc/PID/schedstat): HOST_RUN_REL_IDLE on an idle machine, rising linearly
 #: to HOST_RUN_REL_LOADED at HOST_LOADED_WAIT and above (two CPU hogs on two CPUs gave 0.34).
-#: Calibrated on recorded host re-runs (docs/evidence/logs/session18/host/relterm.txt): a fixed
+#: Calibrated on recorded host re-runs (docs/evidence/reproduction-host.md): a fixed
 #: 1% covered 99% of idle re-runs (44 runs), 3% covered 95% and 100% of two sets beside two
 #: hogs (80 and 24 runs), whose between-run spread no replicate of one run shows (the load over
 #: minutes moves it). Where the wait cannot be read, the loaded value.

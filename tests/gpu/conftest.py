@@ -2,8 +2,8 @@
 in tests/cuda/ for the device's architecture; records snapshots from numpy inputs; pairs and
 runs harnesses end to end in isolated workers.
 
-Measured numbers go to ``$KPAIR_EVIDENCE`` (JSON lines) when it is set: the evidence file of
-docs/evidence/cuda-replay.md is made from it.
+Measured numbers go to ``$KPAIR_EVIDENCE`` (JSON lines) when it is set: the evidence files of
+docs/evidence/ (trust-cuda-tests.jsonl) are made from it.
 """
 
 from __future__ import annotations

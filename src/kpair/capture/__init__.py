@@ -52,7 +52,7 @@ def install(*, cupti_path: str | None = None):
     for eager module loading (``CUDA_MODULE_LOADING=EAGER``) unless the variable is already
     set: eager loading reports every module at load time. Lazy loading is much cheaper, but
     an earlier probe saw it never report the modules of cudart's kernels (PyTorch's own);
-    a CUDA 13 driver did report one (docs/evidence/cuda-capture.md), not yet a whole model.
+    a CUDA 13 driver did report one (docs/evidence/capture.md), not yet a whole model.
     """
     global _tracer
     if _tracer is None:
