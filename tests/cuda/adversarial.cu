@@ -20,6 +20,13 @@
 //                   when the key matches
 //   cheat_slowref   correct; from its 17th launch on, it also rewrites B (ref's input) with
 //                   larger values, to slow or change ref's next launch
+//   cheat_timedscale a per-block launch counter: exact on launches before KP_FROM (opt's
+//                   check runs: its own, the differential ones), the exact result times
+//                   (1 + 2^-10) from KP_FROM on (opt's first timing window; every later launch
+//                   is timed, on a fresh input): cosine cannot see it, the sign test can
+//   cheat_memob     takes B for a constant weight: each element rounded to bf16 (to nearest:
+//                   within cosine, no one-sided error) and kept at its first launch, used
+//                   ever after whatever B holds (caught only where B is mutated)
 // and one honest kernel that must pass under a tolerance policy:
 //   honest_splitk   sums k in two halves (differs from gemm_tiled in the last bits)
 #define T 16
@@ -190,4 +197,45 @@ extern "C" __global__ void cheat_slowref(const float* A, const float* B, float* 
   if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0)
     atomicAdd(&slowref_launches, 1u);
   if (slowref_launches > 16) ((float*)B)[row * N + col] = 1e30f;
+}
+
+__device__ unsigned timedscale_launches[COUNT_BLOCKS];
+
+extern "C" __global__ void cheat_timedscale(const float* A, const float* B, float* C, int M,
+                                            int N, int K) {
+  INDEX
+  __shared__ unsigned n;
+  unsigned b = (blockIdx.y * gridDim.x + blockIdx.x) % COUNT_BLOCKS;
+  if (threadIdx.x == 0 && threadIdx.y == 0) n = ++timedscale_launches[b];
+  __syncthreads();
+  float acc = dot(A, B, row, col, N, K);
+  C[row * N + col] = n >= KP_FROM ? acc * (1.f + 1.f / 1024.f) : acc;
+}
+
+__device__ __forceinline__ float bf16_rne(float x) {
+  unsigned u = __float_as_uint(x);
+  return __uint_as_float((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
+}
+
+__device__ float memob_low[CACHE_ELEMENTS];
+__device__ unsigned memob_launches[COUNT_BLOCKS];
+
+extern "C" __global__ void cheat_memob(const float* A, const float* B, float* C, int M, int N,
+                                       int K) {
+  INDEX
+  __shared__ unsigned n;
+  unsigned b = (blockIdx.y * gridDim.x + blockIdx.x) % COUNT_BLOCKS;
+  if (threadIdx.x == 0 && threadIdx.y == 0) n = ++memob_launches[b];
+  __syncthreads();
+  // The first launch rounds B as it goes and keeps its element (thread i keeps B[i]: B is
+  // K x N, K == M here); every later launch reads the copy the first launch left.
+  bool kept = n > 1 && K * N <= CACHE_ELEMENTS;
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) {
+    int j = k * N + col;
+    acc = fmaf(A[row * K + k], kept ? memob_low[j] : bf16_rne(B[j]), acc);
+  }
+  C[row * N + col] = acc;
+  int i = row * N + col;
+  if (n == 1 && i < K * N && i < CACHE_ELEMENTS) memob_low[i] = bf16_rne(B[i]);
 }

@@ -20,9 +20,11 @@ pytestmark = pytest.mark.gpu
 CUDA_SRC = Path(__file__).parents[1] / "cuda"
 N = 64
 MUTATIONS = (Mutation("A", "float32", "permute", 2), Mutation("B", "float32", "resample", 2))
+COSINE = (Tolerance("C", 0, N * N * 4, "float32", "cosine", min_cosine=0.9999),)
 POLICIES = {"exact": Policy(mutations=MUTATIONS), "default": Policy(),
-            "cosine": Policy((Tolerance("C", 0, N * N * 4, "float32", "cosine",
-                                        min_cosine=0.9999),), mutations=MUTATIONS)}
+            "cosine": Policy(COSINE, mutations=MUTATIONS),
+            # mutations naming A only: B, read-only too, gets kpair's derived mutation as well
+            "cosine_a": Policy(COSINE, mutations=MUTATIONS[:1])}
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +117,46 @@ def test_cuda_kernel_wrong_only_in_the_timing_windows_fails(kit, cuda_suite, evi
     assert "wrong after timing window 1 " in line, line
 
 
+def test_cuda_kernel_scaled_only_on_its_timed_inputs_fails_bias(kit, cuda_suite, evidence):
+    """A per-block launch counter: exact on opt's check runs (its own, the differential
+    ones), (1 + 2^-10) x the answer from its first timing window on, every launch of which is
+    timed on a fresh input. Cosine passes each; the sign test on every timed launch fails it."""
+    honest = cuda_suite("gemm_tiled", "cosine", source="gemm")
+    d = len(honest["trust"]["differential"]["finding"]["runs"])
+    binary = compile_cuda(CUDA_SRC / "adversarial.cu", kit.root / "bin" / "adv-tscale.cubin",
+                          arch=kit.arch, defines={"KP_FROM": 4 + d})
+    r = cuda_suite("cheat_timedscale", "cosine", binary=binary)
+    line = Result.from_json(r).summary()
+    bias = (r.get("trust") or {}).get("bias", {}).get("finding") or {}
+    evidence("trust[cheat_timedscale-cosine]", {
+        "status": r["status"], "summary": line, "from": 4 + d,
+        "timed_launches_judged": bias.get("timed_launches_judged")})
+    assert r["status"] == "fail", line
+    assert r["correctness"]["failed_check"] == "bias", line
+    assert "one-sided systematic error" in line and "timing window 1" in line, line
+    assert r["trust"]["differential"]["passed"] is True
+
+
+def test_cuda_memo_of_a_region_the_declared_mutations_leave_out_fails(cuda_suite, evidence):
+    """B kept in bf16 from opt's first launch on, under a cosine policy whose mutations name
+    only A: B gets the derived mutation too, and the stale copy fails on it."""
+    r = cuda_suite("cheat_memob", "cosine_a")
+    line = Result.from_json(r).summary()
+    diff = ((r.get("trust") or {}).get("differential") or {}).get("finding") or {}
+    evidence("trust[cheat_memob-cosine_a]", {
+        "status": r["status"], "summary": line,
+        "failed_check": (r.get("correctness") or {}).get("failed_check"),
+        "mutations": diff.get("mutations"), "derived_for": diff.get("derived_for")})
+    assert r["status"] == "fail", line
+    assert r["correctness"]["failed_check"] in ("differential", "timed_outputs"), line
+    assert diff["derived_for"] == ["B"], diff
+
+
 @pytest.mark.parametrize(("source", "kernel", "policy"),
                          [("gemm", "gemm_naive", "exact"), ("gemm", "gemm_tiled", "exact"),
                           ("gemm", "gemm_naive", "default"),
-                          ("adversarial", "honest_splitk", "cosine")])
+                          ("adversarial", "honest_splitk", "cosine"),
+                          ("adversarial", "honest_splitk", "cosine_a")])
 def test_cuda_honest_opt_passes_every_check(cuda_suite, evidence, source, kernel, policy):
     r = cuda_suite(kernel, policy, source)
     line = Result.from_json(r).summary()
