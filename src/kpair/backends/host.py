@@ -7,14 +7,28 @@ from floating point); grid and block are recorded but mean nothing here.
 
 The candidate shares nothing with the judge. Each ``load`` starts an executor
 (``host_executor.c``, built at first use; ``kpair.backends._sandbox``): a small C process
-that holds only a command pipe, a reply pipe, the worker's log as stdout/stderr, the regions
-and its code object — no key, no Python, no verdict path. It drops to nobody when kpair runs
-as root, drops every capability, sets no_new_privs and rlimits, maps the regions, then loads
-the code object under a seccomp allowlist (its ELF constructors run confined) and calls the
-kernel when the judge says so. The judge (this process) makes itself non-dumpable, so a
-same-user process cannot read its memory or environment. If the sandbox cannot be set up,
-nothing runs (``SandboxUnavailable``). Every call the sandbox refuses reaches the judge as a
-record on the reply pipe; ``refused_calls`` sums them over every load of a code object.
+that holds only the worker's log as stdout/stderr, a write-only report pipe, the regions and
+a read-only call page — no key, no Python, no verdict path, no command channel. It drops to
+nobody when kpair runs as root, drops every capability, sets no_new_privs and rlimits, maps
+the regions, installs its one, final seccomp filter, hands the judge the filter's listener
+over the setup socket and closes it; only then does it load the code object (constructors
+and IFUNC resolvers run under the final filter; the judge's thread answers its opens:
+read-only ones while loading, none after). A failure reported on the setup socket is the
+sandbox's (``SandboxUnavailable``, ``PlacementError``); anything that goes wrong from dlopen
+on is the code object's (``KernelCrashed``; ``SymbolNotFound`` only if the judge's own
+reading of the image agrees). The judge checks ``Seccomp_filters`` from outside after the
+load. The judge (this process) makes itself non-dumpable, so a same-user process cannot read
+its memory or environment. If the sandbox cannot be set up, nothing runs. Every call the
+sandbox refuses reaches the judge (a record on the report pipe, or an open it refused
+itself); ``refused_calls`` sums them over every load of a code object.
+
+A launch has no protocol inside the executor's process: the executor's loop only stops
+itself (``kill(getpid(), SIGSTOP)``) and then acts on its call page's op. The judge writes
+the call's arguments into the page while the executor is stopped, SIGCONTs it and waits
+(``waitpid(WUNTRACED)``) for its next stop. Nothing a kernel could answer, forge or skip is
+in that path: the same wake, call and stop are timed for ref and opt, and a kernel that stops
+itself early leaves its launch's outputs unfinished (judged so) and its deferred work to its
+own next launch.
 
 Regions live in memfds: ``map`` creates one per call, maps it MAP_SHARED here (the judge's
 view, which ``write``/``read``/``stage``/``restore`` use) and chooses the executor
@@ -25,14 +39,15 @@ addresses.
 
 Timing reads the executor's CPU time from outside (its process CPU clock, clock id
 ``(~pid << 3) | 2``): a timer patched inside it changes nothing, and other processes on the
-machine land in no sample. Between its launches an executor is stopped (SIGSTOP, SIGCONT
-before its next command), so a thread a candidate leaves running gets no CPU while another
-kernel is timed; its work is charged to its own next launch. ``timed_launch`` reads the clock
-while the executor is stopped (exact, every thread counted, exited ones too) before and after
-one call; ``window_clock`` — the clock of the timing-integrity window — is the CPU time of all
-executors; ``synchronize`` lets the last launched executor run until its threads are idle or
-gone (a thread still runnable counts as busy), then stops it again. A multi-threaded kernel
-is thus charged the CPU time of all its threads, not its latency.
+machine land in no sample. Between its launches an executor is stopped (its own stop, or the
+judge's SIGSTOP after ``synchronize``), so a thread a candidate leaves running gets no CPU
+while another kernel is timed; its work is charged to its own next launch. ``timed_launch``
+reads the clock while the executor is stopped (exact, every thread counted, exited ones
+too) before and after one call; ``window_clock`` — the clock of the timing-integrity
+window — is the CPU time of all executors; ``synchronize`` lets the last launched executor
+run until its threads are idle or gone (a thread still runnable counts as busy), then stops
+it again. A multi-threaded kernel is thus charged the CPU time of all its threads, not its
+latency.
 """
 
 from __future__ import annotations
@@ -156,6 +171,8 @@ def _libc() -> ctypes.CDLL:
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.memset.restype = ctypes.c_void_p
     libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    libc.ioctl.restype = ctypes.c_int
+    libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
     return libc
 
 
@@ -316,7 +333,8 @@ class _Executor:
             for fd, mask in events:
                 if live.get(fd) == "listener":
                     if mask & select.POLLIN:
-                        self._answer()
+                        with contextlib.suppress(Exception):   # never leave an open waiting
+                            self._answer()
                     elif mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                         poll.unregister(fd)
                         live.pop(fd)
@@ -349,21 +367,19 @@ class _Executor:
     def _answer(self) -> None:
         """One open of the executor: let a read-only one through while its code object loads
         (SECCOMP_USER_NOTIF_FLAG_CONTINUE), refuse any other with EPERM and count it."""
-        buf = bytearray(_NOTIF.size)
-        try:
-            fcntl.ioctl(self.listener, _NOTIF_RECV, buf, True)
-        except OSError:
+        libc, buf = _libc(), ctypes.create_string_buffer(_NOTIF.size)
+        # ctypes calls release the GIL: a wait here never holds up the judge.
+        if libc.ioctl(self.listener, _NOTIF_RECV, buf) != 0:
             return   # the call was interrupted, or the executor has gone
-        nid, _, _, nr, _, _, *args = _NOTIF.unpack(buf)
+        nid, _, _, nr, _, _, *args = _NOTIF.unpack(buf.raw)
         is_open, is_openat = (nr == _sandbox.syscall_number(n) for n in ("open", "openat"))
         flags = args[1] if is_open else args[2]
         loading = self.loading
         allowed = loading and (is_open or is_openat) and not flags & _sandbox.WRITE_FLAGS
-        resp = _NOTIF_RESP.pack(nid, 0, 0, _NOTIF_CONTINUE) if allowed else \
-            _NOTIF_RESP.pack(nid, 0, -errno.EPERM, 0)
-        try:
-            fcntl.ioctl(self.listener, _NOTIF_SEND, bytearray(resp), True)
-        except OSError:
+        resp = ctypes.create_string_buffer(
+            _NOTIF_RESP.pack(nid, 0, 0, _NOTIF_CONTINUE) if allowed
+            else _NOTIF_RESP.pack(nid, 0, -errno.EPERM, 0), _NOTIF_RESP.size)
+        if libc.ioctl(self.listener, _NOTIF_SEND, resp) != 0:
             return   # the call was interrupted (it will be made again) or the executor died
         if not allowed:
             with self._lock:
