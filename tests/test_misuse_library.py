@@ -218,6 +218,23 @@ def test_a_harness_whose_opt_changed_is_refused_at_open_before_any_launch(lab, t
     assert {k: v for k, v in after.items() if k in before} == before
 
 
+def test_an_evaluated_candidate_is_checked_before_it_is_loaded(lab, tmp_path):
+    """``kpair evaluate``: a candidate whose DWARF declares 5 parameters is an error verdict
+    naming them (exit 4), the good one beside it still passes."""
+    h = create_harness(lab / "snap", tmp_path / "H", opt=lab / "k.so").root
+    before = state(h)
+    shutil.copy(lab / "k.so", tmp_path / "five.so")
+    proc = kpair("evaluate", h, tmp_path / "five.so", "--kernel", "kp_five", "-o",
+                 tmp_path / "EV", *QUICK, cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    attempts = [json.loads(line) for line in
+                (tmp_path / "EV" / "attempts.jsonl").read_text().splitlines()]
+    assert len(attempts) == 1
+    assert "takes 5 parameters (DWARF), the dispatch passes 3" in json.dumps(attempts[0])
+    assert state(h) == before
+
+
 def test_record_call_refuses_arguments_the_function_does_not_take(lab, tmp_path):
     x, y = np.ones(8, np.float32), np.zeros(8, np.float32)
     with pytest.raises(AbiMismatch) as e:

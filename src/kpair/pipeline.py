@@ -323,6 +323,7 @@ def _load_opt(run: Run) -> None:
         launch = h.snapshot.manifest.launch.override(c.launch_override or {})
     except KpairError as e:
         raise UsageError(f"launch override of {c.label or 'the candidate'}: {e}") from None
+    run.replay.check_declared(c.image, c.kernel, c.format, "opt")  # a candidate's DWARF
     opt = run.device.load(c.image, c.kernel, fmt=c.format)
     run.replay.check_abi(opt, "opt")
     run.opt = (opt, launch)

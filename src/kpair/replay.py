@@ -177,6 +177,13 @@ class Replay:
             raise AbiMismatch(f"{role} kernel {kernel.name!r} takes parameters {layout} "
                               f"(offset, size), the snapshot's kernarg has {want}")
 
+    def check_declared(self, image: bytes, kernel: str, fmt: str, role: str) -> None:
+        """Before ``image`` is loaded: refuse (``AbiMismatch``) a host shared object whose
+        DWARF declares other parameters than the snapshot's kernarg passes
+        (``kpair.elfabi``); nothing to read in a stripped one. Other formats: ``check_abi``."""
+        if fmt == "elf-so":
+            check_params(image, kernel, self.params, role)
+
     def read_all(self) -> dict[str, bytes]:
         return {r.name: self.device.read(a, r.size)
                 for r, a in zip(self.regions, self.addresses, strict=True)}
