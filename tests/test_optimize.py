@@ -427,7 +427,7 @@ def test_triton_persistent_reduction_keeps_its_rblock_and_hand_written_grids():
     looped = PERSISTENT_SRC.replace("rindex =", "for roffset in range(0, rnumel, RBLOCK):\n"
                                     "        rindex =")
     info = tr.kernel_info(_inductor_meta(looped) | {})
-    info = tr.KernelInfo(**{**info.__dict__, "constants": {"XBLOCK": 1, "RBLOCK": 64}})
+    info = tr.TritonKernel(**{**info.__dict__, "constants": {"XBLOCK": 1, "RBLOCK": 64}})
     assert tr.tunable_blocks(info, grid_known=False) == ["RBLOCK"]
     # A hand-written kernel declares its grid; jsonified constexpr keys are paths.
     hand = {"triton": {"launched_by": "triton.CompiledKernel", "function": "add_kernel",

@@ -17,6 +17,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..formats import Address, Record, read
+from ..snapshot.model import OmittedRegion
 
 SCHEMA = "kpair.capture"
 SCHEMA_VERSION = 1
@@ -58,15 +59,6 @@ class ProfileUse(Record):
     exit_status: int | None
     kernel_time_ns: Count
     chosen: list[ProfiledKernel]
-
-
-class OmittedRegion(Record):
-    """A region a dispatch reaches that its snapshot leaves out (its snapshot is incomplete)."""
-
-    name: str
-    address: Address
-    size: Count
-    reason: str
 
 
 class Dispatch(Record):

@@ -56,7 +56,7 @@ DEFAULT_LIMIT = 48
 
 
 @dataclass(frozen=True)
-class KernelInfo:
+class TritonKernel:
     """What capture recorded about one Triton kernel, normalised."""
 
     function: str
@@ -102,7 +102,7 @@ def _as_dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def kernel_info(provenance: dict) -> KernelInfo | None:
+def kernel_info(provenance: dict) -> TritonKernel | None:
     """The Triton metadata of a snapshot's provenance, or None if there is none to use.
 
     Constexpr values are those Inductor's ``triton_meta`` fixes, then those the launch
@@ -134,7 +134,7 @@ def kernel_info(provenance: dict) -> KernelInfo | None:
     metadata = _as_dict(meta.get("metadata"))
     if "enable_fp_fusion" in tmeta and "enable_fp_fusion" not in metadata:
         metadata = {**metadata, "enable_fp_fusion": tmeta["enable_fp_fusion"]}  # Inductor's
-    info = KernelInfo(function=function, source=meta["source"], signature=dict(signature),
+    info = TritonKernel(function=function, source=meta["source"], signature=dict(signature),
                       constants=constants, raw_constants=raw, attrs=attrs,
                       metadata=metadata,
                       inductor="inductor_meta" in meta or "triton_meta" in meta,
@@ -145,7 +145,7 @@ def kernel_info(provenance: dict) -> KernelInfo | None:
     return with_config(info, launched) if isinstance(launched, dict) else info
 
 
-def with_config(info: KernelInfo, config: dict) -> KernelInfo:
+def with_config(info: TritonKernel, config: dict) -> TritonKernel:
     """``info`` with a recorded ``triton.Config`` (``{"kwargs", "num_warps", ...}``) applied:
     its constexprs and, where the compiled kernel's own metadata is absent, its options."""
     kwargs = {k: v for k, v in _as_dict(config.get("kwargs")).items() if k in info.signature}
@@ -157,7 +157,7 @@ def with_config(info: KernelInfo, config: dict) -> KernelInfo:
                    raw_constants={**info.raw_constants, **kwargs}, metadata=metadata)
 
 
-def resolve(info: KernelInfo, manifest, kernarg: bytes) -> KernelInfo | str:
+def resolve(info: TritonKernel, manifest, kernarg: bytes) -> TritonKernel | str:
     """The info of the config that made this dispatch, or why it is not known.
 
     A launch recorded with its compiled kernel is known already. Otherwise the autotuner's
@@ -187,7 +187,7 @@ def resolve(info: KernelInfo, manifest, kernarg: bytes) -> KernelInfo | str:
     return fits[0]
 
 
-def scalars(info: KernelInfo, manifest, kernarg: bytes) -> dict[str, int | float]:
+def scalars(info: TritonKernel, manifest, kernarg: bytes) -> dict[str, int | float]:
     """Scalar kernarg values by their Triton parameter names."""
     out: dict[str, int | float] = {}
     params = list(manifest.kernarg.params)
@@ -198,7 +198,7 @@ def scalars(info: KernelInfo, manifest, kernarg: bytes) -> dict[str, int | float
     return out
 
 
-def grid_formula(info: KernelInfo) -> str | None:
+def grid_formula(info: TritonKernel) -> str | None:
     """The grid as an expression over constexprs and scalars (None: not known)."""
     m = _GRID_DECL.search(info.source)
     if m:
@@ -210,7 +210,7 @@ def grid_formula(info: KernelInfo) -> str | None:
     return None
 
 
-def dispatch_formula(info: KernelInfo, manifest, kernarg: bytes) -> str | None:
+def dispatch_formula(info: TritonKernel, manifest, kernarg: bytes) -> str | None:
     """The grid formula, if it gives this dispatch's grid at its constants and scalars."""
     formula = grid_formula(info)
     if formula is None:
@@ -232,7 +232,7 @@ def grid_for(formula: str, constants: dict, values: dict) -> tuple[int, int, int
     return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
 
 
-def tunable_blocks(info: KernelInfo, grid_known: bool) -> list[str]:
+def tunable_blocks(info: TritonKernel, grid_known: bool) -> list[str]:
     """Block-size constexprs this kernel's configs may change."""
     out = []
     looped = re.search(r"for\s+r\d?_?offset\s+in\s+(?:tl\.)?range", info.source) is not None
@@ -260,11 +260,11 @@ def source_key(source: str, function: str, signature: dict) -> str:
     return hashlib.sha256(json.dumps([text, sorted(signature.items())]).encode()).hexdigest()
 
 
-def info_key(info: KernelInfo) -> str:
+def info_key(info: TritonKernel) -> str:
     return source_key(info.source, info.function, info.signature)
 
 
-def config_of(info: KernelInfo) -> dict[str, Any]:
+def config_of(info: TritonKernel) -> dict[str, Any]:
     """The config ``info`` was compiled with, as ``configs`` writes configs (every block-size
     constexpr it has)."""
     meta = info.metadata
@@ -273,7 +273,7 @@ def config_of(info: KernelInfo) -> dict[str, Any]:
             "constants": {n: v for n, v in info.constants.items() if _BLOCK.match(n)}}
 
 
-def fit_config(info: KernelInfo, recorded: dict, *, grid_known: bool) -> dict[str, Any] | str:
+def fit_config(info: TritonKernel, recorded: dict, *, grid_known: bool) -> dict[str, Any] | str:
     """A recorded config (``{"kwargs" or "constants", "num_warps", ...}``) as this dispatch
     can take it (block sizes only where they are tunable here, every other constexpr as
     captured), or why it cannot."""
@@ -297,14 +297,14 @@ def fit_config(info: KernelInfo, recorded: dict, *, grid_known: bool) -> dict[st
         return f"it is not a config of integers: {recorded!r}"
 
 
-def is_captured(info: KernelInfo, config: dict, *, grid_known: bool) -> bool:
+def is_captured(info: TritonKernel, config: dict, *, grid_known: bool) -> bool:
     """Whether ``config`` (as ``fit_config`` gives it) is the captured one: ref itself."""
     blocks = tunable_blocks(info, grid_known)
     captured = config_of(info)
     return {**captured, "constants": {n: info.constants[n] for n in blocks}} == config
 
 
-def seed_configs(info: KernelInfo, *, grid_known: bool) -> list[dict[str, Any]]:
+def seed_configs(info: TritonKernel, *, grid_known: bool) -> list[dict[str, Any]]:
     """The configs Inductor's autotuner was given for this kernel (``autotune_configs``, else
     the ``launcher_configs`` it compiled), in its order, that this dispatch can take
     (``fit_config``), the captured one left out."""
@@ -318,7 +318,7 @@ def seed_configs(info: KernelInfo, *, grid_known: bool) -> list[dict[str, Any]]:
     return out
 
 
-def configs(info: KernelInfo, *, grid_known: bool, limit: int = DEFAULT_LIMIT
+def configs(info: TritonKernel, *, grid_known: bool, limit: int = DEFAULT_LIMIT
             ) -> list[dict[str, Any]]:
     """Configs to try: Inductor's own (``seed_configs``) first, then fewest changes from the
     captured one; the captured one is left out (it is ref). Each: {"num_warps",
@@ -357,7 +357,7 @@ def configs(info: KernelInfo, *, grid_known: bool, limit: int = DEFAULT_LIMIT
     return result
 
 
-def launch_override(info: KernelInfo, config: dict, *, shared: int, formula: str | None,
+def launch_override(info: TritonKernel, config: dict, *, shared: int, formula: str | None,
                     values: dict) -> dict:
     """The launch the recompiled kernel needs on the captured dispatch."""
     out: dict[str, Any] = {"block": [32 * config["num_warps"], 1, 1],
@@ -388,7 +388,7 @@ from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
 """
 
 
-def load_function(info: KernelInfo, where: Path):
+def load_function(info: TritonKernel, where: Path):
     """The kernel's JITFunction, from its recorded source written to a module file (Triton
     reads a function's source back from its file)."""
     triton = _triton()
@@ -406,7 +406,7 @@ def load_function(info: KernelInfo, where: Path):
     return fn
 
 
-def compile_config(info: KernelInfo, fn, config: dict, arch: str) -> dict:
+def compile_config(info: TritonKernel, fn, config: dict, arch: str) -> dict:
     """Compile one config: {"cubin": bytes, "ptx", "name", "shared",
     "global_scratch_size"}."""
     triton = _triton()
@@ -462,7 +462,7 @@ class TritonRetune:
         info = resolve(info, m, harness.snapshot.kernarg())
         return info if isinstance(info, str) else None
 
-    def plan(self, harness) -> tuple[KernelInfo, list[dict], str | None, dict]:
+    def plan(self, harness) -> tuple[TritonKernel, list[dict], str | None, dict]:
         """(info, configs, grid formula or None, scalar values): everything before compiling."""
         m = harness.snapshot.manifest
         info = resolve(kernel_info(m.provenance or {}), m, harness.snapshot.kernarg())
@@ -509,7 +509,7 @@ class TritonRetune:
                                    formula, values, origin=f"inductor {mode}"), entry
 
 
-def _build(info: KernelInfo, fn, config: dict, stem: str, harness, context: Context,
+def _build(info: TritonKernel, fn, config: dict, stem: str, harness, context: Context,
            formula: str | None, values: dict, *, origin: str) -> Proposal:
     """``config`` compiled into ``WORK/<stem>.cubin``: the Proposal (or why not built)."""
     arch = context.arch or harness.snapshot.manifest.arch
