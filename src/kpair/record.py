@@ -274,13 +274,20 @@ def _record(request: dict, root: Path) -> None:
         if fmt == "elf-so":
             check_params(image, symbol, params, "recorded")
 
-        guard = _guard(cursor)
-        dev.write(base, guard)
+        # The bands: before the first region, between each two, after the last.
+        ends = [start + len(reg["data"]) for reg, start in zip(regions, starts, strict=True)]
+        bands = list(zip([0, *ends], [*starts, cursor], strict=True))
+        guard = _guard(max(hi - lo for lo, hi in bands))
+        for lo, hi in bands:
+            dev.write(base + lo, guard[:hi - lo])
         for reg, start in zip(regions, starts, strict=True):
             dev.write(base + start, reg["data"])
         dev.launch(kernel, launch, kernarg, params)
         dev.synchronize()   # a host kernel's leftover threads, too, before the guards
-        _check_guards(dev.read(base, cursor), guard, regions, starts, names, symbol)
+        written = [(lo, hi, np.flatnonzero(np.frombuffer(dev.read(base + lo, hi - lo), np.uint8)
+                                           != np.frombuffer(guard[:hi - lo], np.uint8)))
+                   for lo, hi in bands]
+        _check_guards(written, regions, starts, names, symbol)
         out = []
         for reg, start in zip(regions, starts, strict=True):
             post = dev.read(base + start, len(reg["data"]))
@@ -296,33 +303,32 @@ def _record(request: dict, root: Path) -> None:
     writer.finish(manifest)
 
 
-def _check_guards(arena: bytes, guard: bytes, regions: list[dict], starts: list[int],
-                  names: list[str], symbol: str) -> None:
-    """Refuse the call when the kernel wrote into a guard band: name the argument whose
-    band it was (past the end of one region or before the start of the next: the nearer)."""
-    got, want = np.frombuffer(arena, np.uint8), np.frombuffer(guard, np.uint8)
-    inside = np.zeros(len(arena), bool)
-    for reg, start in zip(regions, starts, strict=True):
-        inside[start:start + len(reg["data"])] = True
-    bad = np.flatnonzero((got != want) & ~inside)
-    if not bad.size:
+def _check_guards(written: list[tuple[int, int, np.ndarray]], regions: list[dict],
+                  starts: list[int], names: list[str], symbol: str) -> None:
+    """Refuse the call when the kernel wrote into a guard band (``written``: per band, its
+    [lo, hi) in the arena and the offsets in it that changed): name the argument whose band
+    it was — past the end of the region before it, or before the start of the one after,
+    whichever edge is nearer the first changed byte."""
+    total = sum(int(changed.size) for _, _, changed in written)
+    if not total:
         return
-    bounds = [(start, start + len(reg["data"]), reg) for reg, start in zip(regions, starts,
-                                                                            strict=True)]
-    at = int(bad[0])
-    # The region whose edge is nearest the first written guard byte.
-    lo, hi, reg = min(bounds, key=lambda b: min(abs(at - b[0]), abs(at - b[1])))
-    args = [f"argument {i} ({names[i]})" for i in reg["members"]]
-    near = [int(b) for b in bad if min(abs(b - lo), abs(b - hi + 1)) <= GAP * 2]
-    if at >= hi:
-        where = f"{len(near)} byte(s) past the end of {' / '.join(args)}, up to byte " \
-                f"+{max(near) - hi + 1} beyond it"
+    k, (lo, hi, changed) = next((k, w) for k, w in enumerate(written) if w[2].size)
+    first, last = lo + int(changed[0]), lo + int(changed[-1])
+    after = k - 1 if k > 0 else None       # band k follows region k-1 ...
+    before = k if k < len(regions) else None   # ... and precedes region k
+    past_end = before is None or (after is not None and first - lo < hi - first)
+
+    def who(r: int) -> str:
+        return " / ".join(f"argument {i} ({names[i]})" for i in regions[r]["members"])
+
+    if past_end:
+        where = (f"{int(changed.size)} byte(s) past the end of {who(after)}, up to byte "
+                 f"+{last - lo + 1} beyond it")
     else:
-        where = f"{len(near)} byte(s) before the start of {' / '.join(args)}, from byte " \
-                f"-{lo - min(near)}"
+        where = (f"{int(changed.size)} byte(s) before the start of {who(before)}, from "
+                 f"byte -{starts[before] - first}")
     raise DriverError(f"kernel {symbol!r}", "wrote outside its arrays",
-                      f"{where}; {int(bad.size)} guard byte(s) changed in all; nothing "
-                      "was recorded")
+                      f"{where}; {total} guard byte(s) changed in all; nothing was recorded")
 
 
 def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
