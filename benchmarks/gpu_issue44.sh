@@ -10,7 +10,8 @@
 # msgspec, pyelftools, pyseccomp), installed with pip --no-index into a --target folder put
 # on PYTHONPATH, only when one of them is missing.
 # Environment: OUT (required: what comes back), BLOCKS and REPEAT (trust_overhead.py's
-# --blocks and --repeat, default 32 and 3), TESTS (default tests/gpu), PYTHON (python3).
+# --blocks and --repeat, default 32 and 3), CASES (trust_overhead.py cases, default all of
+# cuda's, e.g. "axpy_8M axpbyz_3x16M"), TESTS (default tests/gpu), PYTHON (python3).
 # Back in $OUT: env.txt (the GPU, driver, versions, tree), gpu-tests.log and
 # gpu-tests.jsonl (KPAIR_EVIDENCE: one JSON line of facts per test), trust_overhead.json,
 # trust_overhead.log, and run.log (this script's progress and exit statuses).
@@ -41,8 +42,11 @@ KPAIR_EVIDENCE=$OUT/gpu-tests.jsonl "$PY" -m pytest -q -m gpu -p no:cacheprovide
 tests=$?
 tail -3 "$OUT/gpu-tests.log"
 echo "$(date -u +%T) pytest exit $tests; trust overhead"
+cases=()
+for c in ${CASES:-}; do cases+=(--case "$c"); done
 "$PY" benchmarks/trust_overhead.py --backend cuda --blocks "${BLOCKS:-32}" \
-  --repeat "${REPEAT:-3}" --out "$OUT/trust_overhead.json" > "$OUT/trust_overhead.log" 2>&1
+  --repeat "${REPEAT:-3}" "${cases[@]}" --out "$OUT/trust_overhead.json" \
+  > "$OUT/trust_overhead.log" 2>&1
 bench=$?
 "$PY" - "$OUT/trust_overhead.json" <<'PY' 2>/dev/null
 import json, sys
