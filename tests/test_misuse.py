@@ -506,3 +506,42 @@ def test_pair_onto_a_full_disk_is_one_line(capsys, at, monkeypatch):
                   "No space left on device", "PF")
     assert len(line) < 400
     assert not (at / "PF").exists()
+
+
+def test_run_onto_a_full_disk_leaves_no_samples_or_log(capsys, at, monkeypatch):
+    """The result's own write fails (ENOSPC, as write_bytes_atomic reports it): one line,
+    exit 5, and neither the samples file nor the worker log written before it is left."""
+    from kpair.errors import WriteFailed
+    from kpair.result import Result
+
+    def full(self, path, **kw):
+        raise WriteFailed(f"{path}: cannot write (No space left on device)")
+
+    monkeypatch.setattr(Result, "write", full)
+    out = at / "full.json"
+    code, stdout, err = call(capsys, ["run", "H", "-o", out, *QUICK])
+    assert code == 5 and "No space left on device" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert [p.name for p in at.glob("full*")] == []
+
+
+def test_run_onto_a_real_full_filesystem(tmp_path, lab):
+    """The same on a 16 KiB tmpfs filled to 4 KiB free (root with mount rights only)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(where)],
+                             capture_output=True)
+    if mounted.returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (where / "filler").write_bytes(bytes(12 * 1024))
+        proc = subprocess.run([sys.executable, "-m", "kpair", "run", str(lab / "H"), "-o",
+                               str(where / "r.json"), "-q", "--json", *QUICK],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 5, proc.stderr
+        assert "No space left on device" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        check_error_document(one_document(proc.stdout), 5, "No space left on device")
+        assert sorted(p.name for p in where.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
