@@ -462,6 +462,23 @@ def test_json_on_argparse_and_input_errors(capsys, at, argv, code):
     check_error_document(one_document(out), code)
 
 
+@pytest.mark.parametrize("argv,code,option", [
+    (["--seed", "-5"], 2, "--seed"), (["--device", "1"], 2, "--device 1"),
+    (["--time-cap", "1e9"], 2, "--time-cap"), (["--nosuch"], 2, "--nosuch")])
+def test_run_harness_py_bounds_its_options_too(capsys, at, argv, code, option):
+    """The harness's own run_harness.py (``harness_main``) parses with the same bounds."""
+    from kpair.cli.run import harness_main
+
+    for extra in ([], ["--json"]):
+        got = harness_main(at / "H", [*argv, *extra])
+        out, err = capsys.readouterr()
+        assert got == code and len(err.strip().splitlines()) == 1 and option in err, err
+        if extra:
+            check_error_document(one_document(out), code, option)
+        else:
+            assert out == ""
+
+
 def test_the_error_schema_is_generated_from_its_record():
     from kpair.cli.errordoc import schema_text
 
