@@ -71,6 +71,21 @@ def pair(tmp_path_factory):
     return run
 
 
+#: Correct on every check run; from call KP_FROM on (opt's first timing window) it also
+#: scribbles on A after computing (the next launch's restore undoes it: nothing else notices).
+SCRIBBLE = """#include <stdint.h>
+void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
+    static unsigned calls;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;
+        for (int k = 0; k < n; k++)
+            for (int j = 0; j < n; j++) c[i * n + j] += a[i * n + k] * b[k * n + j];
+    }
+    if (++calls >= KP_FROM) ((float *)a)[5] = 0.0f;
+}
+"""
+
+
 def _failed(r: dict) -> str:
     assert r["status"] == "fail" and r["correct"] is False and r["speed"] is None, \
         r.get("error")
@@ -124,17 +139,7 @@ def test_a_kernel_that_writes_its_input_only_when_timed_fails_input_integrity(pa
     """Correct on every check run, and from its first timing window on it scribbles on A
     after computing (the next launch restores A, so nothing else notices)."""
     src = tmp_path / "scribble.c"
-    src.write_text(
-        "#include <stdint.h>\n"
-        "void kp_matmul(const float *a, const float *b, float *c, int32_t n) {\n"
-        "    static unsigned calls;\n"
-        "    for (int i = 0; i < n; i++) {\n"
-        "        for (int j = 0; j < n; j++) c[i * n + j] = 0.0f;\n"
-        "        for (int k = 0; k < n; k++)\n"
-        "            for (int j = 0; j < n; j++) c[i * n + j] += a[i * n + k] * b[k * n + j];\n"
-        "    }\n"
-        "    if (++calls >= KP_FROM) ((float *)a)[5] = 0.0f;\n"
-        "}\n")
+    src.write_text(SCRIBBLE)
     honest = pair("fast", Policy(COSINE, mutations=BOTH))
     d = len(honest["trust"]["differential"]["finding"]["runs"])
     lib = compile_shared(src, tmp_path / "scribble.so", defines={"KP_FROM": 4 + d})
@@ -208,3 +213,47 @@ def test_a_candidate_reading_the_command_lines_above_it_finds_no_seed(pair):
     assert all(int(n) >= 1 for n, _ in said), said
     assert r["status"] == "pass", summarize(r)
     assert r["checks"]["seed"] == SEED
+
+
+def test_the_device_side_input_check_catches_what_the_read_back_does(pair, tmp_path,
+                                                                     monkeypatch):
+    """The path a GPU takes (``compares_in_place``: each block's input held as a device copy
+    made from the held pre-state and the block's patch, compared where the memory is after
+    every timed launch of opt), run in-process on the host backend, whose held copies and
+    compares are the base Device's: an honest opt passes with every timed launch checked,
+    one that scribbles on A from its first timing window on fails input_integrity, and the
+    timed-only scale fails bias."""
+    from kpair.backends.host import HostDevice
+    from kpair.pipeline import Candidate, Facts, close, evaluate, prepare
+
+    monkeypatch.setattr(HostDevice, "compares_in_place", True)
+    honest = pair("fast", Policy(COSINE, mutations=BOTH))
+    d = len(honest["trust"]["differential"]["finding"]["runs"])
+    src = tmp_path / "scribble.c"
+    src.write_text(SCRIBBLE)
+    libs = {"fast": pair.libs["fast"],
+            "scribble": compile_shared(src, tmp_path / "s.so", defines={"KP_FROM": 4 + d}),
+            "timedscale": pair.build("timedscale", 18, KP_FROM=4 + d)}
+    seen = {}
+    for name, lib in libs.items():
+        h = create_harness(pair.dir / "snap", tmp_path / f"h-{name}", opt=lib,
+                           policy=Policy(COSINE, mutations=BOTH))
+        run, failed = prepare(h.root, QUICK, facts=Facts(harness=str(h.root), started="now"))
+        try:
+            assert failed is None, failed.summary()
+            assert run.replay.device.compares_in_place
+            o = run.harness.opt
+            result, _ = evaluate(run, Candidate(run.harness.binary(o), o.kernel, o.format,
+                                                o.launch_override, o.binary))
+        finally:
+            close(run)
+        seen[name] = result.to_json()
+    fast = seen["fast"]
+    assert fast["status"] == "pass", summarize(fast)
+    timed = fast["trust"]["timed_outputs"]["finding"]
+    assert fast["trust"]["input_integrity"]["finding"]["timed_launches_checked"] == \
+        timed["launches"] + timed["windows_checked"]
+    line = summarize(seen["scribble"])
+    assert _failed(seen["scribble"]) == "input_integrity", line
+    assert "modified input region a" in line and "timing window 1" in line, line
+    assert _failed(seen["timedscale"]) == "bias", summarize(seen["timedscale"])
