@@ -35,7 +35,7 @@ from .formats import Record, read, write
 from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
 from .policy.lint import lint
-from .policy.mutation import derive
+from .policy.mutation import completed, derive
 from .policy.suggest import Spread
 from .snapshot import CODE_FORMATS, Launch, Snapshot, detect_format, require_complete, sha256
 
@@ -119,17 +119,20 @@ class Harness:
             m.launch.override(spec.opt.launch_override)
         except KpairError as e:
             raise HarnessError(str(e), path=spec_path, field="opt.launch_override") from None
-        if complete:  # before any launch: a host object's declared parameters (DWARF)
-            check_declared(root, spec, m.kernarg.params)
+        if complete and verify:  # a run's open, before any launch: what a host object
+            check_declared(root, spec, m.kernarg.params)   # declares (DWARF)
         return cls(root, spec.backend, spec.ref, spec.opt, snapshot, policy, spec)
 
     def planned_mutations(self) -> tuple[tuple[Mutation, ...], str]:
         """The differential runs' mutations and their source ("declared", "off", "derived").
         Derived ones are read off the snapshot (regions the captured launch left unchanged);
         the run derives them again from ref's own runs, which normally agree, and adds the
-        regions ref updates in place (poison discovery shows them read)."""
-        if self.policy.mutations is not None:
-            return self.policy.mutations, "declared" if self.policy.mutations else "off"
+        regions ref updates in place (poison discovery shows them read). Declared ones are
+        followed by the derived ones of the regions they leave out, unless the policy says
+        ``mutations_exact``."""
+        declared = self.policy.mutations
+        if declared is not None and (not declared or self.policy.mutations_exact):
+            return declared, "declared" if declared else "off"
         m, snap = self.snapshot.manifest, self.snapshot
         ranges = [(r.address, r.end) for r in m.regions]
         lo, hi = span_of(ranges) if ranges else (0, 0)
@@ -137,6 +140,11 @@ class Harness:
         read_only = [r.name for i, r in enumerate(m.regions) if pre[r.name] == snap.post(i)]
         pointers = [r.name for r in m.regions
                     if holds_pointers(pre[r.name], r.address, lo, hi)]
+        if declared is not None:   # completed with the regions they leave out
+            named = {d.region for d in declared}
+            return completed(declared, derive([(r.name, r.size, r.dtype) for r in m.regions],
+                                              [n for n in read_only if n not in named],
+                                              pointers))[0], "declared"
         return derive([(r.name, r.size, r.dtype) for r in m.regions], read_only,
                       pointers), "derived"
 
