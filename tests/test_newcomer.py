@@ -201,8 +201,8 @@ def test_run_with_force_replaces_it(k, lab):
 
 def test_usage_error_leaves_the_passing_result_alone(k, lab):
     before = state(lab / "H")
-    expect(k("run", "H", "--time-cap", "-1"), 2, "time_cap")
-    expect(k("run", "H", "--min-blocks", "2"), 2, "min_blocks")
+    expect(k("run", "H", "--time-cap", "-1"), 2, "--time-cap")
+    expect(k("run", "H", "--min-blocks", "2"), 2, "--min-blocks")
     expect(k("run", "H", "--min-blocks", "64", "--max-blocks", "8"), 2, "min_blocks")
     assert state(lab / "H") == before
     assert json.loads((lab / "H" / "result.json").read_text())["status"] == "pass"
