@@ -288,7 +288,7 @@ def render_markdown(index: Index) -> str:
         lines.append("| " + " | ".join(_md_cell(v) for v in (
             r.level, r.name, f"{r.backend}/{r.arch}", corr, _speed(r),
             _f(h.slot_bias if h else None), _sol(r), _x(_director(r)),
-            status if status == "pass" else f"**{status}**")) + " |")
+            status if failed_verification(r) is None else f"**{status}**")) + " |")
     devices, table = _per_device(index)
     if table:
         lines += ["", "## Per device (verified on every device; the verdict must agree)", "",
