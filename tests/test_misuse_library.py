@@ -525,7 +525,9 @@ def test_report_cli_writes_it_and_the_summary_leaves_it_out(tampered, tmp_path):
                  cwd=tampered)
     assert proc.returncode == 0, proc.stderr
     assert "FAILED VERIFICATION" in (tmp_path / "out" / "report.md").read_text()
+    assert index.summary.harness_geomean_over == 1   # as kpair verify wrote index.json
     s = summarize(index.operators, index.refused)
+    assert s == index.summary
     assert s.harness_geomean_over == 1 and s.counts.passed == 1 and s.counts.error == 1
     assert [(e.name, e.where) for e in s.excluded] == [("copy",
                                                        "published, fails verification")]
