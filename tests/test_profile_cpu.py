@@ -501,8 +501,9 @@ def test_kpair_profile_when_the_program_crashes_before_writing(fake_children, mo
 @pytest.mark.parametrize("argv, message", [
     (["profile"], "no command given: kpair profile"),
     (["profile", "--", "./a.out"], "kpair profile runs Python programs"),
-    (["profile", "--top", "0", "--", "python", "p.py"], "--top must be 1"),
-    (["capture", "-o", "OUT", "--top", "0", "--", "python", "p.py"], "--top must be 1"),
+    (["profile", "--top", "0", "--", "python", "p.py"], "--top: must be an integer in [1,"),
+    (["capture", "-o", "OUT", "--top", "0", "--", "python", "p.py"],
+     "--top: must be an integer in [1,"),
     (["capture", "-o", "OUT", "--top", "2", "--max", "3", "--", "python", "p.py"],
      "does not combine"),
     (["capture", "-o", "OUT", "--top", "2", "--distinct", "--", "python", "p.py"],
