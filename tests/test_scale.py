@@ -94,12 +94,21 @@ def test_a_verdict_that_differs_between_devices_is_an_error_row():
 
 
 def test_device_option_is_recorded_in_result_json(pairs, tmp_path):
+    from dataclasses import replace
+
+    from kpair.isolation import run_isolated
+
     h = shutil.copytree(pairs["fast"], tmp_path / "h")
-    assert kpair(["run", str(h), "--device", "3", *QUICK_ARGS]) == 0
-    assert Result.read(h / "result.json").environment["device_index"] == 3
+    assert kpair(["run", str(h), "--device", "0", *QUICK_ARGS]) == 0
+    assert Result.read(h / "result.json").environment["device_index"] == 0
+    # The host has one device: --device 3 is refused before the run; a pool's worker slot
+    # (the library's device ordinal on the host) is recorded as given.
+    assert kpair(["run", str(h), "--device", "3", *QUICK_ARGS]) == 2
+    assert Result.read(h / "result.json").environment["device_index"] == 0
+    assert run_isolated(h, replace(QUICK, device=3)).environment["device_index"] == 3
     # A run whose worker dies before it could say still names its device.
     c = shutil.copytree(pairs["crash"], tmp_path / "c")
-    assert kpair(["run", str(c), "--device", "2", *QUICK_ARGS]) == 5
+    assert run_isolated(c, replace(QUICK, device=2)).environment["device_index"] == 2
     assert Result.read(c / "result.json").environment["device_index"] == 2
 
 
