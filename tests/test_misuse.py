@@ -562,3 +562,18 @@ def test_run_onto_a_real_full_filesystem(tmp_path, lab):
         assert sorted(p.name for p in where.iterdir()) == ["filler"]
     finally:
         subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_evaluate_jsonl_launch_override_beyond_the_geometry(capsys, at, tmp_path,
+                                                            monkeypatch):
+    """An agent's request line is bounded as --opt-launch is: an error line, exit 2, and the
+    session goes on to the next request."""
+    import io
+
+    lines = [json.dumps({"binary": "fast.so", "launch_override": {"grid": [1, 1, 70000]}}),
+             json.dumps({"binary": "fast.so", "launch_override": {"block": [1, 1, 1]}})]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    code, out, err = call(capsys, ["evaluate", "H", "--jsonl", "-o", tmp_path / "ev", *QUICK])
+    bad, good = [json.loads(x) for x in out.splitlines()]
+    assert code >= 2 and "grid z is 70000" in bad["error"] and "65535" in bad["error"]
+    assert "error" not in good and good["n"] == 1

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .._util import check_output_dir
 from ..errors import InputError, KpairError, UsageError
-from .base import Command, check_device
+from .base import Command, check_device, parse_launch
 from .run import (
     add_pool_arguments,
     add_run_arguments,
@@ -166,6 +166,13 @@ class Evaluate(Command):
                 yield {"error": f"unknown field {unknown[0]!r} (fields: "
                        f"{', '.join(sorted(_FIELDS))})"}
                 continue
+            if req.get("launch_override") is not None:
+                try:  # the backend's geometry limits, as pair --opt-launch checks them
+                    parse_launch(json.dumps(req["launch_override"]), _backend(args.harness),
+                                 "launch_override")
+                except UsageError as e:
+                    yield {"error": str(e), "binary": req["binary"]}
+                    continue
             yield req
 
 
