@@ -13,8 +13,12 @@ timed cost of each (µs), their ratio (empty / ref), and the executor source's s
 
 ``--write`` adds the run under ``--label`` to that JSON file (keeping other labels): the
 committed file holds the figure of the executor before the protocol change ("before", the
-executor that wrote a reply on a pipe and read the next command) and after it ("after": the
-executor only stops itself between calls) on the same machine.
+executor that wrote a reply on a pipe and read the next command, then was SIGSTOPped by the
+judge) and after it ("after": the executor only stops itself between calls), back to back
+on the same machine. "before" runs this script against the package as it was:
+
+    git archive a61bae5 src/kpair | tar -x -C /tmp/old
+    PYTHONPATH=/tmp/old/src python benchmarks/host_protocol.py --label before --write ...
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ from kpair.snapshot import Snapshot
 from kpair.toolchain import compile_shared
 
 CSRC = Path(__file__).resolve().parents[1] / "tests" / "csrc"
+NOTE = ("before: the executor read a command from a pipe, called, wrote a reply and was "
+        "SIGSTOPped by the judge, all inside the timed interval (a kernel could do that path "
+        "itself, cheaper); after: it only stops itself and acts on a read-only call page, so "
+        "what is left of an empty kernel's cost is the OS's SIGCONT wake and group stop, the "
+        "same for every kernel and nothing a kernel can replace. Measured back to back on "
+        "one busy 2-CPU VM; the ratio, not the absolute microseconds, is the figure.")
 EMPTY = "#include <stdint.h>\nvoid kp_matmul(const float *a, const float *b, float *c, " \
         "int32_t n) { (void)a; (void)b; (void)c; (void)n; }\n"
 
@@ -93,6 +103,7 @@ def main() -> None:
                        "empty_over_ref = the share of a ref launch that is fixed cost")
         doc.setdefault("command", "python benchmarks/host_protocol.py --label LABEL "
                        "--write benchmarks/results/host_protocol.json")
+        doc.setdefault("note", NOTE)
         doc[args.label] = result
         if "before" in doc and "after" in doc:
             doc["ratio_after_over_before"] = {
