@@ -42,11 +42,14 @@ QUICK = ["--time-cap", "1", "--min-blocks", "4", "--max-blocks", "8", "--timeout
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory, matmul_libs):
     d = tmp_path_factory.mktemp("protocol")
+    created = d / "created-by-ifunc"
     libs = {name: compile_shared(CSRC / "protocol_attacks.c", d / f"{name}.so",
-                                 defines={"KP_CTOR": ctor}, flags=("-O2",))
-            for name, ctor in (("attacks", 0), ("stacker", 1), ("setup_forger", 2))}
+                                 defines={"KP_CTOR": ctor, "KP_FILE": f'"{created}"'},
+                                 flags=("-O2",))
+            for name, ctor in (("attacks", 0), ("stacker", 1), ("setup_forger", 2),
+                               ("ifunc", 3))}
     snap = record_matmul(matmul_libs["naive"], tmp_path_factory.mktemp("snap") / "s", n=48)
-    return {"libs": libs, "snap": snap, "naive": matmul_libs["naive"]}
+    return {"libs": libs, "snap": snap, "naive": matmul_libs["naive"], "created": created}
 
 
 def _device(kit, kernels: list[tuple[Path, str]]):
@@ -138,6 +141,20 @@ def test_a_stacked_filter_is_refused_and_the_filter_count_checked(kit):
         assert seen["calls"].get("seccomp") == 1 and seen["calls"].get("prctl") == 3, seen
         assert seen["count"] == seen["at_load"] == 4, seen
         # and no open succeeds after the load (the stacked filter would have hidden them)
+    finally:
+        dev.close()
+
+
+def test_an_ifunc_resolver_runs_under_the_final_filter(kit):
+    """An IFUNC resolver runs while the object is relocated, before any constructor: the
+    final filter is already in force (no file created, no filter stacked, both counted)."""
+    dev, replay, (opt,) = _device(kit, [(kit["libs"]["ifunc"], "kp_ifunc")])
+    try:
+        assert _seccomp_filters(opt.executor.pid) == "1"
+        assert replay.run(opt) == replay.expected
+        seen = dev.refused_calls(opt)
+        assert seen["calls"] == {"openat": 1, "seccomp": 1} and seen["at_load"] == 2, seen
+        assert not kit["created"].exists()
     finally:
         dev.close()
 

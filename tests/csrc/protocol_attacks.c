@@ -17,9 +17,12 @@
    Build-time define KP_CTOR: 1, a constructor stacks a seccomp filter that answers every
    later seccomp() with success (directly and through prctl(PR_SET_SECCOMP)) and tries
    other prctl()s; 2, a constructor forges a setup failure record on every descriptor and
-   exits, as a broken sandbox would. */
+   exits, as a broken sandbox would; 3, kp_ifunc is an IFUNC whose resolver (run while the
+   object is relocated, before any constructor) tries to create KP_FILE and to stack a
+   filter, with raw system calls (nothing of libc is bound yet). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <signal.h>
@@ -33,6 +36,9 @@
 
 #ifndef KP_CTOR
 #define KP_CTOR 0
+#endif
+#ifndef KP_FILE
+#define KP_FILE "/tmp/kpair-ifunc-created"
 #endif
 #ifndef MADV_COLD
 #define MADV_COLD 20
@@ -134,4 +140,47 @@ __attribute__((constructor)) static void forge_setup(void) {
     forge(1 /* ST_SETUP */);
     _exit(121);
 }
+#endif
+
+#if KP_CTOR == 3
+static long raw3(long nr, long a, long b, long c) {
+#if defined(__x86_64__)
+    long ret;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a), "S"(b), "d"(c)
+                     : "rcx", "r11", "memory");
+    return ret;
+#elif defined(__aarch64__)
+    register long x8 __asm__("x8") = nr, x0 __asm__("x0") = a, x1 __asm__("x1") = b,
+                  x2 __asm__("x2") = c;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
+    return x0;
+#endif
+}
+
+static long raw4(long nr, long a, long b, long c, long d) {
+#if defined(__x86_64__)
+    long ret;
+    register long r10 __asm__("r10") = d;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10)
+                     : "rcx", "r11", "memory");
+    return ret;
+#elif defined(__aarch64__)
+    register long x8 __asm__("x8") = nr, x0 __asm__("x0") = a, x1 __asm__("x1") = b,
+                  x2 __asm__("x2") = c, x3 __asm__("x3") = d;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    return x0;
+#endif
+}
+
+typedef void (*kernel_fn)(const float *, const float *, float *, int32_t);
+
+static kernel_fn resolve_kp_ifunc(void) {
+    static const char path[] = KP_FILE;
+    raw4(__NR_openat, AT_FDCWD, (long)path, O_CREAT | O_WRONLY, 0600);
+    raw3(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, 0);
+    return matmul;
+}
+
+void kp_ifunc(const float *a, const float *b, float *c, int32_t n)
+    __attribute__((ifunc("resolve_kp_ifunc")));
 #endif

@@ -218,7 +218,8 @@ def _llc_bytes() -> int:
 
 class _Refusals:
     """The system calls the sandbox refused one code object (every load of it), in the
-    order the records arrived; distinct numbers beyond the first 64 are counted together."""
+    order the records arrived; distinct numbers beyond the first 64 are counted together.
+    Executors' threads add to it (ref and its control copy share one tally): under a lock."""
 
     KEEP = 64
 
@@ -226,18 +227,22 @@ class _Refusals:
         self.count, self.at_load = 0, 0
         self.by_nr: dict[int, int] = {}
         self.other = 0
+        self._lock = threading.Lock()
 
     def add(self, nr: int, loading: bool) -> None:
-        self.count += 1
-        self.at_load += loading
-        if nr in self.by_nr or len(self.by_nr) < self.KEEP:
-            self.by_nr[nr] = self.by_nr.get(nr, 0) + 1
-        else:
-            self.other += 1
+        with self._lock:
+            self.count += 1
+            self.at_load += loading
+            if nr in self.by_nr or len(self.by_nr) < self.KEEP:
+                self.by_nr[nr] = self.by_nr.get(nr, 0) + 1
+            else:
+                self.other += 1
 
     def to_json(self) -> dict:
         calls = {}
-        for nr, n in self.by_nr.items():
+        with self._lock:
+            by_nr = dict(self.by_nr)
+        for nr, n in by_nr.items():
             name = _sandbox.syscall_name(nr) if nr >= 0 else _UNNAMED
             calls[name] = calls.get(name, 0) + n
         if self.other:
