@@ -933,11 +933,13 @@ class HostDevice(Device):
                         break
                     return status, msg, fds[0] if fds else None
             try:
-                chunk, more, _, _ = socket.recv_fds(sock, 8192, 4)
+                chunk, more, _, _ = socket.recv_fds(sock, 8192, 4, socket.MSG_CMSG_CLOEXEC)
             except InterruptedError:
                 continue
             except OSError:
                 chunk, more = b"", []
+            for fd in more:   # never inherited by what the judge starts later
+                os.set_inheritable(fd, False)
             fds += more
             if not chunk:
                 break
@@ -967,8 +969,8 @@ class HostDevice(Device):
         with ex._lock:
             ex.loading = False
         ex.parked = True
-        found = _seccomp_filters(ex.pid)
-        if found != _sandbox.FILTERS:
+        found = _seccomp_filters(ex.pid)   # None: a kernel without the field (before 5.9)
+        if found is not None and found != _sandbox.FILTERS:
             ex.close()
             raise KernelCrashed(f"{found} seccomp filters are in force in its executor after "
                                 f"its code object loaded; the executor installed "
