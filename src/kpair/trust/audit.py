@@ -700,20 +700,22 @@ class Audit:
         if "input_integrity" in self.skip:
             return
         r, d = self.replay, self.replay.device
-        out: dict = {}
         by_region = dict(patches)
-        for name in self._inputs():
-            patch = by_region.get(name)
-            if patch is None:
-                continue    # it holds its pre-state (``_timed_inputs`` knows it)
-            pre = r.known.find(name, r.pre[name]) if d.compares_in_place else None
-            held = None
-            if pre is not None:
-                address = r.address_of(name)
-                d.put(address, pre)
-                d.scatter([(address, patch)])
-                held = d.keep(address, len(r.pre[name]))
-            out[name] = held if held is not None else self._patched(name, patch)
+        names = [n for n in self._inputs() if n in by_region]   # unpatched: the pre-state
+        pre = {n: r.known.find(n, r.pre[n]) for n in names} if d.compares_in_place else {}
+        on_device = [n for n in names if pre.get(n) is not None]
+        out: dict = {}
+        if on_device:
+            for name in on_device:
+                d.put(r.address_of(name), pre[name])
+            # Every patch of the block in one scatter, as its launches write them (a device
+            # that builds the upload once per block builds it once for all three).
+            d.scatter([(r.address_of(name), p) for name, p in patches])
+            for name in on_device:
+                out[name] = d.keep(r.address_of(name), len(r.pre[name]))
+        for name in names:
+            if out.get(name) is None:
+                out[name] = self._patched(name, by_region[name])
         self._block_inputs = (patches, out)
 
     def _timed_inputs(self, role: str, label: str, patches: list[tuple[str, Patch]]) -> None:
