@@ -15,8 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..snapshot import BlobRef, SnapshotWriter, sha256
-from ..snapshot.store import BLOBS, CHUNK, Compressors, _bytes_view, write_blob
+from ..snapshot import BlobRef, SnapshotWriter
+from ..snapshot.store import BLOBS, CHUNK, Compressors, _bytes_view, store_blob
 
 
 class BlobPool:
@@ -33,15 +33,12 @@ class BlobPool:
     def add(self, data: bytes | bytearray | memoryview) -> tuple[str, Path, int]:
         """Store ``data`` unless present; (sha256, pooled path, compressed bytes written)."""
         view = _bytes_view(data)
-        digest = sha256(view)
-        path = self.root / f"{digest}.zst"
+        blob = store_blob(self.root, view, self.compressors, chunk=self.chunk)
         self.raw_bytes += len(view)
-        if path.exists():
+        if not blob.written:
             self.deduped_bytes += len(view)
-            return digest, path, 0
-        written = write_blob(path, view, self.compressors, chunk=self.chunk)
-        self.stored_bytes += written
-        return digest, path, written
+        self.stored_bytes += blob.written
+        return blob.digest, blob.path, blob.written
 
     def writer(self, snapshot_dir: str | os.PathLike) -> PooledWriter:
         return PooledWriter(snapshot_dir, self)
@@ -64,11 +61,11 @@ class PooledWriter(SnapshotWriter):
         self.deduped_bytes += self.pool.deduped_bytes - before
         self.bytes_raw += len(view)
         self.bytes_stored += written
-        rel = f"{BLOBS}/{digest}.zst"
+        rel = f"{BLOBS}/{pooled.name}"  # <sha256>.zst, or .raw where stored raw
         target = self.root / rel
         if not target.exists():
             try:
                 os.link(pooled, target)
             except OSError:
                 shutil.copyfile(pooled, target)
-        return BlobRef(rel, len(view), digest)
+        return BlobRef(rel, len(view), digest, "none" if pooled.suffix == ".raw" else "zstd")

@@ -4,22 +4,28 @@ Layout::
 
     <snapshot>/snapshot.json          the Manifest (JSON, schema kpair.snapshot v1)
     <snapshot>/blobs/<sha256>.zst      zstd-compressed, named by the sha256 of the raw bytes
+    <snapshot>/blobs/<sha256>.raw      the raw bytes themselves (zstd would save under 10%)
 
 Blobs are content-addressed, so identical bytes (an unchanged input's pre- and post-state,
 the same buffer seen by several dispatches written into one directory) are stored once.
-``Snapshot`` verifies every blob it hands out (size and sha256 of the decompressed bytes) and
+``Snapshot`` verifies every blob it hands out (size and sha256 of the raw bytes) and
 refuses paths that leave the directory. ``SnapshotWriter`` never writes into a directory that
 already holds a snapshot, and writes ``snapshot.json`` last and atomically, so a directory with
 a manifest is always complete.
 
-Regions run to several GiB, so no path holds a region in host memory twice: ``write_blob``
-hashes the caller's buffer where it is and compresses it as a stream of ``CHUNK``-sized
-pieces (on every CPU from ``THREADED_BYTES`` on) into a temporary file renamed into place;
-``read_blob`` decompresses a blob whose frame records its size in one call into the one
-``bytes`` object it returns (the compressed file is memory-mapped, not read into memory);
-``read_into`` decompresses into a buffer the caller owns (a pinned staging buffer, say), a
-piece at a time; ``verify`` checks every distinct blob as a stream and keeps none of it.
-Blobs from ``PROGRESS_BYTES`` on say how far they are on the progress line.
+Regions run to several GiB, so no path holds a region in host memory twice, and the work
+runs at what the disk and the CPUs allow. ``store_blob`` first compresses a few 64 KiB
+samples of the caller's buffer at zstd's fastest level: data they show to be incompressible
+(random bits, most float tensors) is written raw; the rest is compressed as a stream of
+``CHUNK``-sized pieces (on every CPU from ``THREADED_BYTES`` on). The sha256 is computed on
+its own thread while the blob is written into a temporary file, which is renamed to the
+digest's name (or dropped once the digest shows the blob already stored). ``read_blob``
+decompresses a blob whose frame records its size in one call into the one ``bytes`` object it
+returns (the compressed file is memory-mapped, not read into memory); ``read_into`` reads or
+decompresses straight into a buffer the caller owns (a pinned staging buffer, say), a piece at
+a time, hashing each piece on another thread while the next is read; ``verify`` checks every
+distinct blob the same way through two piece-sized buffers and keeps none of it. Blobs from
+``PROGRESS_BYTES`` on say how far they are on the progress line.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ import hashlib
 import json
 import mmap
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import progress
 from .._util import human_bytes, threaded_map, write_text_atomic
@@ -101,41 +110,194 @@ def _bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+#: A blob whose samples zstd compresses to more than this fraction of their size is stored
+#: raw: saving under a tenth of the bytes is not worth compressing at a few hundred MB/s.
+RAW_RATIO = 0.9
+#: Samples of this many bytes, ``SAMPLES`` of them spread over the blob, decide a large
+#: blob's compression; a blob below ``SAMPLES * SAMPLE`` bytes is compressed whole to decide.
+SAMPLE = 64 << 10
+SAMPLES = 8
+# The zstd level the samples are compressed at: the fastest that still finds what level 1 does.
+_SAMPLE_LEVEL = 1
+
+
 class Compressors:
-    """A zstd compressor for small blobs and one on every CPU for large ones, each made on
-    first use. Compressors are not shared between threads: one set per writer."""
+    """A zstd compressor for small blobs, one on every CPU for large ones and a fast one for
+    samples, each made on first use. Compressors are not shared between threads: one set per
+    writer."""
 
     def __init__(self, level: int):
         self.level = level
-        self._made: dict[int, object] = {}
+        self._made: dict[tuple[int, int], object] = {}
+
+    def _get(self, level: int, threads: int):
+        if (level, threads) not in self._made:
+            self._made[level, threads] = _zstd().ZstdCompressor(level=level, threads=threads)
+        return self._made[level, threads]
 
     def for_size(self, size: int):
-        threads = -1 if size >= THREADED_BYTES else 0
-        if threads not in self._made:
-            self._made[threads] = _zstd().ZstdCompressor(level=self.level, threads=threads)
-        return self._made[threads]
+        return self._get(self.level, -1 if size >= THREADED_BYTES else 0)
+
+    def choose(self, data: bytes | bytearray | memoryview) -> str:
+        """``"zstd"`` or ``"none"`` for ``data``: ``"none"`` where its samples (spread over
+        it, first and last bytes included) compress to more than ``RAW_RATIO`` of their size
+        at zstd level 1. Costs one ``SAMPLES * SAMPLE`` compression whatever the size."""
+        view = _bytes_view(data)
+        n = len(view)
+        if n == 0:
+            return "zstd"
+        cctx = self._get(_SAMPLE_LEVEL, 0)
+        if n <= SAMPLES * SAMPLE:
+            starts = [0]
+            width = n
+        else:
+            width = SAMPLE
+            starts = [(n - width) * k // (SAMPLES - 1) for k in range(SAMPLES)]
+        packed = sum(len(cctx.compress(view[a:a + width])) for a in starts)
+        return "none" if packed > RAW_RATIO * width * len(starts) else "zstd"
+
+
+def blob_name(digest: str, compression: str) -> str:
+    """The file name of a blob in ``blobs/``: its raw bytes' sha256 and what it is stored as."""
+    return f"{digest}.zst" if compression == "zstd" else f"{digest}.raw"
+
+
+def find_blob(directory: Path, digest: str) -> tuple[Path, str] | None:
+    """The blob of ``digest`` already in ``directory`` (path, compression), if any."""
+    for compression in ("zstd", "none"):
+        path = directory / blob_name(digest, compression)
+        if path.exists():
+            return path, compression
+    return None
+
+
+class StoredBlob(NamedTuple):
+    """What ``store_blob`` did: the blob's sha256, its file, how it is stored, and the bytes
+    it wrote (0: the directory held it already)."""
+
+    digest: str
+    path: Path
+    compression: str
+    written: int
+
+
+class _Hasher(threading.Thread):
+    """The sha256 of a buffer, computed piece by piece on its own thread (hashlib releases
+    the GIL), so that writing the same buffer runs beside it."""
+
+    def __init__(self, view: memoryview, chunk: int):
+        super().__init__(daemon=True, name="kpair-blob-sha256")
+        self.view, self.chunk = view, chunk
+        self.digest: str | None = None
+        self.error: BaseException | None = None
+        self.stop = False
+
+    def run(self) -> None:
+        try:
+            h = hashlib.sha256()
+            for at in range(0, len(self.view), self.chunk):
+                if self.stop:
+                    return
+                h.update(self.view[at:at + self.chunk])
+            self.digest = h.hexdigest()
+        except BaseException as e:  # handed to the caller by result()
+            self.error = e
+
+    def result(self) -> str:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        assert self.digest is not None
+        return self.digest
+
+
+def store_blob(directory: Path, data: bytes | bytearray | memoryview, compressors: Compressors,
+               *, chunk: int = CHUNK, what: str = "store blob") -> StoredBlob:
+    """Store ``data`` in ``directory`` under its sha256 unless a blob of that digest is there
+    already; raw where ``Compressors.choose`` says so, else zstd-compressed. Nothing is copied:
+    the sha256 is computed on another thread while the blob is written from the caller's
+    buffer into a temporary file, which is renamed into place at the end (or removed, as soon
+    as the digest shows the blob present)."""
+    view = _bytes_view(data)
+    if len(view) <= chunk:  # small: hashing first costs nothing worth saving
+        digest = sha256(view)
+        present = find_blob(directory, digest)
+        if present is not None:
+            return StoredBlob(digest, present[0], present[1], 0)
+        compression = compressors.choose(view)
+        path = directory / blob_name(digest, compression)
+        return StoredBlob(digest, path, compression,
+                          write_blob(path, view, compressors, chunk=chunk, what=what,
+                                     compression=compression))
+    compression = compressors.choose(view)
+    hasher = _Hasher(view, chunk)
+    hasher.start()
+    seen: dict[str, object] = {}  # "present": the lookup, once the digest is known
+
+    def stored_already() -> bool:
+        if "present" not in seen and hasher.digest is not None:
+            seen["present"] = find_blob(directory, hasher.digest)
+        return seen.get("present") is not None
+
+    tmp = directory / f".blob.tmp{os.getpid()}.{threading.get_ident()}"
+    try:
+        written = _write(tmp, view, compressors, chunk, what, compression, stored_already)
+        digest = hasher.result()
+        present = find_blob(directory, digest)
+        if present is not None:
+            tmp.unlink(missing_ok=True)
+            return StoredBlob(digest, present[0], present[1], 0)
+        path = directory / blob_name(digest, compression)
+        os.replace(tmp, path)
+    except BaseException:
+        hasher.stop = True
+        hasher.join()
+        tmp.unlink(missing_ok=True)
+        raise
+    return StoredBlob(digest, path, compression, written)
+
+
+def _write(tmp: Path, view: memoryview, compressors: Compressors, chunk: int, what: str,
+           compression: str, stop=lambda: False) -> int:
+    """Write ``view`` into ``tmp`` (raw or as one zstd frame recording its size), in pieces
+    of ``chunk`` bytes above that size; stops early where ``stop()`` turns true (the file
+    is then incomplete and the caller discards it). Returns the bytes written."""
+    shown = _Shown(what, len(view))
+    with open(tmp, "wb") as f:
+        if compression == "none":
+            for at in range(0, len(view), chunk):
+                if stop():
+                    break
+                shown.at(at)
+                f.write(view[at:at + chunk])
+        elif len(view) <= chunk:
+            f.write(compressors.for_size(len(view)).compress(view))
+        else:
+            cctx, abandoned = compressors.for_size(len(view)), False
+            try:
+                with cctx.stream_writer(f, size=len(view), closefd=False) as w:
+                    for at in range(0, len(view), chunk):
+                        if stop():
+                            abandoned = True
+                            break
+                        shown.at(at)
+                        w.write(view[at:at + chunk])
+            except _zstd().ZstdError:
+                if not abandoned:  # else: the short frame's own complaint, expected
+                    raise
+        return f.tell()
 
 
 def write_blob(path: Path, data: bytes | bytearray | memoryview, compressors: Compressors, *,
-               chunk: int = CHUNK, what: str = "store blob") -> int:
-    """Compress ``data`` into ``path`` through a temporary file beside it and a rename, and
-    return the compressed bytes written. Above ``chunk`` bytes it goes as a stream of pieces
-    of that size: memory does not grow with the blob. The frame records the raw size either
-    way (``read_blob`` relies on it)."""
+               chunk: int = CHUNK, what: str = "store blob", compression: str = "zstd") -> int:
+    """Write ``data`` into ``path`` (zstd-compressed, or raw for ``compression="none"``)
+    through a temporary file beside it and a rename, and return the bytes written. Above
+    ``chunk`` bytes it goes as a stream of pieces of that size: memory does not grow with the
+    blob. A zstd frame records the raw size either way (``read_blob`` relies on it)."""
     view = _bytes_view(data)
-    cctx = compressors.for_size(len(view))
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    shown = _Shown(what, len(view))
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
     try:
-        with open(tmp, "wb") as f:
-            if len(view) <= chunk:
-                f.write(cctx.compress(view))
-            else:
-                with cctx.stream_writer(f, size=len(view), closefd=False) as w:
-                    for at in range(0, len(view), chunk):
-                        shown.at(at)
-                        w.write(view[at:at + chunk])
-            stored = f.tell()
+        stored = _write(tmp, view, compressors, chunk, what, compression)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -207,13 +369,31 @@ def _read_bounded(path: Path, ref: BlobRef, fail) -> bytes:
         return bytes(out)
 
 
-def _stream(path: Path, ref: BlobRef, fail, sink, *, chunk: int, what: str) -> None:
-    """Decompress the blob at ``path`` a piece at a time, at most ``chunk`` bytes each,
-    calling ``sink(offset, piece)``; refuses it when it holds more or fewer than
+def _fill(reader, view: memoryview) -> int:
+    """Read from ``reader`` into ``view`` until it is full or the stream ends; bytes read."""
+    got = 0
+    while got < len(view):
+        n = reader.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _stream(path: Path, ref: BlobRef, fail, target: memoryview | None, *, chunk: int,
+            what: str) -> None:
+    """Read the blob at ``path`` into ``target`` (``ref.size`` writable bytes) a piece of at
+    most ``chunk`` bytes at a time, or, with ``target`` None, through two piece-sized buffers
+    in turn (a check that keeps nothing). A raw blob is read straight into place
+    (``readinto``), a zstd one decompressed into place; each piece is hashed on another
+    thread while the next is read. Refuses the blob when it holds more or fewer than
     ``ref.size`` bytes (reading stops one byte past) or its sha256 differs."""
     zstd = _zstd()
     digest, done, shown = hashlib.sha256(), 0, _Shown(what, ref.size)
-    with open(path, "rb") as f:
+    spare = None if target is not None else \
+        [memoryview(bytearray(min(chunk, ref.size))) for _ in range(2)]
+    hashing: list = [None, None]  # the last hash job of each spare buffer
+    with ThreadPoolExecutor(max_workers=1) as hasher, open(path, "rb", buffering=0) as f:
         try:
             if ref.compression == "none":
                 stored = os.fstat(f.fileno()).st_size
@@ -224,23 +404,36 @@ def _stream(path: Path, ref: BlobRef, fail, sink, *, chunk: int, what: str) -> N
             else:
                 _frame_size(f, ref, fail)
                 reader = zstd.ZstdDecompressor().stream_reader(f, closefd=False)
-            while done <= ref.size:
+            turn = 0
+            while done < ref.size:
                 shown.at(done)
-                piece = reader.read(min(chunk, ref.size + 1 - done))
-                if not piece:
+                n = min(chunk, ref.size - done)
+                if target is not None:
+                    piece = target[done:done + n]
+                else:
+                    if hashing[turn] is not None:
+                        hashing[turn].result()  # that buffer is hashed: free to refill
+                    piece = spare[turn][:n]
+                got = _fill(reader, piece)
+                job = hasher.submit(digest.update, piece[:got])  # one worker: in order
+                hashing[turn] = job
+                turn ^= 1
+                done += got
+                if got < n:
                     break
-                if done + len(piece) > ref.size:
-                    raise fail(f"decompresses to more than the {ref.size} bytes the manifest "
-                               "declares (refused before reading further)")
-                digest.update(piece)
-                sink(done, piece)
-                done += len(piece)
+            if done == ref.size and reader.read(1):
+                raise fail(f"decompresses to more than the {ref.size} bytes the manifest "
+                           "declares (refused before reading further)")
         except zstd.ZstdError as e:
             raise fail(f"is corrupt or truncated ({e})") from None
+        finally:
+            for job in hashing:
+                if job is not None:
+                    job.result()
     if done < ref.size:
         raise fail(f"holds {done} bytes, manifest says {ref.size} (truncated or replaced)")
     if digest.hexdigest() != ref.sha256:
-        raise fail("does not match its sha256")
+        raise fail(f"does not match its sha256 {ref.sha256} (corrupt or replaced)")
 
 
 class SnapshotWriter:
@@ -261,13 +454,10 @@ class SnapshotWriter:
     def put(self, data: bytes | bytearray | memoryview) -> BlobRef:
         """Store ``data`` (any contiguous buffer; neither copied nor kept) unless present."""
         view = _bytes_view(data)
-        digest = sha256(view)
-        rel = f"{BLOBS}/{digest}.zst"
-        path = self.root / rel
+        blob = store_blob(self.root / BLOBS, view, self.compressors, chunk=self.chunk)
         self.bytes_raw += len(view)
-        if not path.exists():
-            self.bytes_stored += write_blob(path, view, self.compressors, chunk=self.chunk)
-        return BlobRef(rel, len(view), digest)
+        self.bytes_stored += blob.written
+        return BlobRef(f"{BLOBS}/{blob.path.name}", len(view), blob.digest, blob.compression)
 
     def finish(self, manifest: Manifest) -> Snapshot:
         write_json_atomic(self.root / MANIFEST, manifest.to_json())
@@ -318,31 +508,30 @@ class Snapshot:
         path = self._blob_path(ref, field)
         data = _read_bounded(path, ref, self._fail(ref, field))
         if sha256(data) != ref.sha256:
-            raise SnapshotFormatError(f"blob {ref.path} does not match its sha256",
+            raise SnapshotFormatError(f"blob {ref.path} does not match its sha256 {ref.sha256} "
+                                      "(corrupt or replaced)",
                                       path=self.root / MANIFEST, field=field)
         return data
 
     def read_into(self, ref: BlobRef, buffer, field: str = "blob", *,
                   chunk: int = CHUNK) -> None:
-        """Decompress ``ref`` into ``buffer`` (writable, exactly ``ref.size`` bytes, owned by
-        the caller: a pinned staging buffer, a mapped file), verified as it streams: on an
-        error the buffer holds part of the blob and must not be used."""
+        """Read ``ref`` into ``buffer`` (writable, exactly ``ref.size`` bytes, owned by the
+        caller: a pinned staging buffer, a mapped file), ``chunk`` bytes at a time: a raw
+        blob straight from the file, a zstd one decompressed into place, each piece hashed
+        while the next is read; no other copy of the blob is made. On an error the buffer
+        holds part of the blob and must not be used."""
         view = _bytes_view(buffer)
         if view.readonly or len(view) != ref.size:
             raise ValueError(f"read_into needs a writable buffer of {ref.size} bytes, got "
                              f"{len(view)}{' (read-only)' if view.readonly else ''}")
-
-        def sink(at: int, piece: bytes) -> None:
-            view[at:at + len(piece)] = piece
-
-        _stream(self._blob_path(ref, field), ref, self._fail(ref, field), sink, chunk=chunk,
+        _stream(self._blob_path(ref, field), ref, self._fail(ref, field), view, chunk=chunk,
                 what=f"load {field}")
 
     def check_blob(self, ref: BlobRef, field: str = "blob", *, chunk: int = CHUNK) -> int:
         """Check ``ref`` (size and sha256) as a stream, holding at most ``chunk`` raw bytes of
         it at a time; return its raw size."""
-        _stream(self._blob_path(ref, field), ref, self._fail(ref, field),
-                lambda at, piece: None, chunk=chunk, what=f"check {field}")
+        _stream(self._blob_path(ref, field), ref, self._fail(ref, field), None, chunk=chunk,
+                what=f"check {field}")
         return ref.size
 
     # Convenience accessors, each naming its field for errors.
@@ -396,4 +585,10 @@ class Snapshot:
         return total
 
     def stored_bytes(self) -> int:
-        return sum(p.stat().st_size for p in (self.root / BLOBS).glob("*.zst"))
+        """Bytes of the blob files in ``blobs/`` (compressed or raw, each file once)."""
+        return sum(p.stat().st_size for p in (self.root / BLOBS).iterdir()
+                   if p.is_file() and not p.name.startswith("."))
+
+    def region_bytes(self) -> int:
+        """Bytes of the regions the manifest holds (each region once: its size)."""
+        return sum(r.size for r in self.manifest.regions)
