@@ -12,9 +12,11 @@
 # Environment: OUT (required: what comes back), BLOCKS and REPEAT (trust_overhead.py's
 # --blocks and --repeat, default 32 and 3), CASES (trust_overhead.py cases, default all of
 # cuda's, e.g. "axpy_8M axpbyz_3x16M"), TESTS (default tests/gpu), PYTHON (python3).
-# Back in $OUT: env.txt (the GPU, driver, versions, tree), gpu-tests.log and
+# Back in $OUT (6 files): env.txt (the GPU, driver, versions), gpu-tests.log and
 # gpu-tests.jsonl (KPAIR_EVIDENCE: one JSON line of facts per test), trust_overhead.json,
 # trust_overhead.log, and run.log (this script's progress and exit statuses).
+# First run (helper H4, 2026-12-07 13:46 UTC, H100 GPU-89d467d7, tests/gpu/test_cuda_trust.py
+# only): 26 passed; benchmarks/results/gpu_issue44_h100_h4.json.
 set -u
 OUT=${OUT:?set OUT to the folder that comes back}
 PY=${PYTHON:-python3}
@@ -27,14 +29,15 @@ export PYTHONUNBUFFERED=1
 if ! "$PY" -c 'import zstandard, msgspec, elftools, pyseccomp' 2>/dev/null; then
   [ -d "$WHEELS" ] || { echo "kpair's dependencies are missing and no $WHEELS was carried"; exit 2; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/kpair-site "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1 || exit 3
+    --target /tmp/kpair-site "$WHEELS"/*.whl > /tmp/kpair-pip.log 2>&1 \
+    || { tail -20 /tmp/kpair-pip.log; exit 3; }
   export PYTHONPATH=/tmp/kpair-site
 fi
 export PYTHONPATH=$ROOT/src${PYTHONPATH:+:$PYTHONPATH}
 { date -u; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader
-  "$PY" --version; nvcc --version | tail -1
-  git -C "$ROOT" rev-parse HEAD 2>/dev/null; git -C "$ROOT" status --short 2>/dev/null; nproc; } \
-  > "$OUT/env.txt" 2>&1
+  "$PY" --version; nvcc --version | tail -1; nproc; } > "$OUT/env.txt" 2>&1
+# (no git here: a device's copy of the tree need not carry its history; record the commit
+# from the machine that sent it)
 echo "$(date -u +%T) GPU tests: ${TESTS:-tests/gpu}"
 # shellcheck disable=SC2086 - TESTS may list several files
 KPAIR_EVIDENCE=$OUT/gpu-tests.jsonl "$PY" -m pytest -q -m gpu -p no:cacheprovider \
