@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         snap = phase("write", 2 * args.size, args.size, write, report)
         data = after = None  # the regions go: what follows holds only what it reads
         report["stored_bytes"] = snap.stored_bytes()
+        report["compression"] = snap.manifest.regions[0].pre.compression  # "none": raw
         report["stored_over_raw"] = round(snap.stored_bytes() / (2 * args.size), 4)
         snap = Snapshot.open(root)
         got = phase("load", args.size, args.size, lambda: snap.pre(0), report)
