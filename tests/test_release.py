@@ -21,6 +21,7 @@ from kpair.formats import encode
 from kpair.harness import create_harness
 from kpair.pipeline import RunOptions
 from kpair.result import Result
+from kpair.snapshot import Snapshot
 from kpair.toolchain import compile_shared
 
 #: Enough blocks for a verdict, short enough for a test.
@@ -108,9 +109,9 @@ def test_an_index_written_by_kpair_0_1_reads_and_writes_back_unchanged(tmp_path)
                                                "76_Gemm_Add_ReLU"]
     assert idx.refused[0].name == "21_Sigmoid" and idx.refused[0].harness is None
     assert idx.operators[1].correctness.tolerances[0].threshold == {"min_cosine": 0.9999}
-    # Read as v2: the same publication, not verified yet, no ref identity recorded.
+    # Read as v3: the same publication, not verified yet, no ref identity recorded.
     v1 = json.loads(fixture.read_text())
-    assert json.loads(encode(idx)) == {**v1, "schema_version": 2, "verifications": []}
+    assert json.loads(encode(idx)) == {**v1, "schema_version": 3, "verifications": []}
     assert all(r.ref_identity is None and r.verifications == [] for r in idx.operators)
     # Its summary is what today's arithmetic makes of its rows (a geomean to the last ulp or
     # so: kpair 0.1 took numpy's log and mean, whose bits vary with the CPU and version).
@@ -136,15 +137,15 @@ def test_a_v1_index_is_read_by_the_v1_rules(tmp_path):
     with pytest.raises(FormatError) as e:
         release.load_index(tmp_path)
     assert e.value.field == "operators[0].ref_identity"
-    (tmp_path / "index.json").write_text(json.dumps({**v1, "schema_version": 3}))
-    with pytest.raises(FormatError, match="reads 1 and 2") as e:
+    (tmp_path / "index.json").write_text(json.dumps({**v1, "schema_version": 4}))
+    with pytest.raises(FormatError, match="reads 1, 2 and 3") as e:
         release.load_index(tmp_path)
     assert e.value.field == "schema_version"
 
 
 @pytest.mark.parametrize("mutate, field", [
     (lambda i: i.update(schema="other"), "schema"),
-    (lambda i: i.update(schema_version=3), "schema_version"),
+    (lambda i: i.update(schema_version=4), "schema_version"),
     (lambda i: i.update(schema_version=1), "verifications"),  # v1 has no verifications
     (lambda i: i["verifications"].append({"run": 1}), "verifications[0].when"),
     (lambda i: i.update(operators={}), "operators"),
@@ -166,6 +167,20 @@ def test_load_index_names_the_bad_field(tmp_path, mutate, field):
     with pytest.raises(FormatError) as e:
         release.load_index(tmp_path)
     assert e.value.field == field
+
+
+def test_a_v2_index_reads_as_v3_without_region_and_stored_bytes(tmp_path):
+    idx = release.build_index([fake_row(1, "a", 1.5)], []).to_json()
+    v2 = {**idx, "schema_version": 2}
+    (tmp_path / "index.json").write_text(json.dumps(v2))
+    got = release.load_index(tmp_path)
+    assert got.schema_version == 3 and got.operators[0].region_bytes is None
+    assert json.loads(encode(got)) == idx
+    v2["operators"][0]["stored_bytes"] = 10  # a v3 field in a v2 file
+    (tmp_path / "index.json").write_text(json.dumps(v2))
+    with pytest.raises(FormatError) as e:
+        release.load_index(tmp_path)
+    assert e.value.field == "operators[0].stored_bytes"
 
 
 def test_index_is_the_registered_format_with_a_json_schema():
@@ -238,6 +253,10 @@ def test_add_publishes_a_passing_pair_with_provenance(harnesses, tmp_path):
     assert row.director.speedup == 1.7 and row.director.reference_only is True
     assert row.paths.harness == "level1/1_Square_matrix_multiplication_/harness"
     assert idx.summary.harness_geomean_speedup == pytest.approx(row.harness.speedup)
+    snap = Snapshot.open(op / "harness" / "capture")  # the harness's own bytes, counted
+    assert row.region_bytes == snap.region_bytes() > 0
+    assert row.stored_bytes == snap.stored_bytes() == sum(
+        p.stat().st_size for p in (op / "harness" / "capture" / "blobs").iterdir())
     result = Result.read(op / "harness" / "result.json")
     assert result.harness == str((op / "harness").resolve())
     assert not [p for p in root.iterdir() if p.name.startswith(".add-")]  # staging cleaned

@@ -13,8 +13,8 @@ the index. ``classify`` (pure) says whether a re-run reproduced the published nu
 ``RefIdentity`` (the ref code object's sha256, kernel name and launch) tells a re-capture
 with another ref apart: a "different operator", never a changed speedup.
 
-The JSON is the contract of ``docs/format.md`` (schema ``kpair.release_index`` v2; a v1
-index, as kpair 0.1 wrote it, reads too and is upgraded in memory).
+The JSON is the contract of ``docs/format.md`` (schema ``kpair.release_index`` v3; a v1
+index, as kpair 0.1 wrote it, and a v2 one read too and are upgraded in memory).
 """
 
 from __future__ import annotations
@@ -38,9 +38,13 @@ from ..result import Result
 from ..sol import SpeedOfLight
 
 SCHEMA = "kpair.release_index"
-SCHEMA_VERSION = 2
-#: Versions ``Index.read`` reads (v1: no verification records, no ref identity).
-READS = (1, 2)
+SCHEMA_VERSION = 3
+#: Versions ``Index.read`` reads (v1: no verification records, no ref identity; v2: no
+#: region and stored bytes per row).
+READS = (1, 2, 3)
+#: Row fields each older version lacks: a file of that version that holds one is refused.
+_NEWER_ROW_FIELDS = {1: ("ref_identity", "verifications", "region_bytes", "stored_bytes"),
+                     2: ("region_bytes", "stored_bytes")}
 INDEX = "index.json"
 HARNESS, PROVENANCE, EXCLUDED = "harness", "provenance", "excluded"
 #: ``level<N>/<op>/devices/<d>/``: results of ``verify --each`` on devices other than the first.
@@ -69,6 +73,7 @@ Outcome = Literal["reproduced", "not reproduced", "different operator", "error",
 OUTCOMES = ("reproduced", "not reproduced", "different operator", "error",
             "no published figure")
 Level = Annotated[int, msgspec.Meta(ge=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 def check_key(level: object, name: object) -> tuple[int, str]:
@@ -327,7 +332,8 @@ class Row(Record, omit_defaults=True):
     "optimizer" on the row of an operator an optimizer found no winner for
     (``refuse_operator``), absent otherwise. ``ref_identity`` is the ref's identity at
     publication (absent in rows of a v1 index); ``verifications`` the re-runs since, oldest
-    first."""
+    first. ``region_bytes`` and ``stored_bytes`` (v3) are the harness snapshot's regions and
+    its blob files on disk (absent where the harness could not be opened, and in older rows)."""
 
     level: Level
     name: str
@@ -350,6 +356,8 @@ class Row(Record, omit_defaults=True):
     verifications: list[Verification] = []
     sol: SpeedOfLight | None = None
     baselines: list[Baseline] = []
+    region_bytes: Count | None = None
+    stored_bytes: Count | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -409,11 +417,11 @@ class Summary(Record, omit_defaults=True):
 
 
 class Index(Record, kw_only=True):
-    """``index.json`` (schema ``kpair.release_index`` v2): the publication (``operators``,
+    """``index.json`` (schema ``kpair.release_index`` v3): the publication (``operators``,
     ``refused``, ``summary``) and every verify run since (``verifications``, oldest first)."""
 
     schema: Literal["kpair.release_index"] = SCHEMA
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     kpair_version: str = __version__
     updated: str
     layout: str = LAYOUT
@@ -424,7 +432,8 @@ class Index(Record, kw_only=True):
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> Index:
-        """The strict reader of both versions: a v1 index comes back as v2, unverified."""
+        """The strict reader of every version: a v1 index comes back as v3, unverified; a
+        v2 one as v3 without region and stored bytes."""
         path = Path(path)
         try:
             data = path.read_bytes()
@@ -436,9 +445,15 @@ class Index(Record, kw_only=True):
             return convert(obj, IndexV1, path=path).upgrade(path)
         if isinstance(obj, dict) and obj.get("schema") == SCHEMA \
                 and obj.get("schema_version") not in READS:
+            reads = ", ".join(map(str, READS[:-1])) + f" and {READS[-1]}"
             raise FormatError(f"schema_version {obj.get('schema_version')!r} is not supported "
-                              f"(this kpair reads {' and '.join(map(str, READS))})",
+                              f"(this kpair reads {reads})",
                               path=path, field="schema_version")
+        if isinstance(obj, dict) and obj.get("schema_version") == 2:
+            check_version(obj, SCHEMA, 2, path=path)
+            idx = convert({**obj, "schema_version": SCHEMA_VERSION}, cls, path=path)
+            _refuse_newer_fields(idx, 2, path)
+            return idx
         check_version(obj, SCHEMA, SCHEMA_VERSION, path=path)
         return convert(obj, cls, path=path)
 
@@ -465,16 +480,21 @@ class IndexV1(Record, kw_only=True):
     summary: Summary
 
     def upgrade(self, path: object = None) -> Index:
-        """The same index as v2: no verification yet, no ref identity recorded."""
-        for key in ("operators", "refused"):
-            for i, r in enumerate(getattr(self, key)):
-                for f in ("ref_identity", "verifications"):
-                    if getattr(r, f):
-                        raise FormatError("unknown field (this format version does not "
-                                          "define it)", path=path, field=f"{key}[{i}].{f}")
+        """The same index as v3: no verification yet, no ref identity recorded."""
+        _refuse_newer_fields(self, 1, path)
         return Index(kpair_version=self.kpair_version, updated=self.updated,
                      layout=self.layout, operators=self.operators, refused=self.refused,
                      summary=self.summary)
+
+
+def _refuse_newer_fields(index: Index | IndexV1, version: int, path: object) -> None:
+    """Refuse a row of a ``version`` index that holds a field only later versions define."""
+    for key in ("operators", "refused"):
+        for i, r in enumerate(getattr(index, key)):
+            for f in _NEWER_ROW_FIELDS[version]:
+                if getattr(r, f) not in (None, []):
+                    raise FormatError("unknown field (this format version does not "
+                                      "define it)", path=path, field=f"{key}[{i}].{f}")
 
 
 def load_index(root: str | os.PathLike) -> Index | None:
@@ -618,7 +638,7 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
     base = rel_dir(level, name) if published else f"{EXCLUDED}/{rel_dir(level, name)}"
     env: dict[str, Any] = result.environment or {}
     backend, arch, kernels = env.get("backend"), env.get("arch"), Kernels(ref=None, opt=None)
-    identity = None
+    identity = region_bytes = stored_bytes = None
     try:
         h = Harness.open(harness_dir, verify=False)
         identity = ref_identity(h)
@@ -627,6 +647,8 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
     else:
         backend, arch = h.backend, h.snapshot.manifest.arch
         kernels = Kernels(ref=h.ref.kernel, opt=h.opt.kernel)
+        region_bytes = h.snapshot.region_bytes()
+        stored_bytes = h.snapshot.stored_bytes()
         # info["policy"] is the policy's path inside the harness, checked by Harness.open.
         policy_path = f"{rel_dir(level, name)}/{HARNESS}/{h.info['policy']}"
         correctness = correctness_mode(h.policy, result, policy_path)
@@ -641,7 +663,8 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
                     else f"{base}/result.json",
                     provenance=f"{base}/{PROVENANCE}" if provenance_dir else None),
         replay=(result.replay or {}).get("mode"), inputs_digest=result.inputs_digest,
-        verified=result.started or None, ref_identity=identity, sol=result.sol)
+        verified=result.started or None, ref_identity=identity, sol=result.sol,
+        region_bytes=region_bytes, stored_bytes=stored_bytes)
 
 
 def device_run(device: int, result: Result, path: str) -> DeviceRun:
