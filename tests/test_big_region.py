@@ -255,3 +255,23 @@ def test_read_into_a_256_MiB_region_holds_it_once(tmp_path, content):
     growth = got["peak"] - got["before"]
     assert growth < 0.5 * size, (growth, size)  # the buffer is already resident: ~chunks only
     assert got["peak"] < 1.5 * size + (64 << 20), got  # loosely: < 1.5x the region (+ python)
+
+
+def test_a_large_raw_blob_says_how_far_it_is(tmp_path, monkeypatch):
+    from kpair import progress
+
+    monkeypatch.setattr(store, "PROGRESS_BYTES", 1 << 20)
+    said = []
+
+    class Recorder(progress.Silent):
+        def stage(self, name: str) -> None:
+            said.append(name)
+
+    data = _random(4 << 20)
+    with progress.using(Recorder()):
+        snap = _snapshot(tmp_path / "s", data, chunk=256 << 10)
+        ref = snap.manifest.regions[0].pre
+        snap.read_into(ref, bytearray(ref.size), "regions[0].pre", chunk=256 << 10)
+    assert ref.compression == "none"
+    assert any(s.startswith("store blob: ") and s.endswith("of 4.0 MiB") for s in said), said
+    assert any(s.startswith("load regions[0].pre: ") for s in said), said
