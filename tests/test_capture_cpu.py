@@ -16,6 +16,7 @@ import pytest
 
 from kpair.capture import cupti
 from kpair.capture.blobpool import BlobPool
+from kpair.capture.child import child_command, status_of
 from kpair.capture.filters import Filter
 from kpair.capture.launches import KernargError, LaunchInfo, decode_launch, kernarg_bytes
 from kpair.capture.modules import ModuleRegistry, elf_function_names
@@ -31,7 +32,7 @@ from kpair.capture.regions import (
 )
 from kpair.capture.session import CaptureSession, KernelInfo
 from kpair.cli import main
-from kpair.cli.capture import child_command, parse_size, status_of
+from kpair.cli.capture import parse_size
 from kpair.errors import BackendUnavailable, UsageError
 from kpair.snapshot import Snapshot
 
@@ -522,7 +523,7 @@ def make_session_at(settings: dict) -> CaptureSession:
 
 def test_cli_returns_the_program_status_and_says_when_nothing_matched(monkeypatch, tmp_path,
                                                                        capsys):
-    import kpair.cli.capture as cli_capture
+    import kpair.capture.workflow as cli_capture
 
     child = tmp_path / "child.py"
     child.write_text(FAKE_CHILD.format(tests=str(Path(__file__).parent)))

@@ -267,15 +267,17 @@ def test_a_capture_past_its_time_limit_is_killed_with_its_children(tmp_path, mon
     import os
     import time
 
+    from kpair.capture import cupti
     from kpair.errors import KpairError
     from kpair.mcp.workspace import Workspace
 
     pidfile = tmp_path / "grandchild.pid"
-    fake = tmp_path / "fakepython"
-    # Stands in for `python -m kpair capture -o DEST ...`: writes capture.json, starts a
-    # grandchild, then hangs.
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    # Stands in for the program's interpreter, started as `python3 -m kpair.capture.program
+    # prog.py` by the capture: writes capture.json, starts a grandchild, then hangs.
     fake.write_text(f"""#!/bin/sh
-dest="$5"
+dest="{tmp_path / 'cap'}"
 mkdir -p "$dest"
 echo '{{"dispatches": []}}' > "$dest/capture.json"
 sleep 300 &
@@ -284,10 +286,10 @@ echo "capturing..."
 sleep 300
 """)
     fake.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setattr(cupti, "find_cupti", lambda *a: "/fake/libcupti.so")
     ws = Workspace(tmp_path)
     started = time.monotonic()
-    out = ws.capture(["python", "prog.py"], out="cap", timeout_s=1.0)
+    out = ws.capture([str(fake), "prog.py"], out="cap", timeout_s=1.0)
     assert time.monotonic() - started < 60
     assert out["exit_status"] == -9 and "stopped after 1 s" in out["log_tail"]
     assert out["captured"] == [] and json.loads((tmp_path / "cap" / "capture.json")

@@ -480,7 +480,7 @@ def program(monkeypatch, tmp_path):
     driver; the real profiler over a stand-in CUPTI), each printing to stdout as a program
     does (the profiled one is ``PROG``, run for real)."""
     import kpair.capture.profiler as profiler
-    import kpair.cli.capture as cli_capture
+    import kpair.capture.workflow as cli_capture
     from kpair.capture import cupti
     from test_capture_cpu import FAKE_CHILD
     from test_profile_cpu import PROFILE_CHILD

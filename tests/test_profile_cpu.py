@@ -450,7 +450,7 @@ def run_fake_capture() -> int:
 @pytest.fixture
 def fake_children(monkeypatch, tmp_path):
     import kpair.capture.profiler as profiler
-    import kpair.cli.capture as cli_capture
+    import kpair.capture.workflow as cli_capture
 
     prof, cap = tmp_path / "prof_child.py", tmp_path / "cap_child.py"
     prof.write_text(PROFILE_CHILD.format(tests=str(TESTS)))

@@ -13,10 +13,13 @@ import json
 import os
 import re
 import runpy
+import subprocess
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
+from .._util import kill_group
 from ..errors import UsageError
 
 #: Interpreter options that take a value (``python -X dev prog.py``).
@@ -57,11 +60,12 @@ def child_command(command: list[str], runner: str = "kpair.capture.program",
     return [*command[:i], "-m", runner, *command[i:]]
 
 
-def child_environment(variable: str, settings: dict, module_loading: str | None = None
-                      ) -> dict:
-    """This process's environment plus the runner's settings; ``CUDA_MODULE_LOADING`` set
-    when ``module_loading`` is given (left as the user has it otherwise)."""
-    env = dict(os.environ)
+def child_environment(variable: str, settings: dict, module_loading: str | None = None,
+                      base: dict | None = None) -> dict:
+    """``base`` (default this process's environment) plus the runner's settings;
+    ``CUDA_MODULE_LOADING`` set when ``module_loading`` is given (left as the user has it
+    otherwise)."""
+    env = dict(os.environ if base is None else base)
     env[variable] = json.dumps(settings)
     if module_loading is not None:
         env["CUDA_MODULE_LOADING"] = module_loading.upper()
@@ -74,6 +78,36 @@ def child_environment(variable: str, settings: dict, module_loading: str | None 
 def status_of(returncode: int) -> int:
     """A child's status as a shell reports it: 128 + signal number when it was killed."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """How a runner child ended: its status as a shell reports it, and whether it was
+    stopped at its time limit (its whole process group killed)."""
+
+    status: int
+    timed_out: bool = False
+
+
+def run_child(argv: list[str], env: dict, *, stdout=None, stderr=None, cwd=None,
+              timeout_s: float | None = None) -> ChildRun:
+    """Run a runner child (``child_command``'s argv) to its end. ``stdout``/``stderr``: where
+    its output goes (a descriptor or file; None: inherited). With ``timeout_s`` the child
+    starts its own process group, killed whole when the time is up (or when this process
+    is interrupted while waiting)."""
+    if timeout_s is None:
+        proc = subprocess.run(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd)
+        return ChildRun(status_of(proc.returncode))
+    child = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return ChildRun(status_of(child.wait(timeout=max(timeout_s, 0.0))))
+    except subprocess.TimeoutExpired:
+        kill_group(child)
+        return ChildRun(status_of(-9), timed_out=True)
+    except BaseException:
+        kill_group(child)
+        raise
 
 
 def strip_separator(command: list[str]) -> list[str]:

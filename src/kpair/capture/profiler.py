@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from ..errors import KpairError, UsageError, WorkerFailed
 from ..formats import write
 from . import cupti
 from .activity import KernelActivity
-from .child import child_command, child_environment, run_program, status_of
+from .child import child_command, child_environment, run_child, run_program
 from .profile import METHOD, PROFILE, KernelTimes, Profile, read_profile, top
 
 ENV = "KPAIR_PROFILE"
@@ -125,10 +124,12 @@ def main() -> int:
 
 # ---------------------------------------------------------------- the parent
 
-def run_profile(command: list[str], out: str | os.PathLike, *, stdout: int | None = None
+def run_profile(command: list[str], out: str | os.PathLike, *, stdout=None, stderr=None,
+                cwd: str | os.PathLike | None = None, timeout_s: float | None = None
                 ) -> tuple[int, Profile | None]:
     """Run ``command`` (``python ... prog.py ARGS``) under the profiler, writing ``out``;
-    ``stdout``: where the program's stdout goes (a descriptor; None: inherited).
+    ``stdout``/``stderr``: where the program's output goes (a descriptor or file; None:
+    inherited); ``timeout_s``: the child's whole process group is killed past it.
 
     Returns the program's exit status and the profile (None when the child wrote none: it
     could not start, or it died before the program returned)."""
@@ -139,8 +140,8 @@ def run_profile(command: list[str], out: str | os.PathLike, *, stdout: int | Non
                          "another with -o)")
     cupti.find_cupti()  # fail here, with the install hint, rather than inside the child
     env = child_environment(ENV, {"out": str(out), "command": list(command)})
-    status = status_of(subprocess.run(argv, env=env, stdout=stdout).returncode)
-    return status, read_profile(out) if out.exists() else None
+    ended = run_child(argv, env, stdout=stdout, stderr=stderr, cwd=cwd, timeout_s=timeout_s)
+    return ended.status, read_profile(out) if out.exists() else None
 
 
 def profile_program(command: list[str], out: str | os.PathLike | None = None) -> Profile:

@@ -4,18 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from .. import progress
-from .._util import check_output_dir, write_bytes_atomic
-from ..capture.child import child_command, child_environment, status_of, strip_separator
-from ..capture.program import ENV
+from ..capture.child import strip_separator
+from ..capture.workflow import capture_program
 from ..errors import UsageError
 from .base import Command, integer
 
@@ -74,124 +69,21 @@ class Capture(Command):
                        help="-- python prog.py ARGS... (the program to run)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..capture.cupti import find_cupti
-        from ..capture.session import SUMMARY
-
-        command = strip_separator(args.program)
-        argv = child_command(command)
+        if args.top is not None and (args.nth != 1 or args.max is not None or args.distinct):
+            raise UsageError("--top takes the first dispatch of each chosen kernel: it "
+                             "does not combine with --nth, --max or --distinct")
         if args.max is not None and args.max < 0:
             raise UsageError(f"--max must be 0 (no limit) or more, got {args.max}")
-        if args.nth < 1:
-            raise UsageError(f"--nth must be 1 or more, got {args.nth}")
-        if args.top is not None:
-            if args.top < 1:
-                raise UsageError(f"--top must be 1 or more, got {args.top}")
-            if args.nth != 1 or args.max is not None or args.distinct:
-                raise UsageError("--top takes the first dispatch of each chosen kernel: it "
-                                 "does not combine with --nth, --max or --distinct")
-        out = check_output_dir(args.out, empty=True)  # a new or empty directory, writable
-        find_cupti()  # fail here, with the install hint, rather than inside the child
-        settings = {"out": str(out.resolve()), "kernel": args.kernel, "nth": args.nth,
-                    "max": 1 if args.max is None else args.max or None,
-                    "distinct": args.distinct, "max_region_bytes": args.max_region_bytes,
-                    "command": command}
-        if args.top is not None:
-            return self.run_top(args, argv, settings)
-        progress.stage("the program runs, capturing")
-        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading),
-                              stdout=_program_stdout(args))
-        status = status_of(proc.returncode)
-        summary = report(out / SUMMARY, status)
-        _emit(args, out, status, summary)
-        return status
-
-    def run_top(self, args: argparse.Namespace, argv: list[str], settings: dict) -> int:
-        """The profiling run, then the capture run with the chosen names as the filter."""
-        from ..capture.profile import PROFILE, top
-        from ..capture.profiler import run_profile
-        from ..capture.session import SUMMARY
-
-        with tempfile.TemporaryDirectory(prefix="kpair-profile-") as tmp:
-            progress.stage("the program runs, profiling")
-            status, profile = run_profile(settings["command"], Path(tmp) / PROFILE,
-                                          stdout=_program_stdout(args))
-            data = (Path(tmp) / PROFILE).read_bytes() if profile is not None else b""
-        if profile is None:
-            print(f"kpair capture: the profiling run ended with status {status} and wrote no "
-                  "profile: nothing captured", file=sys.stderr)
-            _emit(args, args.out, status, None, note="the profiling run wrote no profile")
-            return status or 5
-        chosen = top(profile, args.top, args.kernel)
-        if status:
-            print(f"kpair capture: note: the program ended with status {status} in the "
-                  "profiling run", file=sys.stderr)
-        if not chosen:
-            what = f" matched --kernel {args.kernel!r}" if args.kernel else " ran"
-            print(f"kpair capture: no kernel{what} in the profiling run "
-                  f"({len(profile.kernels)} kernels timed): nothing captured", file=sys.stderr)
-            _emit(args, args.out, status, None, note=f"no kernel{what} in the profiling run")
-            return status
-        share = sum(t.share for t in chosen)
-        print(f"kpair capture: profiling run: the {len(chosen)} most expensive kernels take "
-              f"{share:.1%} of {profile.kernel_time_ns / 1e6:.2f} ms of kernel time; capturing "
-              "the first dispatch of each", file=sys.stderr)
-        settings.update(
-            kernel=None, nth=1, max=len(chosen), distinct=True,
-            names=[t.name for t in chosen],
-            profile={"file": PROFILE, "sha256": hashlib.sha256(data).hexdigest(),
-                     "top": args.top, "kernel": args.kernel,
-                     "exit_status": profile.exit_status,
-                     "kernel_time_ns": profile.kernel_time_ns,
-                     "chosen": [{"rank": i, "name": t.name, "demangled": t.demangled,
-                                 "launches": t.launches, "total_ns": t.total_ns,
-                                 "share": t.share} for i, t in enumerate(chosen, 1)]})
-        progress.stage("the program runs again, capturing")
-        proc = subprocess.run(argv, env=child_environment(ENV, settings, args.module_loading),
-                              stdout=_program_stdout(args))
-        status = status_of(proc.returncode)
-        out = args.out
-        if out.is_dir():
-            write_bytes_atomic(out / PROFILE, data, replace=False)
-        summary = report(out / SUMMARY, status)
-        _emit(args, out, status, summary)
-        return status
-
-
-def _program_stdout(args: argparse.Namespace) -> int | None:
-    """Where the program's stdout goes: its own (inherited), or stderr under ``--json``, so
-    that kpair's stdout holds nothing but its one JSON document."""
-    return sys.stderr.fileno() if args.json else None
-
-
-def _emit(args: argparse.Namespace, out: Path, status: int, summary: dict | None,
-          note: str | None = None) -> None:
-    if args.json:
-        doc = {"out": str(out), "exit_status": status, "capture": summary}
-        if note:
-            doc["note"] = note
-        print(json.dumps(doc, indent=1))
-
-
-def report(path: Path, status: int) -> dict | None:
-    """Say what was captured (to stderr: the program's stdout stays its own); the summary
-    read back (None when the program left none)."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        print(f"kpair capture: the program ended with status {status} and left no "
-              f"{path.name}: capture did not start", file=sys.stderr)
-        return None
-    captured = [d for d in summary["dispatches"] if d["status"] == "captured"]
-    failed = [d for d in summary["dispatches"] if d["status"] != "captured"]
-    print(f"kpair capture: {len(captured)} dispatches captured into {path.parent} "
-          f"({summary['launches_seen']} launches of {summary['distinct_kernels_seen']} "
-          f"distinct kernels seen; program exit status {status})", file=sys.stderr)
-    for d in captured:
-        print(f"  {d['snapshot']}  grid {d['grid']} block {d['block']}  {d['regions']} "
-              f"regions, {d['region_bytes']} bytes (segments {d['segment_bytes']})",
-              file=sys.stderr)
-    for d in failed:
-        print(f"  not captured: {d['kernel']}: {d.get('reason', d['status'])}", file=sys.stderr)
-    for note in summary.get("notes", []):
-        print(f"kpair capture: {note}", file=sys.stderr)
-    return summary
+        outcome = capture_program(
+            strip_separator(args.program), args.out, kernel=args.kernel, nth=args.nth,
+            max=1 if args.max is None else args.max or None, distinct=args.distinct,
+            top=args.top, max_region_bytes=args.max_region_bytes,
+            module_loading=args.module_loading,
+            # under --json the program's stdout goes to stderr: kpair's stdout holds nothing
+            # but its one JSON document
+            stdout=sys.stderr.fileno() if args.json else None)
+        if args.json:
+            print(json.dumps(outcome.to_json(), indent=1))
+        if outcome.no_profile:
+            return outcome.exit_status or 5
+        return outcome.exit_status

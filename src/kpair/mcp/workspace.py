@@ -22,17 +22,19 @@ always runs the full measurement again (``release add``), whatever judged the ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..capture.profile import format_table
+from ..capture.profiler import run_profile
+from ..capture.workflow import capture_program
 from ..errors import KpairError, UsageError
 from ..harness import EXTENSIONS, Harness, create_harness
 from ..pipeline import RunOptions
@@ -371,69 +373,68 @@ class Workspace:
 
     # ------------------------------------------------------------------ programs
 
-    def run_kpair(self, argv: list[str], log_name: str, timeout_s: float | None = None
-                  ) -> tuple[int, str]:
-        """``python -m kpair ARGV`` in a child whose output goes to a log (stdout is the MCP
-        channel on stdio): (exit status, the log's last lines). Past ``timeout_s`` the
-        child's whole process group is killed (status -9, said in the tail)."""
-        from .._util import kill_group
-
+    @contextlib.contextmanager
+    def _log(self, log_name: str):
+        """A log file for a program run (stdout is the MCP channel on stdio): yields the open
+        file and a list that ends up holding the log's last lines."""
         logs = self.root / "mcp" / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{log_name}.log"
-        note = ""
+        tail: list[str] = []
         with open(log, "w") as f:
-            proc = subprocess.Popen([sys.executable, "-m", "kpair", *argv], stdout=f,
-                                    stderr=f, stdin=subprocess.DEVNULL, cwd=self.root,
-                                    start_new_session=True)
-            try:
-                status = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_group(proc)
-                status, note = -9, f"\n[kpair mcp: stopped after {timeout_s:g} s]"
-            except BaseException:
-                kill_group(proc)
-                raise
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) + note
-        return status, tail
+            yield f, tail
+        tail.append("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 
     def capture(self, command: list[str], *, out: str, top: int | None = 5,
                 kernel: str | None = None, timeout_s: float | None = 900) -> dict:
-        """``kpair capture`` of ``command`` into ``out``; stopped after ``timeout_s`` (what
-        it captured by then is kept: capture.json is rewritten after every dispatch)."""
+        """``kpair capture`` of ``command`` into ``out`` (run from the work directory, its
+        output logged); stopped after ``timeout_s`` (what it captured by then is kept:
+        capture.json is rewritten after every dispatch)."""
         if not command:
             raise UsageError("give the program to run, e.g. ['python', 'prog.py']")
         if timeout_s is not None and not 0 < timeout_s < float("inf"):
             raise UsageError(f"timeout_s must be a positive number of seconds, not "
                              f"{timeout_s!r}")
         dest = self._inside(out)
-        argv = ["capture", "-o", str(dest), *(["--top", str(top)] if top else []),
-                *(["--kernel", kernel] if kernel else []), "--", *command]
-        status, tail = self.run_kpair(argv, "capture", timeout_s)
+        with self._log("capture") as (f, tail):
+            def log(line: str) -> None:
+                print(line, file=f, flush=True)
+
+            outcome = capture_program(command, dest, top=top or None, kernel=kernel,
+                                      stdout=f, stderr=f, cwd=self.root, timeout_s=timeout_s,
+                                      log=log)
+            if outcome.timed_out:
+                log(f"[kpair mcp: stopped after {timeout_s:g} s]")
+        status = -9 if outcome.timed_out else outcome.exit_status
         summary = dest / "capture.json"
         if not summary.is_file():
             raise KpairError(f"kpair capture wrote no capture.json (exit status {status}):\n"
-                             f"{tail}")
+                             f"{tail[0]}")
         data = json.loads(summary.read_text())
         ops = {p: n for n, (_, p) in self.operators().items()}
         captured = [{"snapshot": d.get("snapshot"), "kernel": d.get("kernel"),
                      "operator": ops.get((dest / d["snapshot"]).resolve())}
                     for d in data.get("dispatches", []) if d.get("status") == "captured"]
-        return {"exit_status": status, "captured": captured, "log_tail": tail,
+        return {"exit_status": status, "captured": captured, "log_tail": tail[0],
                 "directory": str(dest)}
 
     def profile(self, command: list[str], *, out: str, top: int = 20) -> dict:
         if not command:
             raise UsageError("give the program to run, e.g. ['python', 'prog.py']")
         dest = self._inside(out)
-        status, tail = self.run_kpair(["profile", "-o", str(dest), "--top", str(top), "--",
-                                       *command], "profile")
-        if not dest.is_file():
-            raise KpairError(f"kpair profile wrote no profile (exit status {status}):\n{tail}")
+        with self._log("profile") as (f, tail):
+            status, profile = run_profile(command, dest, stdout=f, stderr=f, cwd=self.root)
+            if profile is not None:
+                print(format_table(profile, top), file=f)
+                print(f"kpair profile: {len(profile.kernels)} kernels written to {dest}",
+                      file=f, flush=True)
+        if profile is None or not dest.is_file():
+            raise KpairError(f"kpair profile wrote no profile (exit status {status}):\n"
+                             f"{tail[0]}")
         data = json.loads(dest.read_text())
         kernels = sorted(data.get("kernels", []), key=lambda k: -k.get("total_ns", 0))[:top]
         return {"exit_status": status, "profile": str(dest), "kernels": kernels,
-                "log_tail": tail}
+                "log_tail": tail[0]}
 
     def _inside(self, rel: str) -> Path:
         path = (self.root / rel).resolve()

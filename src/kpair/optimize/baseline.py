@@ -23,12 +23,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .. import progress
+from ..capture.workflow import capture_program
 from ..errors import KpairError
 from ..release.index import BASELINE_FILE as FILE
 from ..release.index import BaselineEntry, BaselineRecord
@@ -93,16 +92,14 @@ def capture_tuned(command: Sequence[str], work: Path, mode: str, *, kernel: str 
             shutil.rmtree(path)
     cache.mkdir(parents=True)
     env = {**os.environ, **MODES[mode], "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--distinct", "--max", "0",
-           "--max-region-bytes", "1", *(["--kernel", kernel] if kernel else []), "--",
-           *command]
     progress.stage(f"capturing the program with Inductor's {mode} tuning")
     log(f"kpair optimize: capturing the program again with Inductor's {mode} tuning "
         f"({' '.join(f'{k}={v}' for k, v in MODES[mode].items())})")
-    proc = subprocess.run(cmd, env=env)
-    if not summary.is_file():
+    outcome = capture_program(command, out, kernel=kernel, max=None, distinct=True,
+                              max_region_bytes=1, env=env, log=log)
+    if outcome.summary is None and not summary.is_file():
         raise KpairError(f"the {mode} capture wrote no capture.json (exit status "
-                         f"{proc.returncode})")
+                         f"{outcome.exit_status})")
     return out
 
 

@@ -3,7 +3,7 @@
 The flow is a list of stages per operator, each leaving its product in a work directory so
 that an interrupted run resumes where it stopped:
 
-    capture      ``kpair capture --top K`` on the program (a subprocess)     WORK/capture/
+    capture      ``capture_program(top=K)`` on the program (capture children) WORK/capture/
     operators    one ``Operator`` per captured snapshot (level 2 for fused kernels)
     base         an A/A harness per operator: ref = the captured code object  WORK/ops/<op>/base
     search       the applicable strategies' proposals through
@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import progress
+from ..capture.workflow import capture_program as run_capture
 from ..errors import BackendUnavailable, KpairError, UsageError
 from ..formats import Record, read, to_builtins, write
 from ..pipeline import RunOptions
@@ -211,8 +211,8 @@ def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
 
 def capture_program(command: Sequence[str], work: Path, *, top: int, kernel: str | None = None,
                     log: Log = _stderr) -> Path:
-    """``kpair capture -o WORK/capture --top K [--kernel REGEX] -- command`` (reused when it
-    finished)."""
+    """``kpair capture -o WORK/capture --top K [--kernel REGEX] -- command`` through
+    ``kpair.capture.workflow.capture_program`` (reused when it finished)."""
     out = work / "capture"
     summary = out / "capture.json"
     if summary.is_file():
@@ -226,16 +226,14 @@ def capture_program(command: Sequence[str], work: Path, *, top: int, kernel: str
     if out.exists():
         shutil.rmtree(out)  # an interrupted capture: start it again
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "kpair", "capture", "-o", str(out), "--top", str(top),
-           *(["--kernel", kernel] if kernel else []), "--", *command]
     progress.stage("profiling and capturing the program")
     log(f"kpair optimize: profiling and capturing the top {top} kernels"
         f"{f' matching {kernel!r}' if kernel else ''}: "
         f"{' '.join(command)}")
-    proc = subprocess.run(cmd)
-    if not summary.is_file():
-        raise KpairError(f"kpair capture wrote no capture.json (exit status "
-                         f"{proc.returncode}); nothing to optimize")
+    outcome = run_capture(command, out, top=top, kernel=kernel, log=log)
+    if outcome.summary is None and not summary.is_file():
+        raise KpairError(f"the capture wrote no capture.json (exit status "
+                         f"{outcome.exit_status}); nothing to optimize")
     return out
 
 
