@@ -275,3 +275,42 @@ def test_a_large_raw_blob_says_how_far_it_is(tmp_path, monkeypatch):
     assert ref.compression == "none"
     assert any(s.startswith("store blob: ") and s.endswith("of 4.0 MiB") for s in said), said
     assert any(s.startswith("load regions[0].pre: ") for s in said), said
+
+
+@pytest.mark.parametrize("content", ["random", "small-ints"])
+def test_stream_blob_goes_through_two_staging_buffers_and_waits_for_each(tmp_path, content):
+    size = 5 * (1 << 20) + 123
+    data = _random(size)
+    if content == "small-ints":
+        data = data.translate(bytes(i & 15 for i in range(256)))
+    snap = _snapshot(tmp_path / "s", data)
+    ref = snap.manifest.regions[0].pre
+    staging = [bytearray(1 << 20), bytearray(1 << 20)]  # e.g. pinned host buffers
+    device = bytearray(size)  # where the asynchronous copies land
+    log = []
+
+    def sink(at, piece):
+        which = next(i for i, b in enumerate(staging) if piece.obj is b)
+        assert all(event != ("copy", which) for event in log[-1:]), log  # no reuse unwaited
+        log.append(("copy", which))
+        device[at:at + len(piece)] = piece
+        return lambda: log.append(("wait", which))
+
+    snap.stream_blob(ref, sink, "regions[0].pre", buffers=staging)
+    assert device == data
+    copies = [w for kind, w in log if kind == "copy"]
+    assert copies == [0, 1, 0, 1, 0, 1]  # 5 MiB + 123 bytes in 1 MiB pieces, in turn
+    for k, (kind, which) in enumerate(log):  # a buffer is waited on before its next copy
+        if kind == "copy" and ("copy", which) in log[:k]:
+            last = max(i for i in range(k) if log[i] == ("copy", which))
+            assert ("wait", which) in log[last:k], log
+    assert log.count(("wait", 0)) == 3 and log.count(("wait", 1)) == 3  # all, before return
+    with pytest.raises(ValueError, match="two writable staging buffers"):
+        snap.stream_blob(ref, sink, buffers=[bytearray(8)])
+    blob = tmp_path / "s" / ref.path
+    raw = bytearray(blob.read_bytes())
+    raw[-200] ^= 1
+    blob.write_bytes(bytes(raw))
+    with pytest.raises(SnapshotFormatError) as e:
+        snap.stream_blob(ref, lambda at, piece: None, "regions[0].pre", chunk=1 << 20)
+    assert "regions[0].pre" in str(e.value) and ref.sha256 in str(e.value)

@@ -381,18 +381,30 @@ def _fill(reader, view: memoryview) -> int:
 
 
 def _stream(path: Path, ref: BlobRef, fail, target: memoryview | None, *, chunk: int,
-            what: str) -> None:
+            what: str, spare: list[memoryview] | None = None, sink=None) -> None:
     """Read the blob at ``path`` into ``target`` (``ref.size`` writable bytes) a piece of at
-    most ``chunk`` bytes at a time, or, with ``target`` None, through two piece-sized buffers
-    in turn (a check that keeps nothing). A raw blob is read straight into place
-    (``readinto``), a zstd one decompressed into place; each piece is hashed on another
-    thread while the next is read. Refuses the blob when it holds more or fewer than
-    ``ref.size`` bytes (reading stops one byte past) or its sha256 differs."""
+    most ``chunk`` bytes at a time, or, with ``target`` None, through the two buffers
+    ``spare`` in turn (piece-sized ones made here when None: a check that keeps nothing).
+    A raw blob is read straight into place (``readinto``), a zstd one decompressed into
+    place; each piece is hashed on another thread while the next is read, and handed to
+    ``sink(offset, piece)`` if given, which may return a callable to wait on before that
+    piece's buffer is refilled (an asynchronous copy's synchronize). Refuses the blob when it
+    holds more or fewer than ``ref.size`` bytes (reading stops one byte past) or its sha256
+    differs."""
     zstd = _zstd()
     digest, done, shown = hashlib.sha256(), 0, _Shown(what, ref.size)
-    spare = None if target is not None else \
-        [memoryview(bytearray(min(chunk, ref.size))) for _ in range(2)]
-    hashing: list = [None, None]  # the last hash job of each spare buffer
+    if target is None:
+        if spare is None:
+            spare = [memoryview(bytearray(min(chunk, ref.size))) for _ in range(2)]
+        chunk = min(chunk, *(len(b) for b in spare))
+        if ref.size and not chunk:
+            raise ValueError("staging buffers must not be empty")
+    busy: list[list] = [[], []]  # per buffer: what to wait on before it is refilled
+
+    def settle(waits: list) -> None:
+        while waits:
+            waits.pop(0)()
+
     with ThreadPoolExecutor(max_workers=1) as hasher, open(path, "rb", buffering=0) as f:
         try:
             if ref.compression == "none":
@@ -411,12 +423,15 @@ def _stream(path: Path, ref: BlobRef, fail, target: memoryview | None, *, chunk:
                 if target is not None:
                     piece = target[done:done + n]
                 else:
-                    if hashing[turn] is not None:
-                        hashing[turn].result()  # that buffer is hashed: free to refill
+                    settle(busy[turn])  # hashed and handed on: free to refill
                     piece = spare[turn][:n]
                 got = _fill(reader, piece)
-                job = hasher.submit(digest.update, piece[:got])  # one worker: in order
-                hashing[turn] = job
+                piece = piece[:got]
+                busy[turn].append(hasher.submit(digest.update, piece).result)  # in order
+                if sink is not None and got:
+                    wait = sink(done, piece)
+                    if callable(wait):
+                        busy[turn].append(wait)
                 turn ^= 1
                 done += got
                 if got < n:
@@ -427,9 +442,8 @@ def _stream(path: Path, ref: BlobRef, fail, target: memoryview | None, *, chunk:
         except zstd.ZstdError as e:
             raise fail(f"is corrupt or truncated ({e})") from None
         finally:
-            for job in hashing:
-                if job is not None:
-                    job.result()
+            for waits in busy:
+                settle(waits)
     if done < ref.size:
         raise fail(f"holds {done} bytes, manifest says {ref.size} (truncated or replaced)")
     if digest.hexdigest() != ref.sha256:
@@ -526,6 +540,23 @@ class Snapshot:
                              f"{len(view)}{' (read-only)' if view.readonly else ''}")
         _stream(self._blob_path(ref, field), ref, self._fail(ref, field), view, chunk=chunk,
                 what=f"load {field}")
+
+    def stream_blob(self, ref: BlobRef, sink, field: str = "blob", *,
+                    buffers: tuple | list | None = None, chunk: int = CHUNK) -> None:
+        """Read ``ref`` a piece at a time through two staging ``buffers`` in turn (the
+        caller's, e.g. pinned host memory for copies to a device; two of ``chunk`` bytes are
+        made here when None), calling ``sink(offset, piece)`` for each piece as it is read.
+        ``sink`` may start an asynchronous copy and return a callable (its synchronize):
+        it is called before that buffer is refilled, and before this returns. Each piece is
+        hashed while the next is read; the blob is verified only when this returns without
+        error, so whatever ``sink`` copied must not be used before then."""
+        spare = None
+        if buffers is not None:
+            spare = [_bytes_view(b) for b in buffers]
+            if len(spare) != 2 or any(v.readonly for v in spare):
+                raise ValueError("stream_blob needs two writable staging buffers")
+        _stream(self._blob_path(ref, field), ref, self._fail(ref, field), None, chunk=chunk,
+                what=f"load {field}", spare=spare, sink=sink)
 
     def check_blob(self, ref: BlobRef, field: str = "blob", *, chunk: int = CHUNK) -> int:
         """Check ``ref`` (size and sha256) as a stream, holding at most ``chunk`` raw bytes of
