@@ -64,8 +64,10 @@ from .snapshot import (
     Kernarg,
     Launch,
     Manifest,
+    Op,
     Param,
     Region,
+    ScratchRegion,
     Snapshot,
     SnapshotWriter,
     detect_format,
@@ -199,16 +201,25 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
     _check_out(out)
     regions, where = _regions(typed, names)
     # What the child gets: each array as (region, offset), each scalar as (kind, value).
-    passed = [("region", *where[i]) if isinstance(a, np.ndarray) else a
+    passed = [("region", *where[i], i) if isinstance(a, np.ndarray) else (*a, i)
               for i, a in enumerate(typed)]
-    request = {"image": image, "library": str(library), "symbol": symbol, "args": passed,
-               "regions": regions,
-               "names": names, "backend": backend, "launch": launch or Launch(),
+    request = {"ops": [{"image": image, "library": str(library), "symbol": symbol,
+                        "args": passed, "launch": launch or Launch()}],
+               "regions": regions, "labels": [f"argument {i} ({n})" for i, n in
+                                              enumerate(names)],
+               "names": names, "backend": backend, "range": None,
                "provenance": {"recorded_by": f"kpair {__version__} record_call",
                               "library": str(library), "command": list(sys.argv),
                               "time": utc_now(), **(provenance or {})},
                "device_options": device_options or {}}
+    _run_request(request, out, isolate, timeout_s, typed, regions, where)
+    return Snapshot.open(out)
 
+
+def _run_request(request: dict, out: Path, isolate: bool, timeout_s: float, typed: list,
+                 regions: list[dict], where: dict[int, tuple[int, int]]) -> None:
+    """Record ``request`` into ``out`` (staged beside it, renamed on success) and copy each
+    stored region's post-state back into the caller's arrays."""
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.record-", dir=out.parent))
     except OSError as e:
@@ -220,7 +231,9 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
         else:
             _record(request, staging)
         snap = Snapshot.open(staging)
-        posts = [snap.post(k) for k in range(len(snap.manifest.regions))]
+        stored = {r.name: k for k, r in enumerate(snap.manifest.regions)}
+        posts = [snap.post(stored[reg["name"]]) if reg["name"] in stored else None
+                 for reg in regions]
         with contextlib.suppress(FileNotFoundError):
             out.rmdir()  # an empty directory the caller made: the snapshot takes its place
         try:
@@ -231,17 +244,134 @@ def record_call(library: str | os.PathLike, symbol: str, args: Sequence[object],
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for region, post in zip(regions, posts, strict=True):
+        if post is None:   # scratch: no bytes stored
+            continue
         for i in region["members"]:
             a, at = typed[i], where[i][1]
             np.copyto(a, np.frombuffer(post[at:at + a.nbytes], dtype=a.dtype).reshape(a.shape))
+
+
+def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
+                 names: dict[str, np.ndarray] | None = None,
+                 scratch: Sequence[np.ndarray] = (), outputs: Sequence[np.ndarray] = (),
+                 backend: str = "host", provenance: dict | None = None,
+                 device_options: dict | None = None, isolate: bool = True,
+                 timeout_s: float = TIMEOUT_S) -> Snapshot:
+    """Run ``calls`` in order and snapshot them into ``out`` as ONE range.
+
+    Each call is ``(library, symbol, args)`` or ``(library, symbol, args, launch)``, ``args``
+    as for ``record_call``. Every array is one region across all calls (the same array, or
+    overlapping views of one buffer, is one region wherever it is passed); its pre-state is
+    taken before the first call, its post-state after the last. A region no call changes is
+    live-in (role "in"); a changed one is live-out: "out" when it holds an array of
+    ``outputs``, else "inout". Arrays of ``scratch`` are scratch (size only, no bytes stored,
+    not copied back). ``names`` names regions ({name: array}); others are ``buf<k>``.
+    A single call is the one-operation range (``record_call`` writes no range fields)."""
+    out = Path(out)
+    if not calls:
+        raise UsageError("a range has at least one call")
+    flat: list = []
+    labels: list[str] = []
+    images: dict[str, bytes] = {}
+    ops = []
+    for c, call in enumerate(calls):
+        if not isinstance(call, tuple | list) or len(call) not in (3, 4):
+            raise UsageError(f"call {c}: expected (library, symbol, args[, launch])")
+        library, symbol, args = Path(call[0]), call[1], list(call[2])
+        if str(library) not in images:
+            try:
+                images[str(library)] = library.read_bytes()
+            except OSError as e:
+                raise FormatError(f"cannot read the code object ({e.strerror or e})",
+                                  path=library) from None
+        passed = []
+        for j, a in enumerate(args):
+            label = f"call {c} ({symbol}) argument {j}"
+            i = len(flat)
+            if isinstance(a, np.ndarray):
+                if not a.flags.c_contiguous or a.nbytes == 0:
+                    raise UsageError(f"{label}: arrays must be C-contiguous and non-empty")
+                flat.append(a)
+            else:
+                flat.append(_scalar(a, j, label))
+            labels.append(label)
+            passed.append(i)
+        ops.append({"image": images[str(library)], "library": str(library), "symbol": symbol,
+                    "args": passed, "launch": call[3] if len(call) == 4 else Launch()})
+    if timeout_s <= 0:
+        raise UsageError(f"timeout_s must be positive, not {timeout_s}")
+    named = {id(a): n for n, a in (names or {}).items()}
+    for n, a in (names or {}).items():
+        if not isinstance(a, np.ndarray):
+            raise UsageError(f"names[{n!r}] is not a numpy array")
+    arg_names = [named.get(id(a), "") if isinstance(a, np.ndarray) else "" for a in flat]
+    _check_out(out)
+    regions, where = _regions(flat, arg_names)
+    ids = {"scratch": {id(a) for a in scratch}, "outputs": {id(a) for a in outputs}}
+    taken: set[str] = set()
+    spare, outs = [], []
+    for k, reg in enumerate(regions):
+        members = [flat[i] for i in reg["members"]]
+        given = [arg_names[i] for i in reg["members"] if arg_names[i]]
+        reg["name"] = given[0] if given else f"buf{k}"
+        if reg["name"] in taken:
+            raise UsageError(f"region name {reg['name']!r} is given twice")
+        taken.add(reg["name"])
+        is_scratch = [id(a) in ids["scratch"] for a in members]
+        if any(is_scratch) and not all(is_scratch):
+            raise UsageError(f"region {reg['name']}: a scratch array shares its memory with "
+                             "an array that is not scratch")
+        if all(is_scratch):
+            spare.append(k)
+        if any(id(a) in ids["outputs"] for a in members):
+            outs.append(k)
+    seen = {id(a) for a in flat if isinstance(a, np.ndarray)}
+    for what in ("scratch", "outputs"):
+        if ids[what] - seen:
+            raise UsageError(f"an array of {what}= is passed to no call")
+    for op in ops:
+        op["args"] = [("region", *where[i], i) if isinstance(flat[i], np.ndarray)
+                      else (*flat[i], i) for i in op["args"]]
+    request = {"ops": ops, "regions": regions, "labels": labels,
+               "names": [arg_names[i] or f"arg{labels[i].rsplit(' ', 1)[1]}"
+                         for i in range(len(flat))],
+               "backend": backend, "range": {"scratch": spare, "outputs": outs},
+               "provenance": {"recorded_by": f"kpair {__version__} record_range",
+                              "libraries": list(images), "command": list(sys.argv),
+                              "time": utc_now(), **(provenance or {})},
+               "device_options": device_options or {}}
+    _run_request(request, out, isolate, timeout_s, flat, regions, where)
     return Snapshot.open(out)
 
 
+class Recorder:
+    """``with Recorder(out) as r: r.call(lib, "kp_matmul", [a, b, c, np.int32(n)]); ...``:
+    the calls are run and recorded as one range (``record_range``) when the block ends
+    without an error. Arrays are held, not copied: they must stay alive and unchanged
+    until then. Keyword arguments are ``record_range``'s."""
+
+    def __init__(self, out: str | os.PathLike, **options):
+        self.out, self.options, self.calls = out, options, []
+        self.snapshot: Snapshot | None = None
+
+    def call(self, library: str | os.PathLike, symbol: str, args: Sequence[object],
+             launch: Launch | None = None) -> None:
+        self.calls.append((library, symbol, list(args), launch or Launch()))
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.snapshot = record_range(self.calls, self.out, **self.options)
+
+
 def _record(request: dict, root: Path) -> None:
-    """Map, launch and snapshot one call into ``root`` (in whichever process runs this)."""
-    args, names, backend = request["args"], request["names"], request["backend"]
-    image, symbol, launch = request["image"], request["symbol"], request["launch"]
-    regions = request["regions"]
+    """Map, launch and snapshot one call, or a range of calls, into ``root`` (in whichever
+    process runs this)."""
+    names, backend, ops = request["names"], request["backend"], request["ops"]
+    regions, labels, ranged = request["regions"], request["labels"], request["range"]
+    scratch = set(ranged["scratch"]) if ranged else set()
     # Region k at starts[k], GAP-byte guards (at least) on both sides of it.
     starts, cursor = [], GAP
     for reg in regions:
@@ -249,30 +379,38 @@ def _record(request: dict, root: Path) -> None:
         cursor = -(-(cursor + len(reg["data"]) + 2 * GAP) // ALIGN) * ALIGN
     cursor -= GAP
     writer = SnapshotWriter(root)
-    fmt = detect_format(image)
     with open_device(backend, **request["device_options"]) as dev:
         # Relocating the range [0, cursor) maps a fresh arena anywhere: delta is its base.
         base = dev.map([(0, cursor)], relocate=True).delta
-        kernel = dev.load(image, symbol, fmt=fmt)
-
-        params, kernarg, offset = [], bytearray(), 0
-        for i, a in enumerate(args):
-            if a[0] == "region":
-                kind, value = "pointer", base + starts[a[1]] + a[2]
-            else:
-                kind, value = a
-            size = struct.calcsize(SCALAR_FORMATS[kind])
-            offset = -(-offset // size) * size
-            kernarg += bytes(offset - len(kernarg)) + struct.pack(SCALAR_FORMATS[kind], value)
-            params.append(Param(offset, size, kind, names[i]))
-            offset += size
-        kernarg = bytes(kernarg)
-        layout = kernel.param_layout() if backend == "hip" else None
-        if layout is not None and layout != [(p.offset, p.size) for p in params]:
-            raise AbiMismatch(f"kernel {symbol!r} takes (offset, size) {layout}; the "
-                              f"arguments give {[(p.offset, p.size) for p in params]}")
-        if fmt == "elf-so":
-            check_params(image, symbol, params, "recorded")
+        loaded: dict[tuple[bytes, str], object] = {}
+        steps = []
+        for op in ops:
+            image, symbol, fmt = op["image"], op["symbol"], detect_format(op["image"])
+            key = (image, symbol)
+            if key not in loaded:
+                loaded[key] = dev.load(image, symbol, fmt=fmt)
+            kernel = loaded[key]
+            params, kernarg, offset = [], bytearray(), 0
+            for a in op["args"]:
+                i = a[-1]
+                if a[0] == "region":
+                    kind, value = "pointer", base + starts[a[1]] + a[2]
+                else:
+                    kind, value = a[0], a[1]
+                size = struct.calcsize(SCALAR_FORMATS[kind])
+                offset = -(-offset // size) * size
+                kernarg += bytes(offset - len(kernarg)) + struct.pack(SCALAR_FORMATS[kind],
+                                                                      value)
+                params.append(Param(offset, size, kind, names[i]))
+                offset += size
+            kernarg = bytes(kernarg)
+            layout = kernel.param_layout() if backend == "hip" else None
+            if layout is not None and layout != [(p.offset, p.size) for p in params]:
+                raise AbiMismatch(f"kernel {symbol!r} takes (offset, size) {layout}; the "
+                                  f"arguments give {[(p.offset, p.size) for p in params]}")
+            if fmt == "elf-so":
+                check_params(image, symbol, params, "recorded")
+            steps.append((op, fmt, kernel, kernarg, params))
 
         # The bands: before the first region, between each two, after the last.
         ends = [start + len(reg["data"]) for reg, start in zip(regions, starts, strict=True)]
@@ -282,29 +420,41 @@ def _record(request: dict, root: Path) -> None:
             dev.write(base + lo, guard[:hi - lo])
         for reg, start in zip(regions, starts, strict=True):
             dev.write(base + start, reg["data"])
-        dev.launch(kernel, launch, kernarg, params)
-        dev.synchronize()   # a host kernel's leftover threads, too, before the guards
+        for op, _, kernel, kernarg, params in steps:   # in order, each after the last
+            dev.launch(kernel, op["launch"], kernarg, params)
+            dev.synchronize()   # a host kernel's leftover threads, too, before the guards
         written = [(lo, hi, np.flatnonzero(np.frombuffer(dev.read(base + lo, hi - lo), np.uint8)
                                            != np.frombuffer(guard[:hi - lo], np.uint8)))
                    for lo, hi in bands]
-        _check_guards(written, regions, starts, names, symbol)
-        out = []
-        for reg, start in zip(regions, starts, strict=True):
+        _check_guards(written, regions, starts, labels,
+                      " / ".join(dict.fromkeys(op["symbol"] for op in ops)))
+        out, spare = [], []
+        for k, (reg, start) in enumerate(zip(regions, starts, strict=True)):
+            if k in scratch:
+                spare.append(ScratchRegion(reg["name"], base + start, len(reg["data"])))
+                continue
             post = dev.read(base + start, len(reg["data"]))
+            role = None
+            if ranged:
+                role = "in" if post == reg["data"] else \
+                    "out" if k in ranged["outputs"] else "inout"
             out.append(Region(reg["name"], base + start, len(reg["data"]),
-                              writer.put(reg["data"]), writer.put(post), reg["dtype"]))
+                              writer.put(reg["data"]), writer.put(post), reg["dtype"], role))
         env, dev_arch = dev.environment(), dev.arch()
 
+    records = [Op(CodeObject(writer.put(op["image"]), fmt, op["symbol"]), op["launch"],
+                  Kernarg(writer.put(kernarg), tuple(params)))
+               for op, fmt, _, kernarg, params in steps]
+    extra = {"ops": tuple(records), "scratch": tuple(spare)} if ranged else {}
     manifest = Manifest(
-        backend=backend, arch=dev_arch,
-        code=CodeObject(writer.put(image), fmt, symbol),
-        launch=launch, kernarg=Kernarg(writer.put(kernarg), tuple(params)),
-        regions=tuple(out), environment=env, provenance=request["provenance"])
+        backend=backend, arch=dev_arch, code=records[0].code, launch=records[0].launch,
+        kernarg=records[0].kernarg, regions=tuple(out), environment=env,
+        provenance=request["provenance"], **extra)
     writer.finish(manifest)
 
 
 def _check_guards(written: list[tuple[int, int, np.ndarray]], regions: list[dict],
-                  starts: list[int], names: list[str], symbol: str) -> None:
+                  starts: list[int], labels: list[str], symbol: str) -> None:
     """Refuse the call when the kernel wrote into a guard band (``written``: per band, its
     [lo, hi) in the arena and the offsets in it that changed): name the argument whose band
     it was — past the end of the region before it, or before the start of the one after,
@@ -319,7 +469,7 @@ def _check_guards(written: list[tuple[int, int, np.ndarray]], regions: list[dict
     past_end = before is None or (after is not None and first - lo < hi - first)
 
     def who(r: int) -> str:
-        return " / ".join(f"argument {i} ({names[i]})" for i in regions[r]["members"])
+        return " / ".join(labels[i] for i in regions[r]["members"])
 
     if past_end:
         where = (f"{int(changed.size)} byte(s) past the end of {who(after)}, up to byte "
@@ -341,7 +491,7 @@ def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             kill_group(proc)
-            raise WorkerFailed(f"record_call: kernel {request['symbol']!r} did not finish "
+            raise WorkerFailed(f"record_call: kernel {_symbols(request)!r} did not finish "
                                f"within {timeout_s:g} s; its process was killed (raise "
                                "timeout_s if the call is really that slow)") from None
         except BaseException:
@@ -354,9 +504,17 @@ def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
             return
         how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in
                signal.valid_signals() else f"exit status {code}")
-        raise WorkerFailed(f"record_call: the process running kernel {request['symbol']!r} "
-                           f"from {request['library']} died ({how}) before the snapshot was "
+        raise WorkerFailed(f"record_call: the process running kernel {_symbols(request)!r} "
+                           f"from {_libraries(request)} died ({how}) before the snapshot was "
                            "written; nothing was written")
+
+
+def _symbols(request: dict) -> str:
+    return " / ".join(dict.fromkeys(op["symbol"] for op in request["ops"]))
+
+
+def _libraries(request: dict) -> str:
+    return ", ".join(dict.fromkeys(op["library"] for op in request["ops"]))
 
 
 def _rebuild(names: list[str], message: str, fields: dict) -> KpairError:

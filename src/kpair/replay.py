@@ -40,7 +40,8 @@ from .errors import AbiMismatch, ArchitectureMismatch
 from .formats import Record
 from .placement import patch_pointers, span_of
 from .policy.mutation import Patch
-from .snapshot import Launch, Snapshot, require_complete
+from .program import Program, ProgramDevice, Step
+from .snapshot import Launch, Param, Snapshot, require_complete
 
 
 class LaunchHooks(Protocol):
@@ -62,6 +63,8 @@ class ReplayInfo:
                 "patched_region_words": self.patched_region_words}
 
 
+#: Bytes between the captured span and a plan's first scratch buffer (a guard band).
+_SCRATCH_GAP = 4096
 #: Held copies per region (the oldest is dropped): pre, post, and the last few answers.
 KNOWN_PER_REGION = 4
 #: Up to this many changed bytes, ``hold_sparse`` builds a copy from the pre-state's.
@@ -119,7 +122,10 @@ class Known:
 
 class Replay:
     def __init__(self, device: Device, snapshot: Snapshot, *, relocate: bool = False,
-                 cache: str = "cold"):
+                 cache: str = "cold", plan_scratch: Sequence[tuple[str, int, int]] = ()):
+        """``plan_scratch``: (name, size, align) of the scratch buffers a launch plan
+        declares; they are placed after the captured span (a guard gap apart) and, with the
+        range's own scratch, listed in ``scratch`` as (name, placed address, size)."""
         m = snapshot.manifest
         require_complete(m, snapshot.root)  # before anything is placed: it cannot replay
         if m.backend != device.backend:
@@ -130,15 +136,32 @@ class Replay:
                                        f"{device.arch()}")
         if cache not in ("cold", "warm"):
             raise ValueError(f"cache must be 'cold' or 'warm', not {cache!r}")
+        if not isinstance(device, ProgramDevice):   # a range's ops launch as one kernel
+            device = ProgramDevice(device)
         self.device, self.snapshot, self.cache = device, snapshot, cache
         self.regions = m.regions
         self.params = m.kernarg.params
         ranges = [(r.address, r.end) for r in m.regions]
-        mapping = device.map(ranges, relocate=relocate)
-        delta = mapping.delta
+        spare = [(s.name, s.address, s.size) for s in m.scratch_regions]
+        ranges += [(a, a + n) for _, a, n in spare]
         self.span = lo, hi = span_of(ranges) if ranges else (0, 0)
+        cursor = hi
+        for name, size, align in plan_scratch:   # after the captured span, a gap apart
+            at = -(-(cursor + _SCRATCH_GAP) // align) * align
+            spare.append((name, at, size))
+            cursor = at + size
+        mapping = device.map(ranges + [(a, a + n) for _, a, n in spare[len(m.scratch_regions):]],
+                             relocate=relocate)
+        delta = mapping.delta
+        self.scratch = [(name, a + delta, n) for name, a, n in spare]
+        self.delta = delta
 
         self.kernarg, kernarg_words = patch_pointers(snapshot.kernarg(), 0, lo, hi, delta)
+        # Every operation's kernarg (a range's; the first is ``kernarg``), pointers patched.
+        self.op_kernargs = [self.kernarg] + [
+            patch_pointers(snapshot.read_blob(op.kernarg.blob, f"ops[{i}].kernarg.blob"),
+                           0, lo, hi, delta)[0]
+            for i, op in enumerate(m.operations[1:], 1)]
         self.addresses = [r.address + delta for r in m.regions]
         self.pre: dict[str, bytes] = {}
         self.expected: dict[str, bytes] = {}
@@ -160,6 +183,53 @@ class Replay:
                 if self.expected[r.name] != self.pre[r.name]:
                     self.known.add(r.name, self.expected[r.name],
                                    device.hold(self.expected[r.name]), pin=True)
+
+    def load_range(self, role: str = "ref") -> Program:
+        """The snapshot's own operations, each loaded from its captured code object, as one
+        Program on the placed regions (a single dispatch: a one-step Program)."""
+        m, snap = self.snapshot.manifest, self.snapshot
+        steps, loaded = [], {}
+        for i, op in enumerate(m.operations):
+            key = (op.code.blob.sha256, op.code.kernel_name)
+            if key not in loaded:
+                field = "code_object.blob" if i == 0 else f"ops[{i}].code_object.blob"
+                image = snap.read_blob(op.code.blob, field)
+                if op.code.format == "elf-so":
+                    check_params(image, op.code.kernel_name, op.kernarg.params,
+                                 f"{role} op {i}")
+                loaded[key] = self.device.load(image, op.code.kernel_name, fmt=op.code.format)
+            kernel = loaded[key]
+            layout = kernel.param_layout()
+            if layout is not None and layout != [(p.offset, p.size) for p in op.kernarg.params]:
+                raise AbiMismatch(f"{role} op {i} kernel {kernel.name!r} takes parameters "
+                                  f"{layout}, the captured kernarg has "
+                                  f"{[(p.offset, p.size) for p in op.kernarg.params]}")
+            steps.append(Step(kernel, op.launch, self.op_kernargs[i], op.kernarg.params))
+        name = " ; ".join(dict.fromkeys(op.code.kernel_name for op in m.operations))
+        return Program(name, steps, [(a, n) for nm, a, n in self.scratch
+                                     if nm in {s.name for s in m.scratch_regions}])
+
+    def load_plan(self, plan, images: Sequence[tuple[bytes, str]],
+                  layouts: Sequence[Sequence[Param]]) -> Program:
+        """A launch plan's launches as one Program: ``images[i]`` (code bytes, format) and
+        ``layouts[i]`` (its parameter layout) for launch i; every kernarg built from the
+        placed regions and the plan's scratch (``kpair.plan.kernarg``). Check the plan
+        (``check_plan``) first."""
+        from .plan import kernarg as plan_kernarg
+
+        addresses = {r.name: a for r, a in zip(self.regions, self.addresses, strict=True)}
+        declared = {s.name for s in plan.scratch}
+        addresses.update({name: a for name, a, _ in self.scratch if name in declared})
+        steps, loaded = [], {}
+        for launch, (image, fmt), layout in zip(plan.launches, images, layouts, strict=True):
+            key = (launch.code, launch.kernel)
+            if key not in loaded:
+                loaded[key] = self.device.load(image, launch.kernel, fmt=fmt)
+            steps.append(Step(loaded[key], Launch(launch.grid, launch.block,
+                                                  launch.dynamic_shared_bytes),
+                              plan_kernarg(launch, layout, addresses), tuple(layout)))
+        name = " ; ".join(dict.fromkeys(launch.kernel for launch in plan.launches))
+        return Program(name, steps, [(a, n) for nm, a, n in self.scratch if nm in declared])
 
     def address_of(self, name: str) -> int:
         for r, a in zip(self.regions, self.addresses, strict=True):
@@ -366,6 +436,7 @@ class Reproduction(Record, omit_defaults=True, kw_only=True):
     status: str
     differing_regions: list[str] = []
     unstable_regions: list[str] = []
+    ops: int | None = None   # a range: how many operations were replayed as one
     replay: dict | None = None
     error: str | None = None
 
@@ -374,11 +445,14 @@ def reproduce(device: Device, snapshot: Snapshot, runs: int) -> Reproduction:
     """Replay the snapshot's own code object ``runs`` times on its captured pre-state."""
     m = snapshot.manifest
     replay = Replay(device, snapshot)
-    image = snapshot.code_object()
-    if m.code.format == "elf-so":  # what the object declares (DWARF), before any launch
-        check_params(image, m.code.kernel_name, m.kernarg.params, "captured")
-    kernel = device.load(image, m.code.kernel_name, fmt=m.code.format)
-    replay.check_abi(kernel, "captured")
+    if m.is_range:   # every operation, in order, as one program
+        kernel = replay.load_range("captured")
+    else:
+        image = snapshot.code_object()
+        if m.code.format == "elf-so":  # what the object declares (DWARF), before any launch
+            check_params(image, m.code.kernel_name, m.kernarg.params, "captured")
+        kernel = replay.device.load(image, m.code.kernel_name, fmt=m.code.format)
+        replay.check_abi(kernel, "captured")
     names = [r.name for r in m.regions]
     # Each run is compared with the first as it comes and then dropped: memory does not
     # grow with ``runs``.
@@ -391,6 +465,7 @@ def reproduce(device: Device, snapshot: Snapshot, runs: int) -> Reproduction:
     unstable = [n for n in names if n in unstable_set]
     differs = [n for n in names if first[n] != replay.expected[n]]
     status = "nondeterministic" if unstable else "mismatch" if differs else "byte-exact"
-    return Reproduction(snapshot=str(snapshot.root), kernel=m.code.kernel_name, runs=runs,
+    extra = {"ops": len(m.operations)} if m.is_range else {}
+    return Reproduction(snapshot=str(snapshot.root), kernel=kernel.name, runs=runs, **extra,
                         status=status, differing_regions=differs, unstable_regions=unstable,
                         replay=replay.info.to_json())

@@ -15,8 +15,10 @@ from .model import (
     LaunchOverride,
     Manifest,
     OmittedRegion,
+    Op,
     Param,
     Region,
+    ScratchRegion,
     detect_format,
 )
 from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
@@ -24,7 +26,7 @@ from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
 __all__ = [
     "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION", "BlobRef",
     "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
-    "Manifest", "OmittedRegion", "Param", "Region",
+    "Manifest", "OmittedRegion", "Op", "Param", "Region", "ScratchRegion",
     "Snapshot", "SnapshotWriter", "describe_left_out", "detect_format", "left_out",
     "require_complete", "sha256", "write_json_atomic",
 ]

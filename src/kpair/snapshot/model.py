@@ -51,6 +51,8 @@ RegionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")]
 ParamKind = Literal[PARAM_KINDS]  # type: ignore[valid-type]
 DtypeHint = Literal[DTYPE_HINTS]  # type: ignore[valid-type]
 CodeFormat = Literal[CODE_FORMATS]  # type: ignore[valid-type]
+ROLES = ("in", "out", "inout")
+Role = Literal[ROLES]  # type: ignore[valid-type]
 
 
 def _coerce(record: msgspec.Struct, name: str, kind: type) -> None:
@@ -140,6 +142,9 @@ class Region(Record, omit_defaults=True):
     pre: BlobRef
     post: BlobRef
     dtype: DtypeHint | None = None
+    #: In a range: "in" (no operation writes it: live-in), "out" (written; declared an
+    #: output) or "inout" (written, updated in place). None: not said (a single dispatch).
+    role: Role | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, "address", Address)
@@ -204,6 +209,32 @@ class CodeObject(Record):
     kernel_name: str
 
 
+class Op(Record):
+    """One operation of a range: its code object, launch and kernarg (as launched)."""
+
+    code: CodeObject = msgspec.field(name="code_object")
+    launch: Launch
+    kernarg: Kernarg
+
+
+class ScratchRegion(Record):
+    """Memory a range uses only inside itself (``scratch``): its place and size, no bytes.
+    A replay maps it and poisons it before every execution; nobody judges it."""
+
+    name: RegionName
+    address: Address
+    size: Positive
+
+    def __post_init__(self) -> None:
+        _coerce(self, "address", Address)
+        if not 0 <= self.address < 2**64:
+            raise Invalid(f"{self.address:#x} is not a 64-bit address", "address")
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
 class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     """``snapshot.json``: everything about one dispatch except the bytes (those are blobs)."""
 
@@ -220,9 +251,36 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     # Written only when capture left memory out (then ``complete`` is false): a complete
     # snapshot's manifest reads exactly as before the field existed.
     omitted_regions: tuple[OmittedRegion, ...] | msgspec.UnsetType = msgspec.UNSET
+    # A range (several operations in order): written only for one. ``ops[0]`` is the
+    # top-level code object, launch and kernarg, so a reader of one dispatch sees the first.
+    ops: tuple[Op, ...] | msgspec.UnsetType = msgspec.UNSET
+    scratch: tuple[ScratchRegion, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         _coerce(self, "regions", tuple)
+        if self.ops is not msgspec.UNSET:
+            _coerce(self, "ops", tuple)
+            if not self.ops:
+                raise Invalid("a range has at least one operation", "ops")
+            first = self.ops[0]
+            if (first.code, first.launch, first.kernarg) != (self.code, self.launch,
+                                                             self.kernarg):
+                raise Invalid("ops[0] must be the top-level code_object, launch and kernarg",
+                              "ops[0]")
+        spans = [(r.address, r.end, r.name) for r in self.regions]
+        if self.scratch is not msgspec.UNSET:
+            _coerce(self, "scratch", tuple)
+            spans += [(s.address, s.end, s.name) for s in self.scratch]
+            taken = {r.name for r in self.regions}
+            for i, s in enumerate(self.scratch):
+                if s.name in taken:
+                    raise Invalid(f"duplicate name {s.name!r}", f"scratch[{i}].name")
+                taken.add(s.name)
+            ordered_all = sorted(spans)
+            for a, b in zip(ordered_all, ordered_all[1:], strict=False):
+                if b[0] < a[1] and (a[2] in taken - {r.name for r in self.regions}
+                                    or b[2] in taken - {r.name for r in self.regions}):
+                    raise Invalid(f"{a[2]!r} and {b[2]!r} overlap", "scratch")
         if self.omitted_regions is not msgspec.UNSET:
             _coerce(self, "omitted_regions", tuple)
             if self.omitted_regions and self.complete:
@@ -237,6 +295,21 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
         for a, b in zip(ordered, ordered[1:], strict=False):
             if b.address < a.end:
                 raise Invalid(f"regions {a.name!r} and {b.name!r} overlap", "regions")
+
+    @property
+    def operations(self) -> tuple[Op, ...]:
+        """Every operation in order: a single dispatch is the one-operation range."""
+        if self.ops is msgspec.UNSET:
+            return (Op(self.code, self.launch, self.kernarg),)
+        return self.ops
+
+    @property
+    def scratch_regions(self) -> tuple[ScratchRegion, ...]:
+        return () if self.scratch is msgspec.UNSET else self.scratch
+
+    @property
+    def is_range(self) -> bool:
+        return self.ops is not msgspec.UNSET
 
     def region(self, name: str) -> Region:
         for r in self.regions:

@@ -598,6 +598,9 @@ class Snapshot:
         """Every blob the manifest names, with the field that names it."""
         m = self.manifest
         refs = [(m.code.blob, "code_object.blob"), (m.kernarg.blob, "kernarg.blob")]
+        for i, op in enumerate(m.operations[1:], 1):   # a range's later operations
+            refs += [(op.code.blob, f"ops[{i}].code_object.blob"),
+                     (op.kernarg.blob, f"ops[{i}].kernarg.blob")]
         for i, r in enumerate(m.regions):
             refs += [(r.pre, f"regions[{i}].pre"), (r.post, f"regions[{i}].post")]
         return refs

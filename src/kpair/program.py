@@ -1,0 +1,158 @@
+"""Programs: a sequence of launches run, timed and judged as one kernel.
+
+A range snapshot's ref is its captured operations in order; a launch plan's opt is the plan's
+launches in order. Both become a ``Program``: a ``Kernel`` holding its steps (each a loaded
+kernel, its launch geometry, its kernarg built for the placed regions, its parameter layout)
+and the scratch spans it uses. ``ProgramDevice`` wraps a device so that everything above it
+(``Replay``, the trust checks, the meter) launches a Program exactly as it launches one
+kernel:
+
+- ``launch``: scratch poisoned (a fresh random word each execution), then every step in
+  order, each waiting for the one before (``synchronize``);
+- ``timed_launch``: scratch poisoned outside the timing, then the sum of every step's own
+  timed launch (on the host: each executor's CPU time);
+- ``refused_calls``, ``code_digest``, ``unload``: over every step's kernel.
+
+The pre-state is restored once before the sequence (``Replay`` does it), never between steps.
+A plain kernel goes straight through to the wrapped device.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .backends import Kernel
+from .snapshot import Launch, Param
+
+_RNG = random.SystemRandom()
+
+
+@dataclass(frozen=True)
+class Step:
+    kernel: Kernel
+    launch: Launch
+    kernarg: bytes
+    params: tuple[Param, ...]
+
+
+class Program(Kernel):
+    """Steps launched as a unit; ``scratch``: (address, size) spans poisoned before each
+    execution."""
+
+    def __init__(self, name: str, steps: Sequence[Step], scratch: Sequence[tuple[int, int]]):
+        if not steps:
+            raise ValueError("a program has at least one step")
+        self.name, self.steps, self.scratch = name, tuple(steps), tuple(scratch)
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        """Each loaded kernel once, in order of first use."""
+        return list({id(s.kernel): s.kernel for s in self.steps}.values())
+
+    def param_layout(self) -> None:
+        return None   # each step was checked against its own layout when it was built
+
+
+class ProgramDevice:
+    """A device that also launches Programs; every other call goes to the wrapped one."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    @property
+    def inner(self):
+        return self._inner
+
+    def _poison(self, program: Program) -> None:
+        for address, size in program.scratch:
+            self._inner.fill(address, size, _RNG.getrandbits(32))
+
+    def launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
+               params: Sequence[Param]) -> None:
+        if not isinstance(kernel, Program):
+            return self._inner.launch(kernel, launch, kernarg, params)
+        self._poison(kernel)
+        for i, s in enumerate(kernel.steps):
+            if i:
+                self._inner.synchronize()
+            self._inner.launch(s.kernel, s.launch, s.kernarg, s.params)
+        return None
+
+    def timed_launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
+                     params: Sequence[Param]) -> float:
+        if not isinstance(kernel, Program):
+            return self._inner.timed_launch(kernel, launch, kernarg, params)
+        self._poison(kernel)
+        total = 0.0
+        for i, s in enumerate(kernel.steps):
+            if i:
+                self._inner.synchronize()
+            total += self._inner.timed_launch(s.kernel, s.launch, s.kernarg, s.params)
+        return total
+
+    def refused_calls(self, kernel: Kernel) -> dict | None:
+        if not isinstance(kernel, Program):
+            return self._inner.refused_calls(kernel)
+        parts = [self._inner.refused_calls(k) for k in kernel.kernels]
+        if any(p is None for p in parts):
+            return None
+        calls: dict[str, int] = {}
+        for p in parts:
+            for name, n in p.get("calls", {}).items():
+                calls[name] = calls.get(name, 0) + n
+        return {"count": sum(p.get("count", 0) for p in parts),
+                "at_load": sum(p.get("at_load", 0) for p in parts), "calls": calls}
+
+    def code_digest(self, kernel: Kernel) -> str | None:
+        if not isinstance(kernel, Program):
+            return self._inner.code_digest(kernel)
+        parts = [self._inner.code_digest(k) for k in kernel.kernels]
+        return None if any(p is None for p in parts) else "+".join(parts)
+
+    def unload(self, kernel: Kernel) -> None:
+        if not isinstance(kernel, Program):
+            return self._inner.unload(kernel)
+        for k in kernel.kernels:
+            self._inner.unload(k)
+        return None
+
+    def __enter__(self) -> ProgramDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.close()
+
+
+def host_layout(image: bytes, symbol: str) -> list[Param] | None:
+    """The parameter layout of the host function ``symbol`` from its DWARF (``-g``), packed
+    as the kernarg packs it (each parameter at the next multiple of its size), or None when
+    the object declares none (stripped). The kind comes from the C type: a pointer, a float
+    (f32/f64) or an integer of its size, unsigned where the type name says so."""
+    from .elfabi import declared_params
+
+    declared = declared_params(image, symbol, "plan")
+    if declared.params is None:
+        return None
+    out, offset = [], 0
+    for d in declared.params:
+        if d.kind == "pointer":
+            kind = "pointer"
+        elif d.kind in ("float", "double"):
+            kind = "f32" if d.kind == "float" else "f64"
+        elif d.kind.startswith("int"):
+            bits = int(d.kind[3:]) * 8
+            unsigned = any(w in d.ctype for w in ("unsigned", "uint", "size_t")) \
+                and "ssize_t" not in d.ctype
+            kind = f"{'u' if unsigned else 'i'}{bits}"
+        else:
+            return None   # a struct by value: no layout known
+        size = 8 if kind == "pointer" else int(kind[1:]) // 8
+        offset = -(-offset // size) * size
+        out.append(Param(offset, size, kind, d.name))
+        offset += size
+    return out
