@@ -23,8 +23,10 @@ digest's name (or dropped once the digest shows the blob already stored). ``read
 decompresses a blob whose frame records its size in one call into the one ``bytes`` object it
 returns (the compressed file is memory-mapped, not read into memory); ``read_into`` reads or
 decompresses straight into a buffer the caller owns (a pinned staging buffer, say), a piece at
-a time, hashing each piece on another thread while the next is read; ``verify`` checks every
-distinct blob the same way through two piece-sized buffers and keeps none of it. Blobs from
+a time, hashing each piece on another thread while the next is read; ``stream_blob`` does
+the same through two staging buffers the caller owns (pinned memory for copies to a device),
+handing each piece on; ``verify`` checks every distinct blob through two piece-sized buffers
+and keeps none of it. Blobs from
 ``PROGRESS_BYTES`` on say how far they are on the progress line.
 """
 
