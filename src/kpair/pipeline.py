@@ -45,82 +45,13 @@ from typing import Any
 from . import progress
 from .errors import KpairError, UsageError
 from .formats import convert
+from .options import RunOptions  # re-exported: most importers want only this
 from .result import Checks, Correctness, Result, Side, Speed, TrustEntry
 
 #: The raw samples file, beside result.json.
 SAMPLES = "samples.npz"
 #: The most replicates a run takes by default where its backend takes extra ones.
 MAX_REPLICATES = 12
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run a harness. Measurement defaults come from harness.json's ``measure``.
-
-    ``device`` is the backend's device ordinal (``--device N``; cuda and hip: the GPU as the
-    driver numbers the visible ones; host: a worker slot, recorded only). None means 0 unless
-    ``device_options`` names one.
-
-    ``timeout_s`` bounds a worker's whole run (seconds); None (the default) derives the hang
-    limit from ref's own time instead (``kpair.isolation.hang_limit``)."""
-
-    device_options: dict | None = None
-    device: int | None = None
-    relocate: bool = False
-    cache: str = "cold"
-    aa: bool = False
-    min_blocks: int | None = None
-    max_blocks: int | None = None
-    rel_ci: float | None = None
-    time_cap_s: float | None = None
-    seed: int | None = None
-    replicates: int = 6
-    max_replicates: int | None = None
-    timeout_s: float | None = None
-    control: bool = True
-    checks: bool = True
-    skip_checks: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        from .trust import CHECKS
-
-        object.__setattr__(self, "skip_checks", tuple(self.skip_checks))
-        unknown = [c for c in self.skip_checks if c not in CHECKS]
-        if unknown:
-            raise UsageError(f"unknown check {unknown[0]!r} (one of {', '.join(CHECKS)})")
-        for name, value in (("replicates", self.replicates),
-                            ("max_replicates", self.max_replicates)):
-            if (value is not None or name == "replicates") and (
-                    isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
-                raise UsageError(f"{name} must be an integer in [1, 64], not {value!r}")
-        if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not isinstance(
-                self.timeout_s, (int, float)) or not 0 < self.timeout_s < float("inf")):
-            raise UsageError(f"timeout must be a positive number of seconds, not "
-                             f"{self.timeout_s!r}")
-        if self.cache not in ("cold", "warm"):
-            raise UsageError(f"cache must be 'cold' or 'warm', not {self.cache!r}")
-        _check_measure_options(self)
-        if self.device is not None and (isinstance(self.device, bool)
-                                        or not isinstance(self.device, int) or self.device < 0):
-            raise UsageError(f"device must be an ordinal >= 0, not {self.device!r}")
-        named = (self.device_options or {}).get("device")
-        if self.device is not None and named is not None and named != self.device:
-            raise UsageError(f"device {self.device} and device_options device {named} disagree")
-
-    @property
-    def ordinal(self) -> int:
-        """The device ordinal this run opens (0 unless chosen)."""
-        if self.device is not None:
-            return self.device
-        return int((self.device_options or {}).get("device", 0))
-
-    def to_json(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()
-                if v is not None}
-
-    @classmethod
-    def from_json(cls, obj: dict) -> RunOptions:
-        return cls(**obj)
 
 
 @dataclass
@@ -152,6 +83,9 @@ class Candidate:
     format: str
     launch_override: dict | None = None
     label: str = ""
+    #: A launch plan instead of a same-layout kernel: (Plan, ((bytes, format), ...) per
+    #: launch, (layout, ...) per launch), checked against the range (``harness.load_plan``).
+    plan: tuple | None = None
 
 
 @dataclass
@@ -294,9 +228,11 @@ def _place(run: Run) -> None:
     # Every backend's environment says which device ran it: a verdict must not depend on it,
     # and per-device comparisons need to know.
     run.facts.environment = {**run.device.environment(), "device_index": ordinal}
+    scratch = [(b.name, b.size, b.align) for b in h.plan.scratch] if h.plan else []
     run.replay = Replay(run.device, h.snapshot, relocate=run.options.relocate,
-                        cache=run.options.cache)
-    run.facts.replay = run.replay.info.to_json()
+                        cache=run.options.cache, plan_scratch=scratch)
+    run.device = run.replay.device   # launches a range or a plan as one kernel
+    run.facts.replay = {**run.replay.info.to_json(), **h.kind}
     run.hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
 
 
@@ -307,14 +243,32 @@ def _seal(run: Run) -> None:
 
 
 def _load_ref(run: Run) -> None:
-    h, device = run.harness, run.device
-    ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
-    run.replay.check_abi(ref, "ref")
-    run.ref = (ref, h.launch(h.ref))
+    h = run.harness
+    run.ref = (_ref_kernel(run), h.launch(h.ref))
     if run.options.control:
         # A second module of the same code: the identical-binary control's "opt".
-        run.ctl = (device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format),
-                   h.launch(h.ref))
+        run.ctl = (_ref_kernel(run, check=False), h.launch(h.ref))
+
+
+def _ref_kernel(run: Run, *, check: bool = True):
+    """ref loaded: a range's captured operations as one program, else ref's kernel."""
+    h, device = run.harness, run.device
+    if h.snapshot.manifest.is_range:
+        return run.replay.load_range("ref")
+    ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
+    if check:
+        run.replay.check_abi(ref, "ref")
+    return ref
+
+
+def _opt_kernel(run: Run):
+    """The candidate loaded: a plan's launches as one program, else its kernel."""
+    c = run.candidate
+    if c.plan is not None:
+        return run.replay.load_plan(*c.plan)
+    opt = run.device.load(c.image, c.kernel, fmt=c.format)
+    run.replay.check_abi(opt, "opt")
+    return opt
 
 
 def _load_opt(run: Run) -> None:
@@ -323,10 +277,9 @@ def _load_opt(run: Run) -> None:
         launch = h.snapshot.manifest.launch.override(c.launch_override or {})
     except KpairError as e:
         raise UsageError(f"launch override of {c.label or 'the candidate'}: {e}") from None
-    run.replay.check_declared(c.image, c.kernel, c.format, "opt")  # a candidate's DWARF
-    opt = run.device.load(c.image, c.kernel, fmt=c.format)
-    run.replay.check_abi(opt, "opt")
-    run.opt = (opt, launch)
+    if c.plan is None:
+        run.replay.check_declared(c.image, c.kernel, c.format, "opt")  # a candidate's DWARF
+    run.opt = (_opt_kernel(run), launch)
 
 
 def _arm(run: Run) -> None:
@@ -475,34 +428,14 @@ def _measure(run: Run) -> None:
 
 def _reload(run: Run) -> None:
     """ref and opt loaded again from their bytes (and the old loads given back)."""
-    h, device, c = run.harness, run.device, run.candidate
+    device = run.device
     old = (run.ref[0], run.opt[0])
-    ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
-    run.replay.check_abi(ref, "ref")
-    opt = device.load(c.image, c.kernel, fmt=c.format)
-    run.replay.check_abi(opt, "opt")
+    ref, opt = _ref_kernel(run), _opt_kernel(run)
     run.ref, run.opt = (ref, run.ref[1]), (opt, run.opt[1])
     if run.audit is not None:
         run.audit.ref_reloaded(ref)
     for kernel in old:
         device.unload(kernel)
-
-
-def _check_measure_options(o: RunOptions) -> None:
-    """Refuse measurement options no run could use, when they are made: a usage error
-    before any worker starts and before any file is written."""
-    for name, value, low in (("min_blocks", o.min_blocks, 4), ("max_blocks", o.max_blocks, 4)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < low):
-            raise UsageError(f"{name} must be an integer >= {low}, not {value!r}")
-    if o.min_blocks is not None and o.max_blocks is not None and o.min_blocks > o.max_blocks:
-        raise UsageError(f"min_blocks {o.min_blocks} is above max_blocks {o.max_blocks}")
-    for name, value in (("rel_ci", o.rel_ci), ("time_cap_s", o.time_cap_s),
-                        ("timeout_s", o.timeout_s)):
-        if value is not None and not (isinstance(value, (int, float)) and 0 < value < 1e9):
-            raise UsageError(f"{name} must be a positive number of "
-                             f"{'seconds' if name != 'rel_ci' else 'relative width'}, "
-                             f"not {value!r}")
 
 
 def _rule(run: Run):
@@ -664,6 +597,13 @@ def evaluate(run: Run, candidate: Candidate, stage: Callable[[str], None] = lamb
     return outcome, run.samples if outcome.speed is not None else None
 
 
+def own_candidate(h) -> Candidate:
+    """The harness's own opt: its same-layout kernel, or its launch plan."""
+    plan = (h.plan, h.plan_code, h.plan_layouts) if h.plan is not None else None
+    return Candidate(h.binary(h.opt), h.opt.kernel, h.opt.format, h.opt.launch_override,
+                     h.spec.plan or h.opt.binary, plan)
+
+
 def close(run: Run) -> None:
     if run.device is not None:
         run.device.close()
@@ -683,9 +623,7 @@ def execute(root: Path, options: RunOptions, *, facts: Facts,
     try:
         if failed is not None:
             return failed, None
-        h = run.harness
-        return evaluate(run, Candidate(h.binary(h.opt), h.opt.kernel, h.opt.format,
-                                       h.opt.launch_override, h.opt.binary), stage)
+        return evaluate(run, own_candidate(run.harness), stage)
     finally:
         close(run)
 

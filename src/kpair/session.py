@@ -30,7 +30,7 @@ from ._util import append_text, make_dirs, private_tempdir, sweep_stale_tempdirs
 from .errors import InputError
 from .formats import Record, to_builtins
 from .isolation import LOG, Outcome, Worker, start
-from .pipeline import RunOptions
+from .options import RunOptions
 from .protocol import Judge
 from .result import Result, Side, error_result
 from .snapshot import detect_format, sha256

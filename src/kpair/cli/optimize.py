@@ -6,11 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from .._util import check_output_dir
+from ..capture.child import strip_separator
 from ..errors import UsageError
+from ..optimize.baseline import MODES
+from ..optimize.program import OptimizeOptions
+from ..optimize.request import OptimizeTarget, measurement_options, optimize_release
+from ..optimize.strategies import STRATEGIES
+from ..optimize.strategies.host_c import parse_flags, parse_variant
+from ..optimize.strategy import KernelSource
 from .base import BLOCKS, LEVEL, SECONDS, SEED, Command, integer
 
 
@@ -25,8 +30,6 @@ class Optimize(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from ..optimize.strategies import STRATEGIES
-
         p.add_argument("-o", "--out", type=Path, required=True, help="the release directory")
         p.add_argument("--work", type=Path,
                        help="work directory: capture, harnesses, searches (default "
@@ -115,116 +118,35 @@ class Optimize(Command):
                        help="-- python prog.py ARGS... (the program to capture)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..optimize.baseline import MODES, capture_tuned, tuned_configs
-        from ..optimize.program import (
-            OptimizeOptions,
-            capture_program,
-            operator_from_harness,
-            operator_from_snapshot,
-            operator_name,
-            operators_from_capture,
-            optimize,
-        )
-        from ..optimize.search import RUNG
-        from ..optimize.strategies.host_c import parse_flags, parse_variant
-        from ..optimize.strategy import KernelSource
-        from ..pipeline import RunOptions
-
-        command = list(args.program)
-        if command and command[0] == "--":
-            command = command[1:]
-        given = sum(bool(x) for x in (command, args.snapshot, args.harness))
-        if given != 1:
-            raise UsageError("give exactly one of: -- python prog.py, --snapshot, --harness")
-        if args.name and len(args.snapshot) + len(args.harness) != 1:
-            raise UsageError("--name names one operator: give one --snapshot or --harness")
-        if not 0 <= args.rungs <= 4:
-            raise UsageError(f"--rungs takes 0 to 4, not {args.rungs}")
         if bool(args.source) != bool(args.kernel):
             raise UsageError("--source and --kernel go together")
-        source = KernelSource.given(args.source, args.kernel) if args.source else None
-        timing = {"time_cap_s": args.time_cap, "min_blocks": args.min_blocks,
-                  "max_blocks": args.max_blocks, "seed": args.seed, "timeout_s": args.timeout}
-        opts = OptimizeOptions(
-            strategies=tuple(args.strategy) if args.strategy else OptimizeOptions().strategies,
-            source=source, variants=tuple(parse_variant(v) for v in args.variant),
-            flag_sets=tuple(parse_flags(f) for f in args.flags) if args.flags else None,
-            native=args.native, policy=args.policy, keep=args.keep,
-            triton_limit=args.triton_limit,
-            prune=RunOptions(replicates=1, min_blocks=min(4, args.prune_max_blocks),
-                             max_blocks=args.prune_max_blocks,
-                             time_cap_s=args.prune_time_cap, control=False, seed=args.seed,
-                             timeout_s=args.timeout),
-            rungs=tuple(replace(RUNG, max_blocks=RUNG.max_blocks * 2 ** i, seed=args.seed,
-                                timeout_s=args.timeout) for i in range(args.rungs)),
-            confirm=RunOptions(**timing), publish=RunOptions(**timing))
-        release = args.out
-        work = args.work or release.with_name(release.name + ".work")
-        # Refused before any capture or search: a release or work path that is a file, a
-        # special file or in a folder that cannot be written (exit 2).
-        check_output_dir(release)
-        check_output_dir(work)
-        baselines = dict(_mode_dir(text) for text in args.baseline_capture)
-        if args.inductor_baseline and not command:
-            raise UsageError("--inductor-baseline captures the program again: give it as "
-                             "-- python prog.py (or give --baseline-capture MODE=DIR)")
-        if command:
-            if not (work / "capture" / "capture.json").is_file():
-                from ..capture.cudadrv import CudaDriver
-                from ..capture.cupti import find_cupti
-
-                # No driver or no CUPTI: exit 4, as capture's, before anything is made.
-                CudaDriver()
-                find_cupti()
-            capture = capture_program(command, work, top=args.top,
-                                      kernel=args.kernel_filter)
-            operators = operators_from_capture(capture)
-            if args.inductor_baseline:
-                for mode in MODES:
-                    baselines.setdefault(mode, capture_tuned(
-                        command, work, mode, kernel=args.kernel_filter,
-                        log=lambda line: print(line, file=sys.stderr, flush=True)))
-        else:
-            operators = []
-            for path in args.snapshot:
-                if (path / "capture.json").is_file():
-                    operators += operators_from_capture(path)
-                else:
-                    operators.append(operator_from_snapshot(path))
-            operators += [operator_from_harness(h) for h in args.harness]
-            if args.level or args.name:
-                operators = [replace(op, level=args.level or op.level,
-                                     name=args.name or op.name) for op in operators]
-        if args.prefix:
-            operators = [replace(op, name=operator_name(args.prefix + op.name))
-                         for op in operators]
-        if baselines:
-            opts = replace(opts, inductor={mode: tuned_configs(d)
-                                           for mode, d in baselines.items()})
-        outcomes = optimize(operators, release, work, opts)
-        published = sum(o.status == "published" for o in outcomes)
-        refused = sum(o.status in ("refused", "failed") for o in outcomes)
-        skipped = sum(o.status == "skipped" for o in outcomes)
-        code = 0 if all(o.status != "failed" for o in outcomes) else 5
-        line = (f"kpair optimize: {published} published, {refused} excluded, {skipped} "
-                f"already in {release}")
+        options = measurement_options(
+            OptimizeOptions(
+                strategies=tuple(args.strategy) if args.strategy else tuple(STRATEGIES),
+                source=KernelSource.given(args.source, args.kernel) if args.source else None,
+                variants=tuple(parse_variant(v) for v in args.variant),
+                flag_sets=tuple(parse_flags(f) for f in args.flags) if args.flags else None,
+                native=args.native, policy=args.policy, keep=args.keep,
+                triton_limit=args.triton_limit),
+            timeout_s=args.timeout, prune_max_blocks=args.prune_max_blocks,
+            prune_time_cap_s=args.prune_time_cap, rungs=args.rungs, time_cap_s=args.time_cap,
+            min_blocks=args.min_blocks, max_blocks=args.max_blocks, seed=args.seed)
+        target = OptimizeTarget(
+            command=tuple(strip_separator(args.program)), snapshots=tuple(args.snapshot),
+            harnesses=tuple(args.harness), top=args.top, kernel_filter=args.kernel_filter,
+            level=args.level, name=args.name, prefix=args.prefix,
+            inductor_baseline=args.inductor_baseline,
+            baseline_captures=dict(_mode_dir(text) for text in args.baseline_capture))
+        summary = optimize_release(args.out, target, options, work=args.work)
         if not args.json:
-            print(line)
-            return code
-        print(line, file=sys.stderr)
-        print(json.dumps({
-            "release": str(release), "work": str(work), "published": published,
-            "excluded": refused, "skipped": skipped, "exit_code": code,
-            "operators": [{"key": o.operator.key, "status": o.status, "line": o.line,
-                           "snapshot": _str(o.operator.snapshot),
-                           "harness": _str(o.operator.harness)} for o in outcomes]},
-            indent=1))
-        return code
+            print(summary.line())
+            return summary.exit_code
+        print(summary.line(), file=sys.stderr)
+        print(json.dumps(summary.to_json(), indent=1))
+        return summary.exit_code
 
 
 def _mode_dir(text: str) -> tuple[str, Path]:
-    from ..optimize.baseline import MODES
-
     mode, sep, where = text.partition("=")
     if not sep or mode not in MODES:
         raise UsageError(f"--baseline-capture {text!r}: give MODE=DIR, MODE one of "
@@ -233,7 +155,3 @@ def _mode_dir(text: str) -> tuple[str, Path]:
     if not (path / "capture.json").is_file():
         raise UsageError(f"--baseline-capture {text!r}: {path} holds no capture.json")
     return mode, path
-
-
-def _str(path: Path | None) -> str | None:
-    return None if path is None else str(path)

@@ -14,22 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
+from .._util import check_output
 from ..errors import UsageError
 from ..harness import ref_spread
-from ..policy import Policy, save_policy
-from ..policy.suggest import Spread
-from ..policy.suggest import suggest_policy as suggest
+from ..policy import save_policy
+from ..policy.suggest import DETERMINISTIC, suggest_policy
 from .base import MAX_RUNS, Command, integer, number
-
-
-def suggest_policy(policy: Policy, runs: Sequence[dict[str, bytes]], *,
-                   hints: dict[str, str], pre: dict[str, bytes], margin: float = 4.0
-                   ) -> tuple[Policy, list[str]]:
-    """``kpair.policy.suggest.suggest_policy`` of these runs (reduced one by one)."""
-    return suggest(policy, Spread.of(runs, hints=hints, pre=pre), margin=margin)
+from .run import check_harness_dir
 
 
 class PolicyCmd(Command):
@@ -56,9 +49,6 @@ class PolicyCmd(Command):
                        help="tolerance = margin x observed spread (default 4)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from .._util import check_output
-        from .run import check_harness_dir
-
         if args.runs < 2 or not args.margin >= 1:
             raise UsageError("need --runs >= 2 and --margin >= 1")
         check_harness_dir(args.harness)
@@ -66,8 +56,8 @@ class PolicyCmd(Command):
             check_output(args.out, replace=args.force)
         # Runs are reduced as they come (``Spread``): memory does not grow with --runs.
         spread, current = ref_spread(args.harness, args.runs)
-        policy, notes = suggest(current, spread, margin=args.margin)
-        notes = notes or ["ref is deterministic over these runs: no tolerance needed"]
+        policy, notes = suggest_policy(current, spread, margin=args.margin)
+        notes = notes or [DETERMINISTIC]
         for line in notes:
             print(f"kpair policy: {line}", file=sys.stderr)
         if args.out:

@@ -37,7 +37,7 @@ from ..capture.profiler import run_profile
 from ..capture.workflow import capture_program
 from ..errors import KpairError, UsageError
 from ..harness import EXTENSIONS, Harness, create_harness
-from ..pipeline import RunOptions
+from ..options import RunOptions
 from ..snapshot import Snapshot
 from . import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
 from .build import build_candidate, recompiled_ptx, triton_facts

@@ -5,7 +5,8 @@
 ``geometry``   launch shapes a kernel declares it can take (``// kpair: block=... grid=...``)
 ``search``     cheap first: prune in one session, confirm the best few, pick the winner
 ``director``   ``director_validation.json``: the optimizer's own measurement of its choice
-``program``    ``kpair optimize``: capture, harnesses, search, publish or refuse, report
+``program``    the flow per operator: capture, harnesses, search, publish or refuse, report
+``request``    ``kpair optimize`` as one call: ``optimize_release(release, OptimizeTarget(...))``
 """
 
 from .director import DirectorValidation
@@ -17,10 +18,13 @@ from .program import (
     operators_from_capture,
     optimize,
 )
+from .request import OptimizeSummary, OptimizeTarget, measurement_options, optimize_release
 from .search import SearchOutcome, search
 from .strategies import STRATEGIES
 from .strategy import Context, KernelSource, Proposal, Strategy
 
-__all__ = ["Context", "DirectorValidation", "KernelSource", "OptimizeOptions", "Operator",
+__all__ = ["Context", "DirectorValidation", "KernelSource", "OptimizeOptions", "OptimizeSummary",
+           "OptimizeTarget", "Operator",
            "Proposal", "STRATEGIES", "SearchOutcome", "Strategy", "operator_from_harness",
-           "operator_from_snapshot", "operators_from_capture", "optimize", "search"]
+           "operator_from_snapshot", "operators_from_capture", "optimize", "optimize_release",
+           "measurement_options", "search"]

@@ -38,7 +38,7 @@ from .. import progress
 from ..capture.workflow import capture_program as run_capture
 from ..errors import BackendUnavailable, KpairError, UsageError
 from ..formats import Record, read, to_builtins, write
-from ..pipeline import RunOptions
+from ..options import RunOptions
 from ..session import ATTEMPTS, read_attempts
 from .baseline import FILE as BASELINE_FILE
 from .baseline import BaselineRecord
@@ -209,8 +209,8 @@ def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
 # --------------------------------------------------------------------------- capture
 
 
-def capture_program(command: Sequence[str], work: Path, *, top: int, kernel: str | None = None,
-                    log: Log = _stderr) -> Path:
+def capture_top(command: Sequence[str], work: Path, *, top: int, kernel: str | None = None,
+                log: Log = _stderr) -> Path:
     """``kpair capture -o WORK/capture --top K [--kernel REGEX] -- command`` through
     ``kpair.capture.workflow.capture_program`` (reused when it finished)."""
     out = work / "capture"
@@ -484,7 +484,7 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
 
 
 __all__ = ["NEAR_LIMIT", "OptimizeOptions", "Operator", "OperatorOutcome", "SearchRecord",
-           "capture_program", "headroom_ranking", "headroom_text", "level_of",
+           "capture_top", "headroom_ranking", "headroom_text", "level_of",
            "operator_from_harness", "operator_from_snapshot",
            "operator_name", "operators_from_capture", "optimize", "optimize_operator",
            "write_provenance"]

@@ -30,7 +30,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..pipeline import RunOptions
+from ..options import RunOptions
 from ..result import Result
 from ..session import Session
 from .strategy import Proposal

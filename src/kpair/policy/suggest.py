@@ -87,12 +87,18 @@ class Spread:
         return spread
 
 
+#: The one note of a suggestion from runs that all agree.
+DETERMINISTIC = "ref is deterministic over these runs: no tolerance needed"
+
+
 def suggest_policy(policy: Policy, spread: Spread, *, margin: float = 4.0
                    ) -> tuple[Policy, list[str]]:
     """A policy whose tolerances cover what the runs of ``spread`` disagree on, ``margin``
     times wider than observed; mutations for float regions ref only reads.
 
-    Tolerances of other regions and declared mutations are kept. Returns (policy, notes)."""
+    Tolerances of other regions and declared mutations are kept. Returns (policy, notes):
+    no notes when the runs all agree and nothing was proposed (say ``DETERMINISTIC``).
+    ``spread`` of a harness's ref: ``kpair.harness.ref_spread``."""
     if spread.runs < 1:
         raise ValueError("no runs to suggest a policy from")
     hints = spread.hints
@@ -136,4 +142,4 @@ def suggest_policy(policy: Policy, spread: Spread, *, margin: float = 4.0
     return Policy(tols, note, mutations, policy.max_bias), notes
 
 
-__all__ = ["Spread", "suggest_policy"]
+__all__ = ["DETERMINISTIC", "Spread", "suggest_policy"]

@@ -33,7 +33,7 @@ import msgspec
 
 from .._util import make_dirs, pid_alive, utc_now
 from ..errors import FormatError, InputError, UsageError
-from ..pipeline import RunOptions
+from ..options import RunOptions
 from ..result import Result
 from ..scale.jobs import HarnessJob, Journal, finished, run_job, run_local
 from .index import (

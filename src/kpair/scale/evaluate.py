@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .._util import make_dirs
-from ..pipeline import RunOptions
+from ..options import RunOptions
 from ..result import Result
 from ..session import Attempt, Session, record_attempt, taken_numbers
 from .pool import DevicePool, Task

@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import progress
 from .._util import utc_now, write_text_atomic
 from ..errors import FormatError
-from ..pipeline import RunOptions
+from ..options import RunOptions
 from ..result import Result, error_result
 from .pool import DevicePool, Task
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import BackendUnavailable, HarnessError
-from ..pipeline import RunOptions
+from ..options import RunOptions
 from ..result import Result, error_result
 from .jobs import HarnessJob
 
