@@ -30,7 +30,7 @@ from typing import Any, Literal
 from . import __version__
 from ._util import check_output_dir, make_dirs, threaded_map, write_bytes_atomic, write_text_atomic
 from .backends import BACKENDS, arch_accepted
-from .errors import HarnessError, InputError, KpairError, WriteFailed
+from .errors import HarnessError, InputError, KpairError, UsageError, WriteFailed
 from .formats import Record, read, write
 from .placement import holds_pointers, span_of
 from .policy import Mutation, Policy, load_policy, save_policy
@@ -45,6 +45,8 @@ MANIFEST = "MANIFEST.sha256"
 EXTENSIONS = {"elf-so": ".so", "cubin": ".cubin", "fatbin": ".fatbin", "ptx": ".ptx",
               "hsaco": ".co"}
 OUTPUTS = ("result.json", "samples.npz", "worker.log")
+#: Where a plan harness keeps the plan and its code objects.
+PLAN_DIR = "plan"
 
 class Side(Record, omit_defaults=True):
     """One of the two kernels of a pair: its binary file, kernel name, launch override."""
@@ -68,6 +70,9 @@ class HarnessSpec(Record, omit_defaults=True):
     opt: Side
     measure: dict[str, Any] = {}
     created_by: str = ""
+    #: A launch plan (``opt.plan.json``, its code objects beside it) that replaces ``opt``'s
+    #: same-layout kernel; ``opt`` then names the plan's first launch.
+    plan: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,20 @@ class Harness:
     snapshot: Snapshot
     policy: Policy
     spec: HarnessSpec
+    plan: Any = None   # kpair.plan.Plan of a plan harness
+    plan_code: tuple = ()   # per launch: (code bytes, format)
+    plan_layouts: tuple = ()   # per launch: its parameter layout (from the code object)
+
+    @property
+    def kind(self) -> dict:
+        """What kind of pair this is, for result.json: a range's operations, a plan's
+        launches (absent: one dispatch against a same-layout opt)."""
+        out = {}
+        if self.snapshot.manifest.is_range:
+            out["range_ops"] = len(self.snapshot.manifest.operations)
+        if self.plan is not None:
+            out["plan_launches"] = len(self.plan.launches)
+        return out
 
     @property
     def info(self) -> dict:
@@ -119,9 +138,16 @@ class Harness:
             m.launch.override(spec.opt.launch_override)
         except KpairError as e:
             raise HarnessError(str(e), path=spec_path, field="opt.launch_override") from None
+        plan = None
+        code: tuple = ()
+        layouts: tuple = ()
+        if spec.plan:
+            plan_path = _inside(root, spec.plan, spec_path, "plan")
+            plan, code, layouts = load_plan(plan_path, m)
         if complete and verify:  # a run's open, before any launch: what a host object
             check_declared(root, spec, m.kernarg.params)   # declares (DWARF)
-        return cls(root, spec.backend, spec.ref, spec.opt, snapshot, policy, spec)
+        return cls(root, spec.backend, spec.ref, spec.opt, snapshot, policy, spec, plan,
+                   code, layouts)
 
     def planned_mutations(self) -> tuple[tuple[Mutation, ...], str]:
         """The differential runs' mutations and their source ("declared", "off", "derived").
@@ -187,8 +213,66 @@ def check_declared(root: Path, spec: HarnessSpec, params) -> None:
     from .elfabi import check_params
 
     for role, side in (("ref", spec.ref), ("opt", spec.opt)):
+        if role == "opt" and spec.plan:
+            continue   # a plan's launches have their own layouts (checked by load_plan)
         if side.format == "elf-so":
             check_params((root / side.binary).read_bytes(), side.kernel, params, role)
+
+
+def plan_target(manifest):
+    """The regions a plan must produce on ``manifest``'s range: each region's recorded role,
+    or (a snapshot without roles) the one-dispatch rule of ``Target.of_dispatch``."""
+    from .plan import Target, TargetRegion
+
+    target = Target.of_dispatch(manifest)
+    return Target({r.name: TargetRegion(r.size, r.role or target.regions[r.name].role)
+                   for r in manifest.regions})
+
+
+def plan_layout(image: bytes, fmt: str, kernel: str):
+    """The parameter layout a plan launch is checked against and packed by: a host shared
+    object's DWARF (``kpair.program.host_layout``). Other formats: None (not read here)."""
+    from .program import host_layout
+
+    return host_layout(image, kernel) if fmt == "elf-so" else None
+
+
+def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
+    """Read the plan at ``path`` and its code objects (beside it), and check it against the
+    range of ``manifest`` (``check_plan``): (plan, ((bytes, format), ...), (layout, ...)).
+    A launch whose code object records no layout cannot be packed: refused (PlanError)."""
+    from .codecheck import FORMATS, _check_host
+    from .errors import ArchitectureMismatch
+    from .plan import Plan, PlanError, check_plan
+
+    plan = Plan.read(path)
+    code, layouts = [], []
+    images: dict[str, tuple[bytes, str]] = {}
+    for i, launch in enumerate(plan.launches):
+        if launch.code not in images:
+            file = path.parent / launch.code
+            image = _read_binary(file, f"{what} launch {i} code object")
+            fmt = _format_of(image, f"{what} launch {i} code object", file)
+            if launch.format is not None and launch.format != fmt:
+                raise PlanError(f"launch {i} ({launch.kernel}): {launch.code} is {fmt}, the "
+                                f"plan says {launch.format}", path=path)
+            images[launch.code] = (image, fmt)
+        image, fmt = images[launch.code]
+        if fmt not in FORMATS.get(manifest.backend, (fmt,)):
+            raise ArchitectureMismatch(f"{what} launch {i}: the {manifest.backend} backend "
+                                       f"loads {' / '.join(FORMATS[manifest.backend])} code "
+                                       f"objects, not {fmt}")
+        if fmt == "elf-so":   # architecture and exported symbol (its layout: below)
+            _check_host(image, launch.kernel, manifest.arch, f"{what} launch {i}")
+        layout = plan_layout(image, fmt, launch.kernel)
+        if layout is None:
+            raise PlanError(f"launch {i} ({launch.kernel}): {launch.code} records no "
+                            "parameter layout (a host object needs -g): the plan cannot be "
+                            "checked or packed", path=path)
+        code.append((image, fmt))
+        layouts.append(layout)
+    check_plan(plan, plan_target(manifest), layouts)
+    return plan, tuple(code), tuple(layouts)
 
 
 def _inside(root: Path, rel: str, where: Path, field_name: str) -> Path:
@@ -327,10 +411,11 @@ def _format_of(image: bytes, what: str, path: str | os.PathLike) -> str:
 
 
 def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
-                   ref: str | os.PathLike | None = None, opt: str | os.PathLike,
+                   ref: str | os.PathLike | None = None, opt: str | os.PathLike | None = None,
                    ref_kernel: str | None = None, opt_kernel: str | None = None,
                    policy: Policy | str | os.PathLike | None = None,
-                   opt_launch: dict | None = None, measure: dict | None = None) -> Harness:
+                   opt_launch: dict | None = None, measure: dict | None = None,
+                   plan: str | os.PathLike | None = None) -> Harness:
     """Pair ``opt`` (and ``ref``, by default the snapshot's own code object) with a snapshot.
 
     Everything is checked before anything is written: the snapshot (every blob), the
@@ -350,15 +435,35 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
     out = Path(out)
     check_output_dir(out, empty=True)
 
+    if (opt is None) == (plan is None):
+        raise UsageError("pair an opt code object or a launch plan (--plan), one of them")
+    if m.is_range and (ref or ref_kernel):
+        raise UsageError("a range's ref is its captured operations: --ref/--ref-kernel pair "
+                         "one dispatch only")
+    if m.is_range and opt is not None:
+        raise UsageError(f"a range of {len(m.operations)} operations is judged against a "
+                         "launch plan (--plan opt.plan.json), not one same-layout --opt")
+    if plan is not None and (opt_kernel or opt_launch):
+        raise UsageError("--opt-kernel/--opt-launch do not apply to a plan: its launches "
+                         "name their kernels and geometry")
     ref_image = _read_binary(ref, "--ref") if ref else src.code_object()
-    opt_image = _read_binary(opt, "--opt")
     ref_fmt = _format_of(ref_image, "--ref", ref) if ref else m.code.format
-    opt_fmt = _format_of(opt_image, "--opt", opt)
     ref_name = ref_kernel or m.code.kernel_name
-    opt_name = opt_kernel or ref_name
     if ref:  # the captured code object ran this dispatch: only a given one is checked
         check_kernel(ref_image, ref_fmt, ref_name, m, "ref")
-    check_kernel(opt_image, opt_fmt, opt_name, m, "opt")
+    plan_obj = None
+    if plan is not None:   # checked against the range before anything is written
+        plan_path = Path(plan)
+        if not plan_path.is_file():
+            raise InputError(f"--plan {plan_path}: no such file")
+        plan_obj, plan_code, _ = load_plan(plan_path, m)
+        first = plan_obj.launches[0]
+        opt_image, opt_fmt, opt_name = plan_code[0][0], plan_code[0][1], first.kernel
+    else:
+        opt_image = _read_binary(opt, "--opt")
+        opt_fmt = _format_of(opt_image, "--opt", opt)
+        opt_name = opt_kernel or ref_name
+        check_kernel(opt_image, opt_fmt, opt_name, m, "opt")
     if not isinstance(policy, Policy):
         policy = load_policy(policy) if policy else Policy.byte_exact()
     policy.validate_against({r.name: r.size for r in m.regions})
@@ -373,13 +478,27 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
         shutil.copytree(src.root, out / "capture")
         save_policy(policy, out / "capture" / "validation_policy.json")
         ref_side = Side("ref" + EXTENSIONS[ref_fmt], ref_name, ref_fmt)
-        opt_side = Side("opt" + EXTENSIONS[opt_fmt], opt_name, opt_fmt, opt_launch or {})
         write_bytes_atomic(out / ref_side.binary, ref_image, replace=False)
-        write_bytes_atomic(out / opt_side.binary, opt_image, replace=False)
+        if plan_obj is not None:   # the plan and its code objects, as laid out beside it
+            rel = f"{PLAN_DIR}/{plan_path.name}"
+            make_dirs(out / PLAN_DIR)
+            write_bytes_atomic(out / rel, plan_path.read_bytes(), replace=False)
+            for launch in plan_obj.launches:
+                dest = out / PLAN_DIR / launch.code
+                if not dest.exists():
+                    make_dirs(dest.parent)
+                    write_bytes_atomic(dest, (plan_path.parent / launch.code).read_bytes(),
+                                       replace=False)
+            opt_side = Side(f"{PLAN_DIR}/{plan_obj.launches[0].code}", opt_name, opt_fmt)
+        else:
+            rel = ""
+            opt_side = Side("opt" + EXTENSIONS[opt_fmt], opt_name, opt_fmt, opt_launch or {})
+            write_bytes_atomic(out / opt_side.binary, opt_image, replace=False)
         write(out / "harness.json", HarnessSpec(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, backend=m.backend, arch=m.arch,
             snapshot="capture", policy="capture/validation_policy.json", ref=ref_side,
-            opt=opt_side, measure=measure or {}, created_by=f"kpair {__version__}"))
+            opt=opt_side, measure=measure or {}, created_by=f"kpair {__version__}",
+            plan=rel))
         install = "'kpair[cuda]'" if m.backend == "cuda" else "kpair"
         write_text_atomic(out / "run_harness.py", RUN_HARNESS.format(
             ref_kernel=ref_side.kernel, opt_kernel=opt_side.kernel, backend=m.backend,

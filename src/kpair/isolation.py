@@ -668,7 +668,7 @@ def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> in
     """Set the harness up (``Ready``), then judge each candidate (a ``Verdict`` each): the
     ``Judge`` requests of a session (``requests``), or the harness's own opt (None). After an
     error the worker exits: the parent starts a fresh one for the next candidate."""
-    from .pipeline import Candidate, close, evaluate, prepare
+    from .pipeline import Candidate, close, evaluate, own_candidate, prepare
 
     facts = Facts(harness=str(harness), started=utc_now())
     current: dict[str, str | None] = {"stage": None}
@@ -702,9 +702,7 @@ def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> in
     run = holder["run"]
 
     def own_opt() -> Candidate:
-        h = run.harness
-        return Candidate(h.binary(h.opt), h.opt.kernel, h.opt.format, h.opt.launch_override,
-                         h.opt.binary)
+        return own_candidate(run.harness)   # its kernel, or its launch plan
 
     try:
         if requests is None:  # kpair run: the harness's own opt, the one candidate

@@ -18,7 +18,11 @@ class Pair(Command):
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("snapshot", type=Path, help="snapshot directory")
-        p.add_argument("--opt", type=Path, required=True, help="optimized code object")
+        p.add_argument("--opt", type=Path, help="optimized code object (same layout as ref)")
+        p.add_argument("--plan", type=Path,
+                       help="launch plan (opt.plan.json; its code objects beside it) instead "
+                       "of --opt: launches with their own signatures, checked against the "
+                       "range before anything is written")
         p.add_argument("--ref", type=Path,
                        help="baseline code object (default: the captured one)")
         p.add_argument("--ref-kernel", help="kernel name in ref (default: the captured name)")
@@ -43,18 +47,22 @@ class Pair(Command):
             _check_captured_kernel(args.snapshot, args.ref_kernel)
         h = create_harness(args.snapshot, args.out, ref=args.ref, opt=args.opt,
                            ref_kernel=args.ref_kernel, opt_kernel=args.opt_kernel,
-                           policy=args.policy, opt_launch=launch)
+                           policy=args.policy, opt_launch=launch, plan=args.plan)
         mutations, source = h.planned_mutations()
         if args.json:
             print(json.dumps({"harness": str(h.root), "backend": h.backend,
                               "policy": h.policy.mode, "ref": h.spec.ref.to_json(),
-                              "opt": h.spec.opt.to_json(), "differential": {
+                              "opt": h.spec.opt.to_json(), **h.kind, "differential": {
                                   "source": source,
                                   "mutations": [m.describe() for m in mutations]}},
                              indent=1))
             return 0
-        print(f"harness written to {h.root} ({h.policy.mode}; ref {h.ref.kernel}, "
-              f"opt {h.opt.kernel})")
+        ref_what = (f"range of {len(h.snapshot.manifest.operations)} operations"
+                    if h.snapshot.manifest.is_range else h.ref.kernel)
+        opt_what = (f"plan of {len(h.plan.launches)} launch(es)" if h.plan is not None
+                    else h.opt.kernel)
+        print(f"harness written to {h.root} ({h.policy.mode}; ref {ref_what}, "
+              f"opt {opt_what})")
         if mutations:
             print(f"differential runs ({source}): " + "; ".join(m.describe() for m in mutations))
         else:

@@ -65,6 +65,9 @@ class Audit:
         self.rng = np.random.default_rng([seed, 1])
         regions = [(r.name, a, r.size) for r, a in zip(replay.regions, replay.addresses,
                                                        strict=True)]
+        # Scratch (a range's, a plan's) is memory a program may use: guarded like a region,
+        # never a band itself.
+        regions += [(f"scratch:{name}", a, n) for name, a, n in getattr(replay, "scratch", ())]
         bands = [] if "guard_bands" in self.skip else \
             guard_bands(regions, replay.device.mapped_ranges())
         self.armor = Armor(replay.device, bands, np.random.default_rng([seed, 2]),
