@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, UsageError
+from ..release.store import release_backend
 from .base import LEVEL, SECONDS, Command, check_device
 
 if TYPE_CHECKING:
@@ -202,27 +203,6 @@ class Verify(Command):
             print(f"index: {args.root / INDEX}")
             print(f"report: kpair report {args.root}")
         return _verify_exit(index)
-
-
-def release_backend(root: Path) -> str:
-    """The backend of a release's harnesses (a pool is of one kind of device)."""
-    import json
-
-    from ..release import discover
-
-    backends = set()
-    for level, name in discover(root) if root.is_dir() else []:
-        try:
-            spec = json.loads((root / f"level{level}" / name / "harness" / "harness.json")
-                              .read_text())
-        except (OSError, ValueError):
-            continue  # that harness's own run says what is wrong with it
-        backends.add(spec.get("backend") if isinstance(spec, dict) else None)
-    backends.discard(None)
-    if len(backends) > 1:
-        raise UsageError(f"{root} mixes backends {sorted(backends)}: verify each on its own "
-                         "devices")
-    return backends.pop() if backends else "host"
 
 
 class ReleaseCmd(Command):

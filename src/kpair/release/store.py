@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -201,6 +202,24 @@ def discover(root: Path) -> list[tuple[int, str]]:
             if is_operator_name(op.name) and (op / HARNESS / "harness.json").is_file():
                 found.append((int(m.group(1)), op.name))
     return sorted(found, key=lambda k: sort_key(*k))
+
+
+def release_backend(root: Path) -> str:
+    """The backend of a release's harnesses (a pool is of one kind of device): "host" for
+    an empty release; UsageError when they mix backends."""
+    backends = set()
+    for level, name in discover(root) if root.is_dir() else []:
+        try:
+            spec = json.loads((root / f"level{level}" / name / HARNESS / "harness.json")
+                              .read_text())
+        except (OSError, ValueError):
+            continue  # that harness's own run says what is wrong with it
+        backends.add(spec.get("backend") if isinstance(spec, dict) else None)
+    backends.discard(None)
+    if len(backends) > 1:
+        raise UsageError(f"{root} mixes backends {sorted(backends)}: verify each on its own "
+                         "devices")
+    return backends.pop() if backends else "host"
 
 
 def _run_one(harness_dir: Path, options: RunOptions) -> Result:
@@ -559,5 +578,6 @@ def refuse_operator(root: str | os.PathLike, harness: str | os.PathLike, *, leve
 
 
 __all__ = ["AddOutcome", "LOCK", "Runner", "add_operator", "check_empty_release_dir",
+           "release_backend",
            "device_result_path", "discover", "lock_held", "locked", "not_faster",
            "refuse_operator", "sweep_stale_staging", "verify_release"]
