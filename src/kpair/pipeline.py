@@ -214,7 +214,10 @@ def _verify(run: Run) -> None:
 
     h = run.harness = Harness.open(run.root)
     run.facts.inputs_digest = h.inputs_digest()
-    run.facts.ref = Side(kernel=h.ref.kernel, binary=h.ref.binary)
+    m = h.snapshot.manifest
+    run.facts.ref = Side(kernel=h.ref.kernel, binary=h.ref.binary) if not m.is_range else \
+        Side(kernel=" ; ".join(op.code.kernel_name for op in m.operations),
+             binary=h.spec.snapshot)
 
 
 def _place(run: Run) -> None:

@@ -1,0 +1,290 @@
+"""Ranges on the host backend: three C functions (matmul, bias, ReLU) recorded as one range,
+replayed byte-exact, and judged against launch plans of functions with their own signature
+(tests/csrc/range_ops.c): the honest fused one passes and is faster, bad plans are refused by
+``kpair pair`` before anything is written, cheats fail by a named check."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CSRC, run_json
+from kpair.backends import open_device
+from kpair.errors import UsageError
+from kpair.harness import create_harness
+from kpair.pipeline import RunOptions
+from kpair.record import Recorder, record_call, record_range
+from kpair.replay import reproduce
+from kpair.snapshot import Manifest, Snapshot
+from kpair.toolchain import compile_shared
+
+N = 96
+
+
+def _inputs(n: int = N, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32)
+    return a, b, bias, np.zeros((n, n), np.float32)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("range")
+    lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
+    a, b, bias, out = _inputs()
+    with Recorder(d / "snap", names={"a": a, "b": b, "bias": bias, "out": out},
+                  outputs=[out]) as r:
+        r.call(lib, "kp_matmul", [a, b, out, np.int32(N)])
+        r.call(lib, "kp_bias", [out, bias, np.int32(N)])
+        r.call(lib, "kp_relu", [out, np.int32(N)])
+    return {"dir": d, "lib": lib, "snap": d / "snap", "out": out, "inputs": (a, b, bias)}
+
+
+def _plan(kernel: str = "kp_fused", **change) -> dict:
+    plan = {"schema": "kpair.plan", "schema_version": 1,
+            "scratch": [{"name": "row", "size": N * 4}],
+            "launches": [{"code": "ops.so", "kernel": kernel, "args": [
+                {"bind": "scalar", "kind": "i32", "value": N},
+                {"bind": "region", "name": "bias"}, {"bind": "region", "name": "a"},
+                {"bind": "region", "name": "b"},
+                {"bind": "region", "name": "out", "access": "write"},
+                {"bind": "scratch", "name": "row"}]}]}
+    for key, value in change.items():
+        plan[key] = value
+    return plan
+
+
+def _write_plan(lab: dict, name: str, plan: dict) -> Path:
+    d = lab["dir"] / f"plan-{name}"
+    d.mkdir(exist_ok=True)
+    (d / "ops.so").write_bytes(lab["lib"].read_bytes())
+    (d / "opt.plan.json").write_text(json.dumps(plan))
+    return d / "opt.plan.json"
+
+
+def _kpair(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+# ---------------------------------------------------------------- record and replay
+
+
+def test_range_snapshot_roles_scratch_and_results(lab, tmp_path):
+    m = Snapshot.open(lab["snap"]).manifest
+    assert m.is_range and [op.code.kernel_name for op in m.operations] == \
+        ["kp_matmul", "kp_bias", "kp_relu"]
+    assert {r.name: r.role for r in m.regions} == {"a": "in", "b": "in", "bias": "in",
+                                                   "out": "out"}
+    a, b, bias = lab["inputs"]
+    np.testing.assert_allclose(lab["out"], np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-4)
+    # Strict reader round trip; the first op is the top-level dispatch.
+    again = Manifest.from_json(m.to_json())
+    assert again == m and again.operations[0].code == m.code
+    # Scratch: a size, no bytes; an unwritten array without outputs= is "inout" when changed.
+    x, y = np.ones(8, np.float32), np.ones(8, np.float32)
+    tmp = np.zeros(8, np.float32)
+    s = record_range([(lab["lib"], "kp_bias", [x.copy(), y, np.int32(1)])], tmp_path / "one")
+    assert s.manifest.is_range and len(s.manifest.operations) == 1
+    s2 = record_range([(lab["lib"], "kp_relu", [tmp, np.int32(2)]),
+                       (lab["lib"], "kp_bias", [x, y, np.int32(1)])], tmp_path / "sc",
+                      scratch=[tmp])
+    assert [sc.size for sc in s2.manifest.scratch_regions] == [32]
+    assert {r.role for r in s2.manifest.regions} == {"inout", "in"}
+    assert len(s2.manifest.regions) == 2
+
+
+def test_record_call_writes_no_range_fields(lab, tmp_path):
+    a, b, bias, out = _inputs(8)
+    s = record_call(lab["lib"], "kp_bias", [out, bias, np.int32(8)], tmp_path / "s")
+    doc = json.loads((tmp_path / "s" / "snapshot.json").read_text())
+    assert "ops" not in doc and "scratch" not in doc
+    assert all("role" not in r for r in doc["regions"])
+    assert not s.manifest.is_range and len(s.manifest.operations) == 1
+
+
+def test_record_range_refuses_misuse(lab, tmp_path):
+    a, b, bias, out = _inputs(8)
+    with pytest.raises(UsageError, match="at least one call"):
+        record_range([], tmp_path / "x")
+    with pytest.raises(UsageError, match="passed to no call"):
+        record_range([(lab["lib"], "kp_relu", [out, np.int32(8)])], tmp_path / "y",
+                     scratch=[a])
+    with pytest.raises(UsageError, match="bare Python int"):
+        record_range([(lab["lib"], "kp_relu", [out, 8])], tmp_path / "z")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "z").exists()
+
+
+def test_range_replays_byte_exact(lab):
+    with open_device("host") as dev:
+        rep = reproduce(dev, Snapshot.open(lab["snap"]), 3)
+    assert rep.status == "byte-exact" and rep.ops == 3
+    assert rep.kernel == "kp_matmul ; kp_bias ; kp_relu"
+    proc = _kpair("replay", str(lab["snap"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "byte-exact" and doc["ops"] == 3
+
+
+def test_range_replay_mismatch_is_reported(lab, tmp_path):
+    """A range whose captured post-state is not what its ops give: mismatch, exit 1."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(lab["snap"], bad)
+    doc = json.loads((bad / "snapshot.json").read_text())
+    out = next(r for r in doc["regions"] if r["name"] == "out")
+    a = next(r for r in doc["regions"] if r["name"] == "a")
+    out["post"] = a["pre"]   # a blob of the right size that the range does not produce
+    (bad / "snapshot.json").write_text(json.dumps(doc))
+    proc = _kpair("replay", str(bad), "--json")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["status"] == "mismatch"
+
+
+# ---------------------------------------------------------------- plans refused at pair time
+
+
+def _bad_plans() -> list[tuple[str, dict, int, str]]:
+    """(case, plan, exit code, a piece of the message naming the fault)."""
+    out = []
+
+    def launch_args(plan):
+        return plan["launches"][0]["args"]
+
+    p = _plan()
+    launch_args(p).pop()
+    out.append(("count", p, 4, "takes 6 parameters"))
+    p = _plan()
+    launch_args(p)[0] = {"bind": "scalar", "kind": "f32", "value": 1.0}
+    out.append(("type", p, 4, "is i32, the plan passes f32"))
+    p = _plan()
+    launch_args(p)[0] = {"bind": "scalar", "kind": "i64", "value": N}
+    out.append(("size", p, 4, "is 4 bytes, the plan passes a i64"))
+    p = _plan()
+    launch_args(p)[1] = {"bind": "scalar", "kind": "u64", "value": 0}
+    out.append(("pointer-as-scalar", p, 4, "is a pointer, the plan passes a u64 scalar"))
+    p = _plan()
+    launch_args(p)[0] = {"bind": "region", "name": "a"}
+    out.append(("scalar-as-pointer", p, 4, "is i32, the plan passes the address of region"))
+    p = _plan()
+    launch_args(p)[2] = {"bind": "region", "name": "c"}
+    out.append(("unknown-region", p, 3, "the range has no region 'c'"))
+    p = _plan()
+    launch_args(p)[5] = {"bind": "scratch", "name": "tmp"}
+    out.append(("undeclared-scratch", p, 3, "scratch buffer 'tmp' is not declared"))
+    p = _plan(scratch=[{"name": "row", "size": 16}])
+    launch_args(p)[5] = {"bind": "scratch", "name": "row", "bytes": N * 4}
+    out.append(("scratch-too-small", p, 3, "past the end of scratch buffer 'row' (16 bytes)"))
+    p = _plan()
+    launch_args(p)[2] = {"bind": "region", "name": "a", "access": "write"}
+    out.append(("writes-live-in", p, 3, "region 'a' is live-in"))
+    p = _plan()
+    launch_args(p)[4] = {"bind": "region", "name": "out", "access": "write",
+                         "offset": 4, "bytes": N * N * 4}
+    out.append(("out-of-bounds", p, 3, "past the end of region 'out'"))
+    p = _plan()
+    launch_args(p)[4] = {"bind": "region", "name": "out", "offset": N * N * 4,
+                         "access": "write"}
+    out.append(("offset-past-end", p, 3, "is past the end of region 'out'"))
+    p = _plan()
+    launch_args(p)[4] = {"bind": "region", "name": "out"}
+    out.append(("output-unbound", p, 3, "'out', which no launch of the plan binds for writing"))
+    p = _plan(scratch=[{"name": "a", "size": 64}])
+    out.append(("scratch-named-like-region", p, 3, "is named like a region"))
+    out.append(("unknown-kernel", _plan("kp_fusedd"), 4, "'kp_fusedd' is not exported"))
+    p = _plan()
+    p["launches"][0]["code"] = "missing.so"
+    out.append(("missing-code", p, 3, "missing.so: no such file"))
+    p = _plan()
+    launch_args(p)[0] = {"bind": "scalar", "kind": "i32", "value": 2 ** 31}
+    out.append(("scalar-overflow", p, 3, "does not fit a i32"))
+    return out
+
+
+@pytest.mark.parametrize("case,plan,code,message", _bad_plans(),
+                         ids=[c[0] for c in _bad_plans()])
+def test_bad_plan_refused_before_anything_is_written(lab, case, plan, code, message):
+    path = _write_plan(lab, case, plan)
+    out = lab["dir"] / f"H-{case}"
+    proc = _kpair("pair", str(lab["snap"]), "--plan", str(path), "-o", str(out))
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_at_least_ten_bad_plans():
+    assert len(_bad_plans()) >= 10
+
+
+def test_pair_refuses_opt_on_a_range_and_ref_on_a_range(lab):
+    with pytest.raises(UsageError, match="launch plan"):
+        create_harness(lab["snap"], lab["dir"] / "H-opt", opt=lab["lib"])
+    with pytest.raises(UsageError, match="one of them"):
+        create_harness(lab["snap"], lab["dir"] / "H-none")
+    assert not (lab["dir"] / "H-opt").exists()
+
+
+# ---------------------------------------------------------------- judged
+
+
+def test_fused_plan_passes_and_is_faster(lab):
+    path = _write_plan(lab, "fused", _plan())
+    proc = _kpair("pair", str(lab["snap"]), "--plan", str(path), "-o",
+                  str(lab["dir"] / "H-fused"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["range_ops"] == 3 and doc["plan_launches"] == 1
+    r = run_json(lab["dir"] / "H-fused", RunOptions(time_cap_s=10.0, timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness", {}).get("summary")
+    assert r["replay"]["range_ops"] == 3 and r["replay"]["plan_launches"] == 1
+    assert r["opt"]["binary"] == "plan/opt.plan.json"
+    # Faster only through the verdict's own interval (systematic offset folded in).
+    assert r["speed"]["combined_ci95"][0] > 1.0, r["speed"]
+    assert all(t["passed"] is not False for t in r["trust"].values())
+
+
+@pytest.mark.parametrize("kernel,check", [
+    ("kp_fused_skip", "poisoned_outputs"),   # the output left stale: the poison shows
+    ("kp_fused_memo", "differential"),       # the first answer replayed: mutated inputs
+    ("kp_fused_clobber", "input_integrity"),  # writes the live-in region a
+])
+def test_cheats_on_a_range_fail(lab, kernel, check):
+    plan = _plan(kernel)
+    if kernel == "kp_fused_clobber":
+        # Declared honestly as a write of a: refused at pair time (live-in) ...
+        plan["launches"][0]["args"][2] = {"bind": "region", "name": "a", "access": "write"}
+        path = _write_plan(lab, kernel + "-declared", plan)
+        proc = _kpair("pair", str(lab["snap"]), "--plan", str(path), "-o",
+                      str(lab["dir"] / f"H-{kernel}-declared"))
+        assert proc.returncode == 3 and "live-in" in proc.stderr
+        plan = _plan(kernel)   # ... and bound as a read: the run catches the write
+    path = _write_plan(lab, kernel, plan)
+    h = create_harness(lab["snap"], lab["dir"] / f"H-{kernel}", plan=path)
+    r = run_json(h.root, RunOptions(time_cap_s=2.0, max_blocks=32, timeout_s=300))
+    assert r["status"] == "fail", r.get("correctness")
+    c = r["correctness"]
+    assert c.get("failed_check") == check, c
+    assert r["trust"][check]["passed"] is False
+    assert r.get("speed") is None   # no speed is reported for a failed candidate
+
+
+def test_range_harness_tampered_plan_is_refused(lab, tmp_path):
+
+    path = _write_plan(lab, "tamper", _plan())
+    h = create_harness(lab["snap"], tmp_path / "H", plan=path)
+    doc = json.loads((h.root / "plan" / "opt.plan.json").read_text())
+    bad = copy.deepcopy(doc)
+    bad["launches"][0]["args"][0]["value"] = N + 1
+    (h.root / "plan" / "opt.plan.json").write_text(json.dumps(bad))
+    proc = _kpair("run", str(h.root))
+    assert proc.returncode == 3 and "does not match its sha256" in proc.stdout + proc.stderr
