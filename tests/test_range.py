@@ -257,6 +257,7 @@ def test_fused_plan_passes_and_is_faster(lab):
     ("kp_fused_skip", "poisoned_outputs"),   # the output left stale: the poison shows
     ("kp_fused_memo", "differential"),       # the first answer replayed: mutated inputs
     ("kp_fused_clobber", "input_integrity"),  # writes the live-in region a
+    ("kp_fused_open", "refused_calls"),      # opens a file: the host sandbox refuses it
 ])
 def test_cheats_on_a_range_fail(lab, kernel, check):
     plan = _plan(kernel)

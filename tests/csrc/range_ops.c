@@ -5,6 +5,7 @@
    (k ascending from 0.0f, then + bias, then max with 0), so its result is bit-identical;
    it walks b row by row (i-k-j) through a scratch row, where kp_matmul walks b's columns. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 void kp_matmul(const float *a, const float *b, float *c, int32_t n) {
@@ -71,4 +72,12 @@ void kp_fused_clobber(int32_t n, const float *bias, float *a, const float *b, fl
                       float *row) {
     for (int i = 0; i < n; i++) fused_row(a, b, bias, out, row, n, i);
     a[0] = 0.0f;
+}
+
+/* Cheat: right answer, but reaches outside its arrays for a file first (the sandbox refuses). */
+void kp_fused_open(int32_t n, const float *bias, const float *a, const float *b, float *out,
+                   float *row) {
+    FILE *f = fopen("/etc/hostname", "r");
+    if (f) fclose(f);
+    for (int i = 0; i < n; i++) fused_row(a, b, bias, out, row, n, i);
 }
