@@ -14,13 +14,13 @@ from kpair.errors import FormatError
 from kpair.pipeline import Candidate, RunOptions
 from kpair.protocol import (
     KEY_BYTES,
-    Invalid,
+    InvalidLine,
     Judge,
     Reader,
     Ready,
-    Reproduction,
+    ReproductionMessage,
     Stage,
-    Verdict,
+    VerdictMessage,
     decode_request,
     encode_request,
     options_arg,
@@ -51,14 +51,15 @@ def test_a_judge_request_round_trips_with_its_image_in_base64():
 def test_signed_reports_come_back_typed_in_order_across_chunks(key, tmp_path):
     result = error_result(tmp_path, "boom", stage="ref")
     lines = (sign(key, Stage("ref")) + sign(key, Ready.of(None))
-             + sign(key, Verdict.of(result, b"\x00\x01", 3)))
+             + sign(key, VerdictMessage.of(result, b"\x00\x01", 3)))
     reader = Reader(key)
     got = []
     for i in range(0, len(lines), 7):  # a pipe delivers any split
         got += reader.feed(lines[i:i + 7])
     assert got[:2] == [Stage("ref"), Ready(None)]
     verdict = got[2]
-    assert isinstance(verdict, Verdict) and verdict.id == 3 and verdict.samples == b"\x00\x01"
+    assert isinstance(verdict, VerdictMessage)
+    assert verdict.id == 3 and verdict.samples == b"\x00\x01"
     assert read_result(verdict.result) == result
     assert reader.forged == 0
 
@@ -77,7 +78,7 @@ def test_a_signed_line_that_is_no_message_is_invalid_never_a_verdict(key):
     body = b'{"type": "verdict", "result": "pass"}'
     line = hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b" " + body + b"\n"
     (got,) = Reader(key).feed(line)
-    assert isinstance(got, Invalid) and "result" in got.why
+    assert isinstance(got, InvalidLine) and "result" in got.why
 
 
 def test_an_invalid_result_in_a_verdict_is_refused_by_the_strict_reader(tmp_path):
@@ -91,4 +92,4 @@ def test_options_and_reproductions_travel_as_they_are(tmp_path):
     assert read_options(options_arg(options)) == options
     report = ReproductionReport(snapshot=str(tmp_path), kernel="k", runs=3,
                                 status="byte-exact")
-    assert Reproduction.of(report).read() == report
+    assert ReproductionMessage.of(report).read() == report

@@ -7,8 +7,8 @@ one way a worker is started, for ``kpair run`` (``run_isolated``) and for sessio
 
 - no path it could write a verdict to: the child reports over a pipe (``--channel FD``),
   signed lines of ``kpair.protocol`` (``Stage`` as it goes, ``Ready`` once set up, then a
-  ``Verdict`` per candidate); the parent reads them with a deadline, validates each Result
-  and writes ``result.json`` (and ``samples.npz``) itself (``Outcome.write``);
+  ``VerdictMessage`` per candidate); the parent reads them with a deadline, validates each Result
+  and writes ``result.json`` (and ``samples.npz``) itself (``JudgedResult.write``);
 - an environment of its own: ``python -I`` (no current directory on the import path, no
   ``PYTHON*`` variables; glibc's allocator asked for huge pages, ``WORKER_MALLOC``), the
   parent's resolved import path minus the current directory, a private scratch directory as
@@ -75,15 +75,15 @@ from .pipeline import SAMPLES, Facts, RunOptions
 from .protocol import (
     KEY_BYTES,
     Channel,
-    Invalid,
+    InvalidLine,
     Judge,
     Reader,
     Ready,
     Report,
-    Reproduction,
+    ReproductionMessage,
     Stage,
     Tick,
-    Verdict,
+    VerdictMessage,
     decode_request,
     encode_request,
     options_arg,
@@ -144,7 +144,7 @@ def check_outputs(out: str | os.PathLike, *, replace: bool) -> None:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class JudgedResult:
     """A verdict as the parent holds it: the validated Result and its raw samples (the bytes
     of the samples file, when speed was measured)."""
 
@@ -196,7 +196,7 @@ def run_isolated(root: str | os.PathLike, options: RunOptions | None = None, *,
     started = time.monotonic()
     with private_tempdir("run") as scratch:
         with start(root, options, scratch, scratch / LOG) as worker:
-            outcome = Outcome(worker.failed) if worker.failed is not None else \
+            outcome = JudgedResult(worker.failed) if worker.failed is not None else \
                 worker.verdict(worker.deadline)
             worker.drain()  # the rest of its output, to the log
         log = (scratch / LOG).read_bytes()
@@ -214,7 +214,7 @@ def with_device_index(environment: dict | None, options: RunOptions) -> dict:
 
 def write_outcome(result: Result, samples: bytes | None, out_path: Path) -> Result:
     """Write ``result.json`` and, for a timed result, ``samples.npz`` beside it."""
-    return Outcome(result, samples).write(out_path)
+    return JudgedResult(result, samples).write(out_path)
 
 
 def start(root: Path, options: RunOptions, scratch: Path, log_path: Path, *,
@@ -325,50 +325,50 @@ class Worker:
 
     # -------------------------------------------------------------- judging
 
-    def judge(self, judge: Judge) -> Outcome:
+    def judge(self, judge: Judge) -> JudgedResult:
         """Send a session worker one candidate and wait (the timeout) for its verdict."""
         deadline = self._limit()
         try:
             self.proc.stdin.write(encode_request(judge))
             self.proc.stdin.flush()
         except (OSError, ValueError):
-            return Outcome(self._warned(error_result(
+            return JudgedResult(self._warned(error_result(
                 self.root, "the session worker was gone before the candidate could be sent",
                 kind="WorkerFailed", exit_code=WorkerFailed.exit_code)))
         return self.verdict(deadline, id=judge.id)
 
-    def verdict(self, deadline: Deadline, *, id: int | None = None) -> Outcome:
-        """The next ``Verdict`` (its Result validated, its samples checked against their
+    def verdict(self, deadline: Deadline, *, id: int | None = None) -> JudgedResult:
+        """The next ``VerdictMessage`` (its Result validated, its samples checked against their
         sha256), or an error Result saying why none came: the worker crashed, exited, ran
         past ``deadline`` (then it is killed), or sent something that is no verdict."""
-        message = self.pump.run(deadline, want=Verdict)
+        message = self.pump.run(deadline, want=VerdictMessage)
         stage = self.pump.stage
-        if not isinstance(message, Verdict):
-            return Outcome(self._warned(self._no_message(message, deadline)))
+        if not isinstance(message, VerdictMessage):
+            return JudgedResult(self._warned(self._no_message(message, deadline)))
         try:
             if message.id != id:
                 raise ValueError(f"a verdict for candidate {message.id!r}, not {id!r}")
             result = read_result(message.result)
         except (KpairError, ValueError) as e:
-            return Outcome(self._warned(self._error(
+            return JudgedResult(self._warned(self._error(
                 f"the worker's result is not valid: {e}", stage)))
         samples = message.samples
         if samples is not None and (result.speed is None or
                                     sha256(samples) != result.speed.samples_sha256):
-            return Outcome(self._warned(self._error(
+            return JudgedResult(self._warned(self._error(
                 "the worker's samples do not match the sha256 in its result", "measure")))
-        return Outcome(self._warned(result), samples)
+        return JudgedResult(self._warned(result), samples)
 
     def reproduction(self, deadline: Deadline, runs: int) -> ReproductionReport:
-        """The ``Reproduction`` of a ``--reproduce`` worker, or an error report saying why
+        """The ``ReproductionMessage`` of a ``--reproduce`` worker, or an error report saying why
         none came."""
-        message = self.pump.run(deadline, want=Reproduction)
-        if isinstance(message, Reproduction):
+        message = self.pump.run(deadline, want=ReproductionMessage)
+        if isinstance(message, ReproductionMessage):
             try:
                 return message.read()
             except KpairError as e:
                 why = f"the worker's report is not valid: {e}"
-        elif isinstance(message, Invalid):
+        elif isinstance(message, InvalidLine):
             why = f"the worker's report is not valid: {message.why}"
         else:
             why = _describe_exit(self.proc.poll(), self.pump.stage) \
@@ -390,10 +390,10 @@ class Worker:
             return self._warned(self._error(f"the worker's result is not valid: {e}",
                                             self.pump.stage))
 
-    def _no_message(self, message: Invalid | None, deadline: Deadline) -> Result:
+    def _no_message(self, message: InvalidLine | None, deadline: Deadline) -> Result:
         """The error Result when no awaited message came (``message``: what came instead)."""
         stage = self.pump.stage
-        if isinstance(message, Invalid):
+        if isinstance(message, InvalidLine):
             return self._error(f"the worker's message is not valid: {message.why}", stage)
         try:
             code: int | None = self.proc.wait(timeout=max(0.0, _at(deadline) -
@@ -457,14 +457,14 @@ class _Pump:
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed by close()
         self.logged = self.dropped = 0
         self.stage: str | None = None
-        self.messages: list[Report | Invalid] = []
+        self.messages: list[Report | InvalidLine] = []
         self.open_fds = {channel, output}
         self.news = time.monotonic()          # when the last signed message came
         self.ref_s: float | None = None      # the wall time of ref's stage, once it ended
         self._ref_started: float | None = None
 
-    def run(self, deadline: Deadline, *, want: type | None) -> Report | Invalid | None:
-        """Read until a message of type ``want`` (or an ``Invalid`` one) arrives (returned),
+    def run(self, deadline: Deadline, *, want: type | None) -> Report | InvalidLine | None:
+        """Read until a message of type ``want`` (or an ``InvalidLine`` one) arrives (returned),
         both pipes end, or the deadline passes (None). Stages and ticks go on to the
         progress display; a callable ``deadline`` is asked again after every read."""
         sel = selectors.DefaultSelector()
@@ -473,7 +473,7 @@ class _Pump:
         try:
             while True:
                 for i, m in enumerate(self.messages):
-                    if want is not None and isinstance(m, (want, Invalid)):
+                    if want is not None and isinstance(m, (want, InvalidLine)):
                         return self.messages.pop(i)
                 left = _at(deadline) - time.monotonic()
                 if not self.open_fds or left <= 0:
@@ -491,7 +491,7 @@ class _Pump:
         finally:
             sel.close()
 
-    def _heard(self, m: Report | Invalid) -> None:
+    def _heard(self, m: Report | InvalidLine) -> None:
         now = self.news = time.monotonic()
         if self._ref_started is not None and self.ref_s is None and \
                 not (isinstance(m, Stage) and m.name == REF_STAGE):
@@ -640,7 +640,7 @@ def worker_main(argv: list[str]) -> int:
     os.set_inheritable(args.channel, False)
     with progress.using(_ToParent(channel)):
         if args.reproduce is not None:
-            channel.send(Reproduction.of(_reproduce(args.harness, args.reproduce)))
+            channel.send(ReproductionMessage.of(_reproduce(args.harness, args.reproduce)))
             return 0
         requests = (decode_request(line) for line in stdin) if args.session else None
         return _serve(args.harness, read_options(options), channel, requests)
@@ -665,7 +665,7 @@ class _ToParent(progress.Reporter):
 
 
 def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> int:
-    """Set the harness up (``Ready``), then judge each candidate (a ``Verdict`` each): the
+    """Set the harness up (``Ready``), then judge each candidate (a ``VerdictMessage`` each): the
     ``Judge`` requests of a session (``requests``), or the harness's own opt (None). After an
     error the worker exits: the parent starts a fresh one for the next candidate."""
     from .pipeline import Candidate, close, evaluate, own_candidate, prepare
@@ -707,11 +707,11 @@ def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> in
     try:
         if requests is None:  # kpair run: the harness's own opt, the one candidate
             result, samples, _ = guarded(lambda: evaluate(run, own_opt(), stage))
-            channel.send(Verdict.of(result, samples))
+            channel.send(VerdictMessage.of(result, samples))
             return 0
         for judge in requests:
             result, samples, fit = guarded(lambda j=judge: evaluate(run, j.candidate(), stage))
-            channel.send(Verdict.of(result, samples, judge.id))
+            channel.send(VerdictMessage.of(result, samples, judge.id))
             if not fit:
                 return 0
     finally:

@@ -12,8 +12,8 @@ A worker (``kpair.isolation``) and its parent talk over three channels:
 - **reports** (worker → parent, a pipe of their own): ``Stage`` as the worker enters each
   stage and ``Tick`` as a measurement goes (for the parent's progress display, and as a
   sign of life for its hang limit); ``Ready`` once the harness is set up (with the Result
-  that ends the run there, if any); then a ``Verdict`` per candidate — or, for
-  ``kpair replay``, one ``Reproduction``. Each line is ``<hmac-sha256 hex> <json>``, signed
+  that ends the run there, if any); then a ``VerdictMessage`` per candidate — or, for
+  ``kpair replay``, one ``ReproductionMessage``. Each line is ``<hmac-sha256 hex> <json>``, signed
   with the key (``Channel.send``); the parent's ``Reader`` drops (and counts) every line that
   does not verify, so bytes a candidate writes to any descriptor it finds cannot pass for
   kpair's, and drops a line longer than ``MAX_LINE`` unread.
@@ -57,7 +57,7 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field
 class Judge(Message, tag="judge"):
     """A candidate for a session worker: a code object (``image``), the kernel in it, its
     format, an optional launch override and a label for people; ``id`` comes back in the
-    ``Verdict``."""
+    ``VerdictMessage``."""
 
     id: int
     image: bytes
@@ -98,7 +98,7 @@ class Ready(Message, tag="ready"):
         return cls(failed.to_json() if failed is not None else None)
 
 
-class Verdict(Message, tag="verdict"):
+class VerdictMessage(Message, tag="verdict"):
     """One candidate judged: its ``id`` (None: the harness's own opt, ``kpair run``), the
     Result and, when speed was measured, the raw samples (the bytes of ``samples.npz``)."""
 
@@ -107,17 +107,17 @@ class Verdict(Message, tag="verdict"):
     samples: bytes | None = None
 
     @classmethod
-    def of(cls, result: Result, samples: bytes | None, id: int | None = None) -> Verdict:
+    def of(cls, result: Result, samples: bytes | None, id: int | None = None) -> VerdictMessage:
         return cls(id, result.to_json(), samples)
 
 
-class Reproduction(Message, tag="reproduction"):
+class ReproductionMessage(Message, tag="reproduction"):
     """``kpair replay``'s answer: a ``kpair.replay.Reproduction`` as JSON."""
 
     report: dict[str, Any]
 
     @classmethod
-    def of(cls, report: ReproductionReport) -> Reproduction:
+    def of(cls, report: ReproductionReport) -> ReproductionMessage:
         return cls(to_builtins(report))
 
     def read(self) -> ReproductionReport:
@@ -126,10 +126,10 @@ class Reproduction(Message, tag="reproduction"):
 
 
 #: Everything a worker may send.
-Report = Stage | Tick | Ready | Verdict | Reproduction
+Report = Stage | Tick | Ready | VerdictMessage | ReproductionMessage
 
 
-class Invalid(msgspec.Struct, frozen=True):
+class InvalidLine(msgspec.Struct, frozen=True):
     """A signed line that is not a message of this protocol (``why``): never a verdict."""
 
     why: str
@@ -187,21 +187,21 @@ class Reader:
 
     A line whose signature does not verify is dropped and counted (``forged``), as is a
     line longer than ``limit``; a signed line that does not decode as a ``Report`` comes out
-    as ``Invalid``."""
+    as ``InvalidLine``."""
 
     def __init__(self, key: bytes, *, limit: int = MAX_LINE):
         self.key, self.limit = key, limit
         self.forged = 0
         self._buf = b""
 
-    def feed(self, chunk: bytes) -> list[Report | Invalid]:
+    def feed(self, chunk: bytes) -> list[Report | InvalidLine]:
         self._buf += chunk
         if len(self._buf) > self.limit:
             self._buf = b""
             self.forged += 1
             return []
         *lines, self._buf = self._buf.split(b"\n")
-        out: list[Report | Invalid] = []
+        out: list[Report | InvalidLine] = []
         for line in lines:
             mac, _, body = line.partition(b" ")
             want = hmac.new(self.key, body, hashlib.sha256).hexdigest().encode()
@@ -211,10 +211,10 @@ class Reader:
             try:
                 out.append(_reports.decode(body))
             except (msgspec.DecodeError, KpairError, ValueError) as e:
-                out.append(Invalid(str(e)))
+                out.append(InvalidLine(str(e)))
         return out
 
 
-__all__ = ["KEY_BYTES", "MAX_LINE", "Channel", "Invalid", "Judge", "Message", "Ready",
-           "Reader", "Report", "Reproduction", "Stage", "Tick", "Verdict", "decode_request",
-           "encode_request", "options_arg", "read_options", "read_result", "sign"]
+__all__ = ["KEY_BYTES", "MAX_LINE", "Channel", "InvalidLine", "Judge", "Message", "Ready",
+           "Reader", "Report", "ReproductionMessage", "Stage", "Tick", "VerdictMessage",
+           "decode_request", "encode_request", "options_arg", "read_options", "read_result", "sign"]

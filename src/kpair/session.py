@@ -29,7 +29,7 @@ from . import progress
 from ._util import append_text, make_dirs, private_tempdir, sweep_stale_tempdirs, utc_now
 from .errors import InputError
 from .formats import Record, to_builtins
-from .isolation import LOG, Outcome, Worker, start
+from .isolation import LOG, JudgedResult, Worker, start
 from .options import RunOptions
 from .protocol import Judge
 from .result import Result, Side, error_result
@@ -168,7 +168,7 @@ class Session:
         path = attempt = None
         if self.out is not None:
             path = self.out / "results" / f"{n:04d}" / "result.json"
-            result = Outcome(result, outcome.samples).write(path, replace=False)
+            result = JudgedResult(result, outcome.samples).write(path, replace=False)
             attempt = Attempt(
                 n=n, time=utc_now(), candidate_sha256=sha256(image), kernel=kernel,
                 label=where, source=source, build=build, strategy=strategy, params=params,
@@ -185,17 +185,17 @@ class Session:
         return result, attempt
 
     def _judge(self, n: int, image: bytes, kernel: str, launch_override: dict | None,
-               label: str) -> Outcome:
+               label: str) -> JudgedResult:
         """Candidate ``n`` judged by the worker, started (and set up) on first use; after an
         error that worker is stopped, and the next candidate gets a fresh one."""
         if self.setup_failed is None and self._worker is None:
             self._start()
         if self.setup_failed is not None:
-            return Outcome(self.setup_failed)
+            return JudgedResult(self.setup_failed)
         try:
             fmt = detect_format(image)
         except Exception as e:  # noqa: BLE001 - a bad candidate file is that candidate's error
-            return Outcome(error_result(self.root, e, stage="load"))
+            return JudgedResult(error_result(self.root, e, stage="load"))
         outcome = self._worker.judge(Judge(n, image, kernel, fmt, launch_override, label))
         if outcome.result.status == "error":
             self._stop()  # crashed, hung, or gave up after an error: a fresh one next time

@@ -2,10 +2,10 @@
 
 ``evaluate_on(harness, requests, options, devices, out)`` opens a session per device under
 ``out/devices/<d>/`` (its results, its worker.log) as that device's pool worker, hands each
-request to the first free device, and yields ``Outcome`` in completion order. The parent
+request to the first free device, and yields ``RequestOutcome`` in completion order. The parent
 alone appends to ``out/attempts.jsonl``: one file, in completion order, each line numbered in
 that order and naming the device that judged it (``device``) and its result file relative to
-``out``. A request that is bad in itself (a missing file) is an ``Outcome`` with ``error``;
+``out``. A request that is bad in itself (a missing file) is an ``RequestOutcome`` with ``error``;
 a device whose session cannot start gives its candidates to the others.
 """
 
@@ -26,7 +26,7 @@ DEVICES = "devices"
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RequestOutcome:
     """One request's outcome: its number in completion order, the device, and the Result (or
     the error that kept it from being judged)."""
 
@@ -39,7 +39,7 @@ class Outcome:
 
 
 def evaluate_on(harness: Path, requests: Iterable[dict], options: RunOptions,
-                devices: Sequence[int], out: Path) -> Iterator[Outcome]:
+                devices: Sequence[int], out: Path) -> Iterator[RequestOutcome]:
     """Judge every request (``{"binary": ..., "kernel": ..., ...}`` as ``kpair evaluate
     --jsonl`` reads them) on a pool of sessions, one per device."""
     make_dirs(out)
@@ -62,14 +62,14 @@ def evaluate_on(harness: Path, requests: Iterable[dict], options: RunOptions,
     for done in DevicePool(devices).run(tasks, open_worker):
         n += 1
         if done.error is not None:
-            yield Outcome(n, done.task.payload, done.device, None, None, done.error)
+            yield RequestOutcome(n, done.task.payload, done.device, None, None, done.error)
             continue
         result, attempt = done.value
         if attempt is not None:
             attempt = attempt.replace(n=n, device=done.device,
                                       result=f"{DEVICES}/{done.device}/{attempt.result}")
             record_attempt(out, attempt)
-        yield Outcome(n, done.task.payload, done.device, result, attempt)
+        yield RequestOutcome(n, done.task.payload, done.device, result, attempt)
 
 
-__all__ = ["Outcome", "evaluate_on"]
+__all__ = ["RequestOutcome", "evaluate_on"]

@@ -142,7 +142,7 @@ class RayRunner:
     def _gather(self, ray, job: HarnessJob, ref, options: RunOptions
                 ) -> tuple[HarnessJob, int, Result]:
         from .._util import make_dirs
-        from ..isolation import Outcome, with_device_index
+        from ..isolation import JudgedResult, with_device_index
 
         try:
             out = ray.get(ref)
@@ -153,7 +153,7 @@ class RayRunner:
             result = result.replace(harness=str(job.harness.resolve()), environment=env)
             # Named as a local run names them (``isolation.beside``): r2.json beside
             # r2.samples.npz and r2.worker.log, so that every result has its own.
-            result = Outcome(result, out["samples"]).write(job.out, log=out["log"])
+            result = JudgedResult(result, out["samples"]).write(job.out, log=out["log"])
         except Exception as e:  # noqa: BLE001 - a task that failed past its retries is a row
             device = 0
             result = error_result(job.harness, f"{type(e).__name__}: {e}", stage="ray",
