@@ -289,3 +289,15 @@ def test_range_harness_tampered_plan_is_refused(lab, tmp_path):
     (h.root / "plan" / "opt.plan.json").write_text(json.dumps(bad))
     proc = _kpair("run", str(h.root))
     assert proc.returncode == 3 and "does not match its sha256" in proc.stdout + proc.stderr
+
+
+def test_scratch_is_poisoned_on_every_replay(lab, tmp_path):
+    """A range that reads its scratch before writing it depends on bytes nobody stored:
+    each replay fills the scratch with a fresh random word, so its runs disagree."""
+    x, tmp = np.zeros(4, np.float32), np.ones(4, np.float32)
+    snap = record_range([(lab["lib"], "kp_bias", [x, tmp, np.int32(1)])], tmp_path / "s",
+                        scratch=[tmp])
+    assert [r.name for r in snap.manifest.regions] == ["buf0"]
+    with open_device("host") as dev:
+        rep = reproduce(dev, snap, 4)
+    assert rep.status == "nondeterministic" and rep.unstable_regions == ["buf0"]
