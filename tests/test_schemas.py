@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from kpair import release
-from kpair.formats import FORMATS, write
+from kpair.formats import write
 from kpair.harness import create_harness
 from kpair.pipeline import RunOptions
 from kpair.policy import Policy, Tolerance
 from kpair.release.index import BaselineEntry, BaselineRecord
+from kpair.schemas import FORMATS
 from kpair.session import Session
 
 jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[test]'")

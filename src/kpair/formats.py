@@ -5,7 +5,7 @@ constraints declared on the fields. ``decode`` turns a JSON document (or already
 object) into the top-level record and reports any violation as a ``FormatError`` that names
 the file and the failing field's dotted path (``regions[2].address``), as every kpair reader
 always has. ``encode`` writes the canonical JSON. ``json_schema`` exports the contract that
-``docs/schemas/`` publishes; ``FORMATS`` lists the top-level records by file.
+``docs/schemas/`` publishes; ``kpair.schemas.FORMATS`` lists the top-level records by file.
 
 Two JSON shapes need a Python type of their own: 64-bit addresses, written as hex strings
 ("0x7f00") and used as ints (``Address``), and raw bytes written as hex (``HexBytes``).
@@ -13,7 +13,6 @@ Two JSON shapes need a Python type of their own: 64-bit addresses, written as he
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from pathlib import Path
@@ -201,94 +200,9 @@ def json_schema(kind: type) -> dict:
     return msgspec.json.schema(kind, schema_hook=_schema_hook)
 
 
-#: Every top-level file format: name → (the file it describes, "module:Record").
-#: docs/schemas/<name>.schema.json is generated from these (tests keep them in step).
-FORMATS: dict[str, tuple[str, str]] = {
-    "snapshot": ("snapshot.json", "kpair.snapshot.model:Manifest"),
-    "capture": ("capture.json", "kpair.capture.summary:CaptureSummary"),
-    "profile": ("profile.json", "kpair.capture.profile:Profile"),
-    "harness": ("harness.json", "kpair.harness:HarnessSpec"),
-    "policy": ("validation_policy.json", "kpair.policy.schema:PolicyDocument"),
-    "result": ("result.json", "kpair.result:Result"),
-    "index": ("index.json", "kpair.release.index:Index"),
-    "director_validation": ("director_validation.json",
-                            "kpair.optimize.director:DirectorValidation"),
-    "baseline": ("baseline.json", "kpair.release.index:BaselineRecord"),
-    "plan": ("opt.plan.json", "kpair.plan:Plan"),
-    # JSON lines: the schema is that of one line.
-    "attempt": ("attempts.jsonl", "kpair.session:Attempt"),
-}
-
-
-def load_format(name: str) -> type:
-    module, _, attr = FORMATS[name][1].partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def find_format(name: str) -> type | None:
-    """The record of format ``name``, or None while its module or class is not written yet
-    (the registry may name a format before the code that reads it lands)."""
-    module, _, attr = FORMATS[name][1].partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr, None)
-    except ModuleNotFoundError as e:
-        if e.name and module.startswith(e.name):
-            return None
-        raise  # the module exists and one of its own imports is missing: a real error
-
-
-SCHEMA_DIR = Path("docs") / "schemas"
-
-
-def schema_text(name: str) -> str:
-    """The published JSON Schema of format ``name``, as ``docs/schemas/`` holds it."""
-    filename, record = FORMATS[name]
-    kind = load_format(name)
-    body = json_schema(kind)
-    top = body.get("$defs", {}).get(kind.__name__, {})
-    required = top.get("required", [])
-    if "schema_version" in top.get("properties", {}) and "schema_version" not in required:
-        # Writers get the version as a default; readers (check_version) insist on it.
-        top["required"] = [*required, "schema_version"]
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-              "title": f"one line of {filename}" if filename.endswith(".jsonl") else filename,
-              "description": f"Generated from {record} by `python -m kpair.formats`; "
-                             "docs/format.md explains the fields.",
-              **body}
-    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
-
-
-def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
-    """Write ``<name>.schema.json`` into ``directory`` for every format whose code exists."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in FORMATS:
-        if find_format(name) is not None:
-            path = directory / f"{name}.schema.json"
-            path.write_text(schema_text(name))
-            written.append(path)
-    return written
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m kpair.formats",
-                                     description="Write the JSON Schema of every kpair format.")
-    parser.add_argument("directory", nargs="?", type=Path, default=SCHEMA_DIR,
-                        help=f"where to write <name>.schema.json (default {SCHEMA_DIR})")
-    args = parser.parse_args(argv)
-    for path in write_schemas(args.directory):
-        print(path)
-    missing = [name for name in FORMATS if find_format(name) is None]
-    if missing:
-        print(f"not written (their records do not exist yet): {', '.join(missing)}")
-    return 0
-
-
 if __name__ == "__main__":
-    # Run as a script this file is a second module, with its own Address and HexBytes
-    # classes that the records do not use: hand over to the imported module.
-    from kpair.formats import main as _main
+    # ``python -m kpair.formats`` writes the schemas: the registry of every format lives
+    # above the modules it names, in ``kpair.schemas`` (run it from there).
+    import runpy
 
-    raise SystemExit(_main())
+    runpy.run_module("kpair.schemas", run_name="__main__", alter_sys=True)
