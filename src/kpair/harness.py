@@ -48,7 +48,7 @@ OUTPUTS = ("result.json", "samples.npz", "worker.log")
 #: Where a plan harness keeps the plan and its code objects.
 PLAN_DIR = "plan"
 
-class Side(Record, omit_defaults=True):
+class SideSpec(Record, omit_defaults=True):
     """One of the two kernels of a pair: its binary file, kernel name, launch override."""
 
     binary: str
@@ -66,8 +66,8 @@ class HarnessSpec(Record, omit_defaults=True):
     arch: str
     snapshot: str
     policy: str
-    ref: Side
-    opt: Side
+    ref: SideSpec
+    opt: SideSpec
     measure: dict[str, Any] = {}
     created_by: str = ""
     #: A launch plan (``opt.plan.json``, its code objects beside it) that replaces ``opt``'s
@@ -79,8 +79,8 @@ class HarnessSpec(Record, omit_defaults=True):
 class Harness:
     root: Path
     backend: str
-    ref: Side
-    opt: Side
+    ref: SideSpec
+    opt: SideSpec
     snapshot: Snapshot
     policy: Policy
     spec: HarnessSpec
@@ -174,10 +174,10 @@ class Harness:
         return derive([(r.name, r.size, r.dtype) for r in m.regions], read_only,
                       pointers), "derived"
 
-    def binary(self, side: Side) -> bytes:
+    def binary(self, side: SideSpec) -> bytes:
         return (self.root / side.binary).read_bytes()
 
-    def launch(self, side: Side) -> Launch:
+    def launch(self, side: SideSpec) -> Launch:
         return self.snapshot.manifest.launch.override(side.launch_override)
 
     def inputs_digest(self) -> str:
@@ -477,7 +477,7 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
     try:
         shutil.copytree(src.root, out / "capture")
         save_policy(policy, out / "capture" / "validation_policy.json")
-        ref_side = Side("ref" + EXTENSIONS[ref_fmt], ref_name, ref_fmt)
+        ref_side = SideSpec("ref" + EXTENSIONS[ref_fmt], ref_name, ref_fmt)
         write_bytes_atomic(out / ref_side.binary, ref_image, replace=False)
         if plan_obj is not None:   # the plan and its code objects, as laid out beside it
             rel = f"{PLAN_DIR}/{plan_path.name}"
@@ -489,10 +489,10 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
                     make_dirs(dest.parent)
                     write_bytes_atomic(dest, (plan_path.parent / launch.code).read_bytes(),
                                        replace=False)
-            opt_side = Side(f"{PLAN_DIR}/{plan_obj.launches[0].code}", opt_name, opt_fmt)
+            opt_side = SideSpec(f"{PLAN_DIR}/{plan_obj.launches[0].code}", opt_name, opt_fmt)
         else:
             rel = ""
-            opt_side = Side("opt" + EXTENSIONS[opt_fmt], opt_name, opt_fmt, opt_launch or {})
+            opt_side = SideSpec("opt" + EXTENSIONS[opt_fmt], opt_name, opt_fmt, opt_launch or {})
             write_bytes_atomic(out / opt_side.binary, opt_image, replace=False)
         write(out / "harness.json", HarnessSpec(
             schema=SCHEMA, schema_version=SCHEMA_VERSION, backend=m.backend, arch=m.arch,

@@ -30,11 +30,11 @@ from .optimize import Optimize
 from .policy import PolicyCmd
 from .profile import ProfileCmd
 from .release import Demo, ReleaseCmd, Report, Verify
-from .replay import Replay
-from .run import Run
+from .replay import ReplayCmd
+from .run import RunCmd
 
 #: Every subcommand, in the order of the pipeline; a new command adds itself here.
-COMMANDS: list[type[Command]] = [ProfileCmd, Capture, Replay, Pair, Run, Evaluate, Inspect,
+COMMANDS: list[type[Command]] = [ProfileCmd, Capture, ReplayCmd, Pair, RunCmd, Evaluate, Inspect,
                                  PolicyCmd, ReleaseCmd, Verify, Report, Demo, Optimize, Asm,
                                  McpCmd]
 

@@ -13,7 +13,7 @@ from .base import MAX_RUNS, SECONDS, Command, integer
 EXIT = {"byte-exact": 0, "nondeterministic": 1, "mismatch": 1, "error": 5}
 
 
-class Replay(Command):
+class ReplayCmd(Command):
     """Replay a snapshot's own code object N times in an isolated worker and say whether it
     reproduces the captured post-state: byte-exact, nondeterministic (runs differ from each
     other), mismatch (runs agree, not with the capture) or error."""

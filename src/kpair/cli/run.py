@@ -105,7 +105,7 @@ def report(result, as_json: bool, where: Path) -> int:
     return result.exit_code
 
 
-class Run(Command):
+class RunCmd(Command):
     """Run a pair harness in an isolated worker and write its result.json."""
 
     name = "run"
@@ -215,5 +215,5 @@ def pool_devices(args: argparse.Namespace, backend: str) -> tuple[int, ...] | No
     return resolve_devices(backend, args.gpus, args.workers)
 
 
-__all__ = ["Run", "add_pool_arguments", "add_run_arguments", "harness_backend", "harness_main",
+__all__ = ["RunCmd", "add_pool_arguments", "add_run_arguments", "harness_backend", "harness_main",
            "options_from_args", "pool_devices", "report"]
