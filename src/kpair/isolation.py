@@ -79,11 +79,11 @@ from .protocol import (
     Judge,
     Reader,
     Ready,
-    Report,
     ReproductionMessage,
     Stage,
     Tick,
     VerdictMessage,
+    WorkerMessage,
     decode_request,
     encode_request,
     options_arg,
@@ -457,13 +457,13 @@ class _Pump:
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed by close()
         self.logged = self.dropped = 0
         self.stage: str | None = None
-        self.messages: list[Report | InvalidLine] = []
+        self.messages: list[WorkerMessage | InvalidLine] = []
         self.open_fds = {channel, output}
         self.news = time.monotonic()          # when the last signed message came
         self.ref_s: float | None = None      # the wall time of ref's stage, once it ended
         self._ref_started: float | None = None
 
-    def run(self, deadline: Deadline, *, want: type | None) -> Report | InvalidLine | None:
+    def run(self, deadline: Deadline, *, want: type | None) -> WorkerMessage | InvalidLine | None:
         """Read until a message of type ``want`` (or an ``InvalidLine`` one) arrives (returned),
         both pipes end, or the deadline passes (None). Stages and ticks go on to the
         progress display; a callable ``deadline`` is asked again after every read."""
@@ -491,7 +491,7 @@ class _Pump:
         finally:
             sel.close()
 
-    def _heard(self, m: Report | InvalidLine) -> None:
+    def _heard(self, m: WorkerMessage | InvalidLine) -> None:
         now = self.news = time.monotonic()
         if self._ref_started is not None and self.ref_s is None and \
                 not (isinstance(m, Stage) and m.name == REF_STAGE):

@@ -126,7 +126,7 @@ class ReproductionMessage(Message, tag="reproduction"):
 
 
 #: Everything a worker may send.
-Report = Stage | Tick | Ready | VerdictMessage | ReproductionMessage
+WorkerMessage = Stage | Tick | Ready | VerdictMessage | ReproductionMessage
 
 
 class InvalidLine(msgspec.Struct, frozen=True):
@@ -143,7 +143,7 @@ def read_result(obj: dict[str, Any]) -> Result:
 # ------------------------------------------------------------------ framing
 
 _encoder = msgspec.json.Encoder()
-_reports = msgspec.json.Decoder(Report)
+_reports = msgspec.json.Decoder(WorkerMessage)
 _requests = msgspec.json.Decoder(Judge)
 
 
@@ -165,7 +165,7 @@ def decode_request(line: bytes) -> Judge:
     return _requests.decode(line)
 
 
-def sign(key: bytes, message: Report) -> bytes:
+def sign(key: bytes, message: WorkerMessage) -> bytes:
     """One signed report line: ``<hmac-sha256 hex> <json>\\n``."""
     body = _encoder.encode(message)
     return hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b" " + body + b"\n"
@@ -178,7 +178,7 @@ class Channel:
         self.key = key
         self.file = os.fdopen(fd, "wb", buffering=0)
 
-    def send(self, message: Report) -> None:
+    def send(self, message: WorkerMessage) -> None:
         self.file.write(sign(self.key, message))
 
 
@@ -186,7 +186,7 @@ class Reader:
     """The parent's end of the report channel: bytes in, verified messages out.
 
     A line whose signature does not verify is dropped and counted (``forged``), as is a
-    line longer than ``limit``; a signed line that does not decode as a ``Report`` comes out
+    line longer than ``limit``; a signed line that does not decode as a ``WorkerMessage`` comes out
     as ``InvalidLine``."""
 
     def __init__(self, key: bytes, *, limit: int = MAX_LINE):
@@ -194,14 +194,14 @@ class Reader:
         self.forged = 0
         self._buf = b""
 
-    def feed(self, chunk: bytes) -> list[Report | InvalidLine]:
+    def feed(self, chunk: bytes) -> list[WorkerMessage | InvalidLine]:
         self._buf += chunk
         if len(self._buf) > self.limit:
             self._buf = b""
             self.forged += 1
             return []
         *lines, self._buf = self._buf.split(b"\n")
-        out: list[Report | InvalidLine] = []
+        out: list[WorkerMessage | InvalidLine] = []
         for line in lines:
             mac, _, body = line.partition(b" ")
             want = hmac.new(self.key, body, hashlib.sha256).hexdigest().encode()
@@ -216,5 +216,5 @@ class Reader:
 
 
 __all__ = ["KEY_BYTES", "MAX_LINE", "Channel", "InvalidLine", "Judge", "Message", "Ready",
-           "Reader", "Report", "ReproductionMessage", "Stage", "Tick", "VerdictMessage",
+           "Reader", "WorkerMessage", "ReproductionMessage", "Stage", "Tick", "VerdictMessage",
            "decode_request", "encode_request", "options_arg", "read_options", "read_result", "sign"]
