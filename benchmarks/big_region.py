@@ -6,7 +6,9 @@
 Makes a region of ``--size`` bytes in host memory, then, each phase measured on its own:
 ``write`` (``SnapshotWriter.put`` + manifest), ``load`` (``Snapshot.pre``: the bytes
 returned), ``load_into`` (``Snapshot.read_into`` a buffer allocated beforehand, where the
-store has it) and ``verify`` (every blob checked). For each: seconds, MB/s of raw bytes, the
+store has it), ``load_staged`` (``Snapshot.stream_blob`` through two 8 MiB staging buffers,
+each piece copied into that buffer as a device copy would, where the store has it) and
+``verify`` (every blob checked). For each: seconds, MB/s of raw bytes, the
 peak resident set (Linux ``VmHWM``, reset before each phase through ``/proc/self/clear_refs``)
 and, sampled every few milliseconds, the peak of its anonymous part (``RssAnon``: memory the
 process allocated) and of its file-backed part (``RssFile``: a memory-mapped blob file, page
@@ -167,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
             buffer[::4096] = bytes(len(buffer[::4096]))  # touched: resident before the phase
             phase("load_into", args.size, args.size,
                   lambda: snap.read_into(snap.manifest.regions[0].pre, buffer), report)
+            if hasattr(snap, "stream_blob"):  # through two 8 MiB staging buffers
+                staging = [bytearray(8 << 20), bytearray(8 << 20)]
+
+                def to_device(at, piece):  # stands for an asynchronous copy to a device
+                    buffer[at:at + len(piece)] = piece
+
+                phase("load_staged", args.size, args.size,
+                      lambda: snap.stream_blob(snap.manifest.regions[0].pre, to_device,
+                                               buffers=staging), report)
             del buffer
         phase("verify", 2 * args.size, args.size, snap.verify, report)
     emit(report, args.out)
