@@ -314,3 +314,18 @@ def test_stream_blob_goes_through_two_staging_buffers_and_waits_for_each(tmp_pat
     with pytest.raises(SnapshotFormatError) as e:
         snap.stream_blob(ref, lambda at, piece: None, "regions[0].pre", chunk=1 << 20)
     assert "regions[0].pre" in str(e.value) and ref.sha256 in str(e.value)
+
+
+def test_kpair_inspect_refuses_a_truncated_raw_blob_in_one_line(tmp_path, capsys):
+    from kpair.cli import main
+
+    data = _random(3 << 20)
+    snap = _snapshot(tmp_path / "s", data, data[::-1])
+    ref = snap.manifest.regions[0].post
+    assert ref.compression == "none"
+    blob = tmp_path / "s" / ref.path
+    blob.write_bytes(blob.read_bytes()[:1000])
+    assert main(["inspect", str(tmp_path / "s")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert "regions[0].post" in err and ref.sha256 in err and "holds 1000 bytes" in err, err
