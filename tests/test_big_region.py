@@ -329,3 +329,16 @@ def test_kpair_inspect_refuses_a_truncated_raw_blob_in_one_line(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err, err
     assert "regions[0].post" in err and ref.sha256 in err and "holds 1000 bytes" in err, err
+
+
+def test_kpair_inspect_json_reports_region_and_stored_bytes(tmp_path, capsys):
+    from kpair.cli import main
+
+    size = 2 << 20
+    snap = _snapshot(tmp_path / "s", bytes(size), _random(size))
+    assert main(["inspect", str(tmp_path / "s"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["region_bytes"] == snap.region_bytes() == size
+    assert info["stored_bytes"] == snap.stored_bytes() > size  # the random post is raw
+    assert main(["inspect", str(tmp_path / "s")]) == 0
+    assert "on disk: compressed or raw" in capsys.readouterr().out

@@ -18,7 +18,8 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
     m = snap.manifest
     verified = snap.verify() if verify else None
     info = {"kind": "snapshot", "path": str(snap.root), **m.to_json(),
-            "stored_bytes": snap.stored_bytes(), "verified_bytes": verified}
+            "region_bytes": snap.region_bytes(), "stored_bytes": snap.stored_bytes(),
+            "verified_bytes": verified}
     if not m.complete:
         info["omitted_regions"] = [o.to_json() for o in left_out(m)]
     lines = [
@@ -31,8 +32,9 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
            + ", ".join(a.name for a in m.launch.attributes) if m.launch.attributes else ""),
         f"  kernarg  {m.kernarg.blob.size} B, {len(m.kernarg.params)} params: "
         + ", ".join(f"{p.name or '?'}@{p.offset}:{p.kind}" for p in m.kernarg.params),
-        f"  regions  {len(m.regions)}, {human_bytes(sum(r.size for r in m.regions))} "
-        f"(stored {human_bytes(info['stored_bytes'])} compressed, deduplicated)",
+        f"  regions  {len(m.regions)}, {human_bytes(info['region_bytes'])} "
+        f"(stored {human_bytes(info['stored_bytes'])} on disk: compressed or raw, "
+        "deduplicated)",
     ]
     for r in m.regions:
         changed = "written" if r.pre.sha256 != r.post.sha256 else "unchanged"
