@@ -182,12 +182,16 @@ def test_read_into_refuses_a_raw_blob_grown_past_its_size(tmp_path):
         snap.read_into(ref, bytearray(ref.size), "regions[0].pre")
 
 
-def test_a_blob_already_present_stops_the_write_early(tmp_path, monkeypatch):
+@pytest.mark.parametrize("content", ["random", "small-ints"])
+def test_a_blob_already_present_stops_the_write_early(tmp_path, monkeypatch, content):
     """A large blob's sha256 is computed beside the write; once it shows the blob stored,
-    the write stops and leaves no temporary file."""
+    the write stops (a zstd frame left short on purpose) and leaves no temporary file."""
     data = _random(16 << 20)
+    if content == "small-ints":
+        data = data.translate(bytes(i & 15 for i in range(256)))
     w = SnapshotWriter(tmp_path / "s", chunk=CHUNK)
     ref = w.put(data)
+    stored = w.bytes_stored
     pieces = []
     real = store._write
 
@@ -204,9 +208,15 @@ def test_a_blob_already_present_stops_the_write_early(tmp_path, monkeypatch):
 
     monkeypatch.setattr(store, "_write", counting)
     again = w.put(data)
-    assert again == ref and w.bytes_stored == ref.size
+    assert again == ref and w.bytes_stored == stored
     assert len(pieces) == 2  # one piece written, then the digest showed the blob present
+    assert ref.compression == ("none" if content == "random" else "zstd")
     assert [p.name for p in (tmp_path / "s" / "blobs").iterdir()] == [Path(ref.path).name]
+    monkeypatch.undo()
+    assert w.finish(Manifest(
+        backend="host", arch="x86_64", code=CodeObject(w.put(b"\x7fELF"), "elf-so", "k"),
+        launch=Launch(), kernarg=Kernarg(w.put(bytes(8)), (Param(0, 8, "pointer", "x"),)),
+        regions=(Region("x", 0x10000, len(data), ref, again),))).pre(0) == data
 
 
 # --- memory: read_into never holds the blob twice --------------------------------------------
