@@ -412,7 +412,7 @@ def test_verify_isolates_crashes_and_hangs_and_goes_on(harnesses, tmp_path, caps
     (root / "level2" / "3_good" / "provenance" / "director_validation.json").write_text(
         '{"speedup": 2.5}')
     code = kpair(["verify", str(root), "--time-cap", "0.3", "--min-blocks", "8",
-                  "--timeout", "4"])
+                  "--timeout", "12"])
     assert code == 5
     err = capsys.readouterr().err
     assert "[3/3] level2/3_good: PASS" in err
