@@ -184,7 +184,8 @@ def test_a_v2_index_reads_as_v3_without_region_and_stored_bytes(tmp_path):
 
 
 def test_index_is_the_registered_format_with_a_json_schema():
-    from kpair.formats import FORMATS, json_schema, load_format
+    from kpair.formats import json_schema
+    from kpair.schemas import FORMATS, load_format
 
     assert FORMATS["index"][0] == release.INDEX and load_format("index") is release.Index
     schema = json_schema(release.Index)
