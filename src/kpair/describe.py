@@ -36,8 +36,13 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
         f"(stored {human_bytes(info['stored_bytes'])} on disk: compressed or raw, "
         "deduplicated)",
     ]
+    if m.is_range:   # the first operation is shown above; the range's whole sequence here
+        lines.insert(2, f"  range    {len(m.operations)} operations: " + " ; ".join(
+            op.code.kernel_name for op in m.operations) + "".join(
+            f"; scratch {s.name} {human_bytes(s.size)}" for s in m.scratch_regions))
     for r in m.regions:
         changed = "written" if r.pre.sha256 != r.post.sha256 else "unchanged"
+        changed += f" ({r.role})" if r.role else ""
         lines.append(f"    {r.name:<16} {hex(r.address)}  {human_bytes(r.size):>10}  "
                      f"{r.dtype or '':<8} {changed}")
     missing = describe_left_out(m)

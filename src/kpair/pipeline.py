@@ -280,6 +280,10 @@ def _load_opt(run: Run) -> None:
         launch = h.snapshot.manifest.launch.override(c.launch_override or {})
     except KpairError as e:
         raise UsageError(f"launch override of {c.label or 'the candidate'}: {e}") from None
+    if c.plan is None and h.snapshot.manifest.is_range:
+        raise UsageError(f"{c.label or 'the candidate'}: a range of "
+                         f"{len(h.snapshot.manifest.operations)} operations is judged against "
+                         "a launch plan, not one same-layout kernel")
     if c.plan is None:
         run.replay.check_declared(c.image, c.kernel, c.format, "opt")  # a candidate's DWARF
     run.opt = (_opt_kernel(run), launch)
