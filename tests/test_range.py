@@ -16,7 +16,7 @@ import pytest
 
 from conftest import CSRC, run_json
 from kpair.backends import open_device
-from kpair.errors import UsageError
+from kpair.errors import AbiMismatch, SymbolNotFound, UsageError
 from kpair.harness import create_harness
 from kpair.pipeline import RunOptions
 from kpair.record import Recorder, record_call, record_range
@@ -331,3 +331,48 @@ def test_same_layout_candidate_on_a_range_is_refused(lab, tmp_path):
             evaluate(run, Candidate(lab["lib"].read_bytes(), "kp_matmul", "elf-so"))
     finally:
         close(run)
+
+
+def test_cuda_plan_is_checked_against_the_cubin_layout(tmp_path):
+    """A plan of a cubin (tests/data/kp_add_sm90.cubin) is checked on the CPU against the
+    cubin's own .nv.info layout: sizes only (kinds unknown), the symbol must be there."""
+    import shutil
+
+    from kpair.harness import load_plan
+    from kpair.plan import PlanError
+    from kpair.snapshot import BlobRef, CodeObject, Kernarg, Launch, Param, Region
+
+    def blob(n):
+        return BlobRef("blobs/x.zst", n, "0" * 64)
+
+    regions = tuple(Region(name, 0x1000 + 0x2000 * i, 4096, blob(4096), blob(4096),
+                           role="out" if name == "c" else "in")
+                    for i, name in enumerate("abc"))
+    m = Manifest(backend="cuda", arch="sm_90", code=CodeObject(blob(10), "cubin", "kp_add"),
+                 launch=Launch(), kernarg=Kernarg(blob(28), (
+                     Param(0, 8, "pointer"), Param(8, 8, "pointer"), Param(16, 8, "pointer"),
+                     Param(24, 4, "i32"))), regions=regions)
+    shutil.copy(Path(__file__).parent / "data" / "kp_add_sm90.cubin", tmp_path / "k.cubin")
+    args = [{"bind": "region", "name": "a"}, {"bind": "region", "name": "b"},
+            {"bind": "region", "name": "c", "access": "write"},
+            {"bind": "scalar", "kind": "i32", "value": 1024}]
+
+    def check(kernel="kp_add", bound=args):
+        plan = {"schema": "kpair.plan", "schema_version": 1, "launches": [
+            {"code": "k.cubin", "kernel": kernel, "grid": [4, 1, 1], "block": [256, 1, 1],
+             "args": bound}]}
+        (tmp_path / "opt.plan.json").write_text(json.dumps(plan))
+        return load_plan(tmp_path / "opt.plan.json", m)
+
+    _, _, layouts = check()
+    assert [(p.offset, p.size) for p in layouts[0]] == [(0, 8), (8, 8), (16, 8), (24, 4)]
+    with pytest.raises(AbiMismatch, match="takes 4 parameters"):
+        check(bound=args[:3])
+    with pytest.raises(AbiMismatch, match="is 4 bytes, the plan passes a i64"):
+        check(bound=[*args[:3], {"bind": "scalar", "kind": "i64", "value": 1}])
+    with pytest.raises(AbiMismatch, match="is 4 bytes, the plan passes the address"):
+        check(bound=[*args[:3], {"bind": "region", "name": "a"}])
+    with pytest.raises(PlanError, match="region 'a' is live-in"):
+        check(bound=[{"bind": "region", "name": "a", "access": "write"}, *args[1:]])
+    with pytest.raises(SymbolNotFound, match="'kp_addd' is not in the cubin"):
+        check(kernel="kp_addd")

@@ -231,18 +231,36 @@ def plan_target(manifest):
 
 def plan_layout(image: bytes, fmt: str, kernel: str):
     """The parameter layout a plan launch is checked against and packed by: a host shared
-    object's DWARF (``kpair.program.host_layout``). Other formats: None (not read here)."""
-    from .program import host_layout
+    object's DWARF (``kpair.program.host_layout``: kinds from the C types); a cubin's
+    ``.nv.info`` KPARAM records or an hsaco's metadata (offsets and sizes: kind ``bytes``,
+    checked by size). None where the code object records none (PTX, fatbin, stripped)."""
+    from .snapshot import Param
 
-    return host_layout(image, kernel) if fmt == "elf-so" else None
+    if fmt == "elf-so":
+        from .program import host_layout
+
+        return host_layout(image, kernel)
+    pairs = None
+    if fmt == "cubin":
+        from .codecheck import _elf, _kparams
+
+        info = _elf(image, "plan").get_section_by_name(f".nv.info.{kernel}")
+        pairs = _kparams(info.data()) if info is not None else None
+    elif fmt == "hsaco":
+        from .amd.codeobject import read_code_object
+
+        pairs = read_code_object(image).kernel(kernel).param_layout()
+    if pairs is None:
+        return None
+    return [Param(offset, size, "bytes") for offset, size in pairs]
 
 
 def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
     """Read the plan at ``path`` and its code objects (beside it), and check it against the
     range of ``manifest`` (``check_plan``): (plan, ((bytes, format), ...), (layout, ...)).
     A launch whose code object records no layout cannot be packed: refused (PlanError)."""
-    from .codecheck import FORMATS, _check_host
-    from .errors import ArchitectureMismatch
+    from .codecheck import FORMATS, _check_host, _defined_functions, _elf, _near
+    from .errors import ArchitectureMismatch, SymbolNotFound
     from .plan import Plan, PlanError, check_plan
 
     plan = Plan.read(path)
@@ -264,6 +282,11 @@ def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
                                        f"objects, not {fmt}")
         if fmt == "elf-so":   # architecture and exported symbol (its layout: below)
             _check_host(image, launch.kernel, manifest.arch, f"{what} launch {i}")
+        elif fmt == "cubin":   # the symbol (its layout: below)
+            names = _defined_functions(_elf(image, what), ".symtab")
+            if names is not None and launch.kernel not in names:
+                raise SymbolNotFound(f"{what} launch {i} kernel {launch.kernel!r} is not in "
+                                     f"the cubin" + _near(launch.kernel, names))
         layout = plan_layout(image, fmt, launch.kernel)
         if layout is None:
             raise PlanError(f"launch {i} ({launch.kernel}): {launch.code} records no "
