@@ -376,3 +376,18 @@ def test_cuda_plan_is_checked_against_the_cubin_layout(tmp_path):
         check(bound=[{"bind": "region", "name": "a", "access": "write"}, *args[1:]])
     with pytest.raises(SymbolNotFound, match="'kp_addd' is not in the cubin"):
         check(kernel="kp_addd")
+
+
+def test_range_of_two_code_objects(lab, matmul_libs, tmp_path):
+    """Operations from different shared objects: each stored and loaded from its own blob."""
+    a, b, bias, out = _inputs(32)
+    snap = record_range([(matmul_libs["fast"], "kp_matmul", [a, b, out, np.int32(32)]),
+                         (lab["lib"], "kp_bias", [out, bias, np.int32(32)])], tmp_path / "s",
+                        names={"a": a, "b": b, "bias": bias, "out": out})
+    ops = snap.manifest.operations
+    assert ops[0].code.blob.sha256 != ops[1].code.blob.sha256
+    assert {r.name: r.role for r in snap.manifest.regions}["out"] == "inout"
+    np.testing.assert_allclose(out, a @ b + bias, rtol=1e-4, atol=1e-4)
+    assert snap.verify() > 0
+    with open_device("host") as dev:
+        assert reproduce(dev, snap, 2).status == "byte-exact"
