@@ -391,3 +391,15 @@ def test_range_of_two_code_objects(lab, matmul_libs, tmp_path):
     assert snap.verify() > 0
     with open_device("host") as dev:
         assert reproduce(dev, snap, 2).status == "byte-exact"
+
+
+def test_plan_scratch_too_small_is_caught_by_its_guard_band(lab, tmp_path):
+    """A scratch buffer declared smaller than the launch uses (no ``bytes`` said, so pairing
+    cannot tell): the writes past its end land in its guard band and fail the run."""
+    plan = _plan(scratch=[{"name": "row", "size": N * 4 - 64}])
+    h = create_harness(lab["snap"], tmp_path / "H", plan=_write_plan(lab, "small", plan))
+    r = run_json(h.root, RunOptions(time_cap_s=1.0, max_blocks=32, control=False,
+                                    timeout_s=300))
+    assert r["status"] == "fail"
+    assert r["correctness"]["failed_check"] == "guard_bands", r["correctness"]
+    assert "scratch:row" in r["correctness"]["summary"]
