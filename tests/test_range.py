@@ -403,3 +403,15 @@ def test_plan_scratch_too_small_is_caught_by_its_guard_band(lab, tmp_path):
     assert r["status"] == "fail"
     assert r["correctness"]["failed_check"] == "guard_bands", r["correctness"]
     assert "scratch:row" in r["correctness"]["summary"]
+
+
+def test_policy_suggest_replays_the_whole_range(lab, tmp_path):
+    from kpair.harness import ref_spread
+
+    h = create_harness(lab["snap"], tmp_path / "H", plan=_write_plan(lab, "sug", _plan()))
+    spread, _ = ref_spread(h.root, 2)
+    # ref's runs are the range's answer (matmul + bias + ReLU), not its first operation's.
+    out = next(i for i, r in enumerate(h.snapshot.manifest.regions) if r.name == "out")
+    assert spread.runs == 2
+    assert spread.regions["out"].first == h.snapshot.post(out)
+    assert not spread.unchanged["out"] and spread.unchanged["a"]

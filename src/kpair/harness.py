@@ -197,8 +197,11 @@ def ref_spread(root: str | os.PathLike, runs: int, device_options: dict | None =
     hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
     with open_device(h.backend, **(device_options or {})) as device:
         replay = Replay(device, h.snapshot)
-        ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
-        replay.check_abi(ref, "ref")
+        if h.snapshot.manifest.is_range:   # every captured operation, as one program
+            ref = replay.load_range("ref")
+        else:
+            ref = device.load(h.binary(h.ref), h.ref.kernel, fmt=h.ref.format)
+            replay.check_abi(ref, "ref")
         spread = Spread(hints, replay.pre)
         for i in range(runs):
             progress.stage(f"ref run {i + 1}/{runs}")
