@@ -415,3 +415,23 @@ def test_policy_suggest_replays_the_whole_range(lab, tmp_path):
     assert spread.runs == 2
     assert spread.regions["out"].first == h.snapshot.post(out)
     assert not spread.unchanged["out"] and spread.unchanged["a"]
+
+
+def test_plan_on_a_single_dispatch(lab, tmp_path):
+    """One recorded dispatch is the one-operation target: written regions are inout, the
+    others in; a one-launch plan of the same function passes."""
+    n = 64
+    a, b, _, c = _inputs(n)
+    record_call(lab["lib"], "kp_matmul", [a, b, c, np.int32(n)], tmp_path / "s",
+                names=["a", "b", "c", "n"])
+    plan = {"schema": "kpair.plan", "schema_version": 1, "launches": [{
+        "code": "ops.so", "kernel": "kp_matmul", "args": [
+            {"bind": "region", "name": "a"}, {"bind": "region", "name": "b"},
+            {"bind": "region", "name": "c", "access": "write"},
+            {"bind": "scalar", "kind": "i32", "value": n}]}]}
+    h = create_harness(tmp_path / "s", tmp_path / "H", plan=_write_plan(lab, "single", plan))
+    assert h.kind == {"plan_launches": 1}
+    r = run_json(h.root, RunOptions(time_cap_s=1.0, max_blocks=32, control=False,
+                                    timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
+    assert r["replay"]["plan_launches"] == 1 and "range_ops" not in r["replay"]
