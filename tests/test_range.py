@@ -435,3 +435,34 @@ def test_plan_on_a_single_dispatch(lab, tmp_path):
                                     timeout_s=300))
     assert r["status"] == "pass", r.get("correctness") or r.get("error")
     assert r["replay"]["plan_launches"] == 1 and "range_ops" not in r["replay"]
+
+
+def test_three_launch_plan_runs_in_order(lab, tmp_path):
+    """A plan of several launches runs them in order on the same placed regions; the
+    same three in another order (ReLU before bias) gives another answer and fails."""
+    def launches(order):
+        calls = {"mm": {"code": "ops.so", "kernel": "kp_matmul", "args": [
+                     {"bind": "region", "name": "a"}, {"bind": "region", "name": "b"},
+                     {"bind": "region", "name": "out", "access": "write"},
+                     {"bind": "scalar", "kind": "i32", "value": N}]},
+                 "bias": {"code": "ops.so", "kernel": "kp_bias", "args": [
+                     {"bind": "region", "name": "out", "access": "readwrite"},
+                     {"bind": "region", "name": "bias"},
+                     {"bind": "scalar", "kind": "i32", "value": N}]},
+                 "relu": {"code": "ops.so", "kernel": "kp_relu", "args": [
+                     {"bind": "region", "name": "out", "access": "readwrite"},
+                     {"bind": "scalar", "kind": "i32", "value": N}]}}
+        return {"schema": "kpair.plan", "schema_version": 1,
+                "launches": [calls[k] for k in order]}
+
+    opts = RunOptions(time_cap_s=1.0, max_blocks=32, control=False, timeout_s=300)
+    good = create_harness(lab["snap"], tmp_path / "G", plan=_write_plan(
+        lab, "three", launches(["mm", "bias", "relu"])))
+    r = run_json(good.root, opts)
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
+    assert r["replay"]["plan_launches"] == 3
+    bad = create_harness(lab["snap"], tmp_path / "B", plan=_write_plan(
+        lab, "swapped", launches(["mm", "relu", "bias"])))
+    r = run_json(bad.root, opts)
+    assert r["status"] == "fail"
+    assert any(g["region"] == "out" and not g["passed"] for g in r["correctness"]["regions"])
