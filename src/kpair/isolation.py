@@ -70,8 +70,9 @@ from ._util import (
     utc_now,
     write_bytes_atomic,
 )
+from .backends import open_device
 from .errors import KpairError, WorkerFailed
-from .pipeline import SAMPLES, Facts, RunOptions
+from .pipeline import SAMPLES, Candidate, Facts, RunOptions, close, evaluate, own_candidate, prepare
 from .protocol import (
     KEY_BYTES,
     Channel,
@@ -90,9 +91,10 @@ from .protocol import (
     read_options,
     read_result,
 )
+from .replay import Reproduction, reproduce
 from .replay import Reproduction as ReproductionReport
 from .result import Result, error_result
-from .snapshot import sha256
+from .snapshot import Snapshot, sha256
 
 LOG = "worker.log"
 LOG_CAP = 1 << 20          # bytes of worker output kept in the log
@@ -668,7 +670,6 @@ def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> in
     """Set the harness up (``Ready``), then judge each candidate (a ``VerdictMessage`` each): the
     ``Judge`` requests of a session (``requests``), or the harness's own opt (None). After an
     error the worker exits: the parent starts a fresh one for the next candidate."""
-    from .pipeline import Candidate, close, evaluate, own_candidate, prepare
 
     facts = Facts(harness=str(harness), started=utc_now())
     current: dict[str, str | None] = {"stage": None}
@@ -720,10 +721,6 @@ def _serve(harness: Path, options: RunOptions, channel: Channel, requests) -> in
 
 
 def _reproduce(root: Path, runs: int):
-    from .backends import open_device
-    from .replay import Reproduction, reproduce
-    from .snapshot import Snapshot
-
     try:
         progress.stage("verify")
         snapshot = Snapshot.open(root)

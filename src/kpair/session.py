@@ -28,7 +28,8 @@ from typing import Any
 from . import progress
 from ._util import append_text, make_dirs, private_tempdir, sweep_stale_tempdirs, utc_now
 from .errors import InputError
-from .formats import Record, to_builtins
+from .formats import Record, convert, parse, to_builtins
+from .harness import Harness
 from .isolation import LOG, JudgedResult, Worker, start
 from .options import RunOptions
 from .protocol import Judge
@@ -63,8 +64,6 @@ class Attempt(Record, omit_defaults=True, kw_only=True):
 
 
 def read_attempts(path: str | os.PathLike) -> list[Attempt]:
-    from .formats import convert, parse
-
     out = []
     for i, line in enumerate(Path(path).read_text().splitlines()):
         if line.strip():
@@ -78,8 +77,6 @@ class Session:
 
     def __init__(self, harness: str | os.PathLike, options: RunOptions | None = None, *,
                  out: str | os.PathLike | None = None, record: bool = True):
-        from .harness import Harness
-
         self.root = Path(harness).resolve()
         self.harness = Harness.open(self.root)  # verified here once; the worker does again
         self.options = options or RunOptions()

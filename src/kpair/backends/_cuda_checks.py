@@ -99,7 +99,7 @@ class DeviceChecks:
     def _load_checks(self) -> None:
         """Load the check kernels and prove them on known bytes; on any failure, say why and
         leave the read-back defaults in charge."""
-        from ._cuda_checks import ptx
+        from ._cuda_checks import ptx  # this module's own, also when run as __main__
 
         try:
             module = self.drv("cuModuleLoadData", ptx().encode() + b"\0")

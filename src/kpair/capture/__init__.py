@@ -30,6 +30,7 @@ from ..formats import convert
 from .filters import Filter
 from .session import DEFAULT_MAX_REGION_BYTES, SUMMARY, CaptureSession
 from .summary import ProfileUse
+from .triton_meta import triton_metadata
 
 _tracer = None
 #: Loaded on first use: ``python -m kpair.capture.profiler`` (the profiled child) must not
@@ -56,7 +57,7 @@ def install(*, cupti_path: str | None = None):
     """
     global _tracer
     if _tracer is None:
-        from .tracer import Tracer
+        from .tracer import Tracer  # lazy: importing kpair.capture sets up no tracer
 
         os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         torch = sys.modules.get("torch")
@@ -79,8 +80,7 @@ def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int
 
     ``names`` restricts capture to kernels of those exact names (mangled or demangled);
     ``profile`` is what capture.json records about the profile they came from."""
-    from .tracer import software_environment, torch_blocks
-    from .triton_meta import triton_metadata
+    from .tracer import software_environment, torch_blocks  # lazy, as install's Tracer
 
     if isinstance(profile, dict):
         profile = convert(profile, ProfileUse, field="profile")

@@ -30,7 +30,9 @@ from ..formats import write
 from . import cupti
 from .activity import KernelActivity
 from .child import child_command, child_environment, run_child, run_program
+from .cudadrv import CudaDriver
 from .profile import METHOD, PROFILE, KernelTimes, Profile, read_profile, top
+from .tracer import software_environment
 
 ENV = "KPAIR_PROFILE"
 RUNNER = "kpair.capture.profiler"
@@ -42,8 +44,6 @@ class KernelProfiler:
 
     def __init__(self, cupti_path: str | None = None, *, driver=None,
                  lib: cupti.Cupti | None = None):
-        from .cudadrv import CudaDriver
-
         self.driver = driver or CudaDriver()
         if lib is None:
             version = self.driver.driver_version()
@@ -86,8 +86,6 @@ class KernelProfiler:
                        dropped_records=self.activity.dropped, notes=notes, kernels=kernels)
 
     def environment(self) -> dict:
-        from .tracer import software_environment
-
         env: dict = {"backend": "cuda", "cupti": self.cupti_path,
                      "module_loading": os.environ.get("CUDA_MODULE_LOADING",
                                                       "LAZY (default)")}

@@ -14,19 +14,19 @@ import json
 import os
 import sys
 
+from ..errors import KpairError
 from .child import exit_status, run_program  # noqa: F401  (the runner's API, kept here too)
 
 ENV = "KPAIR_CAPTURE"
 
 
 def main() -> int:
-    from ..errors import KpairError
-
     settings = json.loads(os.environ.pop(ENV, "{}") or "{}")
     argv = sys.argv[1:]
     if sys.path and sys.path[0] in ("", os.getcwd()):
         sys.path.pop(0)  # `python -m` put the cwd first; the program's own rule follows
     try:
+        # inside the try: capture that cannot even import must not run the program
         from . import finish_session, start_session
 
         session = start_session(settings.get("out", "kpair-capture"),

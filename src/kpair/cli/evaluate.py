@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .._util import check_output_dir
 from ..errors import InputError, KpairError, UsageError
+from ..scale.evaluate import evaluate_on
 from .base import Command, check_device, parse_launch
 from .run import (
     add_pool_arguments,
@@ -73,7 +74,7 @@ class Evaluate(Command):
         add_pool_arguments(p)
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..session import Session
+        from ..session import Session  # looked up per call: tests replace Session
 
         if not args.jsonl and not args.candidates:
             raise UsageError("give candidate files, or --jsonl to read them from stdin")
@@ -118,7 +119,6 @@ class Evaluate(Command):
 
     def _pooled(self, args: argparse.Namespace, devices: tuple[int, ...]) -> int:
         """One session per device, candidates dealt out; verdicts in completion order."""
-        from ..scale.evaluate import evaluate_on
 
         bad: list[dict] = []
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import UsageError
 from ..mcp import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
+from ..mcp.workspace import Workspace, quick_options
 from .base import BLOCKS, REPLICATES, SECONDS, Command, integer
 from .run import add_run_arguments, options_from_args
 
@@ -42,9 +44,7 @@ class McpCmd(Command):
                        help="judge every submission with the full measurement")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..errors import UsageError
-        from ..mcp.server import _sdk, serve
-        from ..mcp.workspace import Workspace, quick_options
+        from ..mcp.server import _sdk, serve  # lazy: the MCP SDK (vendor)
 
         _sdk()  # the install hint before anything else
         if not args.workdir.is_dir():

@@ -7,6 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+from .. import progress
+from .._util import check_output, private_tempdir, write_bytes_atomic
+from ..capture.child import strip_separator
+from ..capture.profile import PROFILE, format_table
+from ..capture.profiler import run_profile
 from ..errors import UsageError
 from .base import Command, integer
 
@@ -36,12 +41,6 @@ class ProfileCmd(Command):
                        help="-- python prog.py ARGS... (the program to run)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from .. import progress
-        from .._util import check_output, private_tempdir, write_bytes_atomic
-        from ..capture.child import strip_separator
-        from ..capture.profile import PROFILE, format_table
-        from ..capture.profiler import run_profile
-
         if args.top < 1:
             raise UsageError(f"--top must be 1 or more, got {args.top}")
         # Refused before the program runs: a directory, a special file, an unwritable folder,

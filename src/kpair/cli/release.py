@@ -8,9 +8,23 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import progress
+from .._util import check_output, check_output_dir
 from ..errors import InputError, UsageError
-from ..release.store import release_backend
+from ..formats import encode
+from ..release import INDEX, add_operator, verify_release
+from ..release.index import latest
+from ..release.store import check_empty_release_dir, release_backend
+from ..report import HTML_NAME, MD_NAME, write_report
 from .base import LEVEL, SECONDS, Command, check_device
+from .run import (
+    add_pool_arguments,
+    add_run_arguments,
+    check_harness_dir,
+    harness_backend,
+    options_from_args,
+    pool_devices,
+)
 
 if TYPE_CHECKING:
     from ..release import Index, Row
@@ -25,8 +39,6 @@ class ProgressLine:
         self.started = time.monotonic()
 
     def __call__(self, done: int, total: int, key: str, row: Row | None) -> None:
-        from .. import progress
-
         if row is None:
             self.started = time.monotonic()
             return
@@ -104,7 +116,6 @@ def describe_reproduction(index: Index) -> list[str]:
     """Per operator, what the last verify found; then the release-level rate."""
     if not index.verifications:
         return []
-    from ..release.index import latest
 
     run = index.verifications[-1]
     if not any(latest(r, run.run) for r in index.operators):
@@ -121,7 +132,6 @@ def describe_reproduction(index: Index) -> list[str]:
 def _verify_exit(index: Index) -> int:
     """As before verification records: from the re-runs' verdicts (5 some could not be run,
     1 some fail correctness). Reproduction itself does not change the exit status."""
-    from ..release.index import latest
 
     run = index.verifications[-1].run if index.verifications else None
     statuses = set()
@@ -153,8 +163,6 @@ class Verify(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from .run import add_pool_arguments, add_run_arguments
-
         p.add_argument("root", type=Path, help="release directory")
         add_run_arguments(p)
         add_pool_arguments(p)
@@ -172,10 +180,6 @@ class Verify(Command):
                        "ship harness copies with the tasks")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..formats import encode
-        from ..release import INDEX, verify_release
-        from .run import options_from_args, pool_devices
-
         options = options_from_args(args)
         if not args.root.exists():  # a missing path is a bad input in every verb (exit 3)
             raise InputError("no such release directory", path=args.root)
@@ -187,7 +191,7 @@ class Verify(Command):
             if args.gpus is not None or args.workers is not None or args.each:
                 raise UsageError("--ray takes its devices from the cluster: no --gpus, "
                                  "--workers or --each")
-            from ..scale.ray import RayRunner
+            from ..scale.ray import RayRunner  # lazy: Ray (vendor)
 
             runner = RayRunner(args.ray or None, ship=not args.no_ship)
         devices = pool_devices(args, release_backend(args.root))
@@ -220,8 +224,6 @@ class ReleaseCmd(Command):
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
-        from .run import add_run_arguments
-
         sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
         add = sub.add_parser("add", help="verify a harness and add it to a release",
                              description=cls.__doc__)
@@ -239,13 +241,8 @@ class ReleaseCmd(Command):
         add_run_arguments(add)
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..formats import encode
-        from ..release import INDEX, add_operator
-        from .run import options_from_args
-
         if args.action != "add":  # argparse already refuses others; kept for new actions
             raise UsageError(f"unknown action {args.action!r}")
-        from .run import check_harness_dir, harness_backend
 
         options = options_from_args(args)  # usage errors before anything is touched
         check_harness_dir(args.harness)
@@ -287,9 +284,6 @@ class Report(Command):
     def run(self, args: argparse.Namespace) -> int:
         import json
 
-        from .._util import check_output, check_output_dir
-        from ..release import INDEX
-        from ..report import HTML_NAME, MD_NAME, write_report
 
         if not (args.root / INDEX).is_file():
             raise InputError(f"no {INDEX} here: not a release (make one with `kpair release "
@@ -336,8 +330,7 @@ class Demo(Command):
     def run(self, args: argparse.Namespace) -> int:
         import json
 
-        from ..demo import run_demo
-        from ..release.store import check_empty_release_dir
+        from ..demo import run_demo  # looked up per call: tests replace run_demo
 
         # Refused before anything is built; a folder holding only the lock an interrupted
         # demo left behind counts as empty.

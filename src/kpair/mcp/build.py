@@ -16,9 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..amd.asm import SOURCE, assemble, disassemble
 from ..errors import KpairError, UsageError
 from ..harness import EXTENSIONS
+from ..optimize.strategies import triton as tri
+from ..ptx import assemble_with, check_abi, cubin_params, cubin_text, entries, entry_params
 from ..snapshot import detect_format
+from ..toolchain import compile_cuda, compile_shared
 
 
 @dataclass
@@ -44,8 +48,6 @@ def _ref_layout(state) -> tuple[list[tuple[int, int]], list[str]]:
 
 
 def _check_cubin(state, image: bytes, kernel: str, what: str) -> None:
-    from ..ptx import check_abi, cubin_params
-
     layout, names = _ref_layout(state)
     check_abi(cubin_params(image, kernel), layout, ref_names=names, what=what)
 
@@ -73,7 +75,6 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
             if h.backend != "host":
                 raise UsageError(f"C source builds host kernels; this operator runs on "
                                  f"{h.backend}")
-            from ..toolchain import compile_shared
 
             (tmp / "cand.c").write_text(text)
             out = compile_shared(tmp / "cand.c", tmp / "cand.so")
@@ -81,7 +82,6 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
                          build="cc -shared -fPIC -O2 (kpair.toolchain)")
         if form == "cuda":
             _need(h, "cuda", form)
-            from ..toolchain import compile_cuda
 
             (tmp / "cand.cu").write_text(text)
             out = compile_cuda(tmp / "cand.cu", tmp / "cand.cubin", arch=arch)
@@ -91,7 +91,6 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
                          build=f"nvcc -cubin -arch={arch} -O3")
         if form == "ptx":
             _need(h, "cuda", form)
-            from ..ptx import assemble_with, check_abi, entries, entry_params
 
             names = entries(text)
             name = kernel if kernel in names else (names[0] if len(names) == 1 else kernel)
@@ -109,7 +108,6 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
             return _triton(state, text, config or {}, tmp)
         if form == "amdgpu-asm":
             _need(h, "hip", form)
-            from ..amd.asm import SOURCE, assemble, disassemble
 
             ref = tmp / "ref.co"
             ref.write_bytes(h.binary(h.ref))
@@ -126,7 +124,6 @@ def triton_facts(state) -> dict:
     function, constexprs (by name), num_warps / num_stages / maxnreg, the block-size
     constexprs whose change the launch can follow (``tunable_blocks``) and the grid formula;
     or ``{"error": why not}``."""
-    from ..optimize.strategies import triton as tri
 
     m = state.harness.snapshot.manifest
     info = tri.kernel_info(m.provenance or {})
@@ -152,7 +149,6 @@ def recompiled_ptx(state, work: Path) -> tuple[str | None, str]:
     capture did not keep the PTX): (PTX or None, how, or why not). The cubin of that
     compilation is compared with ref's code object, and the answer says whether it is the
     same."""
-    from ..optimize.strategies import triton as tri
 
     m = state.harness.snapshot.manifest
     info = tri.kernel_info(m.provenance or {})
@@ -173,7 +169,6 @@ def recompiled_ptx(state, work: Path) -> tuple[str | None, str]:
                      f"{str(e).strip()[:300]}"
     if not built.get("ptx"):
         return None, "Triton's compiled kernel has no PTX"
-    from ..ptx import cubin_text
 
     h = state.harness
     try:
@@ -190,7 +185,6 @@ def ptxas_defaults(state, options: list[str]) -> list[str]:
     """``options`` plus what ref's own build used and the PTX does not say: Triton runs
     ptxas with ``--fmad=false`` for a kernel compiled without FP fusion, and without it
     ptxas would contract ref's separate multiplies and adds (other rounding)."""
-    from ..optimize.strategies import triton as tri
 
     info = tri.kernel_info(state.harness.snapshot.manifest.provenance or {})
     if info is not None and info.metadata.get("enable_fp_fusion") is False \
@@ -223,7 +217,6 @@ def _triton(state, source: str, config: dict, tmp: Path) -> Built:
     captured config; the launch follows the config, the grid recomputed from its formula."""
     from dataclasses import replace
 
-    from ..optimize.strategies import triton as tri
 
     h = state.harness
     m = h.snapshot.manifest

@@ -35,9 +35,14 @@ from typing import Any
 from ..capture.profile import format_table
 from ..capture.profiler import run_profile
 from ..capture.workflow import capture_program
+from ..describe import describe_operator
 from ..errors import KpairError, UsageError
 from ..harness import EXTENSIONS, Harness, create_harness
+from ..optimize.program import level_of
 from ..options import RunOptions
+from ..release import INDEX, add_operator
+from ..release.store import LOCK
+from ..session import taken_numbers
 from ..snapshot import Snapshot
 from . import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
 from .build import build_candidate, recompiled_ptx, triton_facts
@@ -63,8 +68,6 @@ def _kpair_output(d: Path, dirnames: list[str], filenames: list[str]) -> bool:
     (its ``index.json`` or writer lock; its harnesses pair published winners) or one
     operator's work directory of ``kpair optimize`` (``captured.bin`` beside its A/A
     ``base/`` and the ``search/`` candidates)."""
-    from ..release import INDEX
-    from ..release.store import LOCK
 
     if LOCK in filenames:
         return True
@@ -190,7 +193,6 @@ class Workspace:
 
     def state(self, operator: str) -> OperatorState:
         """The operator's state, made on first use (its base harness)."""
-        from ..session import taken_numbers
 
         with self.lock:
             if operator in self._states:
@@ -217,7 +219,7 @@ class Workspace:
     def session(self, state: OperatorState, *, full: bool):
         """The operator's quick or full session (started on first use), ready to number its
         next attempt after every one ``evaluations/`` holds, whichever session made it."""
-        from ..session import Session
+        from ..session import Session  # looked up per call: tests replace Session
 
         mode = "full" if full or self.quick is None else "quick"
         session = state.sessions.get(mode)
@@ -234,7 +236,6 @@ class Workspace:
     def describe(self, operator: str, *, measure: bool = True, code: bool = True,
                  max_chars: int = MAX_TEXT) -> dict:
         """Everything an agent needs about one operator (see ``kpair.describe.operator``)."""
-        from ..describe import describe_operator
 
         with self.lock:
             state = self.state(operator)
@@ -341,8 +342,6 @@ class Workspace:
                 allow_slower: bool = False) -> dict:
         """``release add`` of a passing candidate: a harness of ref and that candidate, run
         again in full, published only if it passes and is faster."""
-        from ..optimize.program import level_of
-        from ..release import add_operator
 
         with self.lock:
             state = self.state(operator)

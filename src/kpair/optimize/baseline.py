@@ -31,6 +31,8 @@ from ..capture.workflow import capture_program
 from ..errors import KpairError
 from ..release.index import BASELINE_FILE as FILE
 from ..release.index import BaselineEntry, BaselineRecord
+from ..snapshot import Snapshot
+from .strategies.triton import config_of, info_key, kernel_info, resolve
 
 #: Inductor's tuning modes and the environment that turns each on.
 MODES: dict[str, dict[str, str]] = {
@@ -43,8 +45,6 @@ MODES: dict[str, dict[str, str]] = {
 def tuned_configs(capture: str | os.PathLike) -> dict[str, dict]:
     """``{source_key: {"config", "kernel", "snapshot"}}`` for every Triton dispatch of a
     ``kpair capture`` directory whose config is known; the first dispatch of a kernel wins."""
-    from ..snapshot import Snapshot
-    from .strategies.triton import config_of, info_key, kernel_info, resolve
 
     capture = Path(capture)
     try:

@@ -24,6 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ..errors import UsageError
+from ..snapshot import SCALAR_FORMATS
 
 _LINE = re.compile(r"//\s*kpair:\s*(.*)$")
 _FUNCS = {"ceil": math.ceil, "floor": math.floor, "min": min, "max": max,
@@ -129,7 +130,6 @@ def evaluate(expr: str, names: dict | None):
 
 def scalar_params(manifest, kernarg: bytes) -> dict[str, int | float]:
     """The captured kernarg's scalar parameters by name (pointers and raw bytes left out)."""
-    from ..snapshot import SCALAR_FORMATS
 
     out = {}
     for p in manifest.kernarg.params:

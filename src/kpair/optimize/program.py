@@ -38,14 +38,19 @@ from .. import progress
 from ..capture.workflow import capture_program as run_capture
 from ..errors import BackendUnavailable, KpairError, UsageError
 from ..formats import Record, read, to_builtins, write
+from ..harness import Harness, create_harness
 from ..options import RunOptions
-from ..session import ATTEMPTS, read_attempts
+from ..release import add_operator, load_index, refuse_operator
+from ..report import write_report
+from ..result import Result, error_result
+from ..session import ATTEMPTS, Attempt, read_attempts
+from ..snapshot import Snapshot, sha256
 from .baseline import FILE as BASELINE_FILE
 from .baseline import BaselineRecord
 from .director import FILE as DIRECTOR_FILE
 from .director import METHOD, DirectorValidation
 from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
-from .strategies import STRATEGIES
+from .strategies import STRATEGIES, HostC, TritonRetune
 from .strategy import Context, KernelSource
 
 Log = Callable[[str], None]
@@ -97,8 +102,6 @@ class OptimizeOptions:
                              f"{', '.join(STRATEGIES)})")
 
     def make(self, name: str):
-        from .strategies import HostC, TritonRetune
-
         if name == "host-c":
             return HostC(self.flag_sets, native=self.native)
         if name == "triton":
@@ -179,8 +182,6 @@ def level_of(kernel: str) -> int:
 
 
 def operator_from_snapshot(path: str | os.PathLike) -> Operator:
-    from ..snapshot import Snapshot
-
     path = Path(path)
     kernel = Snapshot.open(path).manifest.code.kernel_name
     return Operator(level_of(kernel), operator_name(path.name), snapshot=path)
@@ -198,8 +199,6 @@ def operators_from_capture(capture: Path) -> list[Operator]:
 
 def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
                           name: str | None = None) -> Operator:
-    from ..harness import Harness
-
     path = Path(path)
     h = Harness.open(path)
     return Operator(level or level_of(h.ref.kernel), name or operator_name(path.name),
@@ -243,8 +242,6 @@ def capture_top(command: Sequence[str], work: Path, *, top: int, kernel: str | N
 def _base_harness(op: Operator, work: Path, opts: OptimizeOptions):
     """The harness candidates are judged on: the given one, or an A/A pair of the
     snapshot's own code object (made once, reused on resume)."""
-    from ..harness import Harness, create_harness
-    from ..snapshot import Snapshot
 
     if op.harness is not None:
         return Harness.open(op.harness)
@@ -310,7 +307,6 @@ def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None
                      chosen: dict | None) -> None:
     """attempts.jsonl of every stage (numbered in one sequence; results copied beside) and,
     with a winner, director_validation.json."""
-    from ..session import Attempt
 
     if prov.exists():
         shutil.rmtree(prov)
@@ -341,7 +337,6 @@ def _director(outcome: SearchOutcome, opts: OptimizeOptions) -> dict:
     e, w = outcome.chosen_by, outcome.winner
     options = opts.rungs[int(e.stage[4:]) - 1] if e.stage.startswith("rung") else opts.prune
     s, c = e.result.speed, w.result.speed
-    from ..snapshot import sha256
 
     return {"speedup": s.speedup, "ci95": s.ci95, "slot_bias": s.slot_bias, "blocks": s.blocks,
             "stopped_by": s.stopped_by, "method": METHOD, "options": options.to_json(),
@@ -373,9 +368,6 @@ def _record(outcome: SearchOutcome, search_dir: Path) -> SearchRecord:
 def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOptions,
                       log: Log = _stderr) -> OperatorOutcome:
     """Search one operator and publish its winner, or record why there is none."""
-    from ..harness import create_harness
-    from ..release import add_operator, refuse_operator
-    from ..result import Result, error_result
 
     work.mkdir(parents=True, exist_ok=True)
     base = _base_harness(op, work, opts)
@@ -435,7 +427,6 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
              work: str | os.PathLike, opts: OptimizeOptions | None = None, *,
              log: Log = _stderr, report: bool = True) -> list[OperatorOutcome]:
     """Optimize every operator into ``release`` (resuming; see the module docstring)."""
-    from ..release import load_index
 
     release, work = Path(release), Path(work)
     opts = opts or OptimizeOptions()
@@ -472,8 +463,6 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
             f"over {b.operators} operators; at least as fast on {b.at_least}, not slower "
             f"beyond the intervals on {b.not_slower}")
     if report and load_index(release) is not None:
-        from ..report import write_report
-
         try:
             written = write_report(release)
         except BackendUnavailable:

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..options import RunOptions
+from ..release.index import BaselineEntry
 from ..result import Result
 from ..session import Session
+from ..snapshot import sha256
 from .strategy import Proposal
 
 #: The prune stage's measurement: short, checked, no identical-binary control.
@@ -117,8 +119,6 @@ def search(harness: str | os.PathLike, proposals: Iterable[tuple[str, Proposal]]
 
 def _baselines(harness, todo: Iterable[tuple[str, Proposal | None, dict]], out: Path,
                options: RunOptions, log: Callable[[str], None]) -> list:
-    from ..release.index import BaselineEntry
-
     entries, session = [], None
     with ExitStack() as stack:   # the session opens at the first config to measure
         for mode, p, fields in todo:
@@ -237,8 +237,6 @@ def _evaluate(session: Session, before: Evaluated, stage: str) -> Evaluated:
 
 
 def _digest(p: Proposal) -> str:
-    from ..snapshot import sha256
-
     return sha256(Path(p.binary).read_bytes())
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, FLOAT_DTYPES, dtype_size
 from ..errors import PolicyError
-from ..formats import Record
+from ..formats import Record, convert
 
 METHODS = ("permute", "resample", "sparse")
 #: Elements a sparse mutation changes (and a fresh timed input, in every window).
@@ -235,8 +235,6 @@ class Mutation:
 
     @classmethod
     def from_json(cls, obj: Any, *, field: str = "", path: object = None) -> Mutation:
-        from ..formats import convert
-
         doc = convert(obj, MutationDoc, path=path, error=PolicyError, field=field)
         return cls.from_doc(doc, field=field, path=path)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from ..backends import device_count
 from ..errors import UsageError
 
 ALL = "all"
@@ -46,7 +47,6 @@ def resolve_devices(backend: str, gpus: str | None = None, workers: int | None =
     if gpus is None:
         return (0,)
     chosen = parse_gpus(gpus)
-    from ..backends import device_count
 
     count = device_count(backend)
     if chosen == ALL:

@@ -27,8 +27,11 @@ from pathlib import Path
 from .. import progress
 from .._util import utc_now, write_text_atomic
 from ..errors import FormatError
+from ..harness import MANIFEST
+from ..isolation import run_isolated, with_device_index
 from ..options import RunOptions
 from ..result import Result, error_result
+from ..snapshot import sha256
 from .pool import DevicePool, Task
 
 #: Left in a release root while a batch runs; its presence at start means one was interrupted.
@@ -48,7 +51,6 @@ class HarnessJob:
 
 def run_job(job: HarnessJob, options: RunOptions, device: int) -> Result:
     """The job's Result on ``device``, written to ``job.out``; never raises."""
-    from ..isolation import run_isolated, with_device_index
 
     options = replace(options, device=device, device_options={
         k: v for k, v in (options.device_options or {}).items() if k != "device"} or None)
@@ -119,7 +121,6 @@ class Journal:
 
 def finished(job: HarnessJob, journal: Journal) -> Result | None:
     """The job's result if the resume rule (module docstring) lets it stand, else None."""
-    from ..harness import MANIFEST
 
     try:
         made = job.out.stat().st_mtime_ns
@@ -133,7 +134,6 @@ def finished(job: HarnessJob, journal: Journal) -> Result | None:
         result = Result.read(job.out)
     except (OSError, FormatError, IndexError):
         return None
-    from ..snapshot import sha256
 
     if result.status not in ("pass", "fail") or \
             result.inputs_digest != sha256(manifest.read_bytes()):

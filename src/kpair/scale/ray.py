@@ -25,9 +25,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from .._util import make_dirs, private_tempdir
 from ..errors import BackendUnavailable, HarnessError
+from ..harness import MANIFEST, OUTPUTS
+from ..isolation import JudgedResult, beside, run_isolated, with_device_index
 from ..options import RunOptions
 from ..result import Result, error_result
+from ..snapshot import sha256
 from .jobs import HarnessJob
 
 INSTALL_HINT = "pip install 'kpair[ray]'"
@@ -46,7 +50,6 @@ def load_ray():
 
 def pack(harness: Path) -> bytes:
     """The harness's input files as an uncompressed tar (blobs are already zstd)."""
-    from ..harness import OUTPUTS
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -71,10 +74,6 @@ def unpack(data: bytes, into: Path) -> Path:
 
 def run_task(harness: str, digest: str, shipped: list, options: dict) -> dict:
     """The body of one task, on whichever node Ray chose (see the module docstring)."""
-    from .._util import private_tempdir
-    from ..harness import MANIFEST
-    from ..isolation import beside, run_isolated
-    from ..snapshot import sha256
 
     ray = load_ray()
     gpus = [int(g) for g in ray.get_gpu_ids()]
@@ -126,9 +125,6 @@ class RayRunner:
             yield self._gather(ray, job, ready[0], options)
 
     def _submit(self, ray, task, job: HarnessJob, options: RunOptions):
-        from ..harness import MANIFEST
-        from ..snapshot import sha256
-
         spec = json.loads((job.harness / "harness.json").read_text())
         need = {"num_cpus": 1} if spec.get("backend") == "host" else {"num_gpus": 1}
         digest = sha256((job.harness / MANIFEST).read_bytes())
@@ -141,9 +137,6 @@ class RayRunner:
 
     def _gather(self, ray, job: HarnessJob, ref, options: RunOptions
                 ) -> tuple[HarnessJob, int, Result]:
-        from .._util import make_dirs
-        from ..isolation import JudgedResult, with_device_index
-
         try:
             out = ray.get(ref)
             result = Result.from_json(out["result"], path=f"Ray task of {job.key}")

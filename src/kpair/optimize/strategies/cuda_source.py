@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ...errors import KpairError, UsageError
+from ...toolchain import compile_cuda, find_nvcc
 from ..geometry import launch_options, parse_geometry
 from ..strategy import Context, Proposal
 
@@ -59,8 +60,6 @@ class CudaSource:
         return launch_options(geometry, harness.snapshot.manifest, harness.snapshot.kernarg())
 
     def candidates(self, harness, context: Context) -> Iterator[Proposal]:
-        from ...toolchain import compile_cuda, find_nvcc
-
         src = context.source
         arch = context.arch or harness.snapshot.manifest.arch
         flag_sets = [check_flags(f) for f in context.flag_sets] if context.flag_sets \

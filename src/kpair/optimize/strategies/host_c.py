@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ...errors import KpairError, UsageError
+from ...toolchain import BASE_FLAGS, compile_shared, find_cc
 from ..strategy import Context, Proposal
 
 #: Options that change floating-point results (reassociation, approximations, contraction).
@@ -82,8 +83,6 @@ class HostC:
         return None
 
     def candidates(self, harness, context: Context) -> Iterator[Proposal]:
-        from ...toolchain import BASE_FLAGS, compile_shared, find_cc
-
         src = context.source
         flag_sets = [check_flags(f) for f in context.flag_sets] if context.flag_sets \
             else self.flag_sets
