@@ -25,6 +25,8 @@ import io
 import re
 import struct
 
+from .amd.codeobject import read_code_object
+from .elfabi import check_params
 from .errors import AbiMismatch, ArchitectureMismatch, FormatError, SymbolNotFound
 
 #: Code object formats each backend loads.
@@ -45,7 +47,6 @@ def check_kernel(image: bytes, fmt: str, kernel: str, manifest, role: str) -> No
     want = [(p.offset, p.size) for p in manifest.kernarg.params]
     if fmt == "elf-so":
         _check_host(image, kernel, manifest.arch, role)
-        from .elfabi import check_params  # the declared parameters, where DWARF says them
 
         check_params(image, kernel, manifest.kernarg.params, role)
     elif fmt == "cubin":
@@ -145,8 +146,6 @@ def _check_ptx(image: bytes, kernel: str, role: str) -> None:
 
 
 def _check_hsaco(image: bytes, kernel: str, want: list[tuple[int, int]], role: str) -> None:
-    from .amd.codeobject import read_code_object
-
     meta = read_code_object(image).kernel(kernel)  # SymbolNotFound names the kernels there
     layout = meta.param_layout()
     if layout != want:

@@ -9,12 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._util import human_bytes
-from .errors import FormatError
+from .amd.asm import SOURCE, disassemble
+from .errors import FormatError, KpairError
+from .formats import convert
+from .harness import Harness
+from .ptx import ref_ptx, sass
+from .result import read_result
+from .snapshot import Snapshot, describe_left_out, left_out
+from .sol import SpeedOfLight, snapshot_traffic
 
 
 def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
-    from .snapshot import describe_left_out, left_out
-
     m = snap.manifest
     verified = snap.verify() if verify else None
     info = {"kind": "snapshot", "path": str(snap.root), **m.to_json(),
@@ -56,9 +61,6 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
 
 
 def describe(path: Path, verify: bool = True) -> tuple[dict, str]:
-    from .harness import Harness
-    from .snapshot import Snapshot
-
     if (path / "harness.json").is_file():
         h = Harness.open(path, verify=verify, complete=False)
         snap_info, lines = describe_snapshot(h.snapshot, verify)
@@ -74,7 +76,6 @@ def describe(path: Path, verify: bool = True) -> tuple[dict, str]:
         head += [f"    {t.describe()}" for t in h.policy.tolerances]
         if verify:
             head.append("  inputs   every file matches MANIFEST.sha256")
-        from .result import read_result
 
         try:
             last = read_result(path / "result.json")
@@ -101,7 +102,6 @@ def operator_code(h, *, max_chars: int, work: Path | None = None) -> dict:
     """ref's code as text, at every level kpair can reach: the Triton source kept at capture,
     PTX, SASS (cuobjdump/nvdisasm), AMDGPU assembly (``kpair asm``); each with where it came
     from or why it is absent."""
-    from .ptx import ref_ptx, sass
 
     m = h.snapshot.manifest
     image, fmt = h.binary(h.ref), h.ref.format
@@ -119,9 +119,6 @@ def operator_code(h, *, max_chars: int, work: Path | None = None) -> dict:
         text, how = sass(image, fmt)
         code["sass"], code["sass_from"] = _clip(text, max_chars), how
     elif h.backend == "hip" and work is not None:
-        from .amd.asm import SOURCE, disassemble
-        from .errors import KpairError
-
         try:
             ref = work / "ref-asm" / "ref.co"
             ref.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +140,6 @@ def describe_operator(h, *, code: bool = True, max_chars: int = 200_000,
                       work: Path | None = None) -> dict:
     """One operator (a harness) for an agent: launch, kernarg layout, regions with sizes and
     what ref reads and writes, policy, ref's code, ref's measured time, speed of light."""
-    from .sol import snapshot_traffic
 
     m = h.snapshot.manifest
     t = snapshot_traffic(h.snapshot)
@@ -171,9 +167,6 @@ def describe_operator(h, *, code: bool = True, max_chars: int = 200_000,
         "sol": sol,
     }
     if sol:
-        from .formats import convert
-        from .sol import SpeedOfLight
-
         out["sol_text"] = convert(sol, SpeedOfLight).summary()
     if code:
         out["code"] = operator_code(h, max_chars=max_chars, work=work)

@@ -21,7 +21,7 @@ import msgspec
 from . import __version__
 from ._util import utc_now
 from .errors import FormatError, WorkerFailed
-from .formats import Record, read, write
+from .formats import Record, check_version, convert, read, write
 from .sol import SpeedOfLight
 
 SCHEMA = "kpair.result"
@@ -203,8 +203,6 @@ class Result(Record, omit_defaults=True, kw_only=True):
 
     @classmethod
     def from_json(cls, obj: Any, *, path: object = None) -> Result:
-        from .formats import check_version, convert
-
         check_version(obj, SCHEMA, SCHEMA_VERSION, path=path)
         return convert(obj, cls, path=path)
 

@@ -7,6 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from .._util import check_output, check_output_dir, private_tempdir, write_bytes_atomic
+from ..amd.asm import INFO, ORIGINAL, SOURCE, assemble, compare, disassemble
+from ..errors import InputError
 from .base import Command
 
 
@@ -49,10 +52,6 @@ class Asm(Command):
 
 
 def _disassemble(args: argparse.Namespace, say) -> dict:
-    from .._util import check_output, check_output_dir, private_tempdir, write_bytes_atomic
-    from ..amd.asm import INFO, ORIGINAL, SOURCE, disassemble
-    from ..errors import InputError
-
     if not args.code_object.is_file():
         raise InputError("no such code object file", path=args.code_object)
     check_output_dir(args.out)
@@ -78,9 +77,6 @@ def _disassemble(args: argparse.Namespace, say) -> dict:
 
 
 def _assemble(args: argparse.Namespace, say) -> dict:
-    from .._util import check_output, private_tempdir, write_bytes_atomic
-    from ..amd.asm import ORIGINAL, assemble, compare
-
     check_output(args.out, replace=args.force)
     with private_tempdir("asm") as tmp:
         built = assemble(args.directory, tmp / "out.co").read_bytes()

@@ -10,7 +10,8 @@ import signal
 from collections.abc import Callable
 from typing import ClassVar
 
-from ..errors import Interrupted
+from ..backends import BACKENDS, device_count
+from ..errors import Interrupted, UsageError
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -138,11 +139,9 @@ LEVEL = integer(1, 99)
 
 def check_device(backend: str, device: int | None) -> None:
     """Refuse ``--device N`` when the backend has no device N (host: one device, index 0)."""
-    from ..backends import BACKENDS, device_count
 
     if device is None or backend not in BACKENDS:  # a bad harness.json: its open says so
         return
-    from ..errors import UsageError
 
     count = device_count(backend)  # no driver: BackendUnavailable (exit 4)
     if device >= count:
@@ -167,7 +166,6 @@ def parse_launch(text: str, backend: str, option: str = "--opt-launch") -> dict:
     "dynamic_shared_bytes": N}``, every key optional) checked against ``backend``'s limits."""
     import json
 
-    from ..errors import UsageError
 
     try:
         launch = json.loads(text)

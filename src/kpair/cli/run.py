@@ -6,25 +6,34 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import FormatError, InputError, KpairError
+from .. import progress
+from ..errors import FormatError, InputError, KpairError, UsageError
+from ..formats import encode
+from ..isolation import run_isolated
+from ..measure import StoppingRule
+from ..pipeline import MAX_REPLICATES, RunOptions
+from ..scale import resolve_devices
+from ..trust import CHECKS
 from .base import (
     BLOCKS,
     DEVICE,
     REPLICATES,
     SECONDS,
     SEED,
+    ArgumentParser,
     Command,
+    HelpFormatter,
+    UsageExit,
     check_device,
     integer,
     number,
+    sigterm_unwinds,
 )
+from .errordoc import print_error_document
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from ..isolation import HANG_FACTOR, HANG_FLOOR_S
-    from ..measure import StoppingRule
-    from ..pipeline import MAX_REPLICATES, RunOptions
-    from ..trust import CHECKS
 
     p.add_argument("--aa", action="store_true", help="also run an A/A control (ref vs ref)")
     p.add_argument("--no-control", action="store_true",
@@ -79,8 +88,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from ..pipeline import RunOptions
-
     return RunOptions(device=getattr(args, "device", None), relocate=args.relocate,
                       cache="warm" if args.warm else "cold", aa=args.aa,
                       min_blocks=args.min_blocks, max_blocks=args.max_blocks,
@@ -96,8 +103,6 @@ def options_from_args(args: argparse.Namespace):
 def report(result, as_json: bool, where: Path) -> int:
     """Print a Result (one line, or the whole JSON) and return its exit status."""
     if as_json:
-        from ..formats import encode
-
         print(encode(result), end="")
     else:
         print(result.summary())
@@ -124,8 +129,6 @@ class RunCmd(Command):
         add_run_arguments(p)
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..isolation import run_isolated
-
         options = options_from_args(args)  # a usage error before anything is touched
         check_harness_dir(args.harness)
         check_device(harness_backend(args.harness), args.device)
@@ -144,10 +147,6 @@ def check_harness_dir(path: Path) -> None:
 
 def harness_main(root: Path, argv: list[str]) -> int:
     """Entry point of a harness's generated ``run_harness.py``."""
-    from .. import progress
-    from ..isolation import run_isolated
-    from .base import ArgumentParser, HelpFormatter, UsageExit, sigterm_unwinds
-    from .errordoc import print_error_document
 
     p = ArgumentParser(prog="run_harness.py", formatter_class=HelpFormatter,
                        description=f"Run the pair harness in {root}.")
@@ -205,8 +204,6 @@ def add_pool_arguments(p: argparse.ArgumentParser) -> None:
 
 def pool_devices(args: argparse.Namespace, backend: str) -> tuple[int, ...] | None:
     """The pool's ordinals from --gpus/--workers (None: neither given, one device)."""
-    from ..errors import UsageError
-    from ..scale import resolve_devices
 
     if args.gpus is None and args.workers is None:
         return None

@@ -31,9 +31,18 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backends import open_device
 from ..errors import BackendUnavailable, UsageError
+from ..harness import create_harness
+from ..optimize.director import DirectorValidation
+from ..pipeline import RunOptions
 from ..policy import Policy, Tolerance
+from ..record import record_call
+from ..release import INDEX, add_operator, load_index
+from ..release.store import check_empty_release_dir
+from ..report import write_report
 from ..snapshot import Launch, sha256
+from ..toolchain import compile_cuda, compile_shared
 
 #: Seconds of ABBA measurement per operator, and the blocks it must reach first if it can.
 TIME_CAP_S = 2.5
@@ -143,8 +152,6 @@ def _toolchain(backend: str) -> tuple[str, Callable]:
 
     GPU kernels are built for the architecture of the device that will run them, so the
     device is opened first: without a driver the demo stops before compiling anything."""
-    from ..backends import open_device
-    from ..toolchain import compile_cuda, compile_shared
 
     if backend == "host":
         return ".c", lambda src, out, defines: compile_shared(src, out.with_suffix(".so"),
@@ -180,8 +187,6 @@ def director_validation(harness: Path, opt: Path, provenance: Path, *,
     and result), one short ABBA measurement. Reference only: the Harness number is
     ``release add``'s full run. Returns the ``DirectorValidation`` (None if opt did not
     pass, in which case no Director number is written)."""
-    from ..optimize.director import DirectorValidation
-    from ..pipeline import RunOptions
     from ..session import Session
 
     options = RunOptions(time_cap_s=time_cap_s, min_blocks=MIN_BLOCKS, replicates=1,
@@ -205,7 +210,6 @@ def director_validation(harness: Path, opt: Path, provenance: Path, *,
 
 def _check_out(out: Path) -> None:
     """A new or empty folder; one holding only the lock of an interrupted demo is empty."""
-    from ..release.store import check_empty_release_dir
 
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory; the demo writes a fresh "
@@ -217,11 +221,6 @@ def run_demo(out: str | os.PathLike = "kpair-demo", *, backend: str = "host",
              time_cap_s: float | None = None, operators: tuple[DemoOperator, ...] = OPERATORS,
              log: Callable[[str], None] = lambda s: print(s, flush=True)) -> DemoResult:
     """Build the demo release in ``out`` (absent or empty) and return where everything is."""
-    from ..harness import create_harness
-    from ..pipeline import RunOptions
-    from ..record import record_call
-    from ..release import INDEX, add_operator, load_index
-    from ..report import write_report
 
     out = Path(out)
     _check_out(out)

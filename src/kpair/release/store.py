@@ -32,8 +32,9 @@ from pathlib import Path
 
 import msgspec
 
-from .._util import make_dirs, pid_alive, utc_now
-from ..errors import FormatError, InputError, UsageError
+from .._util import check_output_dir, make_dirs, pid_alive, utc_now
+from ..errors import FormatError, InputError, OutputError, UsageError
+from ..harness import OUTPUTS
 from ..options import RunOptions
 from ..result import Result
 from ..scale.jobs import HarnessJob, Journal, finished, run_job, run_local
@@ -158,8 +159,6 @@ def check_empty_release_dir(root: str | os.PathLike) -> Path:
     """Refuse (``OutputError``, exit 2) an output for a new release that is not absent or
     empty. A folder holding nothing but a free release lock (and staging folders of dead
     writers), as an interrupted command leaves it, counts as empty."""
-    from .._util import check_output_dir
-    from ..errors import OutputError
 
     root = check_output_dir(root)
     if not root.is_dir():
@@ -403,7 +402,6 @@ def not_faster(speed: HarnessSpeed) -> str | None:
 
 def _copy_inputs(src: Path, dst: Path) -> None:
     # A harness's outputs are not inputs: the add re-verifies and writes its own.
-    from ..harness import OUTPUTS
 
     shutil.copytree(src, dst, symlinks=False, ignore=shutil.ignore_patterns(
         *OUTPUTS, "__pycache__", ".*"))
