@@ -43,10 +43,30 @@ from pathlib import Path
 from typing import Any
 
 from . import progress
+from .backends import open_device
 from .errors import KpairError, UsageError
 from .formats import convert
+from .harness import Harness
+from .measure import (
+    Samples,
+    StoppingRule,
+    another_replicate,
+    combine,
+    combine_replicates,
+    difference,
+    measure,
+    replicate_seed,
+    samples_bytes,
+)
+from .measure import analyze as pooled_stats
 from .options import RunOptions  # re-exported: most importers want only this
-from .result import Checks, Correctness, Result, Side, Speed, TrustEntry
+from .policy.lint import lint
+from .replay import Replay
+from .result import Checks, Correctness, Result, Side, Speed, Systematic, TrustEntry
+from .snapshot import sha256
+from .sol import peaks_for, speed_of_light, traffic
+from .trust.audit import Audit
+from .trust.findings import refused_calls
 
 #: The raw samples file, beside result.json.
 SAMPLES = "samples.npz"
@@ -148,8 +168,6 @@ class Run:
         return entries, warnings or None
 
     def _refusal_warning(self) -> list[str] | None:
-        from .trust.findings import refused_calls
-
         if not self.opt or not self.ref:
             return None
         f = refused_calls(self.device.refused_calls(self.ref[0]),
@@ -187,7 +205,6 @@ class Run:
     def speed_of_light(self):
         """ref's and opt's distance to the device's floor (``kpair.sol``); None when it cannot
         be had: an optional figure never costs a verdict."""
-        from .sol import peaks_for, speed_of_light, traffic
 
         try:
             if self.traffic is None:   # from the states the replay holds: no blob read again
@@ -210,8 +227,6 @@ Stage = tuple[str, Callable[[Run], "Result | None"]]
 
 
 def _verify(run: Run) -> None:
-    from .harness import Harness
-
     h = run.harness = Harness.open(run.root)
     run.facts.inputs_digest = h.inputs_digest()
     m = h.snapshot.manifest
@@ -221,9 +236,6 @@ def _verify(run: Run) -> None:
 
 
 def _place(run: Run) -> None:
-    from .backends import open_device
-    from .replay import Replay
-
     h = run.harness
     ordinal = run.options.ordinal
     run.device = open_device(h.backend, **{**(run.options.device_options or {}),
@@ -290,8 +302,6 @@ def _load_opt(run: Run) -> None:
 
 
 def _arm(run: Run) -> None:
-    from .trust.audit import Audit
-
     o = run.options
     seed = o.seed if o.seed is not None else secrets.randbits(63)
     run.audit = Audit(run.replay, run.harness.policy, run.hints, seed=seed,
@@ -311,7 +321,6 @@ def _ref_repeated(run: Run) -> Result | None:
 
 def _fidelity(run: Run) -> None:
     from .policy import check
-    from .policy.lint import lint
 
     fidelity = check(run.harness.policy, run.replay.expected, run.ref_post,
                      dtype_hints=run.hints)
@@ -358,17 +367,6 @@ def _timing(run: Run) -> Result | None:
 
 
 def _measure(run: Run) -> None:
-    from .measure import (
-        Samples,
-        another_replicate,
-        combine_replicates,
-        measure,
-        replicate_seed,
-        samples_bytes,
-    )
-    from .measure import analyze as pooled_stats
-    from .snapshot import sha256
-
     o = run.options
     rule = _rule(run)
     # A replicate runs whole rounds of 8 blocks: a block budget too small for every
@@ -446,8 +444,6 @@ def _reload(run: Run) -> None:
 
 
 def _rule(run: Run):
-    from .measure import StoppingRule
-
     o = run.options
     cfg = {**run.harness.info.get("measure", {}), **{
         k: v for k, v in (("min_blocks", o.min_blocks), ("max_blocks", o.max_blocks),
@@ -478,8 +474,6 @@ def _meter(what: str, rule, *, after: int = 0) -> Callable[[int, Any], None]:
 
 
 def _aa_control(run: Run) -> None:
-    from .measure import measure
-
     rule = _rule(run)
     with _ref_alone(run):
         aa, _ = measure(run.time_one, rule=rule, seed=run.options.seed, aa=True,
@@ -493,9 +487,6 @@ def _ref_alone(run: Run):
 
 
 def _control(run: Run) -> None:
-    from .measure import combine, difference, measure
-    from .result import Systematic
-
     if run.systematic is None:  # once per placement: ref and its second load do not change
         rule = _rule(run)
         with _ref_alone(run):
