@@ -17,9 +17,10 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import BackendUnavailable, DriverError, SnapshotFormatError
+from ..errors import BackendUnavailable, SnapshotFormatError
 from ..placement import granular_spans
 from ..snapshot import LaunchAttribute, Param
+from ._checked import CheckedCalls
 
 INSTALL_HINT = "pip install 'kpair[cuda]'"
 
@@ -51,25 +52,11 @@ def load_driver():
     return driver
 
 
-class Driver:
+class Driver(CheckedCalls):
     """Checked access to the driver: ``drv("cuMemAlloc", size)`` returns the call's values."""
 
     def __init__(self, module):
-        self.mod = module
-        self.success = module.CUresult.CUDA_SUCCESS
-
-    def __call__(self, name: str, *args: object, context: str = ""):
-        out = getattr(self.mod, name)(*args)
-        if out[0] != self.success:
-            raise self.error(f"{name}{context}", out[0])
-        return out[1] if len(out) == 2 else (out[1:] if len(out) > 2 else None)
-
-    def quiet(self, name: str, *args: object) -> object:
-        """Call without raising (cleanup after a sticky error); returns the CUresult."""
-        try:
-            return getattr(self.mod, name)(*args)[0]
-        except Exception as e:  # noqa: BLE001 - cleanup must never mask the original error
-            return e
+        super().__init__(module, module.CUresult.CUDA_SUCCESS)
 
     def error_name(self, err) -> tuple[str, str]:
         try:
@@ -80,10 +67,6 @@ class Driver:
         name = name.decode() if e1 == self.success and name else f"CUresult {int(err)}"
         text = text.decode() if e2 == self.success and text else ""
         return name, text
-
-    def error(self, call: str, err) -> DriverError:
-        name, text = self.error_name(err)
-        return DriverError(call, name, text)
 
 
 def c_string(raw: bytes | str) -> str:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ctypes
 
-from ..errors import BackendUnavailable, DriverError
+from ..errors import BackendUnavailable
+from ._checked import CheckedCalls
 
 INSTALL_HINT = "pip install 'kpair[hip]'"
 BUFFER_POINTER, BUFFER_SIZE, END = 1, 2, 3
@@ -42,28 +43,11 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-class Runtime:
+class Runtime(CheckedCalls):
     """Checked access: ``rt("hipMalloc", size)`` returns the call's values."""
 
     def __init__(self, module):
-        self.mod = module
-        self.success = module.hipError_t.hipSuccess
-
-    def __call__(self, name: str, *args: object, context: str = ""):
-        out = getattr(self.mod, name)(*args)
-        if not isinstance(out, tuple):
-            out = (out,)
-        if out[0] != self.success:
-            raise self.error(f"{name}{context}", out[0])
-        return out[1] if len(out) == 2 else (out[1:] if len(out) > 2 else None)
-
-    def quiet(self, name: str, *args: object) -> object:
-        """Call without raising (cleanup after a sticky error); returns the hipError_t."""
-        try:
-            out = getattr(self.mod, name)(*args)
-            return out[0] if isinstance(out, tuple) else out
-        except Exception as e:  # noqa: BLE001 - cleanup must never mask the original error
-            return e
+        super().__init__(module, module.hipError_t.hipSuccess)
 
     def error_name(self, err) -> tuple[str, str]:
         name = getattr(err, "name", None) or f"hipError_t {int(err)}"
@@ -73,10 +57,6 @@ class Runtime:
         except Exception:  # noqa: BLE001 - an unknown code still gets reported
             text = ""
         return name, text
-
-    def error(self, call: str, err) -> DriverError:
-        name, text = self.error_name(err)
-        return DriverError(call, name, text)
 
 
 class KernargBuffer:
