@@ -169,7 +169,7 @@ def test_a_measured_run_renews_between_replicates(kit, tmp_path, monkeypatch):
     assert wait is not None and 0.0 <= wait <= 1.0
     assert result.speed.run_rel_sd_log == pytest.approx(host_run_rel(wait))
     assert result.speed.run_sd_log == pytest.approx(result.speed.run_rel_sd_log)
-    # A CPU's clock is read at its lower quartiles (Device.timing_location), the control too.
+    # A CPU's clock is read at its lower quartiles (its TimingModel.location), the control too.
     assert result.speed.location == "low_quartile"
     assert result.speed.systematic is not None
 

@@ -291,7 +291,7 @@ class BusyCpu(FakeGpu):
 def test_the_low_quartile_reads_through_interference_the_mean_follows(location):
     """Two runs of one pair, 5% and 35% of their launches slowed by interference: the lower
     quartiles agree within 2% and hold the undisturbed 1.5x (slot bias cancelling), the ABBA
-    mean moves by more than the 2% (the host's case for ``Device.timing_location``)."""
+    mean moves by more than the 2% (the host's case for ``TimingModel.location``)."""
     got = [measure(BusyCpu(share, speedup=1.5, slot_bias=1.03, seed=3), seed=5, rule=FIXED,
                    location=location)[0] for share in (0.05, 0.35)]
     moved = abs(math.log(got[0].speedup / got[1].speedup))
@@ -461,6 +461,26 @@ def _parts(speedups, rel_se=0.002, t_ref_s=1e-4):
     return [AbbaResult("A/B", s, (s / (1 + 1.96 * rel_se), s * (1 + 1.96 * rel_se)), 1.0,
                        (1.0, 1.0), 1.0, 1.0, 32, 16, 16, "ci", rel_se, 0, t_ref_s, t_ref_s / s)
             for s in speedups]
+
+
+def test_each_backend_declares_its_timing_model():
+    """The measurement policy is the backend's TimingModel: GPUs read ABBA means with a 30 ns
+    run offset and take extra replicates; the host reads lower quartiles and takes none."""
+    from kpair.backends.base import Device
+    from kpair.backends.cuda import CudaDevice
+    from kpair.backends.hip import HipDevice
+    from kpair.backends.host import HostDevice
+    from kpair.measure import GPU_RUN_OFFSET_S, GPU_TIMING, HOST_TIMING, TimingModel
+
+    gpu = TimingModel(extra_replicates=True, run_offset_s=GPU_RUN_OFFSET_S, location="mean")
+    host = TimingModel(extra_replicates=False, run_offset_s=0.0, location="low_quartile")
+    assert gpu == GPU_TIMING and host == HOST_TIMING
+    # Unbound: the classes answer without a device (no driver needed here).
+    assert CudaDevice.timing_model(None) == gpu and HipDevice.timing_model(None) == gpu
+    assert HostDevice.timing_model(None) == host
+    assert Device.timing_model(None) == TimingModel()
+    with pytest.raises(ValueError, match="location"):
+        TimingModel(location="median")
 
 
 def test_extra_replicates_are_taken_while_they_are_cheap():

@@ -594,6 +594,36 @@ def replicate_seed(seed: int, replicate: int) -> int:
 #: Negligible for long kernels, it is most of a 4 us kernel's run-to-run spread.
 GPU_RUN_OFFSET_S = 30e-9
 
+
+@dataclass(frozen=True)
+class TimingModel:
+    """How one backend's timings become a speedup: the measurement policy a ``Device``
+    declares (``Device.timing_model()``) and a run reads.
+
+    ``extra_replicates``: whether a run takes replicates past its planned number where they
+    are cheap (``another_replicate``): on a GPU, what a re-run re-rolls is mostly the
+    placement replicates re-roll too; on the host the load over minutes moves re-runs, which
+    no replicate sees, and more replicates would only narrow the interval.
+    ``run_offset_s``: the standard deviation, in seconds, of a run's own timing offset that
+    every replicate of the run shares (``combine_replicates``; GPUs: ``GPU_RUN_OFFSET_S``;
+    the host has none of its own: its term is relative and follows the load, ``run_rel``).
+    ``location``: how a run's timed blocks are read (``LOCATIONS``): the ABBA geometric mean
+    on a GPU; the host, whose clock is a CPU's, reads lower quartiles."""
+
+    extra_replicates: bool = True
+    run_offset_s: float = 0.0
+    location: str = "mean"
+
+    def __post_init__(self) -> None:
+        if self.location not in LOCATIONS:
+            raise ValueError(f"location must be one of {LOCATIONS}, not {self.location!r}")
+
+
+#: The CUDA and HIP backends' timing (HIP's run offset was measured on NVIDIA cards only).
+GPU_TIMING = TimingModel(run_offset_s=GPU_RUN_OFFSET_S)
+#: The host backend's timing: CPU clocks, lower quartiles, no extra replicates.
+HOST_TIMING = TimingModel(extra_replicates=False, location="low_quartile")
+
 #: The host's run-level term, relative (in log speedup), from how much of the measurement its
 #: executors spent waiting for a CPU (``wait``: run-queue time / (run-queue + on-CPU time),
 #: the kernel's /proc/PID/schedstat): HOST_RUN_REL_IDLE on an idle machine, rising linearly

@@ -375,9 +375,9 @@ def _measure(run: Run) -> None:
     n = o.replicates if rule.max_blocks >= 8 * o.replicates else 1
     # Past n, more replicates (up to max_replicates) while they are cheap
     # (measure.another_replicate: their cost decides, never their values); by default
-    # MAX_REPLICATES where the backend takes extra ones (Device.extra_replicates), else none.
+    # MAX_REPLICATES where the backend takes extra ones (its timing model says), else none.
     most = o.max_replicates if o.max_replicates is not None else \
-        MAX_REPLICATES if run.device.extra_replicates else n
+        MAX_REPLICATES if run.device.timing_model().extra_replicates else n
     limit = max(n, most) if n > 1 else 1
     seed = o.seed if o.seed is not None else secrets.randbits(32)
     rule = rule.split(n)
@@ -397,7 +397,7 @@ def _measure(run: Run) -> None:
         abba, part = measure(run.time_one, rule=rule, seed=replicate_seed(seed, i),
                              progress=_meter(what if n > 1 else "A/B", rule,
                                              after=max(0, n - 1 - i)),
-                             location=run.device.timing_location)
+                             location=run.device.timing_model().location)
         for pid, (on_cpu, wait) in (run.device.sched_times() or {}).items():
             if pid in before:
                 waited[0] += on_cpu - before[pid][0]
@@ -412,12 +412,13 @@ def _measure(run: Run) -> None:
     speed = pooled.to_json(SAMPLES)
     wait = waited[1] / sum(waited) if sum(waited) else None
     run_rel = run.device.run_rel(wait)
+    offset_s = run.device.timing_model().run_offset_s
     if len(parts) > 1:
-        rep = combine_replicates(parts, run_offset_s=run.device.run_offset_s, run_rel=run_rel)
+        rep = combine_replicates(parts, run_offset_s=offset_s, run_rel=run_rel)
         speed.update(speedup=rep.speedup, ci95=list(rep.ci95),
                      rel_ci_halfwidth=(rep.ci95[1] - rep.ci95[0]) / 2 / rep.speedup,
                      interval="re-run", mean_ci95=list(rep.mean_ci95),
-                     replicate_sd_log=rep.sd_log, run_offset_ns=run.device.run_offset_s * 1e9,
+                     replicate_sd_log=rep.sd_log, run_offset_ns=offset_s * 1e9,
                      run_rel_sd_log=run_rel or None, cpu_wait=wait,
                      run_sd_log=rep.run_sd_log, replicates=rep.replicate_rows(),
                      stopped_by=parts[-1].stopped_by)
@@ -477,7 +478,7 @@ def _aa_control(run: Run) -> None:
     rule = _rule(run)
     with _ref_alone(run):
         aa, _ = measure(run.time_one, rule=rule, seed=run.options.seed, aa=True,
-                        progress=_meter("A/A", rule), location=run.device.timing_location)
+                        progress=_meter("A/A", rule), location=run.device.timing_model().location)
     run.speed = run.speed.replace(aa_control=convert(aa.to_json(), Speed))
 
 
@@ -493,7 +494,7 @@ def _control(run: Run) -> None:
             ctl, _ = measure(lambda w: run.time_one("ctl" if w == "opt" else "ref"),
                              rule=rule, seed=run.options.seed,
                              progress=_meter("ref vs its second load", rule),
-                             location=run.device.timing_location)
+                             location=run.device.timing_model().location)
         run.systematic = Systematic(control="identical binary (ref loaded twice)",
                                     speedup=ctl.speedup, ci95=ctl.ci95,
                                     slot_bias=ctl.slot_bias, blocks=ctl.blocks,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..measure import TimingModel
 from ..snapshot import Launch, Param
 
 if TYPE_CHECKING:
@@ -132,19 +133,11 @@ class Kernel(ABC):
 
 class Device(ABC):
     backend: str = ""
-    #: Whether a run takes extra replicates, past its planned number, where they are cheap
-    #: (``kpair.measure.another_replicate``): on a GPU, what a re-run re-rolls is mostly the
-    #: placement replicates re-roll too. The host says no: there the load over minutes moves
-    #: re-runs, which no replicate sees, and more replicates would only narrow the interval.
-    extra_replicates: bool = True
-    #: The standard deviation, in seconds, of a run's own timing offset that every replicate
-    #: of the run shares (``kpair.measure.combine_replicates``): GPUs measured it
-    #: (``kpair.measure.GPU_RUN_OFFSET_S``); the host has none of its own (its clock is the
-    #: executor's CPU time): its term is relative and follows the load (``run_rel``).
-    run_offset_s: float = 0.0
-    #: How a run's timed blocks become its speedup (``kpair.measure.LOCATIONS``): the ABBA
-    #: geometric mean on a GPU; the host, whose clock is a CPU's, reads lower quartiles.
-    timing_location: str = "mean"
+    def timing_model(self) -> TimingModel:
+        """How this backend's timings become a speedup (``kpair.measure.TimingModel``:
+        extra replicates, the run's own offset, the location read). Each backend names
+        its own: ``GPU_TIMING`` (cuda, hip), ``HOST_TIMING`` (host)."""
+        return TimingModel()
 
     def run_rel(self, wait: float | None) -> float:
         """A run-level term in log speedup (``kpair.measure.combine_replicates``) for a

@@ -52,7 +52,7 @@ from ..errors import (
     SymbolNotFound,
     UsageError,
 )
-from ..measure import GPU_RUN_OFFSET_S
+from ..measure import GPU_TIMING, TimingModel
 from ..snapshot import Launch, Param
 from ._cuda_checks import DeviceChecks
 from ._cuda_driver import (
@@ -112,7 +112,9 @@ class CudaKernel(Kernel):
 
 class CudaDevice(DeviceChecks, SpanPlacement, Device):
     backend = "cuda"
-    run_offset_s = GPU_RUN_OFFSET_S
+
+    def timing_model(self) -> TimingModel:
+        return GPU_TIMING
 
     def __init__(self, driver_module, *, device: int = 0, flush_bytes: int | None = None,
                  gate: bool = True):

@@ -44,7 +44,7 @@ from ..errors import (
     SymbolNotFound,
     UsageError,
 )
-from ..measure import GPU_RUN_OFFSET_S
+from ..measure import GPU_TIMING, TimingModel
 from ..snapshot import Launch, Param
 
 # plan_span is pure placement arithmetic shared with the cuda backend (no driver import).
@@ -82,7 +82,9 @@ def _enum(mod, group: str, member: str):
 
 class HipDevice(SpanPlacement, Device):
     backend = "hip"
-    run_offset_s = GPU_RUN_OFFSET_S   # measured on NVIDIA cards only
+
+    def timing_model(self) -> TimingModel:
+        return GPU_TIMING   # its run offset was measured on NVIDIA cards only
 
     def __init__(self, hip_module, *, device: int = 0, flush_bytes: int | None = None):
         self._h = hip_module

@@ -84,6 +84,7 @@ from ..errors import (
     PlacementError,
     SymbolNotFound,
 )
+from ..measure import HOST_TIMING, TimingModel
 from ..placement import granular_spans
 from ..snapshot import SCALAR_FORMATS, Launch, Param
 from . import _sandbox
@@ -570,8 +571,9 @@ class HostKernel(Kernel):
 
 class HostDevice(Device):
     backend = "host"
-    extra_replicates = False   # see Device.extra_replicates
-    timing_location = "low_quartile"   # see Device.timing_location
+
+    def timing_model(self) -> TimingModel:
+        return HOST_TIMING   # see kpair.measure.TimingModel
 
     def __init__(self, *, device: int = 0, flush_bytes: int | None = None):
         # One host, one "device": the ordinal names a worker slot of a pool (``--workers``),
