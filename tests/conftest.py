@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -95,3 +98,18 @@ def plain_answers_left(dev, read, audit, region: str) -> list[str]:
         found += [f"{hex(ptr)}: answer window {i}" for i, w in enumerate(windows) if w in memory]
         found += [f"{hex(ptr)}: key {i}" for i, k in enumerate(keys) if k in memory]
     return found
+
+
+def file_state(*paths: Path) -> dict[str, str | None]:
+    """sha256 (or kind) of every file under ``paths``: compared before and after a case, to
+    show a refused command changed nothing."""
+    out: dict[str, str | None] = {}
+    for root in paths:
+        if not os.path.lexists(root):
+            out[str(root)] = None
+            continue
+        for p in [root] if not root.is_dir() else sorted(root.rglob("*")):
+            mode = os.lstat(p).st_mode
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() \
+                if stat.S_ISREG(mode) else oct(stat.S_IFMT(mode))
+    return out

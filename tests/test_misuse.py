@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CSRC, record_matmul
+from conftest import file_state as state
 from kpair.cli import main as kpair
 from kpair.harness import create_harness
 from kpair.toolchain import compile_shared
@@ -41,18 +40,6 @@ QUICK = ["--min-blocks", "4", "--max-blocks", "8", "--time-cap", "1", "--replica
 # ---------------------------------------------------------------------- helpers
 
 
-def state(*paths: Path) -> dict[str, str | None]:
-    """sha256 (or kind) of every file under ``paths``."""
-    out: dict[str, str | None] = {}
-    for root in paths:
-        if not os.path.lexists(root):
-            out[str(root)] = None
-            continue
-        for p in [root] if not root.is_dir() else sorted(root.rglob("*")):
-            mode = os.lstat(p).st_mode
-            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() \
-                if stat.S_ISREG(mode) else oct(stat.S_IFMT(mode))
-    return out
 
 
 def one_document(stdout: str) -> dict:

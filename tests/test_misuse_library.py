@@ -8,11 +8,9 @@ small C kernels built with ``-g`` (their DWARF says what each function takes).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import stat
 import struct
 import subprocess
 import sys
@@ -22,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import file_state as state
 from kpair.errors import AbiMismatch, DriverError, SymbolNotFound, WriteFailed
 from kpair.harness import Harness, create_harness, write_manifest
 from kpair.policy import Policy
@@ -75,18 +74,6 @@ N = 256
 # ---------------------------------------------------------------------- helpers
 
 
-def state(*paths: Path) -> dict[str, str | None]:
-    """sha256 (or kind) of every file under ``paths``: compared before and after a case."""
-    out: dict[str, str | None] = {}
-    for root in paths:
-        if not os.path.lexists(root):
-            out[str(root)] = None
-            continue
-        for p in [root] if not root.is_dir() else sorted(root.rglob("*")):
-            mode = os.lstat(p).st_mode
-            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() \
-                if stat.S_ISREG(mode) else oct(stat.S_IFMT(mode))
-    return out
 
 
 def one_line(e: BaseException | str, *words: str) -> str:

@@ -9,7 +9,6 @@ few blocks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CSRC, record_matmul
+from conftest import file_state as state
 from kpair.harness import create_harness
 from kpair.toolchain import compile_shared
 
@@ -70,19 +70,6 @@ def expect(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:
     return err
 
 
-def state(*paths: Path) -> dict[str, str | None]:
-    """sha256 (or kind) of every file under ``paths``: compared before and after a case."""
-    out: dict[str, str | None] = {}
-    for root in paths:
-        if not os.path.lexists(root):
-            out[str(root)] = None
-            continue
-        files = [root] if not root.is_dir() else sorted(p for p in root.rglob("*"))
-        for p in files:
-            mode = os.lstat(p).st_mode
-            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() \
-                if stat.S_ISREG(mode) else oct(stat.S_IFMT(mode))
-    return out
 
 
 def interrupt(k: Kpair, sig: int, *args: str, after: Path | None = None, wait_s: float = 4.0
