@@ -207,12 +207,15 @@ def control(kit, tmp_path_factory) -> dict:
 def test_kpair_run_a_protocol_taker_reads_no_faster_than_the_control(kit, tmp_path, control,
                                                                        kernel):
     """Nothing is refused and the answer is right: its speed is ref's, within what ref
-    against itself reads. It may pass (at about 1.0x); it may not pass as faster."""
+    against an identical copy of itself reads (two binaries doing the same work can differ
+    a little, on a busy machine more). It may pass; it may not read faster than that."""
     code, result = _kpair_run(_harness(kit, tmp_path, "attacks", kernel), tmp_path)
     assert result["status"] in ("pass", "fail") and code in (0, 1), result.get("error")
     speed = result.get("speed") or {}
     if result["status"] == "pass":
-        assert speed["ci95"][0] <= 1.0, (speed, control)
+        interval = speed.get("combined_ci95") or speed["ci95"]
+        offset = control.get("combined_ci95") or control["ci95"]
+        assert interval[0] <= max(1.0, offset[1]), (speed, control)
 
 
 @pytest.mark.parametrize("kernel", ["kp_stop_after", "kp_stop_before"])
