@@ -382,14 +382,16 @@ class _Executor:
         flags = args[1] if is_open else args[2]
         loading = self.loading
         allowed = loading and (is_open or is_openat) and not flags & _sandbox.WRITE_FLAGS
+        if not allowed:
+            # Counted before the answer: once answered, the executor runs on, and a count
+            # taken after it could miss this call (a call interrupted and made again is
+            # counted twice: it was refused either way).
+            with self._lock:
+                self.refusals.add(nr, loading)
         resp = ctypes.create_string_buffer(
             _NOTIF_RESP.pack(nid, 0, 0, _NOTIF_CONTINUE) if allowed
             else _NOTIF_RESP.pack(nid, 0, -errno.EPERM, 0), _NOTIF_RESP.size)
-        if libc.ioctl(self.listener, _NOTIF_SEND, resp) != 0:
-            return   # the call was interrupted (it will be made again) or the executor died
-        if not allowed:
-            with self._lock:
-                self.refusals.add(nr, loading)
+        libc.ioctl(self.listener, _NOTIF_SEND, resp)   # fails only if interrupted or gone
 
     def _take_refusals(self) -> None:
         """Count and remove the refused-call records received so far (wherever they lie:
