@@ -33,6 +33,7 @@ from .backends import BACKENDS, arch_accepted
 from .errors import HarnessError, InputError, KpairError, UsageError, WriteFailed
 from .formats import Record, read, write
 from .placement import holds_pointers, span_of
+from .plan import Plan, PlanError, Target, TargetRegion, check_plan
 from .policy import Mutation, Policy, load_policy, save_policy
 from .policy.lint import lint
 from .policy.mutation import completed, derive
@@ -225,8 +226,6 @@ def check_declared(root: Path, spec: HarnessSpec, params) -> None:
 def plan_target(manifest):
     """The regions a plan must produce on ``manifest``'s range: each region's recorded role,
     or (a snapshot without roles) the one-dispatch rule of ``Target.of_dispatch``."""
-    from .plan import Target, TargetRegion
-
     target = Target.of_dispatch(manifest)
     return Target({r.name: TargetRegion(r.size, r.role or target.regions[r.name].role)
                    for r in manifest.regions})
@@ -264,7 +263,6 @@ def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
     A launch whose code object records no layout cannot be packed: refused (PlanError)."""
     from .codecheck import FORMATS, _check_host, _defined_functions, _elf, _near
     from .errors import ArchitectureMismatch, SymbolNotFound
-    from .plan import Plan, PlanError, check_plan
 
     plan = Plan.read(path)
     code, layouts = [], []

@@ -39,6 +39,7 @@ from .elfabi import check_params
 from .errors import AbiMismatch, ArchitectureMismatch
 from .formats import Record
 from .placement import patch_pointers, span_of
+from .plan import kernarg as plan_kernarg
 from .policy.mutation import Patch
 from .program import Program, ProgramDevice, Step
 from .snapshot import Launch, Param, Snapshot, require_complete
@@ -215,8 +216,6 @@ class Replay:
         ``layouts[i]`` (its parameter layout) for launch i; every kernarg built from the
         placed regions and the plan's scratch (``kpair.plan.kernarg``). Check the plan
         (``check_plan``) first."""
-        from .plan import kernarg as plan_kernarg
-
         addresses = {r.name: a for r, a in zip(self.regions, self.addresses, strict=True)}
         declared = {s.name for s in plan.scratch}
         addresses.update({name: a for name, a, _ in self.scratch if name in declared})
