@@ -40,6 +40,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -101,6 +102,9 @@ def _guard(size: int) -> bytes:
 
 #: Default limit for the isolated call, seconds (build, map, launch, read back).
 TIMEOUT_S = 600.0
+#: This process, as a range's provenance names it (``process``): ranges recorded with the
+#: same value were recorded in one process, over memory that ``process_regions`` locates.
+PROCESS = uuid.uuid4().hex
 
 
 def _scalar(value: object, index: int, name: str) -> tuple[str, object]:
@@ -332,13 +336,19 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     for op in ops:
         op["args"] = [("region", *where[i], i) if isinstance(flat[i], np.ndarray)
                       else (*flat[i], i) for i in op["args"]]
+    # Where each region's buffer lives in this process: two ranges recorded here over the
+    # same arrays name the same memory (``kpair.bind`` identifies regions by it).
+    origins = {reg["name"]: [min(flat[i].__array_interface__["data"][0]
+                                 for i in reg["members"]), len(reg["data"])]
+               for reg in regions}
     request = {"ops": ops, "regions": regions, "labels": labels,
                "names": [arg_names[i] or f"arg{labels[i].rsplit(' ', 1)[1]}"
                          for i in range(len(flat))],
                "backend": backend, "range": {"scratch": spare, "outputs": outs},
                "provenance": {"recorded_by": f"kpair {__version__} record_range",
                               "libraries": list(images), "command": list(sys.argv),
-                              "time": utc_now(), **(provenance or {})},
+                              "time": utc_now(), "process": PROCESS,
+                              "process_regions": origins, **(provenance or {})},
                "device_options": device_options or {}}
     _run_request(request, out, isolate, timeout_s, flat, regions, where)
     return Snapshot.open(out)
