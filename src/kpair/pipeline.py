@@ -44,6 +44,7 @@ from typing import Any
 
 from . import progress
 from .backends import open_device
+from .candidate import Candidate  # the one candidate type; re-exported
 from .errors import KpairError, UsageError
 from .formats import convert
 from .harness import Harness
@@ -91,21 +92,6 @@ class Facts:
 
     def keep(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """An opt to judge: a code object's bytes, the kernel in it, an optional launch override
-    (grid, block, dynamic shared memory) and where it came from (``label``: for people)."""
-
-    image: bytes
-    kernel: str
-    format: str
-    launch_override: dict | None = None
-    label: str = ""
-    #: A launch plan instead of a same-layout kernel: (Plan, ((bytes, format), ...) per
-    #: launch, (layout, ...) per launch), checked against the range (``harness.load_plan``).
-    plan: tuple | None = None
 
 
 @dataclass

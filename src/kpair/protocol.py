@@ -66,6 +66,12 @@ class Judge(Message, tag="judge"):
     launch_override: dict[str, Any] | None = None
     label: str = ""
 
+    @classmethod
+    def of(cls, id: int, candidate: Candidate) -> Judge:
+        """The request that sends ``candidate`` (built: bytes, kernel, format) as ``id``."""
+        return cls(id, candidate.code(), candidate.kernel, candidate.format,
+                   candidate.launch_override, candidate.label)
+
     def candidate(self) -> Candidate:
         return Candidate(self.image, self.kernel, self.format, self.launch_override,
                          self.label)

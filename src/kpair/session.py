@@ -22,11 +22,13 @@ import contextlib
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from . import progress
 from ._util import append_text, make_dirs, private_tempdir, sweep_stale_tempdirs, utc_now
+from .candidate import Candidate
 from .errors import InputError
 from .formats import Record, convert, parse, to_builtins
 from .harness import Harness
@@ -61,6 +63,25 @@ class Attempt(Record, omit_defaults=True, kw_only=True):
     result: str | None = None
     wall_s: float
     device: int | None = None
+
+    @classmethod
+    def of(cls, candidate: Candidate, candidate_sha256: str, result: str | None, *,
+           device: int | None = None, with_params: bool = True) -> Attempt:
+        """The line that records a judged ``candidate`` (its ``result`` and ``attempt``
+        number set); ``result``: its result.json, relative to the session's directory."""
+        r = candidate.result
+        speed = r.speed
+        return cls(
+            n=candidate.attempt, time=utc_now(), candidate_sha256=candidate_sha256,
+            kernel=candidate.kernel, label=candidate.label, source=candidate.source,
+            build=candidate.build, strategy=candidate.strategy,
+            params=candidate.params if with_params else None, status=r.status,
+            failed_check=r.correctness.failed_check if r.correctness else None,
+            reason=r.reason, speedup=speed.speedup if speed else None,
+            ci95=speed.ci95 if speed else None,
+            combined_ci95=speed.combined_ci95 if speed else None,
+            difference=speed.difference if speed else None, result=result,
+            wall_s=r.wall_s, device=device)
 
 
 def read_attempts(path: str | os.PathLike) -> list[Attempt]:
@@ -141,48 +162,60 @@ class Session:
                 strategy: str | None = None, params: dict | None = None
                 ) -> tuple[Result, Attempt | None]:
         """``evaluate``, and the attempts.jsonl line it made (None without ``out``)."""
-        if isinstance(binary, (bytes, bytearray)):
-            image, where = bytes(binary), label or "bytes"
+        image, where = _load(binary, label)
+        judged, attempt = self._attempt(Candidate(
+            image, kernel or "", "", launch_override, where, strategy=strategy,
+            source=source, build=build, params=params or {}), params is not None)
+        return judged.result, attempt
+
+    def judge(self, candidate: Candidate) -> Candidate:
+        """``candidate`` (built: its ``image``, or the ``binary`` file holding it) judged as
+        ``evaluate`` judges a file: returned with its ``result`` and ``attempt`` number
+        (recorded in attempts.jsonl with its provenance when the session has ``out``)."""
+        return self._attempt(candidate, True)[0]
+
+    def continue_after(self, taken: int) -> None:
+        """Number the next attempt ``taken + 1`` (sessions sharing one ``out`` directory keep
+        one sequence: each is told the highest number before it judges)."""
+        self.first = taken - self.evaluated
+
+    def _attempt(self, candidate: Candidate, with_params: bool
+                 ) -> tuple[Candidate, Attempt | None]:
+        if candidate.image:
+            image, where = candidate.image, candidate.label or "bytes"
+        elif candidate.binary is not None:
+            image, where = _load(candidate.binary, candidate.label or None)
         else:
-            path = Path(binary)
-            if not path.is_file():
-                raise InputError(f"candidate {path}: no such file" if not path.exists() else
-                                 f"candidate {path}: not a regular file")
-            try:
-                image, where = path.read_bytes(), label or str(path)
-            except OSError as e:
-                raise InputError(f"candidate {path}: cannot read ({e.strerror or e})") from None
+            raise InputError(f"candidate {candidate.label or '?'}: not built"
+                             + (f" ({candidate.build_error})" if candidate.build_error else ""))
         if not image:
             raise InputError(f"candidate {where}: the file is empty")
-        kernel = kernel or self.harness.opt.kernel
+        kernel = candidate.kernel or self.harness.opt.kernel
         started = time.monotonic()
         self.evaluated += 1
         n = self.first + self.evaluated
         with progress.task(where, n):
-            outcome = self._judge(n, image, kernel, launch_override, where)
+            outcome = self._judge(n, replace(candidate, image=image, kernel=kernel,
+                                             label=where))
         result = outcome.result.replace(wall_s=round(time.monotonic() - started, 3),
                                         opt=Side(kernel=kernel, binary=where))
-        path = attempt = None
+        attempt = None
         if self.out is not None:
             path = self.out / "results" / f"{n:04d}" / "result.json"
             result = JudgedResult(result, outcome.samples).write(path, replace=False)
-            attempt = Attempt(
-                n=n, time=utc_now(), candidate_sha256=sha256(image), kernel=kernel,
-                label=where, source=source, build=build, strategy=strategy, params=params,
-                status=result.status, failed_check=result.correctness.failed_check
-                if result.correctness else None, reason=result.reason,
-                speedup=result.speed.speedup if result.speed else None,
-                ci95=result.speed.ci95 if result.speed else None,
-                combined_ci95=result.speed.combined_ci95 if result.speed else None,
-                difference=result.speed.difference if result.speed else None,
-                result=str(path.relative_to(self.out)), wall_s=result.wall_s,
-                device=self.options.device)
+            attempt = Attempt.of(replace(candidate, kernel=kernel, label=where, result=result,
+                                         attempt=n),
+                                 sha256(image), str(path.relative_to(self.out)),
+                                 device=self.options.device, with_params=with_params)
             if self.record:
                 self._record(attempt)
-        return result, attempt
+        return replace(candidate, kernel=kernel, result=result, attempt=n), attempt
 
-    def _judge(self, n: int, image: bytes, kernel: str, launch_override: dict | None,
-               label: str) -> JudgedResult:
+    def result_file(self, n: int) -> Path | None:
+        """Where attempt ``n``'s result.json is (None without ``out``)."""
+        return None if self.out is None else self.out / "results" / f"{n:04d}" / "result.json"
+
+    def _judge(self, n: int, candidate: Candidate) -> JudgedResult:
         """Candidate ``n`` judged by the worker, started (and set up) on first use; after an
         error that worker is stopped, and the next candidate gets a fresh one."""
         if self.setup_failed is None and self._worker is None:
@@ -190,16 +223,30 @@ class Session:
         if self.setup_failed is not None:
             return JudgedResult(self.setup_failed)
         try:
-            fmt = detect_format(image)
+            fmt = detect_format(candidate.image)
         except Exception as e:  # noqa: BLE001 - a bad candidate file is that candidate's error
             return JudgedResult(error_result(self.root, e, stage="load"))
-        outcome = self._worker.judge(Judge(n, image, kernel, fmt, launch_override, label))
+        outcome = self._worker.judge(Judge.of(n, replace(candidate, format=fmt)))
         if outcome.result.status == "error":
             self._stop()  # crashed, hung, or gave up after an error: a fresh one next time
         return outcome
 
     def _record(self, attempt: Attempt) -> None:
         record_attempt(self.out, attempt)
+
+
+def _load(binary: str | os.PathLike | bytes, label: str | None) -> tuple[bytes, str]:
+    """A candidate's bytes and its name for people (``label``, else the path)."""
+    if isinstance(binary, (bytes, bytearray)):
+        return bytes(binary), label or "bytes"
+    path = Path(binary)
+    if not path.is_file():
+        raise InputError(f"candidate {path}: no such file" if not path.exists() else
+                         f"candidate {path}: not a regular file")
+    try:
+        return path.read_bytes(), label or str(path)
+    except OSError as e:
+        raise InputError(f"candidate {path}: cannot read ({e.strerror or e})") from None
 
 
 def record_attempt(out: Path, attempt: Attempt) -> None:
