@@ -231,11 +231,13 @@ def plan_target(manifest):
                    for r in manifest.regions})
 
 
-def plan_layout(image: bytes, fmt: str, kernel: str):
+def plan_layout(image: bytes, fmt: str, kernel: str, arch: str | None = None):
     """The parameter layout a plan launch is checked against and packed by: a host shared
     object's DWARF (``kpair.program.host_layout``: kinds from the C types); a cubin's
-    ``.nv.info`` KPARAM records or an hsaco's metadata (offsets and sizes: kind ``bytes``,
-    checked by size). None where the code object records none (PTX, fatbin, stripped)."""
+    ``.nv.info`` KPARAM records, a PTX ``.entry``'s parameter list, a fatbin's cubin for
+    ``arch`` (else its PTX), or an hsaco's metadata (offsets and sizes: kind ``bytes``,
+    checked by size). None where the code object records none (a stripped host object, a
+    fatbin whose members are compressed or lack the kernel)."""
     from .snapshot import Param
 
     if fmt == "elf-so":
@@ -244,10 +246,17 @@ def plan_layout(image: bytes, fmt: str, kernel: str):
         return host_layout(image, kernel)
     pairs = None
     if fmt == "cubin":
-        from .codecheck import _elf, _kparams
-
-        info = _elf(image, "plan").get_section_by_name(f".nv.info.{kernel}")
-        pairs = _kparams(info.data()) if info is not None else None
+        pairs = _cubin_pairs(image, kernel)
+    elif fmt == "ptx":
+        pairs = _ptx_pairs(image, kernel)
+    elif fmt == "fatbin":
+        for kind, sm, member in fatbin_members(image):
+            if kind == "elf" and (arch is None or f"sm_{sm}" == arch.removesuffix("a")):
+                pairs = _cubin_pairs(member, kernel)
+            elif kind == "ptx":
+                pairs = _ptx_pairs(member, kernel)
+            if pairs is not None:
+                break
     elif fmt == "hsaco":
         from .amd.codeobject import read_code_object
 
@@ -257,15 +266,77 @@ def plan_layout(image: bytes, fmt: str, kernel: str):
     return [Param(offset, size, "bytes") for offset, size in pairs]
 
 
+def _cubin_pairs(image: bytes, kernel: str) -> list[tuple[int, int]] | None:
+    from .codecheck import _elf, _kparams
+
+    info = _elf(image, "plan").get_section_by_name(f".nv.info.{kernel}")
+    return _kparams(info.data()) if info is not None else None
+
+
+def _ptx_pairs(image: bytes, kernel: str) -> list[tuple[int, int]] | None:
+    from .ptx import entry_params
+
+    try:
+        return [(q.offset, q.size) for q in
+                entry_params(image.decode("utf-8", errors="replace").rstrip("\0"), kernel)]
+    except KpairError:
+        return None   # no such .entry (the symbol check names it) or an unread declaration
+
+
+#: A fatbin member's header flags for a compressed payload: LZ4 (older toolkits), zstd.
+_FATBIN_LZ4, _FATBIN_ZSTD = 0x2000, 0x8000
+
+
+def fatbin_members(image: bytes) -> list[tuple[str, int, bytes]]:
+    """The members of a CUDA fatbin kpair can read: (``"elf"`` or ``"ptx"``, the SM number
+    they are for, their bytes). The container: a 16-byte header (magic 0xBA55ED50, version,
+    header size, payload size), then members, each a header (kind 1 PTX / 2 ELF, header
+    size, payload size, compressed size, SM number, flags, uncompressed size) and its
+    payload, stored as is or zstd-compressed. LZ4-compressed members (older toolkits) and
+    anything unreadable are left out: their layout is left to the driver at load."""
+    import struct
+
+    import zstandard
+
+    out: list[tuple[str, int, bytes]] = []
+    try:
+        magic, _, header, size = struct.unpack_from("<IHHQ", image, 0)
+        if magic != 0xBA55ED50:
+            return out
+        at, end = header, min(len(image), header + size)
+        while at + 64 <= end:
+            kind, _, hsize, psize, packed = struct.unpack_from("<HHIQI", image, at)
+            sm = struct.unpack_from("<I", image, at + 28)[0]
+            flags = struct.unpack_from("<Q", image, at + 40)[0]
+            full = struct.unpack_from("<Q", image, at + 56)[0]
+            if hsize < 64 or psize == 0:
+                break
+            payload = image[at + hsize:at + hsize + psize]
+            if flags & _FATBIN_ZSTD and 0 < packed <= psize and 0 < full <= 1 << 30:
+                payload = zstandard.ZstdDecompressor().decompress(
+                    payload[:packed], max_output_size=full)
+            elif flags & _FATBIN_LZ4:
+                payload = b""
+            if payload and kind in (1, 2):
+                out.append(("ptx" if kind == 1 else "elf", sm, payload))
+            at += hsize + psize
+    except (struct.error, zstandard.ZstdError):
+        pass
+    return out
+
+
 def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
     """Read the plan at ``path`` and its code objects (beside it), and check it against the
-    range of ``manifest`` (``check_plan``): (plan, ((bytes, format), ...), (layout, ...)).
-    A launch whose code object records no layout cannot be packed: refused (PlanError)."""
+    range of ``manifest`` (``check_plan``): (plan, ((bytes, format), ...), (layout, ...)),
+    the layout a launch's kernarg is packed by (a raw kernarg's: its own ``params``). A
+    launch binding ``args`` whose code object records no layout cannot be packed: refused
+    (PlanError); a raw kernarg is checked against the code object's layout where it has
+    one."""
     from .codecheck import FORMATS, _check_host, _defined_functions, _elf, _near
     from .errors import ArchitectureMismatch, SymbolNotFound
 
     plan = Plan.read(path)
-    code, layouts = [], []
+    code, layouts, packed = [], [], []
     images: dict[str, tuple[bytes, str]] = {}
     for i, launch in enumerate(plan.launches):
         if launch.code not in images:
@@ -288,15 +359,24 @@ def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
             if names is not None and launch.kernel not in names:
                 raise SymbolNotFound(f"{what} launch {i} kernel {launch.kernel!r} is not in "
                                      f"the cubin" + _near(launch.kernel, names))
-        layout = plan_layout(image, fmt, launch.kernel)
-        if layout is None:
+        elif fmt == "ptx":
+            from .ptx import entries
+
+            names = set(entries(image.decode("utf-8", errors="replace")))
+            if names and launch.kernel not in names:
+                raise SymbolNotFound(f"{what} launch {i} kernel {launch.kernel!r} is not an "
+                                     ".entry of the PTX" + _near(launch.kernel, names))
+        layout = plan_layout(image, fmt, launch.kernel, manifest.arch)
+        if layout is None and not launch.raw:
             raise PlanError(f"launch {i} ({launch.kernel}): {launch.code} records no "
-                            "parameter layout (a host object needs -g): the plan cannot be "
-                            "checked or packed", path=path)
+                            "parameter layout (a host object needs -g; a fatbin's members "
+                            "may be compressed): the plan cannot be checked or packed",
+                            path=path)
         code.append((image, fmt))
         layouts.append(layout)
+        packed.append(tuple(launch.params) if launch.raw else layout)
     check_plan(plan, plan_target(manifest), layouts)
-    return plan, tuple(code), tuple(layouts)
+    return plan, tuple(code), tuple(packed)
 
 
 def _inside(root: Path, rel: str, where: Path, field_name: str) -> Path:

@@ -19,9 +19,20 @@ unknown region or scratch, a reach past a region's or scratch buffer's end, a wr
 ``in`` region, an ``out`` region no launch may write. ``kernarg`` then builds each launch's
 argument blob from the layout and the placed addresses.
 
-Layouts come from the code object itself (``kpair.codecheck.kernel_layout``): a cubin's
-``.nv.info`` records, an AMDGPU metadata note, a host object's DWARF. A layout whose kinds
-are unknown (``bytes``) is checked by size only.
+A launch can instead carry a **raw kernarg** (``kernarg``: the argument blob as hex, as a
+capture recorded it; ``params``: that blob's layout) and **relocations** (``{"offset": 16,
+"bind": "region", "name": "a", "offset_in_region": 0, "access": "read"}``): each writes the
+placed address of a region or scratch buffer, plus ``offset_in_region``, into the pointer
+word at ``offset``; every other byte goes as recorded. A captured candidate
+(``kpair.bind``) is such a plan. ``check_plan`` checks relocations as it checks named
+parameters: a relocation lands on a pointer-sized parameter of ``params`` (a pointer, or
+bytes of unknown kind), and where the code object records its own layout, that layout must
+be ``params``' (offsets and sizes) — so the word is a pointer-sized parameter there too.
+
+Layouts come from the code object itself (``kpair.harness.plan_layout``): a cubin's
+``.nv.info`` records, a fatbin's cubin for the target architecture (or its PTX), a PTX
+``.entry``'s parameter list, an AMDGPU metadata note, a host object's DWARF. A layout whose
+kinds are unknown (``bytes``) is checked by size only.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from .errors import AbiMismatch, FormatError
-from .formats import Invalid, Record, read
+from .formats import HexBytes, Invalid, Record, read
 from .snapshot.model import (
     CODE_FORMATS,
     SCALAR_FORMATS,
@@ -104,6 +115,18 @@ class ScalarArg(Record, tag_field="bind", tag="scalar"):
 Arg = RegionArg | ScratchArg | ScalarArg
 
 
+class Relocation(Record, omit_defaults=True):
+    """A pointer word of a raw kernarg: at byte ``offset``, the placed address of region
+    (or scratch buffer) ``name`` plus ``offset_in_region``; ``access`` as for a region
+    parameter."""
+
+    offset: Count
+    bind: Literal["region", "scratch"]
+    name: RegionName
+    offset_in_region: Count = 0
+    access: Access = "read"
+
+
 class Scratch(Record):
     """A buffer the plan needs between launches: placed beside the regions, poisoned before
     every execution of the plan, never judged."""
@@ -119,20 +142,48 @@ class Scratch(Record):
 
 class PlanLaunch(Record, omit_defaults=True):
     """One launch: the code object (a file beside the plan), the kernel, its geometry and
-    one binding per parameter, in the kernel's order."""
+    either one binding per parameter, in the kernel's order (``args``), or a raw kernarg
+    with its layout and relocations (``kernarg``, ``params``, ``relocations``)."""
 
     code: str
     kernel: KernelName
-    args: tuple[Arg, ...]
+    args: tuple[Arg, ...] = ()
     grid: Dim3 = (1, 1, 1)
     block: Dim3 = (1, 1, 1)
     dynamic_shared_bytes: Count = 0
     format: Literal[CODE_FORMATS] | None = None  # type: ignore[valid-type]
+    kernarg: HexBytes | None = None
+    params: tuple[Param, ...] = ()
+    relocations: tuple[Relocation, ...] = ()
 
     def __post_init__(self) -> None:
         p = self.code
         if not p or p.startswith("/") or "\\" in p or ".." in p.split("/"):
             raise Invalid(f"must be a relative path beside the plan, got {p!r}", "code")
+        if self.kernarg is None:
+            if self.params or self.relocations:
+                raise Invalid("params and relocations go with a raw kernarg", "kernarg")
+            return
+        if self.args:
+            raise Invalid("a launch binds args or carries a raw kernarg, not both", "args")
+        end = 0
+        for i, q in enumerate(self.params):
+            if q.offset < end:
+                raise Invalid("parameters overlap or are out of order", f"params[{i}].offset")
+            end = q.offset + q.size
+        if end > len(self.kernarg):
+            raise Invalid(f"layout ends at byte {end}, the kernarg holds "
+                          f"{len(self.kernarg)}", "params")
+        seen: set[int] = set()
+        for i, r in enumerate(self.relocations):
+            if r.offset in seen:
+                raise Invalid(f"byte {r.offset} is relocated twice", f"relocations[{i}]")
+            seen.add(r.offset)
+
+    @property
+    def raw(self) -> bool:
+        """Whether the launch carries a raw kernarg (else it binds ``args``)."""
+        return self.kernarg is not None
 
 
 class Plan(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
@@ -203,6 +254,9 @@ def check_plan(plan: Plan, target: Target,
                         "one name, one buffer")
     written: set[str] = set()
     for i, (launch, layout) in enumerate(zip(plan.launches, layouts, strict=True)):
+        if launch.raw:
+            written |= _check_raw(i, launch, layout, target, scratch)
+            continue
         if layout is not None and len(layout) != len(launch.args):
             raise AbiMismatch(f"{_where(i, launch)} takes {len(layout)} parameters (from its "
                               f"code object), the plan binds {len(launch.args)}")
@@ -213,28 +267,71 @@ def check_plan(plan: Plan, target: Target,
                 _check_scalar(arg, param, where)
                 continue
             _check_pointer(param, where, arg)
-            if isinstance(arg, RegionArg):
-                region = target.regions.get(arg.name)
-                if region is None:
-                    raise PlanError(f"{where}: the range has no region {arg.name!r} "
-                                    f"(it has {', '.join(sorted(target.regions)) or 'none'})")
-                _check_reach(arg, region.size, f"region {arg.name!r}", where)
-                if arg.access != "read":
-                    if region.role == "in":
-                        raise PlanError(f"{where}: region {arg.name!r} is live-in (the range "
-                                        f"only reads it), the plan binds it for {arg.access}")
-                    written.add(arg.name)
-            else:
-                buf = scratch.get(arg.name)
-                if buf is None:
-                    raise PlanError(f"{where}: scratch buffer {arg.name!r} is not declared "
-                                    f"(the plan declares {', '.join(scratch) or 'none'})")
-                _check_reach(arg, buf.size, f"scratch buffer {arg.name!r}", where)
+            written |= _check_target(arg, where, target, scratch)
     unwritten = sorted(n for n, r in target.regions.items()
                        if r.role != "in" and n not in written)
     if unwritten:
         raise PlanError(f"the range writes {', '.join(map(repr, unwritten))}, which no launch "
                         "of the plan binds for writing")
+
+
+def _check_raw(i: int, launch: PlanLaunch, layout: Sequence[Param] | None, target: Target,
+               scratch: Mapping[str, Scratch]) -> set[str]:
+    """Check a raw-kernarg launch; the regions it may write."""
+    at = _where(i, launch)
+    if layout is not None:
+        mine = [(q.offset, q.size) for q in launch.params]
+        theirs = [(q.offset, q.size) for q in layout]
+        if mine != theirs:
+            raise AbiMismatch(f"{at}: the kernarg's layout {mine} (offset, size) is not the "
+                              f"code object's {theirs}")
+    by_offset = {q.offset: q for q in launch.params}
+    code_at = {q.offset: q for q in layout} if layout is not None else {}
+    written: set[str] = set()
+    for r in launch.relocations:
+        where = f"{at} relocation at byte {r.offset}"
+        what = f"{'region' if r.bind == 'region' else 'scratch buffer'} {r.name!r}"
+        if r.offset + 8 > len(launch.kernarg):
+            raise PlanError(f"{where}: outside the kernarg ({len(launch.kernarg)} bytes)")
+        param = by_offset.get(r.offset)
+        if param is None:
+            raise PlanError(f"{where}: no parameter of the kernarg starts there (the "
+                            "address of " + what + " must replace a whole pointer word)")
+        if param.kind not in ("pointer", "bytes") or param.size != 8:
+            raise AbiMismatch(f"{where}: the parameter there is {param.kind} of {param.size} "
+                              f"bytes, not a pointer (the plan writes the address of {what})")
+        mine = code_at.get(r.offset)
+        if layout is not None and (mine is None or mine.size != 8
+                                   or mine.kind not in ("pointer", "bytes")):
+            raise AbiMismatch(f"{where}: the code object's parameter there is not "
+                              f"pointer-sized (the plan writes the address of {what})")
+        arg = (RegionArg(r.name, r.offset_in_region, r.access) if r.bind == "region"
+               else ScratchArg(r.name, r.offset_in_region))
+        written |= _check_target(arg, where, target, scratch)
+    return written
+
+
+def _check_target(arg: RegionArg | ScratchArg, where: str, target: Target,
+                  scratch: Mapping[str, Scratch]) -> set[str]:
+    """A region or scratch binding against the range; the region it writes, if any."""
+    if isinstance(arg, RegionArg):
+        region = target.regions.get(arg.name)
+        if region is None:
+            raise PlanError(f"{where}: the range has no region {arg.name!r} "
+                            f"(it has {', '.join(sorted(target.regions)) or 'none'})")
+        _check_reach(arg, region.size, f"region {arg.name!r}", where)
+        if arg.access != "read":
+            if region.role == "in":
+                raise PlanError(f"{where}: region {arg.name!r} is live-in (the range "
+                                f"only reads it), the plan binds it for {arg.access}")
+            return {arg.name}
+        return set()
+    buf = scratch.get(arg.name)
+    if buf is None:
+        raise PlanError(f"{where}: scratch buffer {arg.name!r} is not declared "
+                        f"(the plan declares {', '.join(scratch) or 'none'})")
+    _check_reach(arg, buf.size, f"scratch buffer {arg.name!r}", where)
+    return set()
 
 
 def _check_scalar(arg: ScalarArg, param: Param | None, where: str) -> None:
@@ -270,10 +367,16 @@ def _check_reach(arg: RegionArg | ScratchArg, size: int, what: str, where: str) 
 
 
 def kernarg(launch: PlanLaunch, layout: Sequence[Param], addresses: Mapping[str, int]) -> bytes:
-    """Launch ``launch``'s argument blob: each binding packed at its parameter's offset.
+    """Launch ``launch``'s argument blob: each binding packed at its parameter's offset
+    (a raw kernarg: the recorded blob with each relocation's address written in).
     ``addresses`` holds the placed address of every region and scratch buffer by name
     (``check_plan`` refuses a scratch buffer named like a region). Call ``check_plan``
     first."""
+    if launch.raw:
+        blob = bytearray(launch.kernarg)
+        for r in launch.relocations:
+            struct.pack_into("<Q", blob, r.offset, addresses[r.name] + r.offset_in_region)
+        return bytes(blob)
     end = max((p.offset + p.size for p in layout), default=0)
     blob = bytearray(end)
     for param, arg in zip(layout, launch.args, strict=True):
