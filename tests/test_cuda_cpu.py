@@ -529,7 +529,7 @@ def _memory_device(**kw):
 
 
 def test_reads_small_and_large_are_fresh_bytes_with_the_device_contents():
-    from kpair.backends.cuda import _DIRECT_READ
+    from kpair.backends._stream import _DIRECT_READ
 
     drv, dev = _memory_device()
     try:

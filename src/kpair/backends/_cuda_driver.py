@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..errors import BackendUnavailable, SnapshotFormatError
 from ..placement import granular_spans
 from ..snapshot import LaunchAttribute, Param
-from ._checked import CheckedCalls
+from ._checked import CheckedCalls, stream_roles
 
 INSTALL_HINT = "pip install 'kpair[cuda]'"
 
@@ -55,8 +55,20 @@ def load_driver():
 class Driver(CheckedCalls):
     """Checked access to the driver: ``drv("cuMemAlloc", size)`` returns the call's values."""
 
+    ROLES = stream_roles("cuda")
+
     def __init__(self, module):
         super().__init__(module, module.CUresult.CUDA_SUCCESS)
+
+    @staticmethod
+    def access(desc):
+        """``cuMemSetAccess``'s descriptors argument: a list of them."""
+        return [desc]
+
+    @staticmethod
+    def host(data):
+        """Host bytes as ``cuMemcpyHtoDAsync`` takes them: any buffer, as it is."""
+        return data
 
     def error_name(self, err) -> tuple[str, str]:
         try:

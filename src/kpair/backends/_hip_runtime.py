@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 
 from ..errors import BackendUnavailable
-from ._checked import CheckedCalls
+from ._checked import CheckedCalls, stream_roles
 
 INSTALL_HINT = "pip install 'kpair[hip]'"
 BUFFER_POINTER, BUFFER_SIZE, END = 1, 2, 3
@@ -46,8 +46,20 @@ def _text(value: object) -> str:
 class Runtime(CheckedCalls):
     """Checked access: ``rt("hipMalloc", size)`` returns the call's values."""
 
+    ROLES = stream_roles("hip")
+
     def __init__(self, module):
         super().__init__(module, module.hipError_t.hipSuccess)
+
+    @staticmethod
+    def access(desc):
+        """``hipMemSetAccess``'s descriptors argument: the one descriptor."""
+        return desc
+
+    @staticmethod
+    def host(data):
+        """Host bytes as ``hipMemcpyHtoDAsync`` takes them: a ``bytes`` object."""
+        return bytes(data)
 
     def error_name(self, err) -> tuple[str, str]:
         name = getattr(err, "name", None) or f"hipError_t {int(err)}"

@@ -7,6 +7,13 @@ relocated); ``device.load(image, kernel_name)`` gives a ``Kernel``; then any num
 everything. Addresses passed to ``write``/``read``/``stage`` are *replay* addresses (captured
 address + ``Mapping.delta``). A device is used by one thread of one process.
 
+``Device`` is four roles: ``Facts`` (arch, environment, clocks), ``Code`` (load, unload,
+what can be told of the loaded code, seal), ``Memory`` (placement, reads, writes, pristine
+copies, fills, held copies) and ``Launcher`` (launch, timed launch, synchronisation, the
+backend's ``TimingModel``). Each method without a default is abstract; the rest have a safe
+default a backend overrides when it can do better. The GPU backends share one
+implementation of the memory and timing roles (``_stream.StreamDevice``).
+
 The trust checks compare memory far more often than they need its bytes, so a device may
 compare where the memory is: ``keep`` snapshots bytes into a ``Held`` copy (on the device for
 a GPU), ``compare`` tells whether memory still equals a held copy, ``check_fill`` whether it
@@ -131,24 +138,11 @@ class Kernel(ABC):
         return None
 
 
-class Device(ABC):
+class Facts(ABC):
+    """What a device is: the architecture snapshots are matched against, the facts recorded
+    into snapshots and results, its clocks."""
+
     backend: str = ""
-    def timing_model(self) -> TimingModel:
-        """How this backend's timings become a speedup (``kpair.measure.TimingModel``:
-        extra replicates, the run's own offset, the location read). Each backend names
-        its own: ``GPU_TIMING`` (cuda, hip), ``HOST_TIMING`` (host)."""
-        return TimingModel()
-
-    def run_rel(self, wait: float | None) -> float:
-        """A run-level term in log speedup (``kpair.measure.combine_replicates``) for a
-        measurement whose kernels waited for a CPU ``wait`` of the time (``sched_times``);
-        0 where the backend has none."""
-        return 0.0
-
-    def sched_times(self) -> dict[int, tuple[int, int]] | None:
-        """Per process that runs kernels: (ns on a CPU, ns waiting for one) so far, or None
-        where the backend runs none of its own (GPUs) or they cannot be read."""
-        return None
 
     @abstractmethod
     def arch(self) -> str:
@@ -158,13 +152,67 @@ class Device(ABC):
     def environment(self) -> dict:
         """Device, driver and host facts recorded into snapshots and results."""
 
+    def clocks(self) -> dict | None:
+        """Current clocks (MHz) where the backend can read them, else None. Recorded before
+        and after the measurement: a speedup taken while clocks moved deserves a second look."""
+        return None
+
+
+class Code(ABC):
+    """Code objects: load a kernel, give it back, and what the backend can tell of the code
+    it runs (a digest of its bytes, the calls a sandbox refused it), and the confinement of
+    the process before candidate code is loaded (``seal``)."""
+
     @abstractmethod
     def load(self, image: bytes, kernel_name: str, *, fmt: str) -> Kernel:
         """Load a code object and find ``kernel_name`` in it (SymbolNotFound if absent)."""
 
+    def unload(self, kernel: Kernel) -> None:  # noqa: B027 - most backends keep it to close
+        """Give back what loading ``kernel`` took, where that matters (a process, a module)."""
+
+    def code_digest(self, kernel: Kernel) -> str | None:
+        """A digest of the code bytes ``kernel`` runs as loaded now, or None where the backend
+        cannot read them (a GPU's loaded code is not readable through the driver)."""
+        return None
+
+    def seal(self) -> dict | None:
+        """Confine this process before candidate code is loaded into it, where the backend's
+        candidates run as native code in it (host); returns what was installed (for
+        result.json), or None for backends whose candidates cannot touch host state (GPU
+        code objects run on the device)."""
+        return None
+
+    def refused_calls(self, kernel: Kernel) -> dict | None:
+        """The system calls a sandbox refused ``kernel``'s code object so far (``count``,
+        ``at_load``, ``calls``: name -> count), or None where the backend runs no sandbox that
+        can tell (GPU kernels make no system calls)."""
+        return None
+
+
+class Memory(ABC):
+    """Device memory: placement of the captured ranges (``map``), reads and writes, pristine
+    copies (``stage``/``restore``), the cache flush, fills, and held copies compared where
+    the memory is (``keep``/``compare``/``check_fills``/``digest``, with read-back defaults
+    that every backend has)."""
+
     @abstractmethod
     def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
         """Make every captured [start, end) range accessible; ``relocate`` forces a delta."""
+
+    def mapped_ranges(self) -> list[tuple[int, int]] | None:
+        """The [start, end) replay-address ranges ``map`` made accessible, or None if unknown.
+
+        Guard bands are written in the bytes of these ranges that no region covers. Unknown:
+        only gaps shorter than 4 KiB between two regions are used (they lie in pages the two
+        regions already map)."""
+        return None
+
+    def renew_memory(self) -> bool:
+        """Back what ``map`` mapped with other physical memory at the same addresses, its
+        bytes zeroed (a replay restores the regions before each launch), so that a
+        measurement replicate meets another placement of the data as a fresh process does.
+        False where the backend does not (the memory stays where it is)."""
+        return False
 
     @abstractmethod
     def write(self, address: int, data: bytes) -> None: ...
@@ -184,35 +232,6 @@ class Device(ABC):
     def flush_cache(self) -> None:
         """Evict the last-level cache (write a buffer of its size), and wait for it."""
 
-    @abstractmethod
-    def launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
-               params: Sequence[Param]) -> None:
-        """Run the kernel once and wait for it; faults raise DriverError (or kill the process)."""
-
-    @abstractmethod
-    def timed_launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
-                     params: Sequence[Param]) -> float:
-        """Run the kernel once and return the seconds the kernel alone took."""
-
-    # Optional capabilities, used by the trust checks (kpair.audit). Each has a safe default;
-    # a backend overrides them when it can do better.
-
-    def synchronize(self) -> None:  # noqa: B027 - launch() already waited for its own work
-        """Wait for *all* work on the device, on every stream, not only the replay stream's.
-
-        The timing-integrity check brackets a timed launch with a wall clock that stops only
-        after this returns, so work a kernel started where the timer cannot see it shows up.
-        """
-
-    def window_clock(self) -> float:
-        """Seconds on the clock the timing-integrity window is read from (differences only).
-
-        Wall time by default. A backend whose ``timed_launch`` does not count time the
-        process spends preempted reads a clock that does not either (host: CPU time of the
-        process), so that other work on the machine widens neither the timer nor the window.
-        """
-        return time.perf_counter()
-
     def fill(self, address: int, size: int, word: int) -> None:
         """Fill ``size`` bytes at ``address`` with the little-endian 32-bit ``word`` repeated
         (from ``address`` on). Poison and guard canaries are written with it, before every
@@ -225,7 +244,16 @@ class Device(ABC):
         for address, size in spans:
             self.fill(address, size, word)
 
-    #: Whether keep/compare/check_fill/digest run where the memory is (no read to the host).
+    def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:
+        """A few small (address, bytes) writes, in place before the next launch."""
+        for address, data in writes:
+            self.write(address, data)
+
+    def scatter(self, patches: Sequence[tuple[int, Patch]]) -> None:
+        """(region address, ``Patch``) pairs, in place before the next launch."""
+        for address, p in patches:
+            self.patch(p.writes(address))
+
     #: When False they are the defaults below, which read: callers may then just read.
     compares_in_place: bool = False
 
@@ -251,16 +279,6 @@ class Device(ABC):
     def drop(self, held: Held) -> None:  # noqa: B027 - host copies are garbage-collected
         """Release a held copy."""
 
-    def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:
-        """A few small (address, bytes) writes, in place before the next launch."""
-        for address, data in writes:
-            self.write(address, data)
-
-    def scatter(self, patches: Sequence[tuple[int, Patch]]) -> None:
-        """(region address, ``Patch``) pairs, in place before the next launch."""
-        for address, p in patches:
-            self.patch(p.writes(address))
-
     def intact(self, held: Held) -> bool:
         """Whether a held copy still holds what was kept (a kernel cannot reach host copies)."""
         return True
@@ -282,33 +300,52 @@ class Device(ABC):
         """``digest64`` of the ``size`` bytes at ``address``."""
         return digest64(self.read(address, size), key)
 
-    def unload(self, kernel: Kernel) -> None:  # noqa: B027 - most backends keep it to close
-        """Give back what loading ``kernel`` took, where that matters (a process, a module)."""
 
-    def code_digest(self, kernel: Kernel) -> str | None:
-        """A digest of the code bytes ``kernel`` runs as loaded now, or None where the backend
-        cannot read them (a GPU's loaded code is not readable through the driver)."""
-        return None
+class Launcher(ABC):
+    """Launches and their timing: run a kernel, time it, wait for the whole device, and the
+    measurement policy the backend declares (``timing_model``)."""
 
-    def renew_memory(self) -> bool:
-        """Back what ``map`` mapped with other physical memory at the same addresses, its
-        bytes zeroed (a replay restores the regions before each launch), so that a
-        measurement replicate meets another placement of the data as a fresh process does.
-        False where the backend does not (the memory stays where it is)."""
-        return False
+    @abstractmethod
+    def launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
+               params: Sequence[Param]) -> None:
+        """Run the kernel once and wait for it; faults raise DriverError (or kill the process)."""
 
-    def refused_calls(self, kernel: Kernel) -> dict | None:
-        """The system calls a sandbox refused ``kernel``'s code object so far (``count``,
-        ``at_load``, ``calls``: name -> count), or None where the backend runs no sandbox that
-        can tell (GPU kernels make no system calls)."""
-        return None
+    @abstractmethod
+    def timed_launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
+                     params: Sequence[Param]) -> float:
+        """Run the kernel once and return the seconds the kernel alone took."""
 
-    def mapped_ranges(self) -> list[tuple[int, int]] | None:
-        """The [start, end) replay-address ranges ``map`` made accessible, or None if unknown.
+    def synchronize(self) -> None:  # noqa: B027 - launch() already waited for its own work
+        """Wait for *all* work on the device, on every stream, not only the replay stream's.
 
-        Guard bands are written in the bytes of these ranges that no region covers. Unknown:
-        only gaps shorter than 4 KiB between two regions are used (they lie in pages the two
-        regions already map)."""
+        The timing-integrity check brackets a timed launch with a wall clock that stops only
+        after this returns, so work a kernel started where the timer cannot see it shows up.
+        """
+
+    def window_clock(self) -> float:
+        """Seconds on the clock the timing-integrity window is read from (differences only).
+
+        Wall time by default. A backend whose ``timed_launch`` does not count time the
+        process spends preempted reads a clock that does not either (host: CPU time of the
+        process), so that other work on the machine widens neither the timer nor the window.
+        """
+        return time.perf_counter()
+
+    def timing_model(self) -> TimingModel:
+        """How this backend's timings become a speedup (``kpair.measure.TimingModel``:
+        extra replicates, the run's own offset, the location read). Each backend names
+        its own: ``GPU_TIMING`` (cuda, hip), ``HOST_TIMING`` (host)."""
+        return TimingModel()
+
+    def run_rel(self, wait: float | None) -> float:
+        """A run-level term in log speedup (``kpair.measure.combine_replicates``) for a
+        measurement whose kernels waited for a CPU ``wait`` of the time (``sched_times``);
+        0 where the backend has none."""
+        return 0.0
+
+    def sched_times(self) -> dict[int, tuple[int, int]] | None:
+        """Per process that runs kernels: (ns on a CPU, ns waiting for one) so far, or None
+        where the backend runs none of its own (GPUs) or they cannot be read."""
         return None
 
     def measure_bandwidth(self, nbytes: int) -> float | None:
@@ -317,17 +354,10 @@ class Device(ABC):
         backend cannot tell. The impossible-speed check compares opt against it."""
         return None
 
-    def clocks(self) -> dict | None:
-        """Current clocks (MHz) where the backend can read them, else None. Recorded before
-        and after the measurement: a speedup taken while clocks moved deserves a second look."""
-        return None
 
-    def seal(self) -> dict | None:
-        """Confine this process before candidate code is loaded into it, where the backend's
-        candidates run as native code in it (host); returns what was installed (for
-        result.json), or None for backends whose candidates cannot touch host state (GPU
-        code objects run on the device)."""
-        return None
+class Device(Facts, Code, Memory, Launcher):
+    """A backend's device: the four roles above (a caller that needs one role only may take
+    that role's type), and its lifetime."""
 
     def close(self) -> None:  # noqa: B027 - optional for backends with nothing to release
         """Release every mapping, module and buffer."""

@@ -47,7 +47,6 @@ import numpy as np
 
 from ..errors import (
     ArchitectureMismatch,
-    BackendUnavailable,
     DriverError,
     SymbolNotFound,
     UsageError,
@@ -67,8 +66,8 @@ from ._cuda_driver import (
     ptx_target,
     replayed_attributes,
 )
-from ._vmm import SpanPlacement
-from .base import Device, Kernel, Mapping
+from ._stream import StreamDevice, count_devices, init_driver
+from .base import Kernel, Mapping
 
 if TYPE_CHECKING:
     from ..policy.mutation import Patch
@@ -86,13 +85,6 @@ SPACER_GRANULES = 256
 #: of at most _GRID_ROWS rows (grid y) each.
 _FEW_RUNS = 4
 _GRID_ROWS = 65535
-#: From this size on ``CudaDevice.read`` copies into the returned bytes directly (a 16 MiB
-#: copy costs 12 ms on a 2-core CI machine; small reads are many and cost their calls).
-_DIRECT_READ = 1 << 16
-_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
-_new_bytes.argtypes, _new_bytes.restype = (ctypes.c_void_p, ctypes.c_ssize_t), ctypes.py_object
-_bytes_address = ctypes.pythonapi.PyBytes_AsString
-_bytes_address.argtypes, _bytes_address.restype = (ctypes.py_object,), ctypes.c_void_p
 
 
 class CudaKernel(Kernel):
@@ -110,7 +102,10 @@ class CudaKernel(Kernel):
         return self._layout
 
 
-class CudaDevice(DeviceChecks, SpanPlacement, Device):
+class CudaDevice(DeviceChecks, StreamDevice):
+    """The stream device (``kpair.backends._stream``) on cuda-bindings' driver, with the
+    timing gate, the check kernels (``DeviceChecks``) and memory renewal."""
+
     backend = "cuda"
 
     def timing_model(self) -> TimingModel:
@@ -118,21 +113,10 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
 
     def __init__(self, driver_module, *, device: int = 0, flush_bytes: int | None = None,
                  gate: bool = True):
-        d = self._d = driver_module
-        self.drv = Driver(d)
-        self.ordinal = int(device)
+        self._d = driver_module
+        self.drv = Driver(driver_module)
+        self._start_state(self.drv, device)
         self._ctx = None
-        self._streams: list = []
-        self._events: list = []
-        self._allocs: dict[int, int] = {}     # cuMemAlloc pointer -> bytes (copies, buffers)
-        self._mapped: list[tuple[int, int]] = []
-        self._handles: list = []
-        self._reservations: list[tuple[int, int]] = []
-        self._modules: list = []
-        self._staged: list[tuple[int, int, int]] = []   # (address, pristine copy, bytes)
-        self._span, self._delta = (0, 0), 0
-        self._flush_ptr, self._flush_value = 0, 0
-        self._gate_value = 0
         self._checks: tuple | None = None        # (kp_diff, kp_copy, kp_fill) once loaded
         self._checks_status = "not loaded"
         self._key = secrets.randbits(64)
@@ -153,14 +137,8 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
 
     def _open(self, flush_bytes: int | None, gate: bool) -> None:
         d, drv = self._d, self.drv
-        try:
-            err = d.cuInit(0)[0]
-        except RuntimeError as e:  # cuda-bindings cannot dlopen libcuda.so.1
-            raise BackendUnavailable(f"no NVIDIA driver: {e}") from None
-        if err != drv.success:
-            name, text = drv.error_name(err)
-            raise BackendUnavailable(f"cuInit failed: {name} ({text}); is an NVIDIA GPU "
-                                     "visible to this process?")
+        init_driver(drv, "no NVIDIA driver",
+                    "; is an NVIDIA GPU visible to this process?")
         count = drv("cuDeviceGetCount")
         if not 0 <= self.ordinal < count:
             raise UsageError(f"CUDA device {self.ordinal} does not exist ({count} visible)")
@@ -205,18 +183,8 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         owner.append(handle)
         return handle
 
-    def _alloc(self, size: int) -> int:
-        ptr = int(self.drv("cuMemAlloc", size))
-        self._allocs[ptr] = size
-        return ptr
-
-    def _free(self, ptr: int) -> None:
-        """Give back a buffer of ``_alloc`` before the device closes."""
-        self.drv("cuMemFree", ptr)
-        del self._allocs[ptr]
-
     def _try_gate(self) -> bool:
-        geq = self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
+        geq = self._wait_geq = self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
         try:  # already satisfied (flag 0 >= 0): returns at once where supported
             self.drv("cuStreamWaitValue32", self.stream, self._flag, 0, geq)
             self.drv("cuStreamSynchronize", self.stream)
@@ -319,46 +287,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
     def map(self, ranges: Sequence[tuple[int, int]], *, relocate: bool = False) -> Mapping:
         return self._place_span(ranges, relocate)
 
-    def _vmm_reserve(self, size: int, align: int, address: int) -> int:
-        return self.drv("cuMemAddressReserve", size, align, address, 0)
-
-    def _vmm_free(self, base: int, size: int) -> None:
-        self.drv("cuMemAddressFree", base, size)
-
-    def _map_span(self, address: int, size: int) -> None:
-        handle = self.drv("cuMemCreate", size, self._prop, 0)
-        self._handles.append(handle)
-        self.drv("cuMemMap", address, size, 0, handle, 0)
-        self._mapped.append((address, size))
-        self.drv("cuMemSetAccess", address, size, [self._access], 1)
-        # Fresh physical memory holds whatever it held: zero it so guard bytes are defined.
-        self.drv("cuMemsetD8Async", address, 0, size, self.stream)
-        self.drv("cuStreamSynchronize", self.stream)
-
     # ------------------------------------------------------------------ memory
-
-    def write(self, address: int, data: bytes) -> None:
-        self.drv("cuStreamSynchronize", self.stream)
-        if data:
-            self._upload(address, data)
-
-    def _upload(self, address: int, data: bytes) -> None:
-        """Host bytes to the device, landed before this returns.
-
-        On the replay stream, then waited for: a plain ``cuMemcpyHtoD`` from pageable memory
-        returns once the bytes are staged, before the DMA to the destination has completed
-        (CUDA's "API synchronization behavior"), and it runs on the legacy stream, which the
-        non-blocking replay stream does not wait for. A launch right after it could read the
-        region half old. (benchmarks/htod_order.py looks for that on a device: 0 of 40 rounds
-        of 64 MiB on the H200, so the ordering rests on the documented semantics.)"""
-        self.patch(((address, data),))
-        self.drv("cuStreamSynchronize", self.stream, context=" after a host-to-device copy")
-
-    def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:
-        """Each write a copy on the replay stream, ordered before the next launch there,
-        without a wait of its own (pageable bytes are staged by the time the call returns)."""
-        for address, data in writes:
-            self.drv("cuMemcpyHtoDAsync", address, data, len(data), self.stream)
 
     def scatter(self, patches: Sequence[tuple[int, Patch]]) -> None:
         """Every run of every patch in one upload and one ``kp_copy`` launch (a table row per
@@ -394,35 +323,17 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
                             struct.pack("<Q", buf + 32 * at))
         self.drv("cuMemsetD8Async", buf, 0, len(blob), self.stream)
 
-    def read(self, address: int, size: int) -> bytes:
-        """The bytes at ``address``; a large read lands straight in the ``bytes`` object it
-        returns (made uninitialised by CPython's ``PyBytes_FromStringAndSize(NULL, n)``,
-        filled before anything else sees it) rather than in a buffer copied once more."""
-        self.drv("cuStreamSynchronize", self.stream)
-        if size < _DIRECT_READ:
-            out = bytearray(size)
-            if size:
-                self.drv("cuMemcpyDtoH", out, address, size)
-            return bytes(out)
-        data = _new_bytes(None, size)
-        self.drv("cuMemcpyDtoH", _bytes_address(data), address, size)
-        return data
-
     def stage(self, address: int, data: bytes) -> None:
-        if not data:
-            return
-        pristine = self._alloc(len(data))
-        self._upload(pristine, data)
-        self._staged.append((address, pristine, len(data)))
-        self._table_stale = True
+        super().stage(address, data)
+        if data:
+            self._table_stale = True
 
     def restore(self) -> None:
         if len(self._staged) > 1 and self.compares_in_place:
             self._restore_batched()
+            self.drv("cuStreamSynchronize", self.stream, context=" after restoring pre-state")
         else:
-            for address, pristine, size in self._staged:
-                self.drv("cuMemcpyDtoDAsync", address, pristine, size, self.stream)
-        self.drv("cuStreamSynchronize", self.stream, context=" after restoring pre-state")
+            super().restore()
 
     def _restore_batched(self) -> None:
         """Every staged copy in one kp_copy launch (grid y: one row of blocks per region)."""
@@ -439,14 +350,6 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         biggest = max(size for _, _, size in self._staged)
         self._run_check(self._checks[1], self._blocks(biggest), n,
                         struct.pack("<Q", self._table))
-
-    def flush_cache(self) -> None:
-        if not self._flush_ptr:
-            self._flush_ptr = self._alloc(self.flush_bytes)
-        self._flush_value ^= 0x5A5A5A5A
-        self.drv("cuMemsetD32Async", self._flush_ptr, self._flush_value,
-                 self.flush_bytes // 4, self.stream)
-        self.drv("cuStreamSynchronize", self.stream)
 
     # ------------------------------------------------------------------ launches
 
@@ -499,43 +402,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         ready = self._prepare(kernel, launch, kernarg, params)
         return self._timed(lambda: self._launch(kernel, ready), f" after launching {kernel.name}")
 
-    def _timed(self, enqueue, context: str) -> float:
-        """Seconds between events around ``enqueue()``'s work, behind the timing gate."""
-        drv = self.drv
-        if self.gated:
-            self._gate_value = (self._gate_value + 1) % 2**32 or 1
-            value = self._gate_value
-            drv("cuStreamWaitValue32", self.stream, self._flag, value,
-                self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value)
-        try:
-            drv("cuEventRecord", self._start, self.stream)
-            enqueue()
-            drv("cuEventRecord", self._end, self.stream)
-        finally:
-            opened = drv.quiet("cuStreamWriteValue32", self._gate_stream, self._flag,
-                               value, 0) if self.gated else drv.success
-        if opened != drv.success:
-            if isinstance(opened, Exception):
-                raise opened
-            raise drv.error("cuStreamWriteValue32 (opening the timing gate)", opened)
-        drv("cuEventSynchronize", self._end, context=context)
-        return float(drv("cuEventElapsedTime", self._start, self._end)) * 1e-3
-
-    # ------------------------------------------------------------------ trust-check support
-
-    def synchronize(self) -> None:
-        """Wait for all work in the context, on every stream (not only the replay stream)."""
-        self.drv("cuCtxSynchronize")
-
-    def fill(self, address: int, size: int, word: int) -> None:
-        if address % 4 or size % 4:
-            super().fill(address, size, word)
-            return
-        # Stream-ordered before the launch that follows; read() and write() wait for it.
-        self.drv("cuMemsetD32Async", address, word & 0xFFFFFFFF, size // 4, self.stream)
-
-    def mapped_ranges(self) -> list[tuple[int, int]]:
-        return [(address, address + size) for address, size in self._mapped]
+    # ------------------------------------------------------------------ memory renewal
 
     def _spacer(self) -> object | None:
         """A random number of granules (1 to ``SPACER_GRANULES``, whatever the regions'
@@ -592,20 +459,7 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
         self.drv("cuStreamSynchronize", self.stream)
         return True
 
-    def _best_of_8(self, op, context: str) -> float:
-        """The shortest of 8 event-timed, gated runs of ``op(i)`` (i = 0..7), in seconds."""
-        return min(self._timed(lambda i=i: op(i), context) for i in range(8))
-
-    def measure_bandwidth(self, nbytes: int) -> float:
-        """Best of 8 event-timed, gated memsets of ``nbytes`` bytes (bytes written per s)."""
-        n = max(-(-int(nbytes) // 4) * 4, 4)
-        buffer = int(self.drv("cuMemAlloc", n))
-        try:
-            best = self._best_of_8(lambda i: self.drv("cuMemsetD32Async", buffer, i, n // 4,
-                                                      self.stream), " after a memset")
-        finally:
-            self.drv("cuMemFree", buffer)
-        return n / max(best, 1e-9)
+    # ------------------------------------------------------------------ bandwidth
 
     def measure_copy_bandwidth(self, nbytes: int) -> float:
         """Best of 8 event-timed, gated device-to-device copies of ``nbytes`` bytes, counting
@@ -623,50 +477,25 @@ class CudaDevice(DeviceChecks, SpanPlacement, Device):
 
     # ------------------------------------------------------------------ teardown
 
-    def close(self) -> None:
-        """Release everything, best effort: errors here are dropped, never raised."""
-        q = self.drv.quiet
-        if self._ctx is None:
-            return
+    def _is_open(self) -> bool:
+        return self._ctx is not None
+
+    def _before_release(self) -> None:
         if self._gate_value:  # never leave the replay stream waiting on a closed gate
-            q("cuStreamWriteValue32", self._gate_stream, self._flag, 0xFFFFFFFF, 0)
-        for stream in self._streams:
-            q("cuStreamSynchronize", stream)
-        for ptr in self._allocs:
-            q("cuMemFree", ptr)
-        for address, size in self._mapped:
-            q("cuMemUnmap", address, size)
-        for handle in self._handles:
-            q("cuMemRelease", handle)
-        for base, size in self._reservations:
-            q("cuMemAddressFree", base, size)
-        for module in self._modules:
-            q("cuModuleUnload", module)
-        for event in self._events:
-            q("cuEventDestroy", event)
-        for stream in self._streams:
-            q("cuStreamDestroy", stream)
-        for owned in (self._allocs, self._mapped, self._handles, self._reservations,
-                      self._modules, self._events, self._streams, self._staged, self._spare):
-            owned.clear()
+            self.drv.quiet("cuStreamWriteValue32", self._gate_stream, self._flag,
+                           0xFFFFFFFF, 0)
+
+    def _after_release(self) -> None:
+        self._spare.clear()
         self._checks, self._table = None, 0
-        q("cuDevicePrimaryCtxRelease", self.dev)
+        self.drv.quiet("cuDevicePrimaryCtxRelease", self.dev)
         self._ctx = None
 
 
 def device_count() -> int:
     """How many CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` applies); no context
     is created."""
-    d = load_driver()
-    drv = Driver(d)
-    try:
-        err = d.cuInit(0)[0]
-    except RuntimeError as e:
-        raise BackendUnavailable(f"no NVIDIA driver: {e}") from None
-    if err != drv.success:
-        name, text = drv.error_name(err)
-        raise BackendUnavailable(f"cuInit failed: {name} ({text})")
-    return int(drv("cuDeviceGetCount"))
+    return count_devices(Driver(load_driver()), "no NVIDIA driver")
 
 
 def open_device(**options: object) -> CudaDevice:

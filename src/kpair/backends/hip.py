@@ -39,18 +39,15 @@ from ..amd.target import TargetId, incompatibility
 from ..errors import (
     AbiMismatch,
     ArchitectureMismatch,
-    BackendUnavailable,
     DriverError,
     SymbolNotFound,
     UsageError,
 )
 from ..measure import GPU_TIMING, TimingModel
 from ..snapshot import Launch, Param
-
-# plan_span is pure placement arithmetic shared with the cuda backend (no driver import).
 from ._hip_runtime import KernargBuffer, Runtime, load_hip
-from ._vmm import SpanPlacement
-from .base import Device, Kernel, Mapping
+from ._stream import StreamDevice, count_devices, init_driver
+from .base import Kernel, Mapping
 
 MIB = 1 << 20
 #: Memory-side last-level cache ("MALL", AMD Infinity Cache) per processor, which HIP's
@@ -80,7 +77,10 @@ def _enum(mod, group: str, member: str):
     return getattr(getattr(mod, group), member)
 
 
-class HipDevice(SpanPlacement, Device):
+class HipDevice(StreamDevice):
+    """The stream device (``kpair.backends._stream``) on hip-python's runtime, with the
+    relocation fallback and the kernarg buffer; timing runs ungated."""
+
     backend = "hip"
 
     def timing_model(self) -> TimingModel:
@@ -89,17 +89,8 @@ class HipDevice(SpanPlacement, Device):
     def __init__(self, hip_module, *, device: int = 0, flush_bytes: int | None = None):
         self._h = hip_module
         self.rt = Runtime(hip_module)
-        self.ordinal = int(device)
+        self._start_state(self.rt, device)
         self._open_ok = False
-        self._streams: list = []
-        self._events: list = []
-        self._allocs: list[int] = []
-        self._mapped: list[tuple[int, int]] = []
-        self._handles: list = []
-        self._reservations: list[tuple[int, int]] = []
-        self._modules: list = []
-        self._staged: list[tuple[int, int, int]] = []
-        self._flush_ptr, self._flush_value = 0, 0
         try:
             self._open(flush_bytes)
         except BaseException:
@@ -110,14 +101,8 @@ class HipDevice(SpanPlacement, Device):
 
     def _open(self, flush_bytes: int | None) -> None:
         h, rt = self._h, self.rt
-        try:
-            err = h.hipInit(0)[0]
-        except RuntimeError as e:  # hip-python cannot dlopen libamdhip64.so
-            raise BackendUnavailable(f"no ROCm runtime: {e}") from None
-        if err != rt.success:
-            name, text = rt.error_name(err)
-            raise BackendUnavailable(f"hipInit failed: {name} ({text}); is an AMD GPU "
-                                     "visible to this process (/dev/kfd, /dev/dri)?")
+        init_driver(rt, "no ROCm runtime",
+                    "; is an AMD GPU visible to this process (/dev/kfd, /dev/dri)?")
         self._open_ok = True
         count = rt("hipGetDeviceCount")
         if not 0 <= self.ordinal < count:
@@ -150,17 +135,11 @@ class HipDevice(SpanPlacement, Device):
                       "hipMemAllocationGranularityMinimum")))
         except DriverError:
             self.granularity = 0      # no virtual memory API: map() relocates
-        self._span, self._delta = (0, 0), 0
 
     def _event(self):
         event = self.rt("hipEventCreate")
         self._events.append(event)
         return event
-
-    def _alloc(self, size: int) -> int:
-        ptr = int(self.rt("hipMalloc", size))
-        self._allocs.append(ptr)
-        return ptr
 
     def arch(self) -> str:
         return self.target.processor
@@ -231,22 +210,6 @@ class HipDevice(SpanPlacement, Device):
         except DriverError as e:
             return self._map_relocated(ranges, f"hipMemAddressReserve refused: {e}")
 
-    def _vmm_reserve(self, size: int, align: int, address: int) -> int:
-        return self.rt("hipMemAddressReserve", size, align, address, 0)
-
-    def _vmm_free(self, base: int, size: int) -> None:
-        self.rt("hipMemAddressFree", base, size)
-
-    def _map_span(self, address: int, size: int) -> None:
-        handle = self.rt("hipMemCreate", size, self._prop, 0)
-        self._handles.append(handle)
-        self.rt("hipMemMap", address, size, 0, handle, 0)
-        self._mapped.append((address, size))
-        self.rt("hipMemSetAccess", address, size, self._access, 1)
-        # Fresh physical memory holds whatever it held: zero it so guard bytes are defined.
-        self.rt("hipMemsetD8Async", address, 0, size, self.stream)
-        self.rt("hipStreamSynchronize", self.stream)
-
     def _map_relocated(self, ranges: Sequence[tuple[int, int]], reason: str) -> Mapping:
         """One hipMalloc buffer holding the whole captured span, moved by one delta."""
         lo = min(r[0] for r in ranges) // _FALLBACK_ALIGN * _FALLBACK_ALIGN
@@ -259,52 +222,6 @@ class HipDevice(SpanPlacement, Device):
         self._mapped.append((base, size))
         self._span, self._delta = (min(r[0] for r in ranges), hi), base - lo
         return Mapping("relocated", base - lo, {"reason": reason, "allocated_bytes": size})
-
-    # ------------------------------------------------------------------ memory
-
-    def write(self, address: int, data: bytes) -> None:
-        self.rt("hipStreamSynchronize", self.stream)
-        if data:
-            self._upload(address, data)
-
-    def _upload(self, address: int, data: bytes) -> None:
-        """Host bytes to the device on the replay stream, waited for: a null-stream copy is
-        not ordered before work on the non-blocking replay stream (see CudaDevice._upload)."""
-        self.patch(((address, data),))
-        self.rt("hipStreamSynchronize", self.stream, context=" after a host-to-device copy")
-
-    def patch(self, writes: Sequence[tuple[int, bytes]]) -> None:
-        """Each write a copy on the replay stream, ordered before the next launch there (as
-        ``CudaDevice.patch``); a fresh timed input is a copy per run here (no check kernels)."""
-        for address, data in writes:
-            self.rt("hipMemcpyHtoDAsync", address, bytes(data), len(data), self.stream)
-
-    def read(self, address: int, size: int) -> bytes:
-        self.rt("hipStreamSynchronize", self.stream)
-        out = bytearray(size)
-        if size:
-            self.rt("hipMemcpyDtoH", out, address, size)
-        return bytes(out)
-
-    def stage(self, address: int, data: bytes) -> None:
-        if not data:
-            return
-        pristine = self._alloc(len(data))
-        self._upload(pristine, data)
-        self._staged.append((address, pristine, len(data)))
-
-    def restore(self) -> None:
-        for address, pristine, size in self._staged:
-            self.rt("hipMemcpyDtoDAsync", address, pristine, size, self.stream)
-        self.rt("hipStreamSynchronize", self.stream, context=" after restoring pre-state")
-
-    def flush_cache(self) -> None:
-        if not self._flush_ptr:
-            self._flush_ptr = self._alloc(self.flush_bytes)
-        self._flush_value ^= 0x5A5A5A5A
-        self.rt("hipMemsetD32Async", self._flush_ptr, self._flush_value,
-                self.flush_bytes // 4, self.stream)
-        self.rt("hipStreamSynchronize", self.stream)
 
     # ------------------------------------------------------------------ launches
 
@@ -338,65 +255,12 @@ class HipDevice(SpanPlacement, Device):
         return self._timed(lambda: self._launch(kernel, launch, buffer),
                            f" after launching {kernel.name}")
 
-    def _timed(self, enqueue, context: str) -> float:
-        self.rt("hipEventRecord", self._start, self.stream)
-        enqueue()
-        self.rt("hipEventRecord", self._end, self.stream)
-        self.rt("hipEventSynchronize", self._end, context=context)
-        return float(self.rt("hipEventElapsedTime", self._start, self._end)) * 1e-3
-
-    # ------------------------------------------------------------------ trust-check support
-
-    def synchronize(self) -> None:
-        self.rt("hipDeviceSynchronize")
-
-    def fill(self, address: int, size: int, word: int) -> None:
-        if address % 4 or size % 4:
-            super().fill(address, size, word)
-            return
-        self.rt("hipMemsetD32Async", address, word & 0xFFFFFFFF, size // 4, self.stream)
-        self.rt("hipStreamSynchronize", self.stream)
-
-    def mapped_ranges(self) -> list[tuple[int, int]]:
-        return [(address, address + size) for address, size in self._mapped]
-
-    def measure_bandwidth(self, nbytes: int) -> float:
-        n = max(-(-int(nbytes) // 4) * 4, 4)
-        buffer = int(self.rt("hipMalloc", n))
-        try:
-            best = min(self._timed(lambda i=i: self.rt("hipMemsetD32Async", buffer, i, n // 4,
-                                                       self.stream), " after a memset")
-                       for i in range(8))
-        finally:
-            self.rt("hipFree", buffer)
-        return n / max(best, 1e-9)
-
     # ------------------------------------------------------------------ teardown
 
-    def close(self) -> None:
-        """Release everything, best effort: errors here are dropped, never raised."""
-        if not self._open_ok:
-            return
-        q = self.rt.quiet
-        for stream in self._streams:
-            q("hipStreamSynchronize", stream)
-        for ptr in self._allocs:
-            q("hipFree", ptr)
-        for address, size in self._mapped if self._handles else ():
-            q("hipMemUnmap", address, size)
-        for handle in self._handles:
-            q("hipMemRelease", handle)
-        for base, size in self._reservations:
-            q("hipMemAddressFree", base, size)
-        for module in self._modules:
-            q("hipModuleUnload", module)
-        for event in self._events:
-            q("hipEventDestroy", event)
-        for stream in self._streams:
-            q("hipStreamDestroy", stream)
-        for owned in (self._allocs, self._mapped, self._handles, self._reservations,
-                      self._modules, self._events, self._streams, self._staged):
-            owned.clear()
+    def _is_open(self) -> bool:
+        return self._open_ok
+
+    def _after_release(self) -> None:
         self._open_ok = False
 
 
@@ -413,16 +277,7 @@ def _version(v: int) -> str:
 
 def device_count() -> int:
     """How many HIP devices this process sees (``HIP_VISIBLE_DEVICES`` applies)."""
-    h = load_hip()
-    rt = Runtime(h)
-    try:
-        err = h.hipInit(0)[0]
-    except RuntimeError as e:
-        raise BackendUnavailable(f"no ROCm runtime: {e}") from None
-    if err != rt.success:
-        name, text = rt.error_name(err)
-        raise BackendUnavailable(f"hipInit failed: {name} ({text})")
-    return int(rt("hipGetDeviceCount"))
+    return count_devices(Runtime(load_hip()), "no ROCm runtime")
 
 
 def open_device(**options: object) -> HipDevice:
