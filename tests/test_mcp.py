@@ -185,12 +185,13 @@ def test_the_listing_skips_releases_and_kpairs_own_outputs(work, tmp_path):
 
     ws = Workspace(root)
     ops = {name: (kind, path.relative_to(root).as_posix())
-           for name, (kind, path) in ws.operators().items()}
+           for name, (kind, path) in ((n, (op.kind, op.path))
+                                      for n, op in ws.operators().items())}
     assert ops == {"captures_snap": ("snapshot", "captures/snap"),
                    "pairs_mm": ("harness", "pairs/mm")}
     # Served from inside the release, its harnesses are what there is to list.
     inside = Workspace(root / "release")
-    assert [k for k, _ in inside.operators().values()] == ["harness"]
+    assert [op.kind for op in inside.operators().values()] == ["harness"]
 
 
 def _snapshot_copy(d: Path, dest: Path) -> Path:
@@ -202,7 +203,7 @@ def _snapshot_copy(d: Path, dest: Path) -> Path:
 
 def test_quick_options_keep_the_checks_and_bad_quick_flags_are_usage_errors(tmp_path, capsys):
     from kpair.cli import main
-    from kpair.mcp.workspace import quick_options
+    from kpair.optimize.workbench import quick_options
     from kpair.pipeline import RunOptions
 
     full = RunOptions(seed=7, timeout_s=30, skip_checks=("noop",), max_blocks=400)

@@ -142,14 +142,13 @@ def test_ptx_candidates_are_assembled_with_refs_fmad_setting():
                            "signature": {"x": "*fp32", "n": "i32"},
                            "metadata": {"num_warps": 4, "enable_fp_fusion": fusion}}}
         manifest = types.SimpleNamespace(provenance=meta)
-        return types.SimpleNamespace(harness=types.SimpleNamespace(
-            snapshot=types.SimpleNamespace(manifest=manifest)))
+        return types.SimpleNamespace(snapshot=types.SimpleNamespace(manifest=manifest))
 
     assert ptxas_defaults(state(False), ["-O3"]) == ["-O3", "--fmad=false"]
     assert ptxas_defaults(state(False), ["--fmad=true"]) == ["--fmad=true"]
     assert ptxas_defaults(state(True), ["-O3"]) == ["-O3"]
-    assert ptxas_defaults(types.SimpleNamespace(harness=types.SimpleNamespace(
-        snapshot=types.SimpleNamespace(manifest=types.SimpleNamespace(provenance={})))),
+    assert ptxas_defaults(types.SimpleNamespace(
+        snapshot=types.SimpleNamespace(manifest=types.SimpleNamespace(provenance={}))),
         []) == []
 
 
@@ -158,7 +157,7 @@ def test_ptx_candidates_are_assembled_with_refs_fmad_setting():
 
 def _state(provenance: dict, params: list[tuple[int, int]], scalars: dict[int, bytes],
            grid, block, ref_image: bytes = b""):
-    """A stand-in for an OperatorState of a CUDA snapshot: what build.py reads of it."""
+    """A stand-in for the harness of a CUDA snapshot: what build.py reads of it."""
     size = max(o + s for o, s in params)
     kernarg = bytearray(size)
     for offset, value in scalars.items():
@@ -170,10 +169,9 @@ def _state(provenance: dict, params: list[tuple[int, int]], scalars: dict[int, b
             offset=o, size=s, name=f"arg{i}") for i, (o, s) in enumerate(params)]))
     snapshot = types.SimpleNamespace(manifest=manifest, kernarg=lambda: bytes(kernarg))
     ref = types.SimpleNamespace(kernel="k")
-    harness = types.SimpleNamespace(snapshot=snapshot, backend="cuda", ref=ref,
-                                    opt=types.SimpleNamespace(kernel="k"),
-                                    binary=lambda side: ref_image)
-    return types.SimpleNamespace(harness=harness)
+    return types.SimpleNamespace(snapshot=snapshot, backend="cuda", ref=ref,
+                                 opt=types.SimpleNamespace(kernel="k"),
+                                 binary=lambda side: ref_image)
 
 
 def test_describe_tells_the_agent_which_block_sizes_the_launch_follows():

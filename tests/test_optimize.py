@@ -115,18 +115,21 @@ def test_search_evaluates_the_same_code_and_launch_once(snapshot, tmp_path):
 
     from kpair.harness import create_harness
     from kpair.optimize.search import search
-    from kpair.optimize.strategy import Proposal
+    from kpair.optimize.workbench import built
     from kpair.pipeline import RunOptions
 
     h = create_harness(snapshot, tmp_path / "h", opt=snapshot.parent / "ref.so")
     twin = tmp_path / "twin.so"
     shutil.copyfile(snapshot.parent / "ref.so", twin)
-    proposals = [("host-c", Proposal("first", snapshot.parent / "ref.so", "kp_matmul")),
-                 ("host-c", Proposal("twin", twin, "kp_matmul"))]
+    candidates = [built(snapshot.parent / "ref.so", "kp_matmul", label="first",
+                        strategy="host-c"),
+                  built(twin, "kp_matmul", label="twin", strategy="host-c")]
     quick = RunOptions(min_blocks=4, max_blocks=4, control=False, seed=1, timeout_s=30)
-    outcome = search(h.root, proposals, tmp_path / "s", prune=quick, confirm=quick)
-    assert [e.proposal.label for e in outcome.pruned] == ["first"]
-    ((strategy, p, why),) = outcome.skipped
+    outcome = search(h.root, candidates, tmp_path / "s", prune=quick, confirm=quick)
+    assert [e.label for e in outcome.pruned] == ["first"]
+    (first,) = outcome.pruned  # judged: its result and attempt number on the one type
+    assert first.result is not None and first.attempt == 1 and first.step == "prune"
+    ((p, why),) = outcome.skipped
     assert p.label == "twin" and why == "the same code and launch as first"
 
 
@@ -154,12 +157,15 @@ class _Sessions:
             def __exit__(self, *exc):
                 return False
 
-            def evaluate(self, binary, *, label, **kw):
+            def judge(self, candidate):
+                from dataclasses import replace
+
                 self.evaluated += 1
-                log.append(label)
-                x = outer.speed(label, options.max_blocks)
+                log.append(candidate.label)
+                x = outer.speed(candidate.label, options.max_blocks)
                 speed = SimpleNamespace(speedup=x, reported_ci95=(x - 0.01, x + 0.01))
-                return SimpleNamespace(status="pass", speed=speed, reason=None)
+                return replace(candidate, attempt=self.evaluated, result=SimpleNamespace(
+                    status="pass", speed=speed, reason=None))
 
         return Stage()
 
@@ -168,14 +174,14 @@ def test_successive_halving_measures_the_best_third_again_and_confirms_its_best(
         monkeypatch, tmp_path):
     import importlib
 
-    from kpair.optimize.strategy import Proposal
+    from kpair.candidate import Candidate
 
     search_mod = importlib.import_module("kpair.optimize.search")
     proposals = []
     for i in range(9):
         binary = tmp_path / f"c{i}.bin"
         binary.write_bytes(bytes([i]))
-        proposals.append(("s", Proposal(f"c{i}", binary, "k")))
+        proposals.append(Candidate(kernel="k", label=f"c{i}", binary=binary, strategy="s"))
     # The prune stage ranks c8 first, then c7, c6 (its noise); the longer rung finds c7 best;
     # c0 never beats ref.
     prune = {f"c{i}": 1.0 + i / 10 for i in range(9)}
@@ -183,7 +189,8 @@ def test_successive_halving_measures_the_best_third_again_and_confirms_its_best(
     longer["coordinate-descent: cd"] = 1.15
     fake = _Sessions(lambda label, blocks: prune[label] if blocks == 16 else longer[label])
     monkeypatch.setattr(search_mod, "Session", fake)
-    baselines = [("coordinate-descent", Proposal("cd", binary, "k"), {"found": True}),
+    baselines = [("coordinate-descent", Candidate(kernel="k", label="cd", binary=binary),
+                  {"found": True}),
                  ("max-autotune", None, {"found": False, "reason": "not in that capture"})]
     out = search_mod.search(tmp_path / "h", proposals, tmp_path / "s", keep=1,
                             baselines=baselines)
@@ -196,15 +203,16 @@ def test_successive_halving_measures_the_best_third_again_and_confirms_its_best(
     # 8 of 9 beat ref in prune; a rung takes ceil(8 / 3) = 3 of them, in prune order.
     assert fake.stages[1][1] == ["c8", "c7", "c6"]
     assert fake.stages[2][1] == ["c7"]                 # the rung's best is confirmed
-    assert out.winner.proposal.label == "c7" and out.chosen_by.stage == "rung1"
-    assert out.evaluated == 9 + 3 + 1 and [e.stage for e in out.rungs[0]] == ["rung1"] * 3
+    assert out.winner.label == "c7" and out.chosen_by.step == "rung1"
+    assert out.winner.step == "confirm" and out.winner.strategy == "s"
+    assert out.evaluated == 9 + 3 + 1 and [e.step for e in out.rungs[0]] == ["rung1"] * 3
 
     # Too few to halve: prune, then confirm (no rung measures all of them or only keep).
     fake = _Sessions(lambda label, blocks: prune[label])
     monkeypatch.setattr(search_mod, "Session", fake)
     out = search_mod.search(tmp_path / "h", proposals[:5], tmp_path / "t", keep=2)
     assert [name for name, _ in fake.stages] == ["prune", "confirm"]
-    assert out.winner.proposal.label == "c4" and out.chosen_by.stage == "prune"
+    assert out.winner.label == "c4" and out.chosen_by.step == "prune"
 
     # Nothing beats ref in the rung: no confirming run, the reason says where it stopped.
     fake = _Sessions(lambda label, blocks: prune[label] if blocks == 16 else 0.9)

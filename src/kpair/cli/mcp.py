@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..mcp import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
-from ..mcp.workspace import Workspace, quick_options
+from ..mcp.workspace import Workspace
+from ..optimize.workbench import quick_options
 from .base import BLOCKS, REPLICATES, SECONDS, Command, integer
 from .run import add_run_arguments, options_from_args
 

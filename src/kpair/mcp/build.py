@@ -1,10 +1,12 @@
 """Candidates of every form built into a code object, ABI checked before anything launches.
 
-``build_candidate(state, form, ...)`` returns a ``Built``: the code object's bytes, the kernel
-name in it, the launch it needs (Triton: block from num_warps, shared memory, grid recomputed)
-and its provenance. Forms: C (host), CUDA C++, PTX (parameters checked against ref's layout,
-then ``ptxas``), Triton source (compiled with the captured signature and config), edited
-AMDGPU assembly (``kpair asm``), or a ready code object. A cubin, whatever made it, has its
+``build_candidate(harness, form, ...)`` returns a built ``kpair.candidate.Candidate``: the
+code object's bytes, the kernel name in it, the launch it needs (Triton: block from
+num_warps, shared memory, grid recomputed; ``kpair.optimize.strategies.triton.build_config``,
+as the ``triton`` strategy builds its configs) and its provenance. Forms: C (host), CUDA
+C++, PTX (parameters checked against ref's layout, then ``ptxas``), Triton source (compiled
+with the captured signature and config), edited AMDGPU assembly (``kpair asm``), or a ready
+code object. A cubin, whatever made it, has its
 ``.nv.info`` parameter layout checked against the snapshot's kernarg layout too.
 """
 
@@ -12,49 +14,33 @@ from __future__ import annotations
 
 import base64
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ..amd.asm import SOURCE, assemble, disassemble
+from ..candidate import Candidate
 from ..errors import KpairError, UsageError
-from ..harness import EXTENSIONS
 from ..optimize.strategies import triton as tri
+from ..optimize.workbench import built
 from ..ptx import assemble_with, check_abi, cubin_params, cubin_text, entries, entry_params
 from ..snapshot import detect_format
 from ..toolchain import compile_cuda, compile_shared
 
 
-@dataclass
-class Built:
-    image: bytes
-    kernel: str
-    source: str | None = None
-    build: str | None = None
-    launch: dict | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def suffix(self) -> str:
-        try:
-            return EXTENSIONS[detect_format(self.image)]
-        except KpairError:
-            return ".bin"
-
-
-def _ref_layout(state) -> tuple[list[tuple[int, int]], list[str]]:
-    m = state.harness.snapshot.manifest
+def _ref_layout(h) -> tuple[list[tuple[int, int]], list[str]]:
+    m = h.snapshot.manifest
     return [(p.offset, p.size) for p in m.kernarg.params], [p.name for p in m.kernarg.params]
 
 
-def _check_cubin(state, image: bytes, kernel: str, what: str) -> None:
-    layout, names = _ref_layout(state)
+def _check_cubin(h, image: bytes, kernel: str, what: str) -> None:
+    layout, names = _ref_layout(h)
     check_abi(cubin_params(image, kernel), layout, ref_names=names, what=what)
 
 
-def build_candidate(state, form: str, *, code: str | None, path: str | None,
-                    kernel: str | None, ptxas_options: list[str], config: dict | None) -> Built:
-    h = state.harness
+def build_candidate(h, form: str, *, code: str | None, path: str | None,
+                    kernel: str | None, ptxas_options: list[str], config: dict | None
+                    ) -> Candidate:
+    """A candidate of ``form`` for the harness ``h`` built (see the module docstring)."""
     kernel = kernel or h.opt.kernel
     arch = h.snapshot.manifest.arch
     text = code if code is not None else None
@@ -68,9 +54,9 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
             image = decode_binary(code, path)
             if not image:
                 raise UsageError("the candidate is empty")
-            if detect_format(image) == "cubin":
-                _check_cubin(state, image, kernel, "the candidate cubin")
-            return Built(image, kernel, build="given code object")
+            if _format(image) == "cubin":
+                _check_cubin(h, image, kernel, "the candidate cubin")
+            return built(image, kernel, build="given code object")
         if form == "c":
             if h.backend != "host":
                 raise UsageError(f"C source builds host kernels; this operator runs on "
@@ -78,7 +64,7 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
 
             (tmp / "cand.c").write_text(text)
             out = compile_shared(tmp / "cand.c", tmp / "cand.so")
-            return Built(out.read_bytes(), kernel, source="C source (submitted)",
+            return built(out.read_bytes(), kernel, source="C source (submitted)",
                          build="cc -shared -fPIC -O2 (kpair.toolchain)")
         if form == "cuda":
             _need(h, "cuda", form)
@@ -86,26 +72,26 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
             (tmp / "cand.cu").write_text(text)
             out = compile_cuda(tmp / "cand.cu", tmp / "cand.cubin", arch=arch)
             image = out.read_bytes()
-            _check_cubin(state, image, kernel, "the candidate")
-            return Built(image, kernel, source="CUDA source (submitted)",
+            _check_cubin(h, image, kernel, "the candidate")
+            return built(image, kernel, source="CUDA source (submitted)",
                          build=f"nvcc -cubin -arch={arch} -O3")
         if form == "ptx":
             _need(h, "cuda", form)
 
             names = entries(text)
             name = kernel if kernel in names else (names[0] if len(names) == 1 else kernel)
-            layout, ref_names = _ref_layout(state)
+            layout, ref_names = _ref_layout(h)
             check_abi(entry_params(text, name), layout, ref_names=ref_names,
                       what="the candidate PTX")
-            options = ptxas_defaults(state, ptxas_options)
+            options = ptxas_defaults(h, ptxas_options)
             image, cmd = assemble_with(text, arch=arch, options=options)
-            _check_cubin(state, image, name, "the assembled PTX")
-            return Built(image, name, source="PTX (submitted)",
+            _check_cubin(h, image, name, "the assembled PTX")
+            return built(image, name, source="PTX (submitted)",
                          build=" ".join([Path(cmd[0]).name, *cmd[1:]]),
                          params={"ptxas_options": options, "ptxas": cmd[0]})
         if form == "triton":
             _need(h, "cuda", form)
-            return _triton(state, text, config or {}, tmp)
+            return _triton(h, text, config or {}, tmp)
         if form == "amdgpu-asm":
             _need(h, "hip", form)
 
@@ -114,27 +100,24 @@ def build_candidate(state, form: str, *, code: str | None, path: str | None,
             disassemble(ref, tmp / "asm")
             (tmp / "asm" / SOURCE).write_text(text)
             out = assemble(tmp / "asm", tmp / "cand.co")
-            return Built(out.read_bytes(), kernel, source="AMDGPU assembly (submitted)",
+            return built(out.read_bytes(), kernel, source="AMDGPU assembly (submitted)",
                          build="kpair asm assemble")
     raise UsageError(f"unknown form {form!r}")
 
 
-def triton_facts(state) -> dict:
+def triton_facts(h) -> dict:
     """What a Triton source candidate may change, for ``describe``: the captured kernel's
     function, constexprs (by name), num_warps / num_stages / maxnreg, the block-size
     constexprs whose change the launch can follow (``tunable_blocks``) and the grid formula;
     or ``{"error": why not}``."""
 
-    m = state.harness.snapshot.manifest
-    info = tri.kernel_info(m.provenance or {})
+    info = tri.for_harness(h)
     if info is None:
         return {"error": "no captured Triton metadata (not a Triton launch, or its source "
                          "was not recorded whole)"}
-    kernarg = state.harness.snapshot.kernarg()
-    info = tri.resolve(info, m, kernarg)
     if isinstance(info, str):
         return {"error": info}
-    formula = tri.dispatch_formula(info, m, kernarg)
+    formula = tri.dispatch_formula(info, h.snapshot.manifest, h.snapshot.kernarg())
     return {"function": info.function,
             "constants": {k: v for k, v in info.constants.items()
                           if isinstance(v, (int, float, bool, str)) or v is None},
@@ -144,17 +127,16 @@ def triton_facts(state) -> dict:
             "grid_formula": formula, "reduces": info.reduces}
 
 
-def recompiled_ptx(state, work: Path) -> tuple[str | None, str]:
+def recompiled_ptx(h, work: Path) -> tuple[str | None, str]:
     """ref's PTX by compiling the captured Triton source with the captured config (when
     capture did not keep the PTX): (PTX or None, how, or why not). The cubin of that
     compilation is compared with ref's code object, and the answer says whether it is the
     same."""
 
-    m = state.harness.snapshot.manifest
-    info = tri.kernel_info(m.provenance or {})
+    m = h.snapshot.manifest
+    info = tri.for_harness(h)
     if info is None:
         return None, "no captured Triton source to compile"
-    info = tri.resolve(info, m, state.harness.snapshot.kernarg())
     if isinstance(info, str):
         return None, info
     config = {"num_warps": int(info.metadata.get("num_warps") or 4),
@@ -169,8 +151,6 @@ def recompiled_ptx(state, work: Path) -> tuple[str | None, str]:
                      f"{str(e).strip()[:300]}"
     if not built.get("ptx"):
         return None, "Triton's compiled kernel has no PTX"
-
-    h = state.harness
     try:
         same = cubin_text(built["cubin"]) == cubin_text(h.binary(h.ref))
     except KpairError:
@@ -181,12 +161,12 @@ def recompiled_ptx(state, work: Path) -> tuple[str | None, str]:
                            "NOT identical to ref's (another Triton or ptxas?)"))
 
 
-def ptxas_defaults(state, options: list[str]) -> list[str]:
+def ptxas_defaults(h, options: list[str]) -> list[str]:
     """``options`` plus what ref's own build used and the PTX does not say: Triton runs
     ptxas with ``--fmad=false`` for a kernel compiled without FP fusion, and without it
     ptxas would contract ref's separate multiplies and adds (other rounding)."""
 
-    info = tri.kernel_info(state.harness.snapshot.manifest.provenance or {})
+    info = tri.kernel_info(h.snapshot.manifest.provenance or {})
     if info is not None and info.metadata.get("enable_fp_fusion") is False \
             and not any(o.startswith(("--fmad", "-fmad")) for o in options):
         return [*options, "--fmad=false"]
@@ -211,20 +191,22 @@ def _need(h, backend: str, form: str) -> None:
                          f"{h.backend}")
 
 
-def _triton(state, source: str, config: dict, tmp: Path) -> Built:
+def _format(image: bytes) -> str | None:
+    try:
+        return detect_format(image)
+    except KpairError:
+        return None
+
+
+def _triton(h, source: str, config: dict, tmp: Path) -> Candidate:
     """The submitted source compiled as the captured kernel was (signature, specialisation,
     constexprs), with ``config`` (num_warps, num_stages, maxnreg, constants) over the
     captured config; the launch follows the config, the grid recomputed from its formula."""
-    from dataclasses import replace
-
-
-    h = state.harness
     m = h.snapshot.manifest
-    info = tri.kernel_info(m.provenance or {})
+    info = tri.for_harness(h)
     if info is None:
         raise UsageError("this operator has no captured Triton metadata (not a Triton "
                          "launch, or its source was not recorded whole)")
-    info = tri.resolve(info, m, h.snapshot.kernarg())
     if isinstance(info, str):
         raise KpairError(info)
     if f"def {info.function}(" not in source:
@@ -248,15 +230,10 @@ def _triton(state, source: str, config: dict, tmp: Path) -> Built:
         raise UsageError("the grid formula of this kernel is unknown, so its block-size "
                          "constexprs cannot change (num_warps and num_stages can)")
     fn = tri.load_function(edited, tmp)
-    built = tri.compile_config(edited, fn, chosen, m.arch)
-    captured = int(info.metadata.get("global_scratch_size") or 0)
-    if built["global_scratch_size"] > captured:
-        raise KpairError("the kernel needs global scratch memory the captured dispatch did "
-                         "not provide")
-    _check_cubin(state, built["cubin"], built["name"], "the compiled Triton kernel")
-    launch = tri.launch_override(info, chosen, shared=built["shared"], formula=formula,
-                                 values=tri.scalars(info, m, kernarg))
+    code = tri.build_config(edited, fn, chosen, arch=m.arch, formula=formula,
+                            values=tri.scalars(info, m, kernarg))
+    _check_cubin(h, code.image, code.kernel, "the compiled Triton kernel")
     label = " ".join(f"{k}={v}" for k, v in chosen.items() if k != "constants" and v)
-    return Built(built["cubin"], built["name"], source="Triton source (submitted)",
-                 build=f"triton.compile({info.function}, {label} {constants or ''})".strip(),
-                 launch=launch, params={k: v for k, v in chosen.items() if v is not None})
+    return replace(code, source="Triton source (submitted)",
+                   build=f"triton.compile({info.function}, {label} {constants or ''})".strip(),
+                   params={k: v for k, v in chosen.items() if v is not None})

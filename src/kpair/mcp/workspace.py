@@ -2,7 +2,8 @@
 to publish. No MCP here: ``kpair.mcp.server`` exposes these methods as tools.
 
 ``Workspace(root, options)`` finds the operators under ``root`` (every snapshot directory and
-every harness, a harness's own ``capture/`` not counted twice). Each operator gets, on first
+every harness, a harness's own ``capture/`` not counted twice), as ``kpair optimize`` does
+(``kpair.optimize.workbench``, which also makes the harnesses). Each operator gets, on first
 use, an ``OperatorState`` under ``root/mcp/<operator>/``: the harness candidates are judged
 on (a harness operator is its own; a snapshot's is an A/A pair of its captured code object,
 ``base/``), persistent ``kpair.session.Session`` s writing to one ``evaluations/``
@@ -13,11 +14,12 @@ kpair's own message on bad input.
 
 Two measurements, both with every trust check (a cheat fails either way): a submission is
 judged *quick* by default — the light options of ``kpair optimize``'s prune stage
-(``quick_options``: one replicate, few ABBA blocks, a short time cap, no identical-binary
-control), an exploratory verdict in a fraction of a second for a short kernel — or *full*
-on request (``full=True``: the workspace's run options, replicated and controlled, the
-verdict ``kpair evaluate`` gives). Each has its own session, started on first use. ``publish``
-always runs the full measurement again (``release add``), whatever judged the candidate.
+(``kpair.optimize.workbench.quick_options``: one replicate, few ABBA blocks, a short time
+cap, no identical-binary control), an exploratory verdict in a fraction of a second for a
+short kernel — or *full* on request (``full=True``: the workspace's run options,
+replicated and controlled, the verdict ``kpair evaluate`` gives). Each has its own session,
+started on first use. ``publish`` always runs the full measurement again (``release add``),
+whatever judged the candidate.
 """
 
 from __future__ import annotations
@@ -25,26 +27,30 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..candidate import Candidate
 from ..capture.profile import format_table
 from ..capture.profiler import run_profile
 from ..capture.workflow import capture_program
 from ..describe import describe_operator
 from ..errors import KpairError, UsageError
-from ..harness import EXTENSIONS, Harness, create_harness
-from ..optimize.program import level_of
+from ..harness import Harness
+from ..optimize.workbench import (
+    Operator,
+    base_harness,
+    find_operators,
+    pair_harness,
+    suffix,
+)
 from ..options import RunOptions
-from ..release import INDEX, add_operator
-from ..release.store import LOCK
+from ..release import add_operator
 from ..session import taken_numbers
 from ..snapshot import Snapshot
-from . import QUICK_MAX_BLOCKS, QUICK_REPLICATES, QUICK_TIME_CAP_S
 from .build import build_candidate, recompiled_ptx, triton_facts
 
 #: What ``submit`` accepts as ``form``, and what each means.
@@ -57,45 +63,9 @@ FORMS = {
     "amdgpu-asm": "kpair asm's code.s of ref, edited (assembled back with LLVM)",
     "binary": "a code object (.so, cubin, fatbin, PTX or hsaco): base64 in 'code' or a 'path'",
 }
-_SKIP = {"mcp", "evaluations", ".git", "__pycache__", "blobs"}
 QUICK_NOTE = (" [quick measurement: exploratory; full=true, or publish, runs the full "
               "replicated one]")
 MAX_TEXT = 200_000
-
-
-def _kpair_output(d: Path, dirnames: list[str], filenames: list[str]) -> bool:
-    """Whether ``d`` is something kpair wrote whose harnesses are not operators: a release
-    (its ``index.json`` or writer lock; its harnesses pair published winners) or one
-    operator's work directory of ``kpair optimize`` (``captured.bin`` beside its A/A
-    ``base/`` and the ``search/`` candidates)."""
-
-    if LOCK in filenames:
-        return True
-    if INDEX in filenames:
-        try:
-            with open(d / INDEX, "rb") as f:
-                head = f.read(4096)
-        except OSError:
-            return False
-        if b"kpair.release_index" in head:
-            return True
-    return "captured.bin" in filenames and "base" in dirnames
-
-
-def _name(rel: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", rel).strip("._-+")[:120] or "operator"
-
-
-def quick_options(full: RunOptions, *, max_blocks: int = QUICK_MAX_BLOCKS,
-                  time_cap_s: float = QUICK_TIME_CAP_S,
-                  replicates: int = QUICK_REPLICATES) -> RunOptions:
-    """The quick measurement beside ``full``: the same checks, device, placement, cache,
-    seed and timeout; few blocks, a short cap, ``replicates`` replicates, no control."""
-    from dataclasses import replace
-
-    return replace(full, replicates=replicates, min_blocks=min(4, max_blocks),
-                   max_blocks=max_blocks, time_cap_s=time_cap_s, rel_ci=None,
-                   control=False, aa=False)
 
 
 @dataclass
@@ -106,8 +76,9 @@ class OperatorState:
     name: str
     harness: Harness
     work: Path
+    level: int = 1
     sessions: dict[str, Any] = field(default_factory=dict)
-    candidates: dict[int, dict] = field(default_factory=dict)
+    candidates: dict[int, Candidate] = field(default_factory=dict)  # judged, kept on file
     ref_s: float | None = None
     last_sol: dict | None = None
     recompiled_ptx: tuple[str | None, str] | None = None  # (PTX, how), made once
@@ -142,30 +113,15 @@ class Workspace:
 
     # ------------------------------------------------------------------ operators
 
-    def operators(self) -> dict[str, tuple[str, Path]]:
-        """name -> (kind, directory), for every snapshot and harness under the root that is
-        an operator: not inside a release or another of kpair's outputs (``_kpair_output``),
-        whose harnesses only repeat operators (or candidates) found elsewhere."""
-        found: dict[str, tuple[str, Path]] = {}
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            d = Path(dirpath)
-            if d != self.root and _kpair_output(d, dirnames, filenames):
-                dirnames[:] = []
-                continue
-            dirnames[:] = sorted(n for n in dirnames if n not in _SKIP and not n.startswith("."))
-            kind = "harness" if "harness.json" in filenames else \
-                "snapshot" if "snapshot.json" in filenames else None
-            if kind is None:
-                continue
-            if kind == "harness":
-                dirnames[:] = []  # its capture/ is part of it
-            rel = d.relative_to(self.root).as_posix()
-            found[_name(rel if rel != "." else d.name)] = (kind, d)
-        return found
+    def operators(self) -> dict[str, Operator]:
+        """name -> Operator, for every snapshot and harness under the root that is an
+        operator (``kpair.optimize.workbench.find_operators``)."""
+        return find_operators(self.root)
 
     def list(self) -> list[dict]:
         out = []
-        for name, (kind, path) in self.operators().items():
+        for name, op in self.operators().items():
+            kind, path = op.kind, op.path
             row: dict[str, Any] = {"operator": name, "kind": kind,
                                    "path": str(path.relative_to(self.root))}
             try:
@@ -184,7 +140,7 @@ class Workspace:
             out.append(row)
         return out
 
-    def _find(self, operator: str) -> tuple[str, Path]:
+    def _find(self, operator: str) -> Operator:
         ops = self.operators()
         if operator not in ops:
             raise UsageError(f"no operator {operator!r} in {self.root} (operators: "
@@ -197,21 +153,10 @@ class Workspace:
         with self.lock:
             if operator in self._states:
                 return self._states[operator]
-            kind, path = self._find(operator)
+            op = self._find(operator)
             work = self.root / "mcp" / operator
             work.mkdir(parents=True, exist_ok=True)
-            if kind == "harness":
-                harness = Harness.open(path)
-            else:
-                base = work / "base"
-                if (base / "harness.json").is_file():
-                    harness = Harness.open(base)
-                else:
-                    snap = Snapshot.open(path)
-                    image = work / f"ref{EXTENSIONS[snap.manifest.code.format]}"
-                    image.write_bytes(snap.code_object())
-                    harness = create_harness(path, base, opt=image)
-            state = OperatorState(operator, harness, work)
+            state = OperatorState(operator, base_harness(op, work), work, op.level)
             state.taken = taken_numbers(state.out)
             self._states[operator] = state
             return state
@@ -228,7 +173,7 @@ class Workspace:
                 state.harness.root, self.options if mode == "full" else self.quick,
                 out=state.out)
         # One numbering for both sessions (calls are serialised by the workspace lock).
-        session.first = state.taken - session.evaluated
+        session.continue_after(state.taken)
         return session, mode
 
     # ------------------------------------------------------------------ describe
@@ -248,7 +193,7 @@ class Workspace:
                 "forms": FORMS}
             if state.harness.backend == "cuda":
                 try:
-                    out["triton"] = triton_facts(state)
+                    out["triton"] = triton_facts(state.harness)
                 except Exception as e:  # noqa: BLE001 - recorded metadata is best effort
                     out["triton"] = {"error": f"unreadable Triton metadata: "
                                               f"{type(e).__name__}: {e}"}
@@ -263,7 +208,7 @@ class Workspace:
         if code.get("ptx") or "error" in triton:
             return
         if state.recompiled_ptx is None:
-            state.recompiled_ptx = recompiled_ptx(state, state.work / "ref-ptx")
+            state.recompiled_ptx = recompiled_ptx(state.harness, state.work / "ref-ptx")
         text, how = state.recompiled_ptx
         if text is not None:
             code["ptx"] = text if len(text) <= max_chars else \
@@ -276,10 +221,10 @@ class Workspace:
         """ref against itself through the session: ref's time (and the setup paid once)."""
         h = state.harness
         session, mode = self.session(state, full=False)
-        result, attempt = session.attempt(h.binary(h.ref), kernel=h.ref.kernel,
-                                          label="ref (baseline measurement)",
-                                          strategy="mcp:baseline", params={"judged": mode})
-        state.taken = attempt.n
+        judged = session.judge(Candidate(h.binary(h.ref), h.ref.kernel,
+                                         label="ref (baseline measurement)",
+                                         strategy="mcp:baseline", params={"judged": mode}))
+        state.taken, result = judged.attempt, judged.result
         if result.speed is not None:
             state.ref_s = result.speed.debug_only.get("ref_median_us", 0) * 1e-6 or None
         if result.sol is not None:  # ref's time against the floor (opt here is ref again)
@@ -303,26 +248,25 @@ class Workspace:
         with self.lock:
             state = self.state(operator)
             started = time.monotonic()
-            built = build_candidate(state, form, code=code, path=path, kernel=kernel,
-                                    ptxas_options=ptxas_options or [], config=config)
-            override = launch_override if launch_override is not None else built.launch
+            built = build_candidate(state.harness, form, code=code, path=path,
+                                    kernel=kernel, ptxas_options=ptxas_options or [],
+                                    config=config)
+            override = launch_override if launch_override is not None \
+                else built.launch_override
             build_s = time.monotonic() - started
             session, mode = self.session(state, full=full)
-            result, attempt = session.attempt(
-                built.image, kernel=built.kernel, launch_override=override or None,
-                label=label or f"{form} candidate", source=built.source, build=built.build,
-                strategy=f"mcp:{form}", params={**built.params, "judged": mode})
-            state.taken = attempt.n
-            keep = state.work / "candidates" / f"{attempt.n:04d}{built.suffix}"
+            judged = session.judge(replace(
+                built, launch_override=override or None, label=label or f"{form} candidate",
+                strategy=f"mcp:{form}", params={**built.params, "judged": mode}))
+            n, result = judged.attempt, judged.result
+            state.taken = n
+            keep = state.work / "candidates" / f"{n:04d}{suffix(built)}"
             keep.parent.mkdir(parents=True, exist_ok=True)
             keep.write_bytes(built.image)
-            state.candidates[attempt.n] = {"file": keep, "kernel": built.kernel,
-                                           "launch_override": override or None,
-                                           "form": form, "status": result.status,
-                                           "judged": mode}
+            state.candidates[n] = replace(judged, image=b"", binary=keep)
             s = result.speed
             return {
-                "attempt": attempt.n, "status": result.status, "judged": mode,
+                "attempt": n, "status": result.status, "judged": mode,
                 "summary": result.summary() + (QUICK_NOTE if mode == "quick" else ""),
                 "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
                 "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
@@ -331,7 +275,7 @@ class Workspace:
                 if result.correctness else None,
                 "reason": result.reason, "exit_code": result.exit_code,
                 "sol": result.sol.summary() if result.sol else None,
-                "result": str(state.out / attempt.result),
+                "result": str(session.result_file(n)),
                 "candidate": str(keep), "build": built.build, "build_s": round(build_s, 3),
                 "judge_s": result.wall_s}
 
@@ -349,19 +293,12 @@ class Workspace:
             if cand is None:
                 raise UsageError(f"operator {operator} has no attempt {attempt} in this "
                                  f"session (attempts: {sorted(state.candidates) or 'none'})")
-            if cand["status"] != "pass":
-                raise UsageError(f"attempt {attempt} did not pass ({cand['status']}); only a "
-                                 "passing candidate can be published")
-            h = state.harness
+            if cand.result.status != "pass":
+                raise UsageError(f"attempt {attempt} did not pass ({cand.result.status}); "
+                                 "only a passing candidate can be published")
             out = state.work / "winners" / f"{attempt:04d}"
-            if not (out / "harness.json").is_file():
-                ref_file = state.work / f"ref-for-publish{Path(h.ref.binary).suffix}"
-                ref_file.write_bytes(h.binary(h.ref))
-                create_harness(h.snapshot.root, out, ref=ref_file, opt=cand["file"],
-                               ref_kernel=h.ref.kernel, opt_kernel=cand["kernel"],
-                               policy=h.root / h.spec.policy,
-                               opt_launch=cand["launch_override"])
-            level = level or level_of(h.ref.kernel)
+            pair_harness(state.harness, cand, out)
+            level = level or state.level
             outcome = add_operator(release, out, level=level, name=name or operator,
                                    replace=replace, options=self.publish_options,
                                    allow_slower=allow_slower)
@@ -410,7 +347,7 @@ class Workspace:
             raise KpairError(f"kpair capture wrote no capture.json (exit status {status}):\n"
                              f"{tail[0]}")
         data = json.loads(summary.read_text())
-        ops = {p: n for n, (_, p) in self.operators().items()}
+        ops = {op.path: n for n, op in self.operators().items()}
         captured = [{"snapshot": d.get("snapshot"), "kernel": d.get("kernel"),
                      "operator": ops.get((dest / d["snapshot"]).resolve())}
                     for d in data.get("dispatches", []) if d.get("status") == "captured"]

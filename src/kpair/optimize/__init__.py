@@ -1,6 +1,8 @@
 """Built-in optimizers around evaluation sessions: from captured dispatches to a release.
 
-``strategy``   what a strategy is (``Strategy``, ``Proposal``, ``Context``, ``KernelSource``)
+``workbench``  what ``optimize`` and ``mcp`` share: operators, the base harness, the quick
+               measurement, building candidates (``kpair.candidate.Candidate``)
+``strategy``   what a strategy is (``Strategy``, ``Context``, ``KernelSource``)
 ``strategies`` the built-in ones, one module each: ``host-c``, ``cuda-source``, ``triton``
 ``geometry``   launch shapes a kernel declares it can take (``// kpair: block=... grid=...``)
 ``search``     cheap first: prune in one session, confirm the best few, pick the winner
@@ -10,21 +12,20 @@
 """
 
 from .director import DirectorValidation
-from .program import (
-    Operator,
-    OptimizeOptions,
-    operator_from_harness,
-    operator_from_snapshot,
-    operators_from_capture,
-    optimize,
-)
+from .program import OptimizeOptions, optimize
 from .request import OptimizeSummary, OptimizeTarget, measurement_options, optimize_release
 from .search import SearchOutcome, search
 from .strategies import STRATEGIES
-from .strategy import Context, KernelSource, Proposal, Strategy
+from .strategy import Context, KernelSource, Strategy
+from .workbench import (
+    Operator,
+    operator_from_harness,
+    operator_from_snapshot,
+    operators_from_capture,
+)
 
 __all__ = ["Context", "DirectorValidation", "KernelSource", "OptimizeOptions", "OptimizeSummary",
            "OptimizeTarget", "Operator",
-           "Proposal", "STRATEGIES", "SearchOutcome", "Strategy", "operator_from_harness",
+           "STRATEGIES", "SearchOutcome", "Strategy", "operator_from_harness",
            "operator_from_snapshot", "operators_from_capture", "optimize", "optimize_release",
            "measurement_options", "search"]

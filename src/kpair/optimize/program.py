@@ -4,12 +4,15 @@ The flow is a list of stages per operator, each leaving its product in a work di
 that an interrupted run resumes where it stopped:
 
     capture      ``capture_program(top=K)`` on the program (capture children) WORK/capture/
-    operators    one ``Operator`` per captured snapshot (level 2 for fused kernels)
-    base         an A/A harness per operator: ref = the captured code object  WORK/ops/<op>/base
-    search       the applicable strategies' proposals through
+    operators    one ``Operator`` per captured snapshot (``workbench``: level 2 for fused
+                 kernels)
+    base         ``workbench.base_harness``: an A/A harness per operator, ref = the
+                 captured code object                                      WORK/ops/<op>/base
+    search       the applicable strategies' candidates through
                  ``kpair.optimize.search`` (prune, confirm)                WORK/ops/<op>/search
     provenance   attempts.jsonl of every stage, director_validation.json .../provenance
-    publish      the winner paired and handed to ``release add``; no winner: a refusal with
+    publish      the winner paired (``workbench.pair_harness``) and handed to
+                 ``release add``; no winner: a refusal with
                  the search's reason (``release.refuse_operator``)
     report       report.md / report.html of the release
 
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -35,16 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from .. import progress
+from ..candidate import Candidate
 from ..capture.workflow import capture_program as run_capture
 from ..errors import BackendUnavailable, KpairError, UsageError
 from ..formats import Record, read, to_builtins, write
-from ..harness import Harness, create_harness
 from ..options import RunOptions
 from ..release import add_operator, load_index, refuse_operator
 from ..report import write_report
 from ..result import Result, error_result
 from ..session import ATTEMPTS, Attempt, read_attempts
-from ..snapshot import Snapshot, sha256
+from ..snapshot import sha256
 from .baseline import FILE as BASELINE_FILE
 from .baseline import BaselineRecord
 from .director import FILE as DIRECTOR_FILE
@@ -52,26 +54,13 @@ from .director import METHOD, DirectorValidation
 from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
 from .strategies import STRATEGIES, HostC, TritonRetune
 from .strategy import Context, KernelSource
+from .workbench import Operator, base_harness, pair_harness
 
 Log = Callable[[str], None]
 
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class Operator:
-    """One thing to optimize: a snapshot (or an existing harness) and its release key."""
-
-    level: int
-    name: str
-    snapshot: Path | None = None
-    harness: Path | None = None
-
-    @property
-    def key(self) -> str:
-        return f"level{self.level}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -167,44 +156,6 @@ def headroom_ranking(outcomes: Sequence[OperatorOutcome]) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- operators
-
-
-def operator_name(text: str) -> str:
-    """A release-safe operator name from a snapshot or kernel name."""
-    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("._-+") or "kernel"
-    return name[:120]
-
-
-def level_of(kernel: str) -> int:
-    """Level 2 for fused kernels (Inductor's ``triton_*_fused_*``), level 1 otherwise."""
-    return 2 if "fused" in kernel.lower() else 1
-
-
-def operator_from_snapshot(path: str | os.PathLike) -> Operator:
-    path = Path(path)
-    kernel = Snapshot.open(path).manifest.code.kernel_name
-    return Operator(level_of(kernel), operator_name(path.name), snapshot=path)
-
-
-def operators_from_capture(capture: Path) -> list[Operator]:
-    """Every captured dispatch of a ``kpair capture`` directory (capture.json)."""
-    summary = json.loads((capture / "capture.json").read_text())
-    out = []
-    for d in summary.get("dispatches", []):
-        if d.get("status") == "captured" and d.get("snapshot"):
-            out.append(operator_from_snapshot(capture / d["snapshot"]))
-    return out
-
-
-def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
-                          name: str | None = None) -> Operator:
-    path = Path(path)
-    h = Harness.open(path)
-    return Operator(level or level_of(h.ref.kernel), name or operator_name(path.name),
-                    harness=path)
-
-
 # --------------------------------------------------------------------------- capture
 
 
@@ -239,26 +190,6 @@ def capture_top(command: Sequence[str], work: Path, *, top: int, kernel: str | N
 # --------------------------------------------------------------------------- one operator
 
 
-def _base_harness(op: Operator, work: Path, opts: OptimizeOptions):
-    """The harness candidates are judged on: the given one, or an A/A pair of the
-    snapshot's own code object (made once, reused on resume)."""
-
-    if op.harness is not None:
-        return Harness.open(op.harness)
-    base = work / "base"
-    if (base / "harness.json").is_file():
-        try:
-            return Harness.open(base)
-        except KpairError:
-            shutil.rmtree(base)
-    if base.exists():
-        shutil.rmtree(base)
-    snap = Snapshot.open(op.snapshot)
-    image = work / "captured.bin"
-    image.write_bytes(snap.code_object())
-    return create_harness(op.snapshot, base, opt=image, policy=opts.policy)
-
-
 def _context(harness, work: Path, opts: OptimizeOptions) -> Context:
     m = harness.snapshot.manifest
     source = opts.source or KernelSource.from_provenance(m.provenance or {}, harness.ref.kernel)
@@ -280,8 +211,7 @@ def _proposals(harness, context: Context, opts: OptimizeOptions, log: Log):
         ctx = Context(work=build, source=context.source, variants=context.variants,
                       flag_sets=context.flag_sets, arch=context.arch)
         try:
-            for p in strategy.candidates(harness, ctx):
-                yield name, p
+            yield from strategy.candidates(harness, ctx)
         except BackendUnavailable as e:
             log(f"    {name}: cannot build ({e})")
 
@@ -335,13 +265,13 @@ def write_provenance(search_dir: Path, prov: Path, outcome: SearchOutcome | None
 def _director(outcome: SearchOutcome, opts: OptimizeOptions) -> dict:
     """The chosen candidate's numbers in the stage that chose it (prune or a rung)."""
     e, w = outcome.chosen_by, outcome.winner
-    options = opts.rungs[int(e.stage[4:]) - 1] if e.stage.startswith("rung") else opts.prune
+    options = opts.rungs[int(e.step[4:]) - 1] if e.step.startswith("rung") else opts.prune
     s, c = e.result.speed, w.result.speed
 
     return {"speedup": s.speedup, "ci95": s.ci95, "slot_bias": s.slot_bias, "blocks": s.blocks,
             "stopped_by": s.stopped_by, "method": METHOD, "options": options.to_json(),
-            "candidate_sha256": sha256(Path(e.proposal.binary).read_bytes()),
-            "label": e.proposal.label, "strategy": e.strategy, "params": e.proposal.params,
+            "candidate_sha256": sha256(e.code()),
+            "label": e.label, "strategy": e.strategy, "params": e.params,
             "attempt": e.attempt, "confirmed_speedup": c.speedup,
             "confirmed_ci95": c.reported_ci95,
             "candidates": len(outcome.pruned)}
@@ -350,19 +280,26 @@ def _director(outcome: SearchOutcome, opts: OptimizeOptions) -> dict:
 def _record(outcome: SearchOutcome, search_dir: Path) -> SearchRecord:
     winner = None
     if outcome.winner is not None:
-        p = outcome.winner.proposal
-        winner = {"binary": str(p.binary), "kernel": p.kernel,
-                  "launch_override": p.launch_override, "label": p.label,
-                  "strategy": outcome.winner.strategy}
+        w = outcome.winner
+        winner = {"binary": str(w.binary), "kernel": w.kernel,
+                  "launch_override": w.launch_override, "label": w.label,
+                  "strategy": w.strategy}
     best = outcome.best
     best_result = None
     if best is not None:
-        best_result = str(search_dir / best.stage / "results" / f"{best.attempt:04d}"
+        best_result = str(search_dir / best.step / "results" / f"{best.attempt:04d}"
                           / "result.json")
     return SearchRecord(winner=winner, reason=outcome.reason, best_result=best_result,
                         evaluated=outcome.evaluated,
-                        skipped=[{"strategy": s, "label": p.label, "reason": why}
-                                 for s, p, why in outcome.skipped])
+                        skipped=[{"strategy": p.strategy, "label": p.label, "reason": why}
+                                 for p, why in outcome.skipped])
+
+
+def _winner(record: SearchRecord) -> Candidate:
+    """The winner a finished search recorded (``search.json``), as the candidate it was."""
+    w = record.winner
+    return Candidate(kernel=w["kernel"], launch_override=w["launch_override"] or None,
+                     label=w["label"], binary=Path(w["binary"]), strategy=w["strategy"])
 
 
 def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOptions,
@@ -370,7 +307,7 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
     """Search one operator and publish its winner, or record why there is none."""
 
     work.mkdir(parents=True, exist_ok=True)
-    base = _base_harness(op, work, opts)
+    base = base_harness(op, work, policy=opts.policy)
     search_dir, prov = work / "search", work / "provenance"
     record_path = work / "search.json"
     if record_path.is_file():
@@ -398,22 +335,15 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
                                 provenance=prov if prov.is_dir() else None)
         return _with_sol(OperatorOutcome(op, "refused", f"excluded: {added.row.reason}"),
                          result.sol)
-    w = record.winner
-    pair = work / "pair"
-    if pair.exists():
-        shutil.rmtree(pair)
-    spec = base.spec
-    create_harness(base.root / spec.snapshot, pair, ref=base.root / spec.ref.binary,
-                   opt=w["binary"], ref_kernel=spec.ref.kernel, opt_kernel=w["kernel"],
-                   policy=base.root / spec.policy, opt_launch=w["launch_override"] or None,
-                   measure=dict(spec.measure) or None)
-    added = add_operator(release, pair, level=op.level, name=op.name, provenance=prov,
+    w = _winner(record)
+    pair = pair_harness(base, w, work / "pair")
+    added = add_operator(release, pair.root, level=op.level, name=op.name, provenance=prov,
                          options=opts.publish)
     h = added.row.harness
     if added.added:
         lo, hi = h.reported_ci95
-        return _with_sol(OperatorOutcome(op, "published", f"published ({w['strategy']} "
-                                         f"{w['label']}): {h.speedup:.3f}x [{lo:.3f}, "
+        return _with_sol(OperatorOutcome(op, "published", f"published ({w.strategy} "
+                                         f"{w.label}): {h.speedup:.3f}x [{lo:.3f}, "
                                          f"{hi:.3f}]"), added.row.sol)
     return _with_sol(OperatorOutcome(op, "refused",
                                      f"excluded by release add: {added.row.reason}"),
@@ -472,8 +402,6 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
     return outcomes
 
 
-__all__ = ["NEAR_LIMIT", "OptimizeOptions", "Operator", "OperatorOutcome", "SearchRecord",
-           "capture_top", "headroom_ranking", "headroom_text", "level_of",
-           "operator_from_harness", "operator_from_snapshot",
-           "operator_name", "operators_from_capture", "optimize", "optimize_operator",
-           "write_provenance"]
+__all__ = ["NEAR_LIMIT", "OptimizeOptions", "OperatorOutcome", "SearchRecord",
+           "capture_top", "headroom_ranking", "headroom_text", "optimize",
+           "optimize_operator", "write_provenance"]

@@ -17,17 +17,15 @@ from ..capture.cupti import find_cupti
 from ..errors import UsageError
 from ..options import RunOptions
 from .baseline import MODES, capture_tuned, tuned_configs
-from .program import (
-    OperatorOutcome,
-    OptimizeOptions,
-    capture_top,
+from .program import OperatorOutcome, OptimizeOptions, capture_top, optimize
+from .search import RUNG
+from .workbench import (
     operator_from_harness,
     operator_from_snapshot,
     operator_name,
     operators_from_capture,
-    optimize,
+    quick_options,
 )
-from .search import RUNG
 
 Log = Callable[[str], None]
 
@@ -127,9 +125,8 @@ def measurement_options(options: OptimizeOptions, *, timeout_s: float | None = N
               "seed": seed, "timeout_s": timeout_s}
     return replace(
         options,
-        prune=RunOptions(replicates=1, min_blocks=min(4, prune_max_blocks),
-                         max_blocks=prune_max_blocks, time_cap_s=prune_time_cap_s,
-                         control=False, seed=seed, timeout_s=timeout_s),
+        prune=quick_options(RunOptions(seed=seed, timeout_s=timeout_s),
+                            max_blocks=prune_max_blocks, time_cap_s=prune_time_cap_s),
         rungs=tuple(replace(RUNG, max_blocks=RUNG.max_blocks * 2 ** i, seed=seed,
                             timeout_s=timeout_s) for i in range(rungs)),
         confirm=RunOptions(**timing), publish=RunOptions(**timing))

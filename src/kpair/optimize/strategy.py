@@ -1,9 +1,10 @@
-"""What a strategy is: something that proposes candidate binaries for one harness.
+"""What a strategy is: something that proposes candidates for one harness.
 
-``Strategy.candidates(harness, context)`` yields ``Proposal`` objects: a built code object
-(or the reason it could not be built) with the kernel name, an optional launch override and
-its provenance (source, build command, parameters). Strategies build; they never judge —
-``kpair.optimize.search`` evaluates every proposal in a ``kpair.session.Session``.
+``Strategy.candidates(harness, context)`` yields ``kpair.candidate.Candidate`` objects,
+built: a code object (or ``build_error``, the reason it could not be built) with the kernel
+name, an optional launch override and its provenance (source, build command, parameters,
+``reorders_fp``). Strategies build; they never judge — ``kpair.optimize.search`` judges every
+candidate in a ``kpair.session.Session``.
 
 ``KernelSource`` says where a kernel's source is and how ref was built from it. It comes
 from the user (``--source FILE --kernel NAME``) or from the snapshot's provenance, where
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..candidate import Candidate
 from ..errors import UsageError
 
 if TYPE_CHECKING:
@@ -74,24 +76,6 @@ class KernelSource:
 
 
 @dataclass(frozen=True)
-class Proposal:
-    """One candidate: a built binary (or ``build_error``) and where it came from.
-
-    ``reorders_fp``: the candidate may add or multiply in another order than ref (other
-    rounding); it is evaluated only under a tolerance policy with a note saying why."""
-
-    label: str
-    binary: Path | None
-    kernel: str | None = None
-    launch_override: dict | None = None
-    source: str | None = None
-    build: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    reorders_fp: bool = False
-    build_error: str | None = None
-
-
-@dataclass(frozen=True)
 class Context:
     """What strategies may use besides the harness: a directory to build in, the kernel's
     source (if known), the user's ``-D`` macro sets and compiler flag sets (None: the
@@ -105,6 +89,20 @@ class Context:
     triton: dict | None = None
 
 
+def source_applies(harness: Harness, context: Context, *, backend: str, language: str,
+                   called: str) -> str | None:
+    """Why a strategy that rebuilds a ``language`` source for ``backend`` cannot work here
+    (``called``: the language's name for people), or None."""
+    if harness.backend != backend:
+        return f"the harness runs on {harness.backend}, not {backend}"
+    if context.source is None:
+        return f"no {called.split()[0]} source is known for this kernel (give --source FILE " \
+               "--kernel NAME)"
+    if context.source.language != language:
+        return f"{context.source.path.name} is not {called}"
+    return None
+
+
 class Strategy(Protocol):
     """Proposes candidates for one harness; ``applies`` says why not when it cannot."""
 
@@ -113,8 +111,9 @@ class Strategy(Protocol):
     def applies(self, harness: Harness, context: Context) -> str | None:
         """None when this strategy can propose candidates here; otherwise why not."""
 
-    def candidates(self, harness: Harness, context: Context) -> Iterator[Proposal]:
-        """Build and yield candidates (a failed build is a Proposal with build_error)."""
+    def candidates(self, harness: Harness, context: Context) -> Iterator[Candidate]:
+        """Build and yield candidates (a failed build is one with ``build_error``)."""
 
 
-__all__ = ["Context", "KernelSource", "LANGUAGES", "PROVENANCE_KEY", "Proposal", "Strategy"]
+__all__ = ["Context", "KernelSource", "LANGUAGES", "PROVENANCE_KEY", "Strategy",
+           "source_applies"]

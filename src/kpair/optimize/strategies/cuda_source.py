@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from ...candidate import Candidate
 from ...errors import KpairError, UsageError
 from ...toolchain import compile_cuda, find_nvcc
 from ..geometry import launch_options, parse_geometry
-from ..strategy import Context, Proposal
+from ..strategy import Context, source_applies
+from ..workbench import built
 
 FP_UNSAFE = ("--use_fast_math", "-use_fast_math", "--fmad", "-fmad", "-ftz", "--ftz",
              "-prec-div", "--prec-div", "-prec-sqrt", "--prec-sqrt")
@@ -45,13 +48,8 @@ class CudaSource:
         self.flag_sets = tuple(check_flags(f) for f in (flag_sets or DEFAULT_FLAG_SETS))
 
     def applies(self, harness, context: Context) -> str | None:
-        if harness.backend != "cuda":
-            return f"the harness runs on {harness.backend}, not cuda"
-        if context.source is None:
-            return "no CUDA source is known for this kernel (give --source FILE --kernel NAME)"
-        if context.source.language != "cuda":
-            return f"{context.source.path.name} is not CUDA C"
-        return None
+        return source_applies(harness, context, backend="cuda", language="cuda",
+                              called="CUDA C")
 
     def geometries(self, harness, context: Context) -> tuple[list[dict | None], str | None]:
         geometry = parse_geometry(context.source.path, context.source.kernel)
@@ -59,7 +57,7 @@ class CudaSource:
             return [None], None
         return launch_options(geometry, harness.snapshot.manifest, harness.snapshot.kernarg())
 
-    def candidates(self, harness, context: Context) -> Iterator[Proposal]:
+    def candidates(self, harness, context: Context) -> Iterator[Candidate]:
         src = context.source
         arch = context.arch or harness.snapshot.manifest.arch
         flag_sets = [check_flags(f) for f in context.flag_sets] if context.flag_sets \
@@ -81,13 +79,14 @@ class CudaSource:
                 try:
                     compile_cuda(src.path, out, arch=arch, flags=flags, defines=macros)
                 except KpairError as e:
-                    yield Proposal(label=label, binary=None, kernel=src.kernel,
-                                   source=str(src.path), build=cmd, params=params,
-                                   build_error=str(e).splitlines()[-1][:300])
+                    yield Candidate(label=label, kernel=src.kernel, strategy=self.name,
+                                    source=str(src.path), build=cmd, params=params,
+                                    build_error=str(e).splitlines()[-1][:300])
                     continue
+                code = built(out, src.kernel, strategy=self.name, source=str(src.path),
+                             build=cmd)
                 for launch in launches:
                     shape = "" if launch is None else \
                         f" block={'x'.join(map(str, launch['block']))}"
-                    yield Proposal(label=label + shape, binary=out, kernel=src.kernel,
-                                   launch_override=launch, source=str(src.path), build=cmd,
-                                   params={**params, "launch": launch})
+                    yield replace(code, label=label + shape, launch_override=launch,
+                                  params={**params, "launch": launch})

@@ -16,9 +16,11 @@ import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from ...candidate import Candidate
 from ...errors import KpairError, UsageError
 from ...toolchain import BASE_FLAGS, compile_shared, find_cc
-from ..strategy import Context, Proposal
+from ..strategy import Context, source_applies
+from ..workbench import built
 
 #: Options that change floating-point results (reassociation, approximations, contraction).
 FP_UNSAFE = ("-ffast-math", "-Ofast", "-funsafe-math-optimizations", "-fassociative-math",
@@ -74,15 +76,9 @@ class HostC:
         self.flag_sets = tuple(sets)
 
     def applies(self, harness, context: Context) -> str | None:
-        if harness.backend != "host":
-            return f"the harness runs on {harness.backend}, not host"
-        if context.source is None:
-            return "no C source is known for this kernel (give --source FILE --kernel NAME)"
-        if context.source.language != "c":
-            return f"{context.source.path.name} is not C"
-        return None
+        return source_applies(harness, context, backend="host", language="c", called="C")
 
-    def candidates(self, harness, context: Context) -> Iterator[Proposal]:
+    def candidates(self, harness, context: Context) -> Iterator[Candidate]:
         src = context.source
         flag_sets = [check_flags(f) for f in context.flag_sets] if context.flag_sets \
             else self.flag_sets
@@ -96,12 +92,12 @@ class HostC:
                                   *(f"-D{k}={v}" for k, v in macros.items()), "-o", str(out),
                                   str(src.path), "-lm"])
                 params = {"flags": list(flags), "defines": macros}
-                common = dict(label=_label(defines, flags), kernel=src.kernel,
+                common = dict(label=_label(defines, flags), strategy=self.name,
                               source=str(src.path), build=cmd, params=params)
                 try:
                     compile_shared(src.path, out, flags=flags, defines=macros)
                 except KpairError as e:
-                    yield Proposal(binary=None, build_error=str(e).splitlines()[-1][:300],
-                                   **common)
+                    yield Candidate(kernel=src.kernel,
+                                    build_error=str(e).splitlines()[-1][:300], **common)
                     continue
-                yield Proposal(binary=out, **common)
+                yield built(out, src.kernel, **common)

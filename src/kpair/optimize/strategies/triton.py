@@ -41,9 +41,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ...candidate import Candidate
 from ...errors import BackendUnavailable, KpairError, UsageError
 from ..geometry import evaluate
-from ..strategy import Context, Proposal
+from ..strategy import Context
 
 PROVENANCE_KEY = "triton"
 _BLOCK = re.compile(r"^(?:[XYZ]BLOCK|R\d?_?BLOCK|BLOCK_[A-Z0-9_]+|[A-Z0-9_]*BLOCK_SIZE[A-Z0-9_]*)$")
@@ -185,6 +186,15 @@ def resolve(info: TritonKernel, manifest, kernarg: bytes) -> TritonKernel | str:
                 f"dispatch (block {list(block)}, grid {list(manifest.launch.grid)}): the "
                 "config that ran is unknown")
     return fits[0]
+
+
+def for_harness(harness) -> TritonKernel | str | None:
+    """The Triton kernel a harness's snapshot captured, settled on its dispatch
+    (``resolve``): None when the snapshot holds no usable Triton metadata, a string when
+    the config that ran is unknown."""
+    m = harness.snapshot.manifest
+    info = kernel_info(m.provenance or {})
+    return None if info is None else resolve(info, m, harness.snapshot.kernarg())
 
 
 def scalars(info: TritonKernel, manifest, kernarg: bytes) -> dict[str, int | float]:
@@ -443,6 +453,21 @@ def compile_config(info: TritonKernel, fn, config: dict, arch: str) -> dict:
             "profile_scratch_size": int(getattr(meta, "profile_scratch_size", 0) or 0)}
 
 
+def build_config(info: TritonKernel, fn, config: dict, *, arch: str, formula: str | None,
+                 values: dict) -> Candidate:
+    """``config`` compiled (``compile_config``): a built candidate — the cubin, the kernel
+    in it and the launch it needs on the captured dispatch (``launch_override``). A kernel
+    that needs global scratch memory the dispatch did not provide is refused (KpairError);
+    Triton's own errors propagate."""
+    compiled = compile_config(info, fn, config, arch)
+    if compiled["global_scratch_size"] > int(info.metadata.get("global_scratch_size") or 0):
+        raise KpairError("the kernel needs global scratch memory the captured dispatch did "
+                         "not provide")
+    return Candidate(compiled["cubin"], compiled["name"], "cubin",
+                     launch_override(info, config, shared=compiled["shared"],
+                                     formula=formula, values=values))
+
+
 class TritonRetune:
     """Recompile a captured Triton kernel with other configs (see the module docstring)."""
 
@@ -454,27 +479,25 @@ class TritonRetune:
     def applies(self, harness, context: Context) -> str | None:
         if harness.backend != "cuda":
             return f"the harness runs on {harness.backend}; Triton kernels run on cuda"
-        m = harness.snapshot.manifest
-        info = kernel_info(m.provenance or {})
+        info = for_harness(harness)
         if info is None:
             return "the snapshot holds no usable Triton metadata (not a Triton launch, or " \
                    "its source was not recorded whole)"
-        info = resolve(info, m, harness.snapshot.kernarg())
         return info if isinstance(info, str) else None
 
     def plan(self, harness) -> tuple[TritonKernel, list[dict], str | None, dict]:
         """(info, configs, grid formula or None, scalar values): everything before compiling."""
         m = harness.snapshot.manifest
-        info = resolve(kernel_info(m.provenance or {}), m, harness.snapshot.kernarg())
-        if isinstance(info, str):
-            raise KpairError(info)
+        info = for_harness(harness)
+        if not isinstance(info, TritonKernel):
+            raise KpairError(info or "the snapshot holds no usable Triton metadata")
         kernarg = harness.snapshot.kernarg()
         values = scalars(info, m, kernarg)
         formula = dispatch_formula(info, m, kernarg)  # None: blocks stay as they are
         return info, configs(info, grid_known=formula is not None, limit=self.limit), \
             formula, values
 
-    def candidates(self, harness, context: Context) -> Iterator[Proposal]:
+    def candidates(self, harness, context: Context) -> Iterator[Candidate]:
         info, todo, formula, values = self.plan(harness)
         fn = load_function(info, Path(context.work))
         seeds = seed_configs(info, grid_known=formula is not None)
@@ -485,7 +508,7 @@ class TritonRetune:
                          values, origin=origin)
 
     def baselines(self, harness, context: Context, tuned: dict[str, dict[str, dict]]
-                  ) -> Iterator[tuple[str, Proposal | None, dict]]:
+                  ) -> Iterator[tuple[str, Candidate | None, dict]]:
         """For each mode of ``tuned`` (``kpair.optimize.baseline.tuned_configs`` of that
         mode's capture): (mode, the built config or None, what ``BaselineEntry`` says of it).
         """
@@ -510,37 +533,35 @@ class TritonRetune:
 
 
 def _build(info: TritonKernel, fn, config: dict, stem: str, harness, context: Context,
-           formula: str | None, values: dict, *, origin: str) -> Proposal:
-    """``config`` compiled into ``WORK/<stem>.cubin``: the Proposal (or why not built)."""
+           formula: str | None, values: dict, *, origin: str) -> Candidate:
+    """``config`` compiled (``build_config``), kept in ``WORK/<stem>.cubin``: the candidate,
+    or why it was not built."""
     arch = context.arch or harness.snapshot.manifest.arch
-    captured_scratch = int(info.metadata.get("global_scratch_size") or 0)
     label = " ".join(f"{k}={v}" for k, v in
                      [*((k, config[k]) for k in ("num_warps", "num_stages", "maxnreg")),
                       *config["constants"].items()])
-    common = dict(label=label, source=f"{info.function} (captured Triton source)",
-                  build=f"triton.compile({info.function}, {label})",
-                  params={**{k: config[k] for k in ("num_warps", "num_stages", "maxnreg")},
-                          "constants": config["constants"], "origin": origin},
-                  reorders_fp=info.reduces and (
-                      bool(config["constants"]) or
-                      config["num_warps"] != info.metadata.get("num_warps")))
+    proposed = Candidate(
+        label=label, strategy=TritonRetune.name,
+        source=f"{info.function} (captured Triton source)",
+        build=f"triton.compile({info.function}, {label})",
+        params={**{k: config[k] for k in ("num_warps", "num_stages", "maxnreg")},
+                "constants": config["constants"], "origin": origin},
+        reorders_fp=info.reduces and (bool(config["constants"]) or
+                                      config["num_warps"] != info.metadata.get("num_warps")))
     try:
-        built = compile_config(info, fn, config, arch)
+        code = build_config(info, fn, config, arch=arch, formula=formula, values=values)
     except Exception as e:  # noqa: BLE001 - a config Triton cannot build is skipped
+        if isinstance(e, KpairError):  # refused by kpair, not a Triton error
+            return replace(proposed, build_error=str(e))
         import traceback
 
         log = Path(context.work) / f"{stem}.error.txt"
         log.write_text("".join(traceback.format_exception(e)))
         lines = str(e).strip().splitlines() or [""]
         what = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-        return Proposal(binary=None, build_error=f"{type(e).__name__}: {what[:400]} "
-                        f"(traceback: {log.name})", **common)
-    if built["global_scratch_size"] > captured_scratch:
-        return Proposal(binary=None, build_error="needs global scratch memory the captured "
-                        "dispatch did not provide", **common)
+        return replace(proposed, build_error=f"{type(e).__name__}: {what[:400]} "
+                       f"(traceback: {log.name})")
     out = Path(context.work) / f"{stem}.cubin"
-    out.write_bytes(built["cubin"])
-    return Proposal(binary=out, kernel=built["name"],
-                    launch_override=launch_override(info, config, shared=built["shared"],
-                                                    formula=formula, values=values),
-                    **common)
+    out.write_bytes(code.image)
+    return replace(proposed, image=code.image, kernel=code.kernel, format=code.format,
+                   binary=out, launch_override=code.launch_override)
