@@ -129,7 +129,7 @@ def test_symlink_escape(snap_dir, tmp_path):
 
 
 def test_unknown_version(snap_dir):
-    edit_manifest(snap_dir, lambda o: o.update(schema_version=2))
+    edit_manifest(snap_dir, lambda o: o.update(schema_version=3))
     with pytest.raises(SnapshotFormatError, match="schema_version.*not supported"):
         Snapshot.open(snap_dir)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import pickle
 import shutil
@@ -61,6 +62,7 @@ from .errors import (
 from .snapshot import (
     DTYPE_HINTS,
     SCALAR_FORMATS,
+    ChainOp,
     CodeObject,
     Kernarg,
     Launch,
@@ -231,10 +233,11 @@ def _run_request(request: dict, out: Path, isolate: bool, timeout_s: float, type
                          "written") from None
     try:
         if isolate:
-            _record_in_child(request, staging, timeout_s)
+            made = _record_in_child(request, staging, timeout_s)
         else:
-            _record(request, staging)
+            made = _record(request, staging)
         snap = Snapshot.open(staging)
+        snap.regenerated.update(made)   # the chains' regions, as the recording made them
         stored = {r.name: k for k, r in enumerate(snap.manifest.regions)}
         posts = [snap.post(stored[reg["name"]]) if reg["name"] in stored else None
                  for reg in regions]
@@ -255,9 +258,43 @@ def _run_request(request: dict, out: Path, isolate: bool, timeout_s: float, type
             np.copyto(a, np.frombuffer(post[at:at + a.nbytes], dtype=a.dtype).reshape(a.shape))
 
 
+def _build_ops(calls: Sequence[tuple], what: str, flat: list, labels: list[str],
+               images: dict[str, bytes]) -> list[dict]:
+    """The child's records of ``calls`` (``(library, symbol, args[, launch])``), their
+    arguments appended to ``flat`` (arrays, or (kind, value) scalars) and ``labels``."""
+    ops = []
+    for c, call in enumerate(calls):
+        if not isinstance(call, tuple | list) or len(call) not in (3, 4):
+            raise UsageError(f"{what} {c}: expected (library, symbol, args[, launch])")
+        library, symbol, args = Path(call[0]), call[1], list(call[2])
+        if str(library) not in images:
+            try:
+                images[str(library)] = library.read_bytes()
+            except OSError as e:
+                raise FormatError(f"cannot read the code object ({e.strerror or e})",
+                                  path=library) from None
+        passed = []
+        for j, a in enumerate(args):
+            label = f"{what} {c} ({symbol}) argument {j}"
+            i = len(flat)
+            if isinstance(a, np.ndarray):
+                if not a.flags.c_contiguous or a.nbytes == 0:
+                    raise UsageError(f"{label}: arrays must be C-contiguous and non-empty")
+                flat.append(a)
+            else:
+                flat.append(_scalar(a, j, label))
+            labels.append(label)
+            passed.append(i)
+        ops.append({"image": images[str(library)], "library": str(library), "symbol": symbol,
+                    "args": passed, "launch": (call[3] if len(call) == 4 else None)
+                    or Launch()})
+    return ops
+
+
 def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
                  names: dict[str, np.ndarray] | None = None,
                  scratch: Sequence[np.ndarray] = (), outputs: Sequence[np.ndarray] = (),
+                 setup: Sequence[tuple] = (), store_bytes: bool = False,
                  backend: str = "host", provenance: dict | None = None,
                  device_options: dict | None = None, isolate: bool = True,
                  timeout_s: float = TIMEOUT_S) -> Snapshot:
@@ -270,38 +307,27 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     live-in (role "in"); a changed one is live-out: "out" when it holds an array of
     ``outputs``, else "inout". Arrays of ``scratch`` are scratch (size only, no bytes stored,
     not copied back). ``names`` names regions ({name: array}); others are ``buf<k>``.
-    A single call is the one-operation range (``record_call`` writes no range fields)."""
+    A single call is the one-operation range (``record_call`` writes no range fields).
+
+    ``setup`` calls (same form) run first, in the same arena, and are not part of the range:
+    they make the range's inputs. Per array, capture follows which setup calls wrote it (a
+    call writes the arrays whose bytes it changed and reads the others it is passed). A
+    region whose writers form a chain rooted only in calls that read no region, through calls
+    whose inputs are themselves regenerable regions of the range, each call writing that
+    region alone, is stored as that chain plus its sha256 (``Region.regen``, schema v2) once
+    the chain, run again on the zero-filled region, is seen to make exactly its bytes (the
+    sha256 after each call is recorded too); every other region (host data: an array filled
+    from Python) is stored as bytes. ``store_bytes`` stores every region as bytes.
+    Arrays passed only to setup calls are placed for them but are no region of the range."""
     out = Path(out)
     if not calls:
         raise UsageError("a range has at least one call")
     flat: list = []
     labels: list[str] = []
     images: dict[str, bytes] = {}
-    ops = []
-    for c, call in enumerate(calls):
-        if not isinstance(call, tuple | list) or len(call) not in (3, 4):
-            raise UsageError(f"call {c}: expected (library, symbol, args[, launch])")
-        library, symbol, args = Path(call[0]), call[1], list(call[2])
-        if str(library) not in images:
-            try:
-                images[str(library)] = library.read_bytes()
-            except OSError as e:
-                raise FormatError(f"cannot read the code object ({e.strerror or e})",
-                                  path=library) from None
-        passed = []
-        for j, a in enumerate(args):
-            label = f"call {c} ({symbol}) argument {j}"
-            i = len(flat)
-            if isinstance(a, np.ndarray):
-                if not a.flags.c_contiguous or a.nbytes == 0:
-                    raise UsageError(f"{label}: arrays must be C-contiguous and non-empty")
-                flat.append(a)
-            else:
-                flat.append(_scalar(a, j, label))
-            labels.append(label)
-            passed.append(i)
-        ops.append({"image": images[str(library)], "library": str(library), "symbol": symbol,
-                    "args": passed, "launch": call[3] if len(call) == 4 else Launch()})
+    before = _build_ops(setup, "setup call", flat, labels, images)
+    in_range = len(flat)
+    ops = _build_ops(calls, "call", flat, labels, images)
     if timeout_s <= 0:
         raise UsageError(f"timeout_s must be positive, not {timeout_s}")
     named = {id(a): n for n, a in (names or {}).items()}
@@ -311,6 +337,7 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     arg_names = [named.get(id(a), "") if isinstance(a, np.ndarray) else "" for a in flat]
     _check_out(out)
     regions, where = _regions(flat, arg_names)
+    used = {where[i][0] for i in range(in_range, len(flat)) if i in where}
     ids = {"scratch": {id(a) for a in scratch}, "outputs": {id(a) for a in outputs}}
     taken: set[str] = set()
     spare, outs = [], []
@@ -333,7 +360,7 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     for what in ("scratch", "outputs"):
         if ids[what] - seen:
             raise UsageError(f"an array of {what}= is passed to no call")
-    for op in ops:
+    for op in (*before, *ops):
         op["args"] = [("region", *where[i], i) if isinstance(flat[i], np.ndarray)
                       else (*flat[i], i) for i in op["args"]]
     # Where each region's buffer lives in this process: two ranges recorded here over the
@@ -341,7 +368,9 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     origins = {reg["name"]: [min(flat[i].__array_interface__["data"][0]
                                  for i in reg["members"]), len(reg["data"])]
                for reg in regions}
-    request = {"ops": ops, "regions": regions, "labels": labels,
+    request = {"ops": ops, "setup": before, "store_bytes": bool(store_bytes),
+               "setup_only": sorted(set(range(len(regions))) - used),
+               "regions": regions, "labels": labels,
                "names": [arg_names[i] or f"arg{labels[i].rsplit(' ', 1)[1]}"
                          for i in range(len(flat))],
                "backend": backend, "range": {"scratch": spare, "outputs": outs},
@@ -358,27 +387,63 @@ class Recorder:
     """``with Recorder(out) as r: r.call(lib, "kp_matmul", [a, b, c, np.int32(n)]); ...``:
     the calls are run and recorded as one range (``record_range``) when the block ends
     without an error. Arrays are held, not copied: they must stay alive and unchanged
-    until then. Keyword arguments are ``record_range``'s."""
+    until then. Keyword arguments are ``record_range``'s (``store_bytes=True``: no chains).
+
+    Calls made before the range is marked are setup: they make its inputs, and a region they
+    make from nothing (a seeded generator, a fill) is stored as the calls that make it::
+
+        with Recorder(out) as r:
+            r.call(gen, "kp_fill_seeded", [a, np.int64(n), np.uint64(seed)])   # setup
+            with r.range("forward"):                                             # the range
+                r.call(lib, "kp_rowsum", [a, out, np.int32(rows), np.int32(cols)])
+
+    ``range_start()`` marks it without a block. With no mark, every call is the range."""
 
     def __init__(self, out: str | os.PathLike, **options):
         self.out, self.options, self.calls = out, options, []
+        self.setup: list[tuple] = []
+        self.marked: str | None = None
+        self.closed = False
         self.snapshot: Snapshot | None = None
 
     def call(self, library: str | os.PathLike, symbol: str, args: Sequence[object],
              launch: Launch | None = None) -> None:
+        if self.closed:
+            raise UsageError(f"call {symbol!r} after the range ended: a range is the last "
+                             "thing a Recorder records")
         self.calls.append((library, symbol, list(args), launch or Launch()))
+
+    def range_start(self, name: str = "range") -> None:
+        """The calls so far are setup; the calls from here on are the range."""
+        if self.marked is not None:
+            raise UsageError(f"the range was marked already ({self.marked!r})")
+        self.marked, self.setup, self.calls = name, self.calls, []
+
+    @contextlib.contextmanager
+    def range(self, name: str = "range"):
+        """``with r.range("forward"): ...``: the calls inside are the range, those before
+        it setup; no call may follow the block."""
+        self.range_start(name)
+        yield self
+        self.closed = True
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, kind, *exc) -> None:
         if kind is None:
-            self.snapshot = record_range(self.calls, self.out, **self.options)
+            extra: dict = {"setup": self.setup} if self.setup else {}
+            if self.marked is not None:
+                extra["provenance"] = {**(self.options.get("provenance") or {}),
+                                       "range": self.marked}
+            self.snapshot = record_range(self.calls, self.out,
+                                         **{**self.options, **extra})
 
 
-def _record(request: dict, root: Path) -> None:
+def _record(request: dict, root: Path) -> dict[str, bytes]:
     """Map, launch and snapshot one call, or a range of calls, into ``root`` (in whichever
-    process runs this)."""
+    process runs this). Returns the pre-state of each region stored as a chain (the caller
+    copies results back, and an unchanged one has no post blob to read them from)."""
     names, backend, ops = request["names"], request["backend"], request["ops"]
     regions, labels, ranged = request["regions"], request["labels"], request["range"]
     scratch = set(ranged["scratch"]) if ranged else set()
@@ -394,7 +459,8 @@ def _record(request: dict, root: Path) -> None:
         base = dev.map([(0, cursor)], relocate=True).delta
         loaded: dict[tuple[bytes, str], object] = {}
         steps = []
-        for op in ops:
+        setup = request.get("setup") or []
+        for op in (*setup, *ops):
             image, symbol, fmt = op["image"], op["symbol"], detect_format(op["image"])
             key = (image, symbol)
             if key not in loaded:
@@ -421,6 +487,7 @@ def _record(request: dict, root: Path) -> None:
             if fmt == "elf-so":
                 check_params(image, symbol, params, "recorded")
             steps.append((op, fmt, kernel, kernarg, params))
+        setup_steps, steps = steps[:len(setup)], steps[len(setup):]
 
         # The bands: before the first region, between each two, after the last.
         ends = [start + len(reg["data"]) for reg, start in zip(regions, starts, strict=True)]
@@ -430,6 +497,17 @@ def _record(request: dict, root: Path) -> None:
             dev.write(base + lo, guard[:hi - lo])
         for reg, start in zip(regions, starts, strict=True):
             dev.write(base + start, reg["data"])
+        pres = [reg["data"] for reg in regions]
+        chains: dict[int, tuple[list[int], list[int], list[str]]] = {}
+        if setup_steps:
+            spans = [(base + start, len(reg["data"])) for reg, start in zip(regions, starts,
+                                                                              strict=True)]
+            effects = _run_setup(dev, setup_steps, spans)
+            pres = [dev.read(a, n) for a, n in spans]
+            if not request.get("store_bytes"):
+                skip = scratch | set(request.get("setup_only") or ())
+                chains = _verified_chains(dev, setup_steps, spans, pres, effects,
+                                          _candidate_chains(effects, len(regions), skip))
         for op, _, kernel, kernarg, params in steps:   # in order, each after the last
             dev.launch(kernel, op["launch"], kernarg, params)
             dev.synchronize()   # a host kernel's leftover threads, too, before the guards
@@ -443,13 +521,25 @@ def _record(request: dict, root: Path) -> None:
             if k in scratch:
                 spare.append(ScratchRegion(reg["name"], base + start, len(reg["data"])))
                 continue
-            post = dev.read(base + start, len(reg["data"]))
+            if k in set(request.get("setup_only") or ()):
+                continue   # placed for the setup calls only: no region of the range
+            post, pre = dev.read(base + start, len(reg["data"])), pres[k]
             role = None
             if ranged:
-                role = "in" if post == reg["data"] else \
+                role = "in" if post == pre else \
                     "out" if k in ranged["outputs"] else "inout"
+            if k in chains:
+                calls, reads, digests = chains[k]
+                regen = writer.chain([_chain_op(setup_steps[c]) for c in calls],
+                                     digests[-1], len(pre),
+                                     reads=[regions[q]["name"] for q in reads],
+                                     digests=digests)
+                out.append(Region(reg["name"], base + start, len(pre), None,
+                                  None if post == pre else writer.put(post), reg["dtype"],
+                                  role, regen))
+                continue
             out.append(Region(reg["name"], base + start, len(reg["data"]),
-                              writer.put(reg["data"]), writer.put(post), reg["dtype"], role))
+                              writer.put(pre), writer.put(post), reg["dtype"], role))
         env, dev_arch = dev.environment(), dev.arch()
 
     records = [Op(CodeObject(writer.put(op["image"]), fmt, op["symbol"]), op["launch"],
@@ -461,6 +551,86 @@ def _record(request: dict, root: Path) -> None:
         kernarg=records[0].kernarg, regions=tuple(out), environment=env,
         provenance=request["provenance"], **extra)
     writer.finish(manifest)
+    return {regions[k]["name"]: pres[k] for k in chains}
+
+
+def _chain_op(step) -> ChainOp:
+    op, fmt, _, kernarg, params = step
+    return ChainOp(op["image"], fmt, op["symbol"], op["launch"], kernarg, tuple(params))
+
+
+def _run_setup(dev, steps, spans: list[tuple[int, int]]) -> list[tuple[set[int], set[int]]]:
+    """Run the setup calls in order; per call, the regions it wrote (their bytes changed)
+    and those it read (passed to it, unchanged)."""
+    effects = []
+    for op, _, kernel, kernarg, params in steps:
+        touched = sorted({a[1] for a in op["args"] if a[0] == "region"})
+        before = {k: hashlib.sha256(dev.read(*spans[k])).digest() for k in touched}
+        dev.launch(kernel, op["launch"], kernarg, params)
+        dev.synchronize()
+        wrote = {k for k in touched if hashlib.sha256(dev.read(*spans[k])).digest()
+                 != before[k]}
+        effects.append((wrote, set(touched) - wrote))
+    return effects
+
+
+def _candidate_chains(effects: list[tuple[set[int], set[int]]], count: int,
+                      skip: set[int]) -> dict[int, tuple[list[int], list[int]]]:
+    """Per region that may be regenerable: (its writers in order, the regions they read).
+
+    A region qualifies when setup calls wrote it, each of them wrote it alone, and every
+    region they read is itself a candidate, not written after the call read it (it holds
+    then what it holds at the range's start); removed until no candidate reads a removed one.
+    """
+    writers: dict[int, list[int]] = {}
+    for c, (wrote, _) in enumerate(effects):
+        for k in wrote:
+            writers.setdefault(k, []).append(c)
+    found = {}
+    for k, calls in writers.items():
+        if k in skip or any(effects[c][0] != {k} for c in calls):
+            continue
+        reads = sorted({q for c in calls for q in effects[c][1]})
+        if all(q not in skip and max(writers.get(q, [-1])) < c
+               for c in calls for q in effects[c][1]):
+            found[k] = (calls, reads)
+    changed = True
+    while changed:
+        changed = False
+        for k in list(found):
+            if any(q not in found for q in found[k][1]):
+                del found[k]
+                changed = True
+    return found
+
+
+def _verified_chains(dev, steps, spans, pres, effects, found
+                     ) -> dict[int, tuple[list[int], list[int], list[str]]]:
+    """The candidates whose chain, run again on the zero-filled region after the regions it
+    reads (themselves verified first), makes exactly the region's bytes: (calls, reads, the
+    region's sha256 after each call). The others get their bytes back and are stored as
+    bytes; a chain reading one of those is dropped too."""
+    done: dict[int, tuple[list[int], list[int], list[str]]] = {}
+    pending = dict(found)
+    while pending:
+        ready = [k for k, (_, reads) in pending.items() if all(q in done for q in reads)]
+        if not ready:   # every one left reads a region that did not verify
+            break
+        for k in ready:
+            calls, reads = pending.pop(k)
+            address, size = spans[k]
+            dev.fill(address, size, 0)
+            digests = []
+            for c in calls:
+                op, _, kernel, kernarg, params = steps[c]
+                dev.launch(kernel, op["launch"], kernarg, params)
+                dev.synchronize()
+                digests.append(hashlib.sha256(dev.read(address, size)).hexdigest())
+            if digests[-1] == hashlib.sha256(pres[k]).hexdigest():
+                done[k] = (calls, reads, digests)
+            else:
+                dev.write(address, pres[k])
+    return done
 
 
 def _check_guards(written: list[tuple[int, int, np.ndarray]], regions: list[dict],
@@ -491,7 +661,7 @@ def _check_guards(written: list[tuple[int, int, np.ndarray]], regions: list[dict
                       f"{where}; {total} guard byte(s) changed in all; nothing was recorded")
 
 
-def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
+def _record_in_child(request: dict, root: Path, timeout_s: float) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory(prefix="kpair-record-") as tmp:
         ask, reply = Path(tmp) / "request.pkl", Path(tmp) / "reply.pkl"
         ask.write_bytes(pickle.dumps(request))
@@ -511,7 +681,8 @@ def _record_in_child(request: dict, root: Path, timeout_s: float) -> None:
             outcome = pickle.loads(reply.read_bytes())
             if outcome is not None:
                 raise _rebuild(*outcome)
-            return
+            made = reply.with_name("made.pkl")
+            return pickle.loads(made.read_bytes()) if made.is_file() else {}
         how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in
                signal.valid_signals() else f"exit status {code}")
         raise WorkerFailed(f"record_call: the process running kernel {_symbols(request)!r} "
@@ -543,7 +714,8 @@ def _rebuild(names: list[str], message: str, fields: dict) -> KpairError:
 def _child_main(argv: list[str]) -> int:
     ask, reply, root = (Path(a) for a in argv)
     try:
-        _record(pickle.loads(ask.read_bytes()), root)
+        made = _record(pickle.loads(ask.read_bytes()), root)
+        reply.with_name("made.pkl").write_bytes(pickle.dumps(made))
         outcome = None
     except KpairError as e:
         fields = {k: v for k, v in vars(e).items()

@@ -1,4 +1,5 @@
-"""Snapshot format v1: one captured dispatch as a manifest plus verified, compressed blobs."""
+"""Snapshot format v2 (v1 read as well): one captured dispatch as a manifest plus verified,
+compressed blobs; a region's pre-state may be a chain that regenerates it."""
 
 from .completeness import describe_left_out, left_out, require_complete
 from .model import (
@@ -7,6 +8,7 @@ from .model import (
     PARAM_KINDS,
     SCALAR_FORMATS,
     SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
     BlobRef,
     CodeObject,
     Kernarg,
@@ -17,16 +19,18 @@ from .model import (
     OmittedRegion,
     Op,
     Param,
+    Regen,
     Region,
     ScratchRegion,
     detect_format,
 )
-from .store import Snapshot, SnapshotWriter, sha256, write_json_atomic
+from .store import ChainOp, Snapshot, SnapshotWriter, sha256, write_json_atomic
 
 __all__ = [
-    "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION", "BlobRef",
-    "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
-    "Manifest", "OmittedRegion", "Op", "Param", "Region", "ScratchRegion",
+    "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
+    "BlobRef", "ChainOp", "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
+    "Manifest", "OmittedRegion", "Op", "Param", "Regen", "Region", "ScratchRegion",
     "Snapshot", "SnapshotWriter", "describe_left_out", "detect_format", "left_out",
     "require_complete", "sha256", "write_json_atomic",
 ]

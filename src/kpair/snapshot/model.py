@@ -1,4 +1,4 @@
-"""The records of snapshot format v1 and their JSON mapping.
+"""The records of snapshot format v2 (v1 read as well) and their JSON mapping.
 
 A snapshot describes one kernel dispatch completely enough to replay it elsewhere:
 the code object, the kernel name, the launch geometry and attributes, the kernarg blob
@@ -23,7 +23,10 @@ from ..errors import SnapshotFormatError
 from ..formats import Address, HexBytes, Invalid, Record, check_version, convert
 
 SCHEMA = "kpair.snapshot"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Every version the reader takes: v1 has no regenerable regions (``Region.regen``); a
+#: manifest is written as v1 unless it has one, so older readers keep reading it.
+SCHEMA_VERSIONS = (1, 2)
 
 #: Parameter kinds of a kernarg layout. Scalars carry a C type so the host backend can call
 #: the function; GPU backends only need offset and size ("bytes" = opaque, e.g. a struct).
@@ -133,34 +136,6 @@ class LaunchOverride(Record):
     dynamic_shared_bytes: Count | msgspec.UnsetType = msgspec.UNSET
 
 
-class Region(Record, omit_defaults=True):
-    """A memory region the kernel can reach: captured ``address``, ``size``, pre/post state."""
-
-    name: RegionName
-    address: Address
-    size: Positive
-    pre: BlobRef
-    post: BlobRef
-    dtype: DtypeHint | None = None
-    #: In a range: "in" (no operation writes it: live-in), "out" (written; declared an
-    #: output) or "inout" (written, updated in place). None: not said (a single dispatch).
-    role: Role | None = None
-
-    def __post_init__(self) -> None:
-        _coerce(self, "address", Address)
-        if not 0 <= self.address < 2**64:
-            raise Invalid(f"{self.address:#x} is not a 64-bit address", "address")
-        for key in ("pre", "post"):
-            ref = getattr(self, key)
-            if ref.size != self.size:
-                raise Invalid(f"blob holds {ref.size} bytes, region is {self.size}",
-                              f"{key}.size")
-
-    @property
-    def end(self) -> int:
-        return self.address + self.size
-
-
 class OmittedRegion(Record, omit_defaults=True):
     """Memory the dispatch reaches that capture left out of the snapshot: the kernarg words
     of region ``name`` point there, but its bytes are not stored. ``max_region_bytes`` is the
@@ -209,12 +184,143 @@ class CodeObject(Record):
     kernel_name: str
 
 
-class Op(Record):
-    """One operation of a range: its code object, launch and kernarg (as launched)."""
+OP_KINDS = ("kernel", "memset", "copy")
 
-    code: CodeObject = msgspec.field(name="code_object")
-    launch: Launch
-    kernarg: Kernarg
+
+class Op(Record, omit_defaults=True):
+    """One operation of a range. ``kind`` "kernel" (the default, not written): its code
+    object, launch and kernarg (as launched). "memset": ``size`` bytes at ``dst`` set to
+    ``value`` repeated in elements of ``element_size`` bytes. "copy": ``size`` bytes from
+    ``src`` to ``dst``, device to device. ``dst``/``src`` are captured addresses inside the
+    snapshot's regions or scratch (a replay moves them as it moves kernarg pointers).
+    ``stream``: the stream the program issued it on (what capture saw; a replay runs every
+    operation on its one stream, in order)."""
+
+    code: CodeObject | None = msgspec.field(default=None, name="code_object")
+    launch: Launch | None = None
+    kernarg: Kernarg | None = None
+    kind: Literal[OP_KINDS] = "kernel"  # type: ignore[valid-type]
+    dst: Address | None = None
+    src: Address | None = None
+    size: Count = 0
+    value: Count = 0
+    element_size: Literal[1, 2, 4] = 1
+    stream: Address | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dst", "src", "stream"):
+            if getattr(self, name) is not None:
+                _coerce(self, name, Address)
+        kernel = self.kind == "kernel"
+        for name in ("code", "launch", "kernarg"):
+            if (getattr(self, name) is None) == kernel:
+                field = "code_object" if name == "code" else name
+                raise Invalid(f"a {self.kind} operation {'needs' if kernel else 'has no'} "
+                              f"{field}", field)
+        if kernel:
+            if self.dst is not None or self.src is not None or self.size:
+                raise Invalid("a kernel operation has no dst, src or size", "kind")
+            return
+        if self.dst is None or not self.size:
+            raise Invalid(f"a {self.kind} operation needs dst and a size of 1 or more", "dst")
+        if (self.src is None) == (self.kind == "copy"):
+            raise Invalid(f"a {self.kind} operation {'needs' if self.kind == 'copy' else 'has no'}"
+                          " src", "src")
+        if self.kind == "memset":
+            if self.size % self.element_size:
+                raise Invalid(f"{self.size} bytes is not a whole number of "
+                              f"{self.element_size}-byte elements", "size")
+            if self.value >= 1 << (8 * self.element_size):
+                raise Invalid(f"{self.value} does not fit {self.element_size} byte(s)", "value")
+
+    @property
+    def label(self) -> str:
+        """The kernel's name, or ``memset``/``copy``."""
+        return self.code.kernel_name if self.code is not None else self.kind
+
+
+class Regen(Record, omit_defaults=True):
+    """A region's pre-state as the operations that made it (schema v2): the region is
+    zero-filled, then ``ops`` run in order on the placed regions; the result must hold
+    ``size`` bytes of digest ``sha256``. ``digests[j]`` (when recorded) is the region's sha256
+    after ``ops[j]``, so a replay that diverges names the operation. ``reads`` names the other
+    regions the operations read: each is itself regenerable in the same snapshot, and is
+    regenerated first. Operations that read nothing (seeded generators, fills) root a chain."""
+
+    ops: tuple[Op, ...]
+    sha256: Sha256
+    size: Positive
+    reads: tuple[RegionName, ...] = ()
+    digests: tuple[Sha256, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("ops", "reads", "digests"):
+            _coerce(self, name, tuple)
+        if not self.ops:
+            raise Invalid("a chain has at least one operation", "ops")
+        if self.digests:
+            if len(self.digests) != len(self.ops):
+                raise Invalid(f"{len(self.digests)} digests for {len(self.ops)} operations",
+                              "digests")
+            if self.digests[-1] != self.sha256:
+                raise Invalid("the last operation's digest must be the region's sha256",
+                              "digests")
+        if len(set(self.reads)) != len(self.reads):
+            raise Invalid("a region is named twice", "reads")
+
+
+class Region(Record, omit_defaults=True):
+    """A memory region the kernel can reach: captured ``address``, ``size``, pre/post state.
+
+    The pre-state is a blob (``pre``) or, from schema v2, a chain of operations that
+    regenerates it (``regen``); exactly one of the two. ``post`` may be left out only beside
+    ``regen``: the region is unchanged (its post-state is its pre-state). The properties
+    ``pre`` and ``post`` give the pre- and post-state's reference (a ``BlobRef``, or the
+    ``Regen``: both have ``size`` and ``sha256``)."""
+
+    name: RegionName
+    address: Address
+    size: Positive
+    pre_blob: BlobRef | None = msgspec.field(default=None, name="pre")
+    post_blob: BlobRef | None = msgspec.field(default=None, name="post")
+    dtype: DtypeHint | None = None
+    #: In a range: "in" (no operation writes it: live-in), "out" (written; declared an
+    #: output) or "inout" (written, updated in place). None: not said (a single dispatch).
+    role: Role | None = None
+    regen: Regen | None = None
+
+    def __post_init__(self) -> None:
+        _coerce(self, "address", Address)
+        if not 0 <= self.address < 2**64:
+            raise Invalid(f"{self.address:#x} is not a 64-bit address", "address")
+        if (self.pre_blob is None) == (self.regen is None):
+            raise Invalid("a region's pre-state is a blob (pre) or a chain (regen), exactly "
+                          "one of them", "pre" if self.pre_blob is None else "regen")
+        if self.post_blob is None and self.regen is None:
+            raise Invalid("a region without a chain needs its post-state blob", "post")
+        for key, ref in (("pre", self.pre_blob), ("post", self.post_blob),
+                         ("regen", self.regen)):
+            if ref is not None and ref.size != self.size:
+                raise Invalid(f"{'chain makes' if key == 'regen' else 'blob holds'} "
+                              f"{ref.size} bytes, region is {self.size}", f"{key}.size")
+
+    @property
+    def pre(self) -> BlobRef | Regen:
+        """The pre-state: its blob, or the chain that regenerates it."""
+        return self.pre_blob if self.pre_blob is not None else self.regen
+
+    @property
+    def post(self) -> BlobRef | Regen:
+        """The post-state: its blob, or (left out) the pre-state's reference."""
+        return self.post_blob if self.post_blob is not None else self.pre
+
+    @property
+    def regenerable(self) -> bool:
+        return self.regen is not None
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
 
 
 class ScratchRegion(Record):
@@ -238,7 +344,7 @@ class ScratchRegion(Record):
 class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     """``snapshot.json``: everything about one dispatch except the bytes (those are blobs)."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[SCHEMA_VERSIONS] = 1  # type: ignore[valid-type]
     backend: str
     arch: str
     complete: bool = True
@@ -251,22 +357,26 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     # Written only when capture left memory out (then ``complete`` is false): a complete
     # snapshot's manifest reads exactly as before the field existed.
     omitted_regions: tuple[OmittedRegion, ...] | msgspec.UnsetType = msgspec.UNSET
-    # A range (several operations in order): written only for one. ``ops[0]`` is the
+    # A range (several operations in order): written only for one. Its first kernel is the
     # top-level code object, launch and kernarg, so a reader of one dispatch sees the first.
     ops: tuple[Op, ...] | msgspec.UnsetType = msgspec.UNSET
     scratch: tuple[ScratchRegion, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         _coerce(self, "regions", tuple)
+        self._check_chains()
         if self.ops is not msgspec.UNSET:
             _coerce(self, "ops", tuple)
             if not self.ops:
                 raise Invalid("a range has at least one operation", "ops")
-            first = self.ops[0]
+            # The first kernel operation is the top-level one (memsets and copies may
+            # come before it).
+            i, first = next(((i, o) for i, o in enumerate(self.ops) if o.kind == "kernel"),
+                            (0, self.ops[0]))
             if (first.code, first.launch, first.kernarg) != (self.code, self.launch,
                                                              self.kernarg):
-                raise Invalid("ops[0] must be the top-level code_object, launch and kernarg",
-                              "ops[0]")
+                raise Invalid(f"ops[{i}] (the first kernel) must be the top-level "
+                              "code_object, launch and kernarg", f"ops[{i}]")
         spans = [(r.address, r.end, r.name) for r in self.regions]
         if self.scratch is not msgspec.UNSET:
             _coerce(self, "scratch", tuple)
@@ -296,6 +406,53 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
             if b.address < a.end:
                 raise Invalid(f"regions {a.name!r} and {b.name!r} overlap", "regions")
 
+    def _check_chains(self) -> None:
+        """Regenerable regions need v2 (a record built in code gets it), and each chain reads
+        only regenerable regions of this snapshot, never itself, with no cycle."""
+        chains = {r.name: (i, r.regen) for i, r in enumerate(self.regions)
+                  if r.regen is not None}
+        if not chains:
+            return
+        if self.schema_version < 2:
+            msgspec.structs.force_setattr(self, "schema_version", 2)
+        names = {r.name for r in self.regions}
+        for name, (i, regen) in chains.items():
+            for k, other in enumerate(regen.reads):
+                at = f"regions[{i}].regen.reads[{k}]"
+                if other == name:
+                    raise Invalid("a chain cannot read the region it makes", at)
+                if other not in names:
+                    raise Invalid(f"names {other!r}, which is no region of this snapshot", at)
+                if other not in chains:
+                    raise Invalid(f"reads {other!r}, which is not regenerable (stored as "
+                                  "bytes): a chain reads only regenerable regions", at)
+        self.regen_order()   # refuses a cycle
+
+    def regen_order(self) -> list[int]:
+        """Indices of the regenerable regions, each after every region its chain reads."""
+        chains = {r.name: (i, r.regen) for i, r in enumerate(self.regions)
+                  if r.regen is not None}
+        order: list[int] = []
+        state: dict[str, int] = {}   # 1: on the path, 2: placed
+
+        def visit(name: str, path: tuple[str, ...]) -> None:
+            if state.get(name) == 2:
+                return
+            i, regen = chains[name]
+            if state.get(name) == 1:
+                raise Invalid("chains read each other in a cycle: " + " -> ".join(
+                    (*path, name)), f"regions[{i}].regen.reads")
+            state[name] = 1
+            for other in regen.reads:
+                if other in chains:
+                    visit(other, (*path, name))
+            state[name] = 2
+            order.append(i)
+
+        for name in chains:
+            visit(name, ())
+        return order
+
     @property
     def operations(self) -> tuple[Op, ...]:
         """Every operation in order: a single dispatch is the one-operation range."""
@@ -320,7 +477,14 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     @classmethod
     def from_json(cls, obj: Any, *, path: object = None) -> Manifest:
         """The strict reader: ``obj`` is the parsed ``snapshot.json`` found at ``path``."""
-        check_version(obj, SCHEMA, SCHEMA_VERSION, path=path, error=SnapshotFormatError)
+        version = obj.get("schema_version") if isinstance(obj, dict) else None
+        check_version(obj, SCHEMA, version if version in SCHEMA_VERSIONS else SCHEMA_VERSION,
+                      path=path, error=SnapshotFormatError)
+        if version == 1:
+            for i, r in enumerate(obj.get("regions") or ()):
+                if isinstance(r, dict) and "regen" in r:
+                    raise SnapshotFormatError("a regenerable region needs schema_version 2",
+                                              path=path, field=f"regions[{i}].regen")
         return convert(obj, cls, path=path, error=SnapshotFormatError)
 
 

@@ -37,6 +37,7 @@ import json
 import mmap
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -44,7 +45,7 @@ from typing import NamedTuple
 from .. import progress
 from .._util import human_bytes, threaded_map, write_text_atomic
 from ..errors import SnapshotFormatError, UsageError
-from .model import BlobRef, Manifest
+from .model import BlobRef, CodeObject, Kernarg, Launch, Manifest, Op, Param, Regen
 
 MANIFEST = "snapshot.json"
 BLOBS = "blobs"
@@ -452,6 +453,17 @@ def _stream(path: Path, ref: BlobRef, fail, target: memoryview | None, *, chunk:
         raise fail(f"does not match its sha256 {ref.sha256} (corrupt or replaced)")
 
 
+class ChainOp(NamedTuple):
+    """One operation of a regeneration chain as capture saw it (``SnapshotWriter.chain``)."""
+
+    image: bytes
+    format: str
+    kernel_name: str
+    launch: Launch
+    kernarg: bytes
+    params: tuple[Param, ...] = ()
+
+
 class SnapshotWriter:
     """Collects blobs into ``root/blobs`` and finally writes ``root/snapshot.json``."""
 
@@ -475,6 +487,19 @@ class SnapshotWriter:
         self.bytes_stored += blob.written
         return BlobRef(f"{BLOBS}/{blob.path.name}", len(view), blob.digest, blob.compression)
 
+    def chain(self, ops: Sequence[ChainOp], sha256: str, size: int, *,
+              reads: Sequence[str] = (), digests: Sequence[str] = ()) -> Regen:
+        """A region's pre-state as the chain ``ops`` (each ``ChainOp``: code object image and
+        format, kernel name, launch, kernarg bytes as launched, parameter layout), whose
+        code objects and kernargs are stored here as blobs; ``sha256`` and ``size`` are the
+        region's, ``reads`` the other regions the chain reads, ``digests`` the region's
+        sha256 after each op. Put it in ``Region(..., regen=...)`` in place of a pre blob."""
+        records = []
+        for op in ops:
+            records.append(Op(CodeObject(self.put(op.image), op.format, op.kernel_name),
+                              op.launch, Kernarg(self.put(op.kernarg), tuple(op.params))))
+        return Regen(tuple(records), sha256, size, tuple(reads), tuple(digests))
+
     def finish(self, manifest: Manifest) -> Snapshot:
         write_json_atomic(self.root / MANIFEST, manifest.to_json())
         return Snapshot.open(self.root)
@@ -486,6 +511,9 @@ class Snapshot:
     def __init__(self, root: Path, manifest: Manifest):
         self.root = root
         self.manifest = manifest
+        #: Regenerable regions' bytes once made on a device and checked against their
+        #: sha256 (``kpair.regen.regenerate`` fills it): region name -> bytes.
+        self.regenerated: dict[str, bytes] = {}
 
     @classmethod
     def open(cls, root: str | os.PathLike) -> Snapshot:
@@ -574,11 +602,34 @@ class Snapshot:
     def kernarg(self) -> bytes:
         return self.read_blob(self.manifest.kernarg.blob, "kernarg.blob")
 
+    def _made(self, index: int) -> bytes:
+        r = self.manifest.regions[index]
+        if r.name not in self.regenerated:
+            raise SnapshotFormatError(
+                f"region {r.name!r} is stored as a chain of {len(r.regen.ops)} operation(s), "
+                "not as bytes: its pre-state is made on a device (kpair.regen.regenerate, "
+                "which a replay runs first)", path=self.root / MANIFEST,
+                field=f"regions[{index}].regen")
+        return self.regenerated[r.name]
+
     def pre(self, index: int) -> bytes:
-        return self.read_blob(self.manifest.regions[index].pre, f"regions[{index}].pre")
+        r = self.manifest.regions[index]
+        if r.regen is not None:
+            return self._made(index)
+        return self.read_blob(r.pre_blob, f"regions[{index}].pre")
 
     def post(self, index: int) -> bytes:
-        return self.read_blob(self.manifest.regions[index].post, f"regions[{index}].post")
+        r = self.manifest.regions[index]
+        if r.post_blob is None:
+            return self.pre(index)
+        return self.read_blob(r.post_blob, f"regions[{index}].post")
+
+    def known_pre(self, index: int) -> bytes | None:
+        """``pre(index)``, or None for a regenerable region not regenerated yet."""
+        r = self.manifest.regions[index]
+        if r.regen is not None and r.name not in self.regenerated:
+            return None
+        return self.pre(index)
 
     def regions_data(self) -> list[tuple[bytes, bytes]]:
         """Every region's (pre, post) bytes, verified as ``pre`` and ``post`` verify them,
@@ -587,14 +638,21 @@ class Snapshot:
         m = self.manifest
         blobs: dict[tuple, tuple[BlobRef, str]] = {}
         for i, r in enumerate(m.regions):
-            for ref, side in ((r.pre, "pre"), (r.post, "post")):
-                blobs.setdefault(_identity(ref), (ref, f"regions[{i}].{side}"))
+            for ref, side in ((r.pre_blob, "pre"), (r.post_blob, "post")):
+                if ref is not None:
+                    blobs.setdefault(_identity(ref), (ref, f"regions[{i}].{side}"))
         size = sum(ref.size for ref, _ in blobs.values())
         if size >= PROGRESS_BYTES:
             progress.stage(f"load {len(blobs)} region blobs ({human_bytes(size)})")
         data = dict(zip(blobs, threaded_map(lambda b: self._verified(*b), blobs.values()),
                         strict=True))
-        return [(data[_identity(r.pre)], data[_identity(r.post)]) for r in m.regions]
+
+        def state(i: int, ref: BlobRef | None) -> bytes:
+            return self._made(i) if ref is None else data[_identity(ref)]
+
+        return [(state(i, r.pre_blob), state(i, r.post_blob if r.post_blob is not None
+                                             else r.pre_blob))
+                for i, r in enumerate(m.regions)]
 
     def blob_fields(self) -> list[tuple[BlobRef, str]]:
         """Every blob the manifest names, with the field that names it."""
@@ -604,7 +662,17 @@ class Snapshot:
             refs += [(op.code.blob, f"ops[{i}].code_object.blob"),
                      (op.kernarg.blob, f"ops[{i}].kernarg.blob")]
         for i, r in enumerate(m.regions):
-            refs += [(r.pre, f"regions[{i}].pre"), (r.post, f"regions[{i}].post")]
+            if r.pre_blob is not None:
+                refs.append((r.pre_blob, f"regions[{i}].pre"))
+            if r.post_blob is not None:
+                refs.append((r.post_blob, f"regions[{i}].post"))
+            if r.regen is not None:
+                for j, op in enumerate(r.regen.ops):
+                    if getattr(op, "kind", "kernel") != "kernel":   # a memset or a copy
+                        continue
+                    at = f"regions[{i}].regen.ops[{j}]"
+                    refs += [(op.code.blob, f"{at}.code_object.blob"),
+                             (op.kernarg.blob, f"{at}.kernarg.blob")]
         return refs
 
     def verify(self, *, chunk: int = CHUNK) -> int:
@@ -626,5 +694,10 @@ class Snapshot:
                    if p.is_file() and not p.name.startswith("."))
 
     def region_bytes(self) -> int:
-        """Bytes of the regions the manifest holds (each region once: its size)."""
+        """Bytes of the regions the manifest holds (each region once: its size), stored as
+        blobs or as chains."""
         return sum(r.size for r in self.manifest.regions)
+
+    def regenerable_bytes(self) -> int:
+        """Bytes of the regions whose pre-state is stored as a chain."""
+        return sum(r.size for r in self.manifest.regions if r.regen is not None)

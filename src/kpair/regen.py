@@ -1,0 +1,185 @@
+"""Regenerable regions: make a region's pre-state on the device from its stored chain.
+
+A snapshot (schema v2) may store a region's pre-state as a chain of operations instead of
+its bytes (``Region.regen``, ``kpair.snapshot.Regen``): each operation a launch record as a
+single dispatch has (code object, kernel, launch, kernarg), recorded when the program made the
+region (a seeded generator, a fill, an elementwise kernel over other regenerable regions).
+``regenerate(device, snapshot, addresses)`` runs every chain on the placed regions, in an
+order where each chain's ``reads`` come first: the region is zero-filled, each operation is
+loaded from the snapshot's own blobs and launched with its kernarg relocated the way a replay
+relocates region pointers (every 8-byte word pointing into the captured span shifted by the
+placement's delta), and the region is read back and checked against its sha256.
+
+Everything is checked before the first chain runs: every chain's code objects and kernargs
+are present and match their digests (a missing one is refused by field name), every pointer
+parameter points into the region itself or a region its chain reads. A region that does not
+regenerate to its sha256 is refused (``SnapshotFormatError``, exit 3) with its name and the
+operation that diverged (from the per-operation digests capture recorded; the chain is run
+again from zero to find it), and is never used: ``Replay`` calls this before it stages any
+pre-state, so neither ref nor opt has launched. Nothing else is needed: no program, framework
+or model, only the snapshot and a device of its backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+from .backends import Device, Kernel
+from .elfabi import check_params
+from .errors import AbiMismatch, SnapshotFormatError
+from .placement import patch_pointers, span_of
+from .snapshot import SCALAR_FORMATS, Op, Param, Snapshot
+from .snapshot.store import MANIFEST
+
+__all__ = ["regenerate"]
+
+
+def _fail(snapshot: Snapshot, message: str, field: str) -> SnapshotFormatError:
+    return SnapshotFormatError(message, path=snapshot.root / MANIFEST, field=field)
+
+
+def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int]) -> dict[str, bytes]:
+    """Make every regenerable region of ``snapshot`` at its placed address (``addresses[i]``
+    for ``regions[i]``, already mapped on ``device``), check it, and return region name ->
+    its bytes (also kept in ``snapshot.regenerated``). Empty for a snapshot without chains."""
+    m = snapshot.manifest
+    order = m.regen_order()
+    if not order:
+        return {}
+    if len(addresses) != len(m.regions):
+        raise ValueError(f"{len(addresses)} addresses for {len(m.regions)} regions")
+    ranges = [(r.address, r.end) for r in m.regions]
+    ranges += [(s.address, s.end) for s in m.scratch_regions]
+    lo, hi = span_of(ranges)
+    delta = addresses[0] - m.regions[0].address
+    by_name = {r.name: i for i, r in enumerate(m.regions)}
+
+    # Every blob and every pointer first: nothing runs until the whole plan is known good.
+    images: dict[tuple[str, str], tuple[bytes, str, str, tuple[Param, ...]]] = {}
+    steps: dict[int, list[tuple[Op, bytes, str]]] = {}
+    for i in order:
+        r = m.regions[i]
+        allowed = [m.regions[i]] + [m.regions[by_name[n]] for n in r.regen.reads]
+        ops = []
+        for j, op in enumerate(r.regen.ops):
+            at = f"regions[{i}].regen.ops[{j}]"
+            if getattr(op, "kind", "kernel") != "kernel":   # a memset or a copy
+                _check_data(snapshot, r.name, allowed, op, at)
+                ops.append((op, None, at))
+                continue
+            key = (op.code.blob.sha256, op.code.kernel_name)
+            if key not in images:
+                images[key] = (snapshot.read_blob(op.code.blob, f"{at}.code_object.blob"),
+                               op.code.format, at, op.kernarg.params)
+            kernarg = snapshot.read_blob(op.kernarg.blob, f"{at}.kernarg.blob")
+            _check_pointers(snapshot, r.name, allowed, op, kernarg, at)
+            ops.append((op, patch_pointers(kernarg, 0, lo, hi, delta)[0], at))
+        steps[i] = ops
+
+    kernels: dict[tuple[str, str], Kernel] = {}
+    for key, (image, fmt, at, params) in images.items():
+        kernels[key] = _load(device, image, key[1], fmt, at, params)
+
+    made: dict[str, bytes] = {}
+    for i in order:
+        r, address = m.regions[i], addresses[i]
+        data = _run(device, kernels, steps[i], address, r.size, delta)
+        if hashlib.sha256(data).hexdigest() != r.regen.sha256:
+            j, why = _diverged(device, kernels, steps[i], address, r, delta)
+            op = r.regen.ops[j]
+            what = op.code.kernel_name if getattr(op, "kind", "kernel") == "kernel" \
+                else op.kind
+            raise _fail(snapshot, f"region {r.name!r} does not regenerate to its sha256 "
+                        f"{r.regen.sha256[:16]}...: its chain diverged at operation {j} "
+                        f"({what}) {why}; refused before any launch of ref "
+                        "or opt", f"regions[{i}].regen.ops[{j}]")
+        made[r.name] = data
+        snapshot.regenerated[r.name] = data
+    return made
+
+
+def _check_pointers(snapshot: Snapshot, name: str, allowed, op: Op, kernarg: bytes,
+                    at: str) -> None:
+    """Every pointer parameter of ``op`` points into its own region or one its chain reads."""
+    for k, p in enumerate(op.kernarg.params):
+        if p.kind != "pointer" or p.offset + p.size > len(kernarg):
+            continue
+        (value,) = struct.unpack_from(SCALAR_FORMATS["pointer"], kernarg, p.offset)
+        if not any(r.address <= value < r.end for r in allowed):
+            raise _fail(snapshot, f"chain of region {name!r}: argument {k} "
+                        f"({p.name or 'unnamed'}) points at {value:#x}, which is in no region "
+                        "the chain may touch (its own and those it reads: "
+                        + ", ".join(r.name for r in allowed) + ")",
+                        f"{at}.kernarg.params[{k}]")
+
+
+def _load(device: Device, image: bytes, kernel_name: str, fmt: str, at: str,
+          params: tuple[Param, ...]) -> Kernel:
+    """The chain's kernel, loaded once, its declared parameters checked as a replay checks
+    a range's operations."""
+    if fmt == "elf-so":
+        check_params(image, kernel_name, params, f"chain {at}")
+    kernel = device.load(image, kernel_name, fmt=fmt)
+    layout = kernel.param_layout()
+    if layout is not None and layout != [(p.offset, p.size) for p in params]:
+        raise AbiMismatch(f"chain {at} kernel {kernel_name!r} takes parameters {layout}, "
+                          f"its recorded kernarg has {[(p.offset, p.size) for p in params]}")
+    return kernel
+
+
+def _check_data(snapshot: Snapshot, name: str, allowed, op: Op, at: str) -> None:
+    """A memset writes inside the region; a copy writes inside it from a region it reads."""
+    spans = [("dst", op.dst)] + ([("src", op.src)] if op.kind == "copy" else [])
+    for what, address in spans:
+        places = allowed[:1] if what == "dst" else allowed
+        if not any(r.address <= address and address + op.size <= r.end for r in places):
+            raise _fail(snapshot, f"chain of region {name!r}: the {op.kind}'s {what} "
+                        f"[{address:#x}, +{op.size}) is not inside "
+                        + ("the region" if what == "dst" else "a region the chain may read")
+                        , f"{at}.{what}")
+
+
+def _launch(device: Device, kernels, op: Op, kernarg: bytes | None, delta: int) -> None:
+    if kernarg is None:   # a memset or a device-to-device copy, its addresses moved
+        if op.kind == "memset":
+            v, width = op.value, op.element_size
+            word = v * 0x01010101 if width == 1 else v | v << 16 if width == 2 else v
+            device.fill(op.dst + delta, op.size, word)
+        else:
+            copy = getattr(device, "copy", None)
+            if copy is not None:
+                copy(op.dst + delta, op.src + delta, op.size)
+            else:
+                device.write(op.dst + delta, device.read(op.src + delta, op.size))
+    else:
+        device.launch(kernels[op.code.blob.sha256, op.code.kernel_name], op.launch, kernarg,
+                      op.kernarg.params)
+    device.synchronize()
+
+
+def _run(device: Device, kernels, steps, address: int, size: int, delta: int) -> bytes:
+    device.fill(address, size, 0)
+    for op, kernarg, _ in steps:
+        _launch(device, kernels, op, kernarg, delta)
+    return device.read(address, size)
+
+
+def _diverged(device: Device, kernels, steps, address: int, r, delta: int
+              ) -> tuple[int, str]:
+    """The first operation after which the region's digest differs from the recorded one
+    (the chain run again from zero), and what was seen."""
+    digests = r.regen.digests
+    if not digests:
+        return len(steps) - 1, ("(no per-operation digests recorded: the last operation "
+                                "named)")
+    device.fill(address, r.size, 0)
+    for j, (op, kernarg, _) in enumerate(steps):
+        _launch(device, kernels, op, kernarg, delta)
+        got = hashlib.sha256(device.read(address, r.size)).hexdigest()
+        if got != digests[j]:
+            return j, (f"(the region's sha256 after it is {got[:16]}..., recorded "
+                       f"{digests[j][:16]}...)")
+    return len(steps) - 1, "(every operation matched when run again: the chain is not " \
+        "deterministic)"
