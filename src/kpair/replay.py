@@ -42,6 +42,7 @@ from .placement import patch_pointers, span_of
 from .plan import kernarg as plan_kernarg
 from .policy.mutation import Patch
 from .program import Program, ProgramDevice, Step
+from .regen import regenerate
 from .snapshot import Launch, Param, Snapshot, require_complete
 
 
@@ -164,6 +165,7 @@ class Replay:
                            0, lo, hi, delta)[0]
             for i, op in enumerate(m.operations[1:], 1)]
         self.addresses = [r.address + delta for r in m.regions]
+        regenerate(device, snapshot, self.addresses)   # chains' regions: made, checked first
         self.pre: dict[str, bytes] = {}
         self.expected: dict[str, bytes] = {}
         region_words = 0
