@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -519,28 +520,49 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
                    ref_kernel: str | None = None, opt_kernel: str | None = None,
                    policy: Policy | str | os.PathLike | None = None,
                    opt_launch: dict | None = None, measure: dict | None = None,
-                   plan: str | os.PathLike | None = None) -> Harness:
+                   plan: str | os.PathLike | None = None,
+                   opt_capture: str | os.PathLike | None = None) -> Harness:
     """Pair ``opt`` (and ``ref``, by default the snapshot's own code object) with a snapshot.
+
+    ``opt`` is a same-layout code object, a launch ``plan``, or ``opt_capture``: another
+    range captured in the same process over the same memory, bound to this one
+    (``kpair.bind``) into a plan that the harness stores with its code objects.
 
     Everything is checked before anything is written: the snapshot (every blob), the
     policy, the output directory (new or empty), and each code object against the snapshot
     (``codecheck``: format and architecture, the kernel symbol, the parameter layout where
     the binary records one) — a pair that cannot run is refused here, not at ``kpair run``.
     """
-    from .codecheck import check_kernel
-
     snapshot_dir = Path(snapshot_dir)
     if not snapshot_dir.exists():
         raise InputError("no such snapshot directory", path=snapshot_dir)
     src = Snapshot.open(snapshot_dir)
     require_complete(src.manifest, snapshot_dir)  # before the (long) blob checks
     src.verify()
-    m = src.manifest
     out = Path(out)
     check_output_dir(out, empty=True)
 
-    if (opt is None) == (plan is None):
-        raise UsageError("pair an opt code object or a launch plan (--plan), one of them")
+    if sum(x is not None for x in (opt, plan, opt_capture)) != 1:
+        raise UsageError("pair an opt code object, a launch plan (--plan) or a captured "
+                         "candidate (--opt-capture), one of them")
+    if opt_capture is not None:   # bound to a plan in a folder of its own, then as --plan
+        if opt_kernel or opt_launch:
+            raise UsageError("--opt-kernel/--opt-launch do not apply to a captured "
+                             "candidate: its operations name their kernels and geometry")
+        with tempfile.TemporaryDirectory(prefix="kpair-bind-") as tmp:
+            return _create(src, out, ref=ref, ref_kernel=ref_kernel, policy=policy,
+                           measure=measure, plan=bind_snapshot(src, opt_capture, Path(tmp)))
+    return _create(src, out, ref=ref, opt=opt, ref_kernel=ref_kernel, opt_kernel=opt_kernel,
+                   policy=policy, opt_launch=opt_launch, measure=measure, plan=plan)
+
+
+def _create(src: Snapshot, out: Path, *, ref=None, opt=None, ref_kernel=None,
+            opt_kernel=None, policy=None, opt_launch=None, measure=None,
+            plan=None) -> Harness:
+    """``create_harness`` on the opened, verified snapshot ``src``."""
+    from .codecheck import check_kernel
+
+    m = src.manifest
     if m.is_range and (ref or ref_kernel):
         raise UsageError("a range's ref is its captured operations: --ref/--ref-kernel pair "
                          "one dispatch only")
@@ -618,6 +640,24 @@ def create_harness(snapshot_dir: str | os.PathLike, out: str | os.PathLike, *,
             raise write_failure(e, out) from None
         raise
     return Harness.open(out)
+
+
+def bind_snapshot(src: Snapshot, capture: str | os.PathLike, directory: Path) -> Path:
+    """Bind the captured candidate at ``capture`` to the range of ``src``
+    (``kpair.bind.bind_capture``) and write its plan and code objects into ``directory``;
+    the plan's path. The plan's note lists every binding."""
+    from .bind import bind_capture
+
+    capture = Path(capture)
+    if not capture.exists():
+        raise InputError("--opt-capture: no such snapshot directory", path=capture)
+    cand = Snapshot.open(capture)
+    require_complete(cand.manifest, capture)
+    cand.verify()
+    bound = bind_capture(src, cand)
+    note = f"{bound.plan.note}: " + "; ".join(b.describe() for b in bound.bindings)
+    return bound.__class__(bound.plan.replace(note=note), bound.code,
+                           bound.bindings).write(directory)
 
 
 def write_failure(e: OSError, out: Path) -> WriteFailed:

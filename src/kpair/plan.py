@@ -166,6 +166,10 @@ class PlanLaunch(Record, omit_defaults=True):
             return
         if self.args:
             raise Invalid("a launch binds args or carries a raw kernarg, not both", "args")
+        if type(self.kernarg) is not HexBytes:   # built in code: written as hex
+            msgspec.structs.force_setattr(self, "kernarg", HexBytes(self.kernarg))
+        if type(self.params) is not tuple:
+            msgspec.structs.force_setattr(self, "params", tuple(self.params))
         end = 0
         for i, q in enumerate(self.params):
             if q.offset < end:

@@ -23,6 +23,10 @@ class Pair(Command):
                        help="launch plan (opt.plan.json; its code objects beside it) instead "
                        "of --opt: launches with their own signatures, checked against the "
                        "range before anything is written")
+        p.add_argument("--opt-capture", type=Path, metavar="SNAP2",
+                       help="instead of --opt/--plan: another range captured in the same "
+                       "process over the same memory (e.g. the torch.compile forward), bound "
+                       "to this one region by region into a plan (unbound regions: exit 4)")
         p.add_argument("--ref", type=Path,
                        help="baseline code object (default: the captured one)")
         p.add_argument("--ref-kernel", help="kernel name in ref (default: the captured name)")
@@ -47,7 +51,8 @@ class Pair(Command):
             _check_captured_kernel(args.snapshot, args.ref_kernel)
         h = create_harness(args.snapshot, args.out, ref=args.ref, opt=args.opt,
                            ref_kernel=args.ref_kernel, opt_kernel=args.opt_kernel,
-                           policy=args.policy, opt_launch=launch, plan=args.plan)
+                           policy=args.policy, opt_launch=launch, plan=args.plan,
+                           opt_capture=args.opt_capture)
         mutations, source = h.planned_mutations()
         if args.json:
             print(json.dumps({"harness": str(h.root), "backend": h.backend,

@@ -1,0 +1,296 @@
+"""A captured candidate bound to ref's range: ``kpair pair SNAP --opt-capture SNAP2``.
+
+SNAP2 is another range captured in the same process over the same memory (an eager
+forward and its ``torch.compile`` forward, or two ``kpair.record`` ranges over the same
+numpy arrays). ``bind_capture(ref, cand)`` makes a launch plan of SNAP2's operations that
+runs on SNAP's regions. Each region of SNAP2 is bound, in this order:
+
+1. **by identity**: the same memory as a SNAP region (SNAP2's address range lies inside it)
+   holding the same pre-state bytes. A live-in region is read there; a written one is
+   updated there, which SNAP must write too (a plan that writes SNAP's live-in is
+   refused by ``check_plan``).
+2. **outputs**: SNAP2's written regions left are bound to SNAP's live-out regions left
+   through the declared outputs (role ``out``: by name, or the one declared output of
+   each), or, when neither declares one, the one live-out of each; sizes must be equal.
+   SNAP2's other written regions, once its outputs are declared, are written-then-dead:
+   plan scratch of their size, poisoned before every execution.
+3. SNAP2's scratch regions become plan scratch of their size.
+
+What is left is refused (``BindError``, exit 4) naming the region and why: different bytes
+(same memory, other pre-state), different size (overlapping memory or outputs of other
+sizes), no counterpart. "The same memory" is the address range in the capturing process:
+a region's own address for a GPU capture, the caller's array for a ``kpair.record`` range
+(its provenance's ``process_regions``); two ranges whose provenance names two processes are
+refused.
+
+The plan's launches are SNAP2's operations as captured: their code objects (stored beside
+the plan), geometry, and each kernarg as a raw blob whose pointer words into SNAP2's
+regions and scratch are relocations to what they are bound to (``kpair.plan``). A pointer
+into a SNAP2 region that is not a whole pointer-sized parameter (a field of a struct passed
+by value) cannot be relocated: refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._util import make_dirs, write_bytes_atomic, write_text_atomic
+from .errors import KpairError
+from .plan import FILENAME, Plan, PlanLaunch, Relocation, Scratch
+
+#: Code object file extensions (as a harness names them).
+_EXT = {"elf-so": ".so", "cubin": ".cubin", "fatbin": ".fatbin", "ptx": ".ptx",
+        "hsaco": ".co"}
+
+
+class BindError(KpairError):
+    """A region of the captured candidate bound to nothing in ref's range (or a candidate
+    that cannot be bound at all): refused before anything is written."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where one region of SNAP2 went: a SNAP region (``to`` "region", at ``offset`` in it)
+    or a plan scratch buffer (``to`` "scratch"), and by which rule (``why``)."""
+
+    region: str
+    to: str
+    name: str
+    offset: int
+    access: str
+    why: str
+
+    def describe(self) -> str:
+        where = (f"{self.name}" + (f"+{self.offset}" if self.offset else "")
+                 if self.to == "region" else f"scratch {self.name}")
+        return f"{self.region} -> {where} ({self.why})"
+
+
+@dataclass(frozen=True)
+class BoundCapture:
+    """The plan of a bound capture, its code objects by file name, and every binding."""
+
+    plan: Plan
+    code: dict[str, bytes]
+    bindings: tuple[Binding, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def write(self, directory: str | Path) -> Path:
+        """Write ``opt.plan.json`` and its code objects into ``directory``; the plan's path."""
+        directory = Path(directory)
+        make_dirs(directory)
+        for rel, image in self.code.items():
+            make_dirs((directory / rel).parent)
+            write_bytes_atomic(directory / rel, image)
+        path = directory / FILENAME
+        write_text_atomic(path, json.dumps(self.plan.to_json(), indent=1) + "\n")
+        return path
+
+
+def _spans(manifest) -> dict[str, tuple[int, int]]:
+    """Each region's and scratch region's memory in the capturing process: (start, size)."""
+    known = manifest.provenance.get("process_regions") \
+        if isinstance(manifest.provenance, dict) else None
+    known = known if isinstance(known, dict) else {}
+    out = {}
+    for r in (*manifest.regions, *manifest.scratch_regions):
+        at = known.get(r.name)
+        ok = isinstance(at, list | tuple) and len(at) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in at) and at[1] == r.size
+        out[r.name] = (at[0], at[1]) if ok else (r.address, r.size)
+    return out
+
+
+def _written(r) -> bool:
+    return r.role in ("out", "inout") if r.role is not None else r.pre.sha256 != r.post.sha256
+
+
+def _show(span: tuple[int, int]) -> str:
+    return f"[{span[0]:#x}, +{span[1]})"
+
+
+def bind_capture(ref, cand) -> BoundCapture:
+    """Bind the range of Snapshot ``cand`` (SNAP2) to the range of Snapshot ``ref`` (SNAP):
+    the plan (see the module docstring). Raises BindError naming what is left unbound."""
+    m1, m2 = ref.manifest, cand.manifest
+    if (m1.backend, m1.arch) != (m2.backend, m2.arch):
+        raise BindError(f"the captured candidate is for {m2.backend}/{m2.arch}, the range "
+                        f"for {m1.backend}/{m1.arch}")
+    p1 = m1.provenance.get("process") if isinstance(m1.provenance, dict) else None
+    p2 = m2.provenance.get("process") if isinstance(m2.provenance, dict) else None
+    if p1 and p2 and p1 != p2:
+        raise BindError("the captured candidate was recorded in another process than the "
+                        "range: their regions cannot be identified by address (capture both "
+                        "in one process, over the same memory)")
+    s1, s2 = _spans(m1), _spans(m2)
+    regions1 = {r.name: (i, r) for i, r in enumerate(m1.regions)}
+    pre_cache: dict[tuple[int, str], bytes] = {}
+
+    def pre(snap, i: int) -> bytes:
+        key = (id(snap), str(i))
+        if key not in pre_cache:
+            pre_cache[key] = snap.pre(i)
+        return pre_cache[key]
+
+    bindings: dict[str, Binding] = {}
+    bound_ref: set[str] = set()
+    refusals: list[str] = []
+    left_written = []
+    for j, r2 in enumerate(m2.regions):
+        lo2, n2 = s2[r2.name]
+        home = next((r for r in m1.regions if s1[r.name][0] <= lo2
+                     and lo2 + n2 <= s1[r.name][0] + s1[r.name][1]), None)
+        writes = _written(r2)
+        if home is not None:
+            i, _ = regions1[home.name]
+            lo1, n1 = s1[home.name]
+            same = (r2.pre.sha256 == home.pre.sha256 if (lo1, n1) == (lo2, n2) else
+                    pre(cand, j) == pre(ref, i)[lo2 - lo1:lo2 - lo1 + n2])
+            if same and (not writes or _written(home)):
+                access = "read" if not writes else (
+                    "readwrite" if r2.role in ("inout", None) else "write")
+                bindings[r2.name] = Binding(r2.name, "region", home.name, lo2 - lo1, access,
+                                            "same memory, same bytes")
+                if writes:
+                    bound_ref.add(home.name)
+                continue
+            if not same and not writes:
+                refusals.append(f"{r2.name}: different bytes (SNAP2 reads {_show((lo2, n2))} "
+                                f"with other bytes than SNAP's {home.name!r} holds there)")
+                continue
+        if writes:
+            left_written.append(r2)
+            continue
+        over = next((r for r in m1.regions if s1[r.name][0] < lo2 + n2
+                     and lo2 < s1[r.name][0] + s1[r.name][1]), None)
+        if over is not None:
+            refusals.append(f"{r2.name}: different size (SNAP2 reads {_show((lo2, n2))}, "
+                            f"SNAP's {over.name!r} is {_show(s1[over.name])})")
+        else:
+            refusals.append(f"{r2.name}: no counterpart (SNAP2 reads {_show((lo2, n2))}; "
+                            "no region of SNAP holds that memory)")
+    outs1 = [r for r in m1.regions if _written(r) and r.name not in bound_ref]
+    declared2 = [r for r in left_written if r.role == "out"]
+    declared1 = [r for r in outs1 if r.role == "out"]
+    pairs: list[tuple] = []
+    if declared2:
+        by_name = {r.name: r for r in declared1}
+        rest1 = list(declared1)
+        for r2 in declared2:
+            r1 = by_name.get(r2.name) or (rest1[0] if len(declared2) == 1 == len(rest1)
+                                           else None)
+            if r1 is None or r1 not in rest1:
+                refusals.append(f"{r2.name}: no counterpart (a declared output of SNAP2; "
+                                "SNAP declares " + (", ".join(repr(r.name) for r in rest1)
+                                                    or "no output left") + ")")
+                continue
+            rest1.remove(r1)
+            pairs.append((r2, r1, "declared output"))
+        for r2 in left_written:
+            if r2.role != "out":
+                bindings[r2.name] = Binding(r2.name, "scratch", r2.name, 0, "readwrite",
+                                            "written, not a declared output")
+    elif len(left_written) == 1 and len(outs1) == 1:
+        pairs.append((left_written[0], outs1[0], "the one live-out of each"))
+    elif left_written:
+        names = ", ".join(repr(r.name) for r in left_written)
+        refusals.append(f"{names}: no counterpart (SNAP2 writes {len(left_written)} "
+                        f"region(s) and declares no output; SNAP has {len(outs1)} live-out "
+                        "region(s) left: declare SNAP2's outputs, role 'out', to pair them)")
+    for r2, r1, why in pairs:
+        if r2.size != r1.size:
+            refusals.append(f"{r2.name}: different size (SNAP2's output is {r2.size} bytes, "
+                            f"SNAP's {r1.name!r} is {r1.size})")
+            continue
+        bindings[r2.name] = Binding(r2.name, "region", r1.name, 0,
+                                    "readwrite" if r2.role == "inout" else "write", why)
+        bound_ref.add(r1.name)
+    if refusals:
+        raise BindError("the captured candidate leaves regions unbound: "
+                        + "; ".join(refusals))
+    unwritten = [r.name for r in outs1 if r.name not in bound_ref]
+    if unwritten:
+        raise BindError(f"SNAP's live-out region(s) {', '.join(map(repr, unwritten))} "
+                        "written by no region of the captured candidate")
+    taken = {r.name for r in m1.regions}
+    scratch: list[Scratch] = []
+    names: dict[str, str] = {}
+
+    def scratch_name(name: str) -> str:
+        out, k = name, 1
+        while out in taken:
+            out, k = f"{name}.{k}", k + 1
+        taken.add(out)
+        return out
+
+    for b in list(bindings.values()):
+        if b.to == "scratch":
+            names[b.region] = scratch_name(b.region)
+            bindings[b.region] = Binding(b.region, "scratch", names[b.region], 0, b.access,
+                                         b.why)
+            scratch.append(Scratch(names[b.region], m2.region(b.region).size))
+    for sc in m2.scratch_regions:
+        names[sc.name] = scratch_name(sc.name)
+        bindings[sc.name] = Binding(sc.name, "scratch", names[sc.name], 0, "readwrite",
+                                    "scratch of SNAP2")
+        scratch.append(Scratch(names[sc.name], sc.size))
+    launches, code = _launches(cand, m2, bindings)
+    plan = Plan(launches=tuple(launches), scratch=tuple(scratch),
+                note=f"captured candidate of {len(launches)} operation(s), bound by kpair.bind")
+    return BoundCapture(plan, code, tuple(bindings.values()))
+
+
+def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch], dict]:
+    """SNAP2's operations as raw-kernarg launches, every pointer word into a SNAP2 region
+    or scratch region relocated to its binding."""
+    spans = sorted((r.address, r.end, r.name) for r in (*m2.regions, *m2.scratch_regions))
+    code: dict[str, bytes] = {}
+    launches = []
+    for i, op in enumerate(m2.operations):
+        if op.launch.attributes:
+            raise BindError(f"SNAP2 operation {i} ({op.code.kernel_name}) was launched with "
+                            "launch attributes, which a plan does not carry")
+        field_ = "code_object.blob" if i == 0 else f"ops[{i}].code_object.blob"
+        image = cand.read_blob(op.code.blob, field_)
+        rel = f"code/{hashlib.sha256(image).hexdigest()[:16]}{_EXT[op.code.format]}"
+        code[rel] = image
+        blob = cand.kernarg() if i == 0 else cand.read_blob(op.kernarg.blob,
+                                                            f"ops[{i}].kernarg.blob")
+        relocations = _relocations(i, op, blob, spans, bindings)
+        launches.append(PlanLaunch(
+            code=rel, kernel=op.code.kernel_name, grid=op.launch.grid, block=op.launch.block,
+            dynamic_shared_bytes=op.launch.dynamic_shared_bytes, format=op.code.format,
+            kernarg=blob, params=tuple(op.kernarg.params), relocations=tuple(relocations)))
+    return launches, code
+
+
+def _relocations(i: int, op, blob: bytes, spans: Sequence[tuple[int, int, str]],
+                 bindings: dict[str, Binding]) -> list[Relocation]:
+    starts = {p.offset: p for p in op.kernarg.params}
+    out = []
+    for at in range(0, len(blob) - 7, 8):
+        value = struct.unpack_from("<Q", blob, at)[0]
+        hit = next((s for s in spans if s[0] <= value < s[1]), None)
+        if hit is None:
+            continue
+        lo, _, name = hit
+        param = starts.get(at)
+        if param is None or param.size != 8 or param.kind not in ("pointer", "bytes"):
+            raise BindError(f"SNAP2 operation {i} ({op.code.kernel_name}) kernarg byte {at} "
+                            f"holds an address in region {name!r} that is not a whole "
+                            "pointer-sized parameter: it cannot be relocated")
+        b = bindings[name]
+        out.append(Relocation(offset=at, bind="region" if b.to == "region" else "scratch",
+                              name=b.name, offset_in_region=b.offset + value - lo,
+                              access=b.access if b.to == "region" else "read"))
+    return out
+
+
+__all__ = ["BindError", "Binding", "BoundCapture", "bind_capture"]
