@@ -249,6 +249,20 @@ def _load(binary: str | os.PathLike | bytes, label: str | None) -> tuple[bytes, 
         raise InputError(f"candidate {path}: cannot read ({e.strerror or e})") from None
 
 
+def result_line(n: int, result: Result, result_file: str | os.PathLike) -> dict:
+    """One judged candidate as ``kpair evaluate --jsonl`` prints it (and ``kpair mcp``'s
+    ``submit_candidate`` answers): its attempt number ``n``, label, status, summary, speedup
+    and intervals, the failed check, the reason and where its result.json is."""
+    s = result.speed
+    return {"n": n, "label": result.opt.binary if result.opt else None,
+            "status": result.status, "summary": result.summary(),
+            "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
+            "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
+            "difference": s.difference if s else None,
+            "failed_check": result.correctness.failed_check if result.correctness else None,
+            "reason": result.reason, "result": str(result_file)}
+
+
 def record_attempt(out: Path, attempt: Attempt) -> None:
     """Append one line to ``out/attempts.jsonl``."""
     append_text(out / ATTEMPTS, json.dumps(to_builtins(attempt)) + "\n")
@@ -270,4 +284,5 @@ def taken_numbers(out: Path) -> int:
     return top
 
 
-__all__ = ["ATTEMPTS", "Attempt", "Session", "read_attempts", "record_attempt", "taken_numbers"]
+__all__ = ["ATTEMPTS", "Attempt", "Session", "read_attempts", "record_attempt", "result_line",
+           "taken_numbers"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from .._util import check_output_dir
 from ..errors import InputError, KpairError, UsageError
 from ..scale.evaluate import evaluate_on
+from ..session import result_line
 from .base import Command, check_device, parse_launch
 from .run import (
     add_pool_arguments,
@@ -42,15 +43,8 @@ _FIELDS = {"binary", "kernel", "launch_override", "label", "source", "build", "s
 
 def _line(attempt, result, out: Path) -> dict:
     """The JSON line of one verdict: the Result, with its number and file from the
-    attempts.jsonl line the session made for it."""
-    s = result.speed
-    return {"n": attempt.n, "label": result.opt.binary if result.opt else None,
-            "status": result.status, "summary": result.summary(),
-            "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
-            "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
-            "difference": s.difference if s else None,
-            "failed_check": result.correctness.failed_check if result.correctness else None,
-            "reason": result.reason, "result": str(out / attempt.result)}
+    attempts.jsonl line the session made for it (``kpair.session.result_line``)."""
+    return result_line(attempt.n, result, out / attempt.result)
 
 
 class Evaluate(Command):

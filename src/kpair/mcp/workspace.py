@@ -49,7 +49,7 @@ from ..optimize.workbench import (
 )
 from ..options import RunOptions
 from ..release import add_operator
-from ..session import taken_numbers
+from ..session import result_line, taken_numbers
 from ..snapshot import Snapshot
 from .build import build_candidate, recompiled_ptx, triton_facts
 
@@ -264,20 +264,13 @@ class Workspace:
             keep.parent.mkdir(parents=True, exist_ok=True)
             keep.write_bytes(built.image)
             state.candidates[n] = replace(judged, image=b"", binary=keep)
-            s = result.speed
-            return {
-                "attempt": n, "status": result.status, "judged": mode,
-                "summary": result.summary() + (QUICK_NOTE if mode == "quick" else ""),
-                "speedup": s.speedup if s else None, "ci95": list(s.ci95) if s else None,
-                "combined_ci95": list(s.combined_ci95) if s and s.combined_ci95 else None,
-                "difference": s.difference if s else None,
-                "failed_check": result.correctness.failed_check
-                if result.correctness else None,
-                "reason": result.reason, "exit_code": result.exit_code,
-                "sol": result.sol.summary() if result.sol else None,
-                "result": str(session.result_file(n)),
-                "candidate": str(keep), "build": built.build, "build_s": round(build_s, 3),
-                "judge_s": result.wall_s}
+            line = result_line(n, result, session.result_file(n))
+            return {**line, "attempt": n, "judged": mode,
+                    "summary": line["summary"] + (QUICK_NOTE if mode == "quick" else ""),
+                    "exit_code": result.exit_code,
+                    "sol": result.sol.summary() if result.sol else None,
+                    "candidate": str(keep), "build": built.build, "build_s": round(build_s, 3),
+                    "judge_s": result.wall_s}
 
     # ------------------------------------------------------------------ publish
 
