@@ -10,3 +10,7 @@ Importing kpair touches no GPU driver; backends load their bindings on first use
 """
 
 __version__ = "0.1.0"
+
+from .marks import mark  # noqa: E402  (``with kpair.mark("fwd"):`` marks a range to capture)
+
+__all__ = ["__version__", "mark"]

@@ -10,7 +10,8 @@ kernel:
 - ``launch``: scratch poisoned (a fresh random word each execution), then every step in
   order, each waiting for the one before (``synchronize``);
 - ``timed_launch``: scratch poisoned outside the timing, then the sum of every step's own
-  timed launch (on the host: each executor's CPU time);
+  timed launch (on the host: each executor's CPU time); a captured range's memsets and
+  device-to-device copies (``MemsetStep``, ``CopyStep``) run in their place, untimed;
 - ``refused_calls``, ``code_digest``, ``unload``: over every step's kernel.
 
 The pre-state is restored once before the sequence (``Replay`` does it), never between steps.
@@ -37,19 +38,59 @@ class Step:
     params: tuple[Param, ...]
 
 
+@dataclass(frozen=True)
+class MemsetStep:
+    """``size`` bytes at ``address`` set to ``value`` in ``element_size``-byte elements."""
+
+    address: int
+    size: int
+    value: int
+    element_size: int
+
+    @property
+    def word(self) -> int:
+        """The little-endian 32-bit word whose repetition is the memset (``Device.fill``)."""
+        if self.element_size == 1:
+            return self.value * 0x01010101
+        if self.element_size == 2:
+            return self.value | self.value << 16
+        return self.value
+
+
+@dataclass(frozen=True)
+class CopyStep:
+    """``size`` bytes copied from ``src`` to ``dst`` on the device."""
+
+    dst: int
+    src: int
+    size: int
+
+
+def data_step(op, delta: int) -> MemsetStep | CopyStep:
+    """The step of a range's memset or copy operation (``snapshot.Op``), its captured
+    addresses moved by ``delta`` as the replay placed the regions."""
+    if op.kind == "memset":
+        return MemsetStep(op.dst + delta, op.size, op.value, op.element_size)
+    if op.kind == "copy":
+        return CopyStep(op.dst + delta, op.src + delta, op.size)
+    raise ValueError(f"not a memset or copy operation: {op.kind}")
+
+
 class Program(Kernel):
     """Steps launched as a unit; ``scratch``: (address, size) spans poisoned before each
     execution."""
 
-    def __init__(self, name: str, steps: Sequence[Step], scratch: Sequence[tuple[int, int]]):
-        if not steps:
-            raise ValueError("a program has at least one step")
+    def __init__(self, name: str, steps: Sequence[Step | MemsetStep | CopyStep],
+                 scratch: Sequence[tuple[int, int]]):
+        if not any(isinstance(s, Step) for s in steps):
+            raise ValueError("a program has at least one kernel step")
         self.name, self.steps, self.scratch = name, tuple(steps), tuple(scratch)
 
     @property
     def kernels(self) -> list[Kernel]:
         """Each loaded kernel once, in order of first use."""
-        return list({id(s.kernel): s.kernel for s in self.steps}.values())
+        return list({id(s.kernel): s.kernel for s in self.steps
+                     if isinstance(s, Step)}.values())
 
     def param_layout(self) -> None:
         return None   # each step was checked against its own layout when it was built
@@ -72,6 +113,18 @@ class ProgramDevice:
         for address, size in program.scratch:
             self._inner.fill(address, size, _RNG.getrandbits(32))
 
+    def _data(self, step: MemsetStep | CopyStep) -> None:
+        """A memset (``fill`` with the element repeated) or a device-to-device copy (the
+        device's ``copy`` where it has one, else a read and a write)."""
+        if isinstance(step, MemsetStep):
+            self._inner.fill(step.address, step.size, step.word)
+            return
+        copy = getattr(self._inner, "copy", None)
+        if copy is not None:
+            copy(step.dst, step.src, step.size)
+        else:
+            self._inner.write(step.dst, self._inner.read(step.src, step.size))
+
     def launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
                params: Sequence[Param]) -> None:
         if not isinstance(kernel, Program):
@@ -80,7 +133,10 @@ class ProgramDevice:
         for i, s in enumerate(kernel.steps):
             if i:
                 self._inner.synchronize()
-            self._inner.launch(s.kernel, s.launch, s.kernarg, s.params)
+            if isinstance(s, Step):
+                self._inner.launch(s.kernel, s.launch, s.kernarg, s.params)
+            else:
+                self._data(s)
         return None
 
     def timed_launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
@@ -92,7 +148,10 @@ class ProgramDevice:
         for i, s in enumerate(kernel.steps):
             if i:
                 self._inner.synchronize()
-            total += self._inner.timed_launch(s.kernel, s.launch, s.kernarg, s.params)
+            if isinstance(s, Step):
+                total += self._inner.timed_launch(s.kernel, s.launch, s.kernarg, s.params)
+            else:
+                self._data(s)
         return total
 
     def refused_calls(self, kernel: Kernel) -> dict | None:

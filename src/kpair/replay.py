@@ -41,7 +41,7 @@ from .formats import Record
 from .placement import patch_pointers, span_of
 from .plan import kernarg as plan_kernarg
 from .policy.mutation import Patch
-from .program import Program, ProgramDevice, Step
+from .program import Program, ProgramDevice, Step, data_step
 from .regen import regenerate
 from .snapshot import Launch, Param, Snapshot, require_complete
 
@@ -159,11 +159,13 @@ class Replay:
         self.delta = delta
 
         self.kernarg, kernarg_words = patch_pointers(snapshot.kernarg(), 0, lo, hi, delta)
-        # Every operation's kernarg (a range's; the first is ``kernarg``), pointers patched.
-        self.op_kernargs = [self.kernarg] + [
+        # Every operation's kernarg (a range's; the first is ``kernarg``), pointers patched
+        # (none for a memset or a copy: ``data_step`` moves its addresses).
+        self.op_kernargs = [
+            b"" if op.kind != "kernel" else self.kernarg if i == 0 else
             patch_pointers(snapshot.read_blob(op.kernarg.blob, f"ops[{i}].kernarg.blob"),
                            0, lo, hi, delta)[0]
-            for i, op in enumerate(m.operations[1:], 1)]
+            for i, op in enumerate(m.operations)]
         self.addresses = [r.address + delta for r in m.regions]
         regenerate(device, snapshot, self.addresses)   # chains' regions: made, checked first
         self.pre: dict[str, bytes] = {}
@@ -193,6 +195,9 @@ class Replay:
         m, snap = self.snapshot.manifest, self.snapshot
         steps, loaded = [], {}
         for i, op in enumerate(m.operations):
+            if op.kind != "kernel":   # a captured memset or device-to-device copy
+                steps.append(data_step(op, self.delta))
+                continue
             key = (op.code.blob.sha256, op.code.kernel_name)
             if key not in loaded:
                 field = "code_object.blob" if i == 0 else f"ops[{i}].code_object.blob"
@@ -208,7 +213,7 @@ class Replay:
                                   f"{layout}, the captured kernarg has "
                                   f"{[(p.offset, p.size) for p in op.kernarg.params]}")
             steps.append(Step(kernel, op.launch, self.op_kernargs[i], op.kernarg.params))
-        name = " ; ".join(dict.fromkeys(op.code.kernel_name for op in m.operations))
+        name = " ; ".join(dict.fromkeys(op.label for op in m.operations))
         return Program(name, steps, [(a, n) for nm, a, n in self.scratch
                                      if nm in {s.name for s in m.scratch_regions}])
 

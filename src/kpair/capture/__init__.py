@@ -66,6 +66,9 @@ def install(*, cupti_path: str | None = None):
                           "loaded before now are unknown, so their kernels cannot be captured",
                           stacklevel=2)
         tracer = Tracer(cupti_path)
+        # NVTX (torch.cuda.nvtx) reports its ranges to the library this names, read at the
+        # first NVTX call: this CUPTI, so that ``--range`` sees them (CUPTI's NVTX domain).
+        os.environ.setdefault("NVTX_INJECTION64_PATH", tracer.cupti.path)
         tracer.start()
         _tracer = tracer
     return _tracer
@@ -90,6 +93,23 @@ def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int
                              registry=tracer.registry, blocks=torch_blocks,
                              max_region_bytes=max_region_bytes, command=command,
                              environment=software_environment, metadata=triton_metadata)
+    tracer.attach(session)
+    return session
+
+
+def start_range_session(out: str | os.PathLike, ranges: list[str], *, nth: int = 1,
+                        max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
+                        command: list[str] | None = None):
+    """Open a ``RangeSession`` capturing the ranges named ``ranges`` (their ``nth``
+    occurrence, marked by NVTX or ``kpair.mark``) into ``out/<name>/``; ``install`` first."""
+    from .ranges import RangeSession
+    from .tracer import software_environment, torch_blocks  # lazy, as install's Tracer
+
+    tracer = install()
+    session = RangeSession(out, ranges, nth=nth, driver=tracer.driver,
+                           registry=tracer.registry, blocks=torch_blocks,
+                           max_region_bytes=max_region_bytes, command=command,
+                           environment=software_environment, metadata=triton_metadata)
     tracer.attach(session)
     return session
 
@@ -122,5 +142,5 @@ def capture(out: str | os.PathLike, *, kernel: str | None = None, nth: int = 1,
 
 
 __all__ = ["SUMMARY", "CaptureSession", "Filter", "KernelProfiler", "capture",
-           "finish_session", "install", "profile_program", "run_profile", "start_session",
-           "top_kernels"]
+           "finish_session", "install", "profile_program", "run_profile",
+           "start_range_session", "start_session", "top_kernels"]

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from ..errors import BackendUnavailable, DriverError
 
-DOMAIN_DRIVER_API, DOMAIN_RESOURCE = 1, 3
+DOMAIN_DRIVER_API, DOMAIN_RESOURCE, DOMAIN_NVTX = 1, 3, 5
 API_ENTER, API_EXIT = 0, 1
 CBID_MODULE_LOADED = 6
 
@@ -36,6 +36,64 @@ LAUNCH_CBIDS = {
 LOAD_CBIDS = {
     18: "cuModuleLoad", 19: "cuModuleLoadData", 20: "cuModuleLoadDataEx",
     21: "cuModuleLoadFatBinary", 678: "cuLibraryLoadData", 679: "cuLibraryLoadFromFile",
+}
+
+#: NVTX callback ids (``cupti_nvtx_cbid.h``): the default domain's push/pop ranges, which
+#: ``torch.cuda.nvtx.range`` uses. They arrive only when libnvToolsExt/NVTX3 loaded CUPTI as
+#: its injection library (``NVTX_INJECTION64_PATH``; ``kpair.capture.install`` sets it).
+NVTX_PUSH_A, NVTX_PUSH_EX, NVTX_POP = 8, 10, 11
+NVTX_CBIDS = {NVTX_PUSH_A: "nvtxRangePushA", NVTX_PUSH_EX: "nvtxRangePushEx",
+              NVTX_POP: "nvtxRangePop"}
+
+#: Driver API memsets and copies a range capture watches: cbid → (API, kind, element size,
+#: whether the params end with a stream). Every 1D memset and copy variant (plain, _v2,
+#: per-thread _ptds/_ptsz) has the same parameter struct: (dst, value | src, size[, stream]).
+#: Kinds: memset, copy (device to device), copy? (unified: the session asks which side is
+#: device memory), htod and dtoh (only said; a host-to-device copy refuses the range).
+DATA_CBIDS: dict[int, tuple[str, str, int, bool]] = {
+    71: ("cuMemsetD8", "memset", 1, False), 73: ("cuMemsetD16", "memset", 2, False),
+    75: ("cuMemsetD32", "memset", 4, False),
+    249: ("cuMemsetD8_v2", "memset", 1, False), 250: ("cuMemsetD16_v2", "memset", 2, False),
+    251: ("cuMemsetD32_v2", "memset", 4, False),
+    411: ("cuMemsetD8_v2_ptds", "memset", 1, False),
+    412: ("cuMemsetD16_v2_ptds", "memset", 2, False),
+    413: ("cuMemsetD32_v2_ptds", "memset", 4, False),
+    216: ("cuMemsetD8Async", "memset", 1, True), 218: ("cuMemsetD16Async", "memset", 2, True),
+    220: ("cuMemsetD32Async", "memset", 4, True),
+    428: ("cuMemsetD8Async_ptsz", "memset", 1, True),
+    429: ("cuMemsetD16Async_ptsz", "memset", 2, True),
+    430: ("cuMemsetD32Async_ptsz", "memset", 4, True),
+    47: ("cuMemcpyDtoD", "copy", 1, False), 280: ("cuMemcpyDtoD_v2", "copy", 1, False),
+    399: ("cuMemcpyDtoD_v2_ptds", "copy", 1, False),
+    64: ("cuMemcpyDtoDAsync", "copy", 1, True), 281: ("cuMemcpyDtoDAsync_v2", "copy", 1, True),
+    423: ("cuMemcpyDtoDAsync_v2_ptsz", "copy", 1, True),
+    305: ("cuMemcpy", "copy?", 1, False), 408: ("cuMemcpy_ptds", "copy?", 1, False),
+    306: ("cuMemcpyAsync", "copy?", 1, True), 418: ("cuMemcpyAsync_ptsz", "copy?", 1, True),
+    43: ("cuMemcpyHtoD", "htod", 1, False), 276: ("cuMemcpyHtoD_v2", "htod", 1, False),
+    397: ("cuMemcpyHtoD_v2_ptds", "htod", 1, False),
+    60: ("cuMemcpyHtoDAsync", "htod", 1, True), 277: ("cuMemcpyHtoDAsync_v2", "htod", 1, True),
+    421: ("cuMemcpyHtoDAsync_v2_ptsz", "htod", 1, True),
+}
+#: Operations a range snapshot cannot hold: seeing one refuses the range, naming it.
+UNSUPPORTED_CBIDS = {
+    56: "cuMemcpy2D", 57: "cuMemcpy2DUnaligned", 58: "cuMemcpy3D", 68: "cuMemcpy2DAsync",
+    69: "cuMemcpy3DAsync", 287: "cuMemcpy2D_v2", 288: "cuMemcpy2DUnaligned_v2",
+    289: "cuMemcpy2DAsync_v2", 290: "cuMemcpy3D_v2", 291: "cuMemcpy3DAsync_v2",
+    318: "cuMemcpyPeer", 319: "cuMemcpyPeerAsync", 320: "cuMemcpy3DPeer",
+    321: "cuMemcpy3DPeerAsync", 405: "cuMemcpy2D_v2_ptds", 406: "cuMemcpy2DUnaligned_v2_ptds",
+    407: "cuMemcpy3D_v2_ptds", 409: "cuMemcpyPeer_ptds", 410: "cuMemcpy3DPeer_ptds",
+    424: "cuMemcpy2DAsync_v2_ptsz", 425: "cuMemcpy3DAsync_v2_ptsz",
+    426: "cuMemcpyPeerAsync_ptsz", 427: "cuMemcpy3DPeerAsync_ptsz",
+    77: "cuMemsetD2D8", 79: "cuMemsetD2D16", 81: "cuMemsetD2D32", 222: "cuMemsetD2D8Async",
+    224: "cuMemsetD2D16Async", 226: "cuMemsetD2D32Async", 252: "cuMemsetD2D8_v2",
+    253: "cuMemsetD2D16_v2", 254: "cuMemsetD2D32_v2", 414: "cuMemsetD2D8_v2_ptds",
+    415: "cuMemsetD2D16_v2_ptds", 416: "cuMemsetD2D32_v2_ptds",
+    431: "cuMemsetD2D8Async_ptsz", 432: "cuMemsetD2D16Async_ptsz",
+    433: "cuMemsetD2D32Async_ptsz", 514: "cuGraphLaunch", 515: "cuGraphLaunch_ptsz",
+    776: "cuMemcpyBatchAsync", 777: "cuMemcpyBatchAsync_ptsz", 778: "cuMemcpy3DBatchAsync",
+    779: "cuMemcpy3DBatchAsync_ptsz", 796: "cuMemcpyBatchAsync_v2",
+    797: "cuMemcpyBatchAsync_v2_ptsz", 798: "cuMemcpy3DBatchAsync_v2",
+    799: "cuMemcpy3DBatchAsync_v2_ptsz",
 }
 
 INSTALL_HINT = ("pip install nvidia-cuda-cupti   (CUDA 13; for CUDA 12: "
@@ -72,6 +130,35 @@ class ModuleResourceData(ctypes.Structure):
 
     _fields_ = [("moduleId", ctypes.c_uint32), ("cubinSize", ctypes.c_size_t),
                 ("pCubin", ctypes.c_void_p)]
+
+
+class NvtxData(ctypes.Structure):
+    """``CUpti_NvtxData``: what an NVTX callback receives."""
+
+    _fields_ = [("functionName", ctypes.c_char_p), ("functionParams", ctypes.c_void_p),
+                ("functionReturnValue", ctypes.c_void_p)]
+
+
+class NvtxEventAttributes(ctypes.Structure):
+    """``nvtxEventAttributes_v2`` up to its message (``nvtxRangePushEx``'s argument)."""
+
+    _fields_ = [("version", ctypes.c_uint16), ("size", ctypes.c_uint16),
+                ("category", ctypes.c_uint32), ("colorType", ctypes.c_int32),
+                ("color", ctypes.c_uint32), ("payloadType", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32), ("payload", ctypes.c_uint64),
+                ("messageType", ctypes.c_int32), ("message", ctypes.c_void_p)]
+
+
+NVTX_MESSAGE_ASCII = 1
+
+
+class DataParams(ctypes.Structure):
+    """The common shape of every 1D memset/copy ``*_params`` struct: ``cuMemsetD32Async``'s
+    (dst, value, N, stream) and ``cuMemcpyDtoDAsync_v2``'s (dst, src, bytes, stream) alike;
+    ``word`` is the value (its low 1, 2 or 4 bytes) or the source."""
+
+    _fields_ = [("dst", ctypes.c_uint64), ("word", ctypes.c_uint64),
+                ("count", ctypes.c_size_t), ("stream", ctypes.c_void_p)]
 
 
 class LaunchKernelParams(ctypes.Structure):

@@ -27,15 +27,22 @@ def main() -> int:
         sys.path.pop(0)  # `python -m` put the cwd first; the program's own rule follows
     try:
         # inside the try: capture that cannot even import must not run the program
-        from . import finish_session, start_session
+        from . import finish_session, start_range_session, start_session
 
-        session = start_session(settings.get("out", "kpair-capture"),
-                                kernel=settings.get("kernel"), nth=settings.get("nth", 1),
-                                max=settings.get("max", 1),
-                                distinct=settings.get("distinct", False),
-                                max_region_bytes=settings.get("max_region_bytes", 2 << 30),
-                                command=settings.get("command") or argv,
-                                names=settings.get("names"), profile=settings.get("profile"))
+        if settings.get("ranges"):
+            session = start_range_session(
+                settings.get("out", "kpair-capture"), settings["ranges"],
+                nth=settings.get("nth", 1),
+                max_region_bytes=settings.get("max_region_bytes", 2 << 30),
+                command=settings.get("command") or argv)
+        else:
+            session = start_session(
+                settings.get("out", "kpair-capture"), kernel=settings.get("kernel"),
+                nth=settings.get("nth", 1), max=settings.get("max", 1),
+                distinct=settings.get("distinct", False),
+                max_region_bytes=settings.get("max_region_bytes", 2 << 30),
+                command=settings.get("command") or argv, names=settings.get("names"),
+                profile=settings.get("profile"))
     except KpairError as e:
         print(f"kpair capture: {e}", file=sys.stderr)
         return e.exit_code

@@ -91,6 +91,35 @@ class Dispatch(Record):
     reason: str | UnsetType = UNSET
 
 
+class RangeRecord(Record):
+    """One range ``--range`` asked for: ``waiting`` (not opened yet), ``capturing``,
+    ``captured`` (its snapshot directory ``snapshot``), ``refused`` (``reason``: an operation
+    the snapshot cannot replay, the size cap, ...) or ``not-seen`` (never opened, or not
+    ``occurrence`` times). ``marked_by``: ``nvtx`` or ``mark`` (``kpair.mark``)."""
+
+    name: str
+    status: Literal["waiting", "capturing", "captured", "refused", "not-seen"]
+    occurrence: Positive
+    source: Literal["nvtx", "mark"] | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    snapshot: str | UnsetType = UNSET
+    ops: Count | UnsetType = UNSET
+    kernels: Count | UnsetType = UNSET
+    memsets: Count | UnsetType = UNSET
+    copies: Count | UnsetType = UNSET
+    streams: Count | UnsetType = UNSET
+    regions: Count | UnsetType = UNSET
+    scratch: Count | UnsetType = UNSET
+    roles: dict[str, int] | UnsetType = UNSET
+    region_bytes: Count | UnsetType = UNSET
+    scratch_bytes: Count | UnsetType = UNSET
+    state_bytes: Count | UnsetType = UNSET
+    stored_bytes: Count | UnsetType = UNSET
+    deduped_bytes: Count | UnsetType = UNSET
+    capture_s: float | UnsetType = UNSET
+    notes: list[str] | UnsetType = UNSET
+
+
 class Totals(Record):
     """Sums over the captured dispatches, and the compressed bytes of the shared pool."""
 
@@ -126,6 +155,9 @@ class CaptureSummary(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     dispatches: list[Dispatch]
     kernels_seen: dict[str, int]
     profile: ProfileUse | UnsetType = UNSET
+    #: ``--range`` captures: one record per range asked for (``captured``/``failed`` then
+    #: count ranges, not dispatches).
+    ranges: list[RangeRecord] | UnsetType = UNSET
 
 
 def read_summary(path: str | Path) -> CaptureSummary:

@@ -20,12 +20,14 @@ import platform
 import sys
 import threading
 
+from .. import marks
 from ..errors import UsageError
 from . import cupti
 from .cudadrv import CudaDriver
 from .launches import decode_launch
 from .modules import ModuleRegistry
 from .names import demangle
+from .ranges import MemoryOp
 from .regions import BlockTable, allocator_blocks
 from .session import CaptureSession, KernelInfo
 
@@ -88,17 +90,32 @@ class Tracer:
             # An older CUPTI may not know cuLibraryLoad*: kernels are then found by name.
             with contextlib.suppress(Exception):
                 self.cupti.enable(self._handle, cupti.DOMAIN_DRIVER_API, cbid)
+        for cbid in cupti.NVTX_CBIDS:
+            # NVTX ranges (``--range``); they arrive only when NVTX loaded this CUPTI as its
+            # injection library (NVTX_INJECTION64_PATH). ``kpair.mark`` works without them.
+            try:
+                self.cupti.enable(self._handle, cupti.DOMAIN_NVTX, cbid)
+            except Exception as e:
+                self.errors.append(f"NVTX callbacks unavailable ({e}): only kpair.mark "
+                                   "ranges are seen")
+                break
+        marks.listen(self)
         atexit.register(self.stop)
 
     def stop(self) -> None:
+        marks.listen(None)
         if self._handle is not None:
             handle, self._handle, self.session = self._handle, None, None
             with contextlib.suppress(Exception):  # at exit, nothing is left to report to
                 self.cupti.unsubscribe(handle)
 
-    def _launch_callbacks(self, on: bool) -> None:
+    def _launch_callbacks(self, on: bool, data: bool = False) -> None:
         for cbid in cupti.LAUNCH_CBIDS:
             self.cupti.enable(self._handle, cupti.DOMAIN_DRIVER_API, cbid, on)
+        if data:   # a range session also records memsets and copies
+            for cbid in (*cupti.DATA_CBIDS, *cupti.UNSUPPORTED_CBIDS):
+                with contextlib.suppress(Exception):   # ids an older CUPTI does not know
+                    self.cupti.enable(self._handle, cupti.DOMAIN_DRIVER_API, cbid, on)
 
     def attach(self, session: CaptureSession) -> None:
         if self._handle is None:
@@ -108,14 +125,14 @@ class Tracer:
                 raise UsageError("another capture session is active in this process; "
                                  "sessions do not nest")
             self.session = session
-        self._launch_callbacks(True)
+        self._launch_callbacks(True, hasattr(session, "memory_op"))
 
     def detach(self, session: CaptureSession) -> None:
         with self._lock:
             if self.session is session:
                 self.session = None
         if self._handle is not None:
-            self._launch_callbacks(False)
+            self._launch_callbacks(False, hasattr(session, "memory_op"))
 
     # ---------------------------------------------------------------- callbacks
 
@@ -142,6 +159,10 @@ class Tracer:
                     self._on_launch(cbid, data)
                 elif cbid in cupti.LOAD_CBIDS:
                     self._on_load(data)
+                elif cbid in cupti.DATA_CBIDS or cbid in cupti.UNSUPPORTED_CBIDS:
+                    self._on_data(cbid, data)
+            elif domain == cupti.DOMAIN_NVTX:
+                self._on_nvtx(cbid, cbdata)
         except Exception as e:  # never let an exception unwind into the driver
             if len(self.errors) < 100:
                 self.errors.append(f"callback {domain}/{cbid}: {e!r}")
@@ -188,3 +209,60 @@ class Tracer:
             status = ctypes.c_int.from_address(data.functionReturnValue).value \
                 if data.functionReturnValue else 0
             session.launch_exit(data.correlationId, status)
+
+    # ---------------------------------------------------------------- ranges
+
+    def _range_session(self):
+        session = self.session
+        return session if hasattr(session, "range_begin") else None
+
+    def quiet_nvtx(self, on: bool) -> None:
+        """``kpair.mark`` pushes its own NVTX range: its callbacks are ignored meanwhile."""
+        self._tls.quiet = on
+
+    def range_begin(self, name: str, thread: int) -> None:
+        session = self._range_session()
+        if session is not None:
+            session.range_begin(name, thread, "mark")
+
+    def range_end(self, name: str, thread: int, outputs, *, failed: bool = False) -> None:
+        session = self._range_session()
+        if session is not None:
+            session.range_end(name, thread, outputs, failed=failed)
+
+    def _on_nvtx(self, cbid: int, cbdata: int) -> None:
+        session = self._range_session()
+        if session is None or getattr(self._tls, "quiet", False):
+            return
+        data = cupti.NvtxData.from_address(cbdata)
+        thread = threading.get_ident()
+        if cbid == cupti.NVTX_POP:
+            session.range_end(None, thread)
+            return
+        name = None
+        if cbid == cupti.NVTX_PUSH_A and data.functionParams:
+            message = ctypes.c_void_p.from_address(data.functionParams).value
+            name = ctypes.string_at(message).decode(errors="replace") if message else ""
+        elif cbid == cupti.NVTX_PUSH_EX and data.functionParams:
+            attrs = ctypes.c_void_p.from_address(data.functionParams).value
+            if attrs:
+                a = cupti.NvtxEventAttributes.from_address(attrs)
+                if a.messageType == cupti.NVTX_MESSAGE_ASCII and a.message:
+                    name = ctypes.string_at(a.message).decode(errors="replace")
+        session.range_begin(name if name is not None else "", thread, "nvtx")
+
+    def _on_data(self, cbid: int, data: cupti.CallbackData) -> None:
+        session = self._range_session()
+        if session is None or data.callbackSite != cupti.API_ENTER:
+            return
+        if cbid in cupti.UNSUPPORTED_CBIDS:
+            session.memory_op(MemoryOp(cupti.UNSUPPORTED_CBIDS[cbid], "unsupported"))
+            return
+        api, kind, element, has_stream = cupti.DATA_CBIDS[cbid]
+        p = cupti.DataParams.from_address(data.functionParams)
+        stream = (p.stream or 0) if has_stream else 0
+        if kind == "memset":
+            session.memory_op(MemoryOp(api, kind, p.dst, 0, p.count * element,
+                                       p.word & ((1 << 8 * element) - 1), element, stream))
+        else:
+            session.memory_op(MemoryOp(api, kind, p.dst, p.word, p.count, stream=stream))

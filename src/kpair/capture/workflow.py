@@ -62,6 +62,7 @@ class CaptureOutcome:
 def capture_program(command: Sequence[str], out: str | os.PathLike, *,
                     kernel: str | None = None, nth: int = 1, max: int | None = 1,
                     distinct: bool = False, top: int | None = None,
+                    ranges: Sequence[str] | None = None,
                     max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
                     module_loading: str | None = "eager", env: dict | None = None,
                     stdout=None, stderr=None, cwd: str | os.PathLike | None = None,
@@ -74,7 +75,11 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
     the first dispatch of each of the ``top`` most expensive (among those matching
     ``kernel``) is captured, the profile kept as ``out/profile.json``. ``env``: the
     program's environment (default this process's); ``timeout_s``: a limit on the whole
-    (each child's process group is killed past it; what was captured is kept)."""
+    (each child's process group is killed past it; what was captured is kept).
+
+    ``ranges``: capture these ranges instead of single dispatches (``kpair.capture.ranges``):
+    the ``nth`` occurrence of each name, marked by ``torch.cuda.nvtx.range`` or
+    ``kpair.mark``, as one range snapshot ``out/<name>/``."""
     command = list(command)
     argv = child_command(command)
     if max is not None and max < 0:
@@ -87,6 +92,14 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
         if nth != 1 or max != 1 or distinct:
             raise UsageError("--top takes the first dispatch of each chosen kernel: it "
                              "does not combine with --nth, --max or --distinct")
+    if ranges is not None:
+        ranges = list(ranges)
+        if not ranges or any(not isinstance(r, str) or not r for r in ranges):
+            raise UsageError("--range needs a non-empty range name")
+        if kernel is not None or top is not None or distinct or max != 1:
+            raise UsageError("--range captures whole ranges: it does not combine with "
+                             "--kernel, --top, --max or --distinct (--nth picks the "
+                             "occurrence)")
     if timeout_s is not None and not 0 < timeout_s < float("inf"):
         raise UsageError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
     out = check_output_dir(out, empty=True)  # a new or empty directory, writable
@@ -94,6 +107,8 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
     settings = {"out": str(out.resolve()), "kernel": kernel, "nth": nth, "max": max,
                 "distinct": distinct, "max_region_bytes": max_region_bytes,
                 "command": command}
+    if ranges:
+        settings["ranges"] = ranges
     runner = _Runner(argv, env, module_loading, stdout, stderr, cwd, timeout_s)
     if top is None:
         progress.stage("the program runs, capturing")
@@ -186,7 +201,12 @@ def report(path: Path, status: int, log: Log = _stderr) -> dict | None:
     dispatches = summary.get("dispatches", [])
     captured = [d for d in dispatches if d.get("status") == "captured"]
     failed = [d for d in dispatches if d.get("status") != "captured"]
-    if "launches_seen" in summary:
+    if "ranges" in summary:
+        done = sum(r.get("status") == "captured" for r in summary["ranges"])
+        log(f"kpair capture: {done} of {len(summary['ranges'])} ranges captured into "
+            f"{path.parent} ({summary.get('launches_seen', 0)} launches seen; program exit "
+            f"status {status})")
+    elif "launches_seen" in summary:
         log(f"kpair capture: {len(captured)} dispatches captured into {path.parent} "
             f"({summary['launches_seen']} launches of {summary['distinct_kernels_seen']} "
             f"distinct kernels seen; program exit status {status})")
@@ -195,6 +215,13 @@ def report(path: Path, status: int, log: Log = _stderr) -> dict | None:
             f"regions, {d['region_bytes']} bytes (segments {d['segment_bytes']})")
     for d in failed:
         log(f"  not captured: {d.get('kernel')}: {d.get('reason', d.get('status'))}")
+    for r in summary.get("ranges", []):
+        if r.get("status") == "captured":
+            log(f"  range {r['name']!r}: {r['snapshot']}  {r['ops']} operations "
+                f"({r['kernels']} kernels), {r['regions']} regions, {r['region_bytes']} "
+                f"bytes, {r.get('scratch', 0)} scratch; roles {r.get('roles', {})}")
+        else:
+            log(f"  range {r['name']!r} not captured: {r.get('reason', r.get('status'))}")
     for note in summary.get("notes", []):
         log(f"kpair capture: {note}")
     return summary

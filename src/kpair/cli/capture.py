@@ -45,7 +45,13 @@ class Capture(Command):
         p.add_argument("--kernel", metavar="REGEX",
                        help="capture kernels whose mangled or demangled name matches")
         p.add_argument("--nth", type=integer(1, 2**31), default=1, metavar="N",
-                       help="start at the Nth matching launch (default 1)")
+                       help="start at the Nth matching launch (default 1); with --range, "
+                       "capture the Nth occurrence of each range")
+        p.add_argument("--range", dest="ranges", action="append", metavar="NAME",
+                       help="capture the range NAME (torch.cuda.nvtx.range(NAME) or "
+                       "kpair.mark(NAME) in the program) as one range snapshot DIR/NAME/: "
+                       "every kernel, memset and device-to-device copy in it, in order; "
+                       "repeatable"),
         p.add_argument("--max", type=integer(0, 2**31), default=None, metavar="K",
                        help="capture at most K dispatches; 0 = no limit (default 1)")
         p.add_argument("--distinct", action="store_true",
@@ -74,10 +80,15 @@ class Capture(Command):
                              "does not combine with --nth, --max or --distinct")
         if args.max is not None and args.max < 0:
             raise UsageError(f"--max must be 0 (no limit) or more, got {args.max}")
+        if args.ranges and (args.kernel is not None or args.top is not None
+                            or args.max is not None or args.distinct):
+            raise UsageError("--range captures whole ranges: it does not combine with "
+                             "--kernel, --top, --max or --distinct (--nth picks the "
+                             "occurrence)")
         outcome = capture_program(
             strip_separator(args.program), args.out, kernel=args.kernel, nth=args.nth,
             max=1 if args.max is None else args.max or None, distinct=args.distinct,
-            top=args.top, max_region_bytes=args.max_region_bytes,
+            top=args.top, ranges=args.ranges, max_region_bytes=args.max_region_bytes,
             module_loading=args.module_loading,
             # under --json the program's stdout goes to stderr: kpair's stdout holds nothing
             # but its one JSON document

@@ -1,0 +1,511 @@
+"""Range capture: every operation between an NVTX push and its pop, as one range snapshot.
+
+``kpair capture --range NAME -o DIR -- python prog.py`` attaches a ``RangeSession`` instead
+of a per-dispatch ``CaptureSession``. The tracer feeds it NVTX pushes and pops (CUPTI's NVTX
+domain; ``torch.cuda.nvtx.range(NAME)``) and ``kpair.mark`` begins/ends, kernel launches,
+memsets and copies. While a chosen range is open (the first occurrence of its name, or the
+``nth``), each operation is recorded in order:
+
+- a kernel launch: its code object, launch, kernarg (as the per-dispatch path rebuilds them);
+  a memset (``cuMemsetD8/16/32[Async]``) or a device-to-device copy as an operation of kind
+  ``memset``/``copy``; the stream it was issued on;
+- the regions it names (kernarg pointer words, a memset's destination, a copy's source and
+  destination), narrowed to allocator blocks as for one dispatch. The range's regions are the
+  union of these extents (overlapping extents merged). A byte's pre-state is its value the
+  first time an operation of the range names it: the context is synchronised and the bytes
+  not named before are read, before the operation is issued.
+
+At the range's end the context is synchronised once more and every region read (its
+post-state). Roles: a region whose bytes did not change is ``in``; a changed one still
+allocated at the end (the PyTorch allocator's snapshot then, or memory outside it) is ``out``
+when it holds a declared output (``kpair.mark(..., outputs=)``), else ``inout``; a changed one
+whose allocator block was freed before the end is scratch (its size only).
+
+A range is refused, with the reason in ``capture.json`` (``ranges[]``, status ``refused``),
+when an operation cannot be replayed from the snapshot: a host-to-device copy (its source is
+host memory the snapshot does not hold), a 2D/3D/peer/batched copy, a 2D memset, a CUDA graph
+launch, a launch on a stream being captured into a graph, a kernel whose code object is
+unknown; when its regions would exceed the capture's ``max_region_bytes`` (with the size it
+reached); when it launches no kernel; or when it never ends. Device-to-host copies change no
+device memory and are left out (counted).
+
+The driver, the module registry and the allocator table are passed in (as for
+``CaptureSession``), so the state machine runs in tests on a driver that serves memory from a
+dict.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .. import __version__
+from .._util import human_bytes, utc_now
+from ..snapshot import (
+    CodeObject,
+    Kernarg,
+    Launch,
+    Manifest,
+    Op,
+    Param,
+    Region,
+    ScratchRegion,
+    detect_format,
+)
+from .filters import Filter
+from .launches import KernargError, LaunchInfo, kernarg_bytes
+from .regions import BlockTable, PointerWord, plan_regions, pointer_params, pointer_words
+from .session import CaptureSession, KernelInfo
+from .summary import RangeRecord
+
+_NAME = re.compile(r"[^A-Za-z0-9_.\-]")
+_SIDES = ("dst", "src")
+
+
+def snapshot_dirname(name: str) -> str:
+    """The directory of range ``name``'s snapshot (characters a file name cannot hold: ``_``)."""
+    return _NAME.sub("_", name)[:128] or "range"
+
+
+@dataclass(frozen=True)
+class MemoryOp:
+    """A memset or a copy as the tracer decoded it. ``kind``: ``memset``, ``copy`` (device to
+    device), ``htod``, ``dtoh``, ``copy?`` (unified cuMemcpy: the session asks the driver which
+    side is device memory) or ``unsupported`` (2D/3D/peer/batched, graph launch)."""
+
+    api: str
+    kind: str
+    dst: int = 0
+    src: int = 0
+    size: int = 0
+    value: int = 0
+    element_size: int = 1
+    stream: int = 0
+
+
+class _Refused(Exception):
+    """This range cannot be captured; the reason goes into capture.json."""
+
+
+@dataclass
+class _Recording:
+    name: str
+    occurrence: int
+    thread: int
+    source: str
+    record: dict
+    started: float
+    ops: list[dict] = field(default_factory=list)
+    #: every extent an operation named: (start, end, name of the first one to name it)
+    extents: list[tuple[int, int, str]] = field(default_factory=list)
+    #: first-seen bytes: sorted, disjoint (start, bytes)
+    pieces: list[tuple[int, bytes]] = field(default_factory=list)
+    outputs: list[tuple[int, int]] = field(default_factory=list)
+    streams: Counter = field(default_factory=Counter)
+    left_out: Counter = field(default_factory=Counter)
+
+    @property
+    def stored(self) -> int:
+        return sum(len(b) for _, b in self.pieces)
+
+    def uncovered(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The parts of [lo, hi) no piece holds yet."""
+        out, cursor = [], lo
+        starts = [s for s, _ in self.pieces]
+        i = max(bisect.bisect_right(starts, lo) - 1, 0)
+        for s, b in self.pieces[i:]:
+            e = s + len(b)
+            if e <= cursor:
+                continue
+            if s >= hi:
+                break
+            if s > cursor:
+                out.append((cursor, min(s, hi)))
+            cursor = max(cursor, e)
+            if cursor >= hi:
+                break
+        if cursor < hi:
+            out.append((cursor, hi))
+        return out
+
+    def add_piece(self, start: int, data: bytes) -> None:
+        bisect.insort(self.pieces, (start, data), key=lambda p: p[0])
+
+    def bytes_of(self, lo: int, hi: int) -> bytes:
+        """[lo, hi) assembled from the pieces (which cover it)."""
+        out = bytearray(hi - lo)
+        for s, b in self.pieces:
+            e = s + len(b)
+            if e <= lo or s >= hi:
+                continue
+            a, z = max(s, lo), min(e, hi)
+            out[a - lo:z - lo] = b[a - s:z - s]
+        return bytes(out)
+
+
+def merge_extents(extents: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Overlapping extents merged (touching ones are separate buffers and stay apart); each
+    merged span keeps the name of the extent that was named first."""
+    merged: list[list] = []
+    for i, (lo, hi, name) in sorted(enumerate(extents), key=lambda x: (x[1][0], -x[1][1])):
+        if merged and lo < merged[-1][1]:
+            last = merged[-1]
+            last[1] = max(last[1], hi)
+            if i < last[3]:
+                last[2], last[3] = name, i
+        else:
+            merged.append([lo, hi, name, i])
+    return [(lo, hi, name) for lo, hi, name, _ in merged]
+
+
+def allocated(table: BlockTable, lo: int, hi: int) -> bool:
+    """Whether any byte of [lo, hi) is in an allocated block at the range's end. Memory the
+    allocator does not know (an empty table, a driver range) counts as allocated."""
+    if not table.blocks:
+        return True
+    i = max(bisect.bisect_right(table._starts, lo) - 1, 0)
+    known = False
+    for b in table.blocks[i:]:
+        if b.start >= hi:
+            break
+        if b.end <= lo:
+            continue
+        known = True
+        if b.state.startswith("active"):
+            return True
+    return not known
+
+
+class RangeSession(CaptureSession):
+    """Captures the ranges named in ``ranges`` (their ``nth`` occurrence) into
+    ``<out>/<name>/``; ``capture.json`` lists them under ``ranges``."""
+
+    def __init__(self, out, ranges: list[str], *, nth: int = 1, driver, registry,
+                 blocks=None, max_region_bytes: int, command=None, environment=None,
+                 metadata=None, level: int = 1):
+        self.wanted = list(dict.fromkeys(ranges))
+        self.nth = nth
+        self.range_records: list[dict] = [
+            {"name": n, "status": "waiting", "occurrence": nth} for n in self.wanted]
+        super().__init__(out, Filter(None, 1, None), driver=driver, registry=registry,
+                         blocks=blocks, max_region_bytes=max_region_bytes, command=command,
+                         environment=environment, metadata=metadata, level=level)
+        self.occurrences: Counter[str] = Counter()
+        self.stacks: dict[int, list[tuple[str, _Recording | None]]] = {}
+        self.active: list[_Recording] = []
+        self._ops: dict[tuple[int, int], list[tuple[_Recording, dict]]] = {}
+
+    # ---------------------------------------------------------------- range events
+
+    def _record_of(self, name: str) -> dict:
+        return next(r for r in self.range_records if r["name"] == name)
+
+    def range_begin(self, name: str, thread: int, source: str = "nvtx") -> None:
+        with self._lock:
+            rec = None
+            if name in self.wanted and not self.closed:
+                self.occurrences[name] += 1
+                record = self._record_of(name)
+                if self.occurrences[name] == self.nth and record["status"] == "waiting":
+                    record.update(status="capturing", source=source)
+                    rec = _Recording(name, self.nth, thread, source, record, time.monotonic())
+                    self.active.append(rec)
+            self.stacks.setdefault(thread, []).append((name, rec))
+
+    def range_end(self, name: str | None, thread: int, outputs=(), *, failed: bool = False
+                  ) -> None:
+        """End the innermost open range of ``thread`` (named ``name`` when given: a mark
+        knows its name, an NVTX pop does not)."""
+        with self._lock:
+            stack = self.stacks.get(thread) or []
+            at = len(stack) - 1
+            if name is not None:
+                while at >= 0 and stack[at][0] != name:
+                    at -= 1
+            if at < 0:
+                return   # a pop with nothing open (pushed before capture began)
+            _, rec = stack.pop(at)
+            if rec is None or rec not in self.active:
+                return
+            rec.outputs.extend(outputs)
+            self.active.remove(rec)
+            if failed:
+                self._refuse(rec, "the marked block raised an exception before the range "
+                                  "ended")
+                return
+            try:
+                self._finish(rec)
+            except _Refused as e:
+                self._refuse(rec, str(e))
+            except Exception as e:  # a bug here must not take the user's program down
+                self._refuse(rec, f"internal error while capturing: {e!r}")
+
+    # ---------------------------------------------------------------- operations
+
+    def launch_enter(self, launch: LaunchInfo, kernel: KernelInfo, correlation: int) -> None:
+        with self._lock:
+            self.launches += 1
+            self.seen[kernel.name] += 1
+            if not self.active:
+                return
+            for rec in list(self.active):
+                try:
+                    op = self._kernel_op(rec, launch, kernel)
+                except _Refused as e:
+                    self._refuse(rec, str(e))
+                    continue
+                except Exception as e:
+                    self._refuse(rec, f"internal error while capturing: {e!r}")
+                    continue
+                self._ops.setdefault((threading.get_ident(), correlation), []).append(
+                    (rec, op))
+
+    def launch_exit(self, correlation: int, status: int) -> None:
+        with self._lock:
+            for rec, op in self._ops.pop((threading.get_ident(), correlation), []):
+                if status and rec in self.active:
+                    self._refuse(rec, f"operation {op['index']} ({op['label']}) failed to "
+                                      f"launch: {self.driver.error_name(status)}")
+
+    def memory_op(self, mop: MemoryOp) -> None:
+        with self._lock:
+            if not self.active:
+                return
+            for rec in list(self.active):
+                try:
+                    self._memory_op(rec, mop)
+                except _Refused as e:
+                    self._refuse(rec, str(e))
+                except Exception as e:
+                    self._refuse(rec, f"internal error while capturing: {e!r}")
+
+    def _memory_op(self, rec: _Recording, mop: MemoryOp) -> None:
+        kind = mop.kind
+        if kind == "copy?":
+            dev_dst = self.driver.address_range(mop.dst) is not None
+            dev_src = self.driver.address_range(mop.src) is not None
+            kind = {(True, True): "copy", (True, False): "htod",
+                    (False, True): "dtoh"}.get((dev_dst, dev_src), "hostcopy")
+        if kind in ("dtoh", "hostcopy"):
+            rec.left_out[mop.api] += 1   # no device memory changes
+            return
+        if kind == "htod":
+            raise _Refused(f"a host-to-device copy ({mop.api}, {mop.size} bytes) inside the "
+                           "range: its source is host memory the snapshot does not hold "
+                           "(create the inputs before the range begins)")
+        if kind == "unsupported":
+            raise _Refused(f"{mop.api} inside the range: kpair replays kernels, 1D memsets "
+                           "and device-to-device copies only")
+        if not mop.size:
+            rec.left_out[mop.api] += 1
+            return
+        if mop.stream and self.driver.stream_capturing(mop.stream):
+            raise _Refused(f"{mop.api} on a stream being captured into a CUDA graph")
+        index = len(rec.ops)
+        words = [PointerWord(0, mop.dst, 0, 0)]
+        if kind == "copy":
+            words.append(PointerWord(8, mop.src, 1, 0))
+        planned = plan_regions(words, self.blocks(), self.driver.address_range)
+        covered = {w.value for r in planned for w in r.words}
+        if mop.dst not in covered or (kind == "copy" and mop.src not in covered):
+            raise _Refused(f"operation {index} ({mop.api}) names memory that is not device "
+                           "memory the driver knows")
+        for r in planned:
+            if any(w.value + mop.size > r.end for w in r.words):
+                raise _Refused(f"operation {index} ({mop.api}, {mop.size} bytes) reaches "
+                               "past the end of its allocation")
+        self._name_extents(rec, [(r.start, r.end, f"op{index}.{_SIDES[r.words[0].param]}")
+                                 for r in planned])
+        op = {"index": index, "kind": kind, "label": kind, "api": mop.api, "dst": mop.dst,
+              "size": mop.size, "stream": mop.stream}
+        if kind == "copy":
+            op["src"] = mop.src
+        else:
+            op.update(value=mop.value, element_size=mop.element_size)
+        rec.ops.append(op)
+        rec.streams[mop.stream] += 1
+
+    def _kernel_op(self, rec: _Recording, launch: LaunchInfo, k: KernelInfo) -> dict:
+        index = len(rec.ops)
+        label = f"operation {index} ({k.name})"
+        if launch.stream and self.driver.stream_capturing(launch.stream):
+            raise _Refused(f"{label} is launched on a stream being captured into a CUDA "
+                           "graph: synchronising would break that capture")
+        found = self.registry.find(k.name, k.module_handles)
+        if found is None:
+            raise _Refused(f"{label}: no loaded code object holds this kernel (install "
+                           "capture before CUDA initialises, with CUDA_MODULE_LOADING=EAGER; "
+                           "`kpair capture` does both)")
+        try:
+            fmt = detect_format(found.image)
+        except Exception as e:
+            raise _Refused(f"{label}: its code object is in an unknown format ({e})") from None
+        try:
+            blob, layout, how = kernarg_bytes(launch, k.layout)
+        except KernargError as e:
+            raise _Refused(f"{label}: {e}") from None
+        planned = plan_regions(pointer_words(blob, layout), self.blocks(),
+                               self.driver.address_range)
+        self._name_extents(rec, [(r.start, r.end, f"op{index}.{r.name}") for r in planned])
+        pointers = pointer_params(planned, layout)
+        params = tuple(Param(o, s, "pointer" if i in pointers else "bytes", f"arg{i}")
+                       for i, (o, s) in enumerate(layout))
+        op = {"index": index, "kind": "kernel", "label": k.name, "image": found.image,
+              "format": fmt, "kernel": k.name, "demangled": k.demangled, "kernarg": blob,
+              "params": params, "api": launch.api, "stream": launch.stream,
+              "launch": Launch(launch.grid, launch.block, launch.dynamic_shared_bytes,
+                               launch.attributes),
+              "module_id": found.module_id, "code_object_match": found.how,
+              "kernarg_from": how}
+        rec.ops.append(op)
+        rec.streams[launch.stream] += 1
+        return op
+
+    def _name_extents(self, rec: _Recording, extents: list[tuple[int, int, str]]) -> None:
+        """Record the extents; read (after a synchronise) the bytes of them no earlier
+        operation named: their pre-state. Refuse past ``max_region_bytes``."""
+        rec.extents.extend(extents)
+        new = merge_extents([(*gap, "") for lo, hi, _ in extents
+                             for gap in rec.uncovered(lo, hi)])
+        if not new:
+            return
+        total = rec.stored + sum(hi - lo for lo, hi, _ in new)
+        if total > self.max_region_bytes:
+            raise _Refused(f"the range's regions reach {total} bytes "
+                           f"({human_bytes(total)}), over the capture's max region bytes "
+                           f"({human_bytes(self.max_region_bytes)}); raise "
+                           "--max-region-bytes to capture it")
+        code = self.driver.synchronize()
+        if code:
+            raise _Refused(f"cuCtxSynchronize before operation {len(rec.ops)} failed: "
+                           f"{self.driver.error_name(code)}")
+        for lo, hi, _ in new:
+            for a, z in rec.uncovered(lo, hi):
+                rec.add_piece(a, bytes(self.driver.read(a, z - a)))
+
+    # ---------------------------------------------------------------- the end
+
+    def _refuse(self, rec: _Recording, reason: str) -> None:
+        if rec in self.active:
+            self.active.remove(rec)
+        rec.record.update(status="refused", reason=reason, ops=len(rec.ops))
+        rec.pieces.clear()
+        print(f"kpair capture: range {rec.name!r} not captured: {reason}", file=sys.stderr)
+        self.write_summary()
+
+    def _finish(self, rec: _Recording) -> None:
+        kernels = [op for op in rec.ops if op["kind"] == "kernel"]
+        if not kernels:
+            raise _Refused("the range launched no kernel" + (
+                f" ({len(rec.ops)} memsets/copies only)" if rec.ops else ""))
+        code = self.driver.synchronize()
+        if code:
+            raise _Refused(f"an operation of the range failed: {self.driver.error_name(code)} "
+                           "(cuCtxSynchronize at the range's end)")
+        table = self.blocks()
+        spans = merge_extents(rec.extents)
+        name = snapshot_dirname(rec.name)
+        writer = self.pool.writer(self.out / name)
+        regions, scratch, roles = [], [], Counter()
+        declared_hit = [False] * len(rec.outputs)
+        for lo, hi, rname in spans:
+            pre = rec.bytes_of(lo, hi)
+            post = bytes(self.driver.read(lo, hi - lo))
+            if pre == post:
+                role = "in"
+            elif not allocated(table, lo, hi):
+                scratch.append(ScratchRegion(rname, lo, hi - lo))
+                roles["scratch"] += 1
+                continue
+            else:
+                hits = [i for i, (a, n) in enumerate(rec.outputs) if a < hi and lo < a + n]
+                for i in hits:
+                    declared_hit[i] = True
+                role = "out" if hits else "inout"
+            roles[role] += 1
+            regions.append(Region(rname, lo, hi - lo, writer.put(pre), writer.put(post),
+                                  role=role))
+        ops, codes = [], {}
+        for op in rec.ops:
+            stream = op["stream"]
+            if op["kind"] == "kernel":
+                key = id(op["image"])
+                if key not in codes:
+                    codes[key] = writer.put(op["image"])
+                ops.append(Op(CodeObject(codes[key], op["format"], op["kernel"]), op["launch"],
+                              Kernarg(writer.put(op["kernarg"]), op["params"]),
+                              stream=stream or None))
+            elif op["kind"] == "memset":
+                ops.append(Op(kind="memset", dst=op["dst"], size=op["size"],
+                              value=op["value"], element_size=op["element_size"],
+                              stream=stream or None))
+            else:
+                ops.append(Op(kind="copy", dst=op["dst"], src=op["src"], size=op["size"],
+                              stream=stream or None))
+        first = next(o for o in ops if o.kind == "kernel")
+        env = self.environment()
+        notes = [f"declared output at {a:#x} ({n} bytes) is in no region an operation of the "
+                 "range named" for (a, n), hit in zip(rec.outputs, declared_hit, strict=True)
+                 if not hit]
+        provenance = {
+            "captured_by": f"kpair {__version__} capture --range", "command": self.command,
+            "time": utc_now(), "range": rec.name, "occurrence": rec.occurrence,
+            "marked_by": rec.source,
+            "ops": [{"kind": op["kind"], "api": op["api"], "stream": hex(op["stream"]),
+                     **({"kernel_demangled": op["demangled"], "module_id": op["module_id"],
+                         "code_object_match": op["code_object_match"],
+                         "kernarg_from": op["kernarg_from"]} if op["kind"] == "kernel"
+                        else {})} for op in rec.ops],
+            "streams": [hex(s) for s in rec.streams],
+            "declared_outputs": [{"address": hex(a), "size": n} for a, n in rec.outputs],
+            "left_out": dict(rec.left_out), "notes": notes}
+        manifest = Manifest(backend="cuda", arch=env.get("arch", "unknown"), code=first.code,
+                            launch=first.launch, kernarg=first.kernarg, regions=tuple(regions),
+                            environment=env, provenance=provenance, ops=tuple(ops),
+                            scratch=tuple(scratch))
+        writer.finish(manifest)
+        region_bytes = sum(r.size for r in regions)
+        rec.record.update({
+            "status": "captured", "snapshot": name, "ops": len(ops),
+            "kernels": len(kernels), "memsets": sum(o.kind == "memset" for o in ops),
+            "copies": sum(o.kind == "copy" for o in ops), "streams": len(rec.streams),
+            "regions": len(regions), "scratch": len(scratch), "roles": dict(roles),
+            "region_bytes": region_bytes,
+            "scratch_bytes": sum(s.size for s in scratch), "state_bytes": 2 * region_bytes,
+            "stored_bytes": writer.new_bytes, "deduped_bytes": writer.deduped_bytes,
+            "capture_s": round(time.monotonic() - rec.started, 4)})
+        if notes:
+            rec.record["notes"] = notes
+        rec.pieces.clear()
+        self.write_summary()
+
+    # ---------------------------------------------------------------- summary
+
+    def summary_record(self):
+        summary = super().summary_record()
+        ranges = [RangeRecord(**r) for r in self.range_records]
+        return summary.replace(ranges=ranges, captured=sum(r.status == "captured"
+                                                            for r in ranges),
+                               failed=sum(r.status == "refused" for r in ranges))
+
+    def close(self, exit_status: int | None = None) -> dict:
+        with self._lock:
+            for rec in list(self.active):
+                self._refuse(rec, "the range was still open when the program ended")
+            for r in self.range_records:
+                if r["status"] == "waiting":
+                    seen = self.occurrences[r["name"]]
+                    r.update(status="not-seen", reason=(
+                        f"the range {r['name']!r} was never opened" if not seen else
+                        f"the range opened {seen} time(s); occurrence {self.nth} never came"))
+            self.closed = True
+            self.exit_status = exit_status
+            return self.write_summary()
+
+
+__all__ = ["MemoryOp", "RangeSession", "allocated", "merge_extents", "snapshot_dirname"]

@@ -1,0 +1,467 @@
+"""Range capture's pure parts on the CPU: the range state machine (kpair.capture.ranges) fed
+with synthetic NVTX/mark events, launches, memsets and copies against a FAKE driver that
+serves device memory from a dict. None of this is GPU behaviour: the fake stands in for
+libcuda so the ordering, region union, pre-state timing, roles, scratch and refusal reasons
+can be checked here; tests/gpu/test_range_capture.py runs the real thing on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+import struct
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+import kpair
+from kpair import marks
+from kpair.capture import cupti
+from kpair.capture.launches import LaunchInfo
+from kpair.capture.ranges import MemoryOp, RangeSession, allocated, merge_extents
+from kpair.capture.regions import Block, BlockTable
+from kpair.capture.session import KernelInfo
+from kpair.capture.summary import read_summary
+from kpair.program import CopyStep, MemsetStep, Program, ProgramDevice, Step
+from kpair.snapshot import Snapshot
+
+SEG = 0x7F0000000000
+X, W, Y, T, C = SEG, SEG + 0x100, SEG + 0x400, SEG + 0x800, SEG + 0xC00
+SIZE = 0x100
+THREAD = threading.get_ident()
+
+
+def _cubin(tag: bytes) -> bytes:
+    head = bytearray(64)
+    head[:4], head[4], head[5] = b"\x7fELF", 2, 1
+    struct.pack_into("<H", head, 18, 190)   # EM_CUDA: detect_format says cubin
+    return bytes(head) + tag
+
+
+class FakeDriver:
+    """Device memory as a dict of allocations; every call capture makes, answered."""
+
+    def __init__(self):
+        self.mem: dict[int, bytearray] = {}
+        self.capturing: set[int] = set()
+        self.syncs = 0
+        self.reads: list[tuple[int, int]] = []
+
+    def alloc(self, base: int, data: bytes) -> None:
+        self.mem[base] = bytearray(data)
+
+    def _find(self, address: int):
+        for base, m in self.mem.items():
+            if base <= address < base + len(m):
+                return base, m
+        return None
+
+    def read(self, address: int, size: int) -> bytearray:
+        base, m = self._find(address)
+        assert address - base + size <= len(m), "read past an allocation"
+        self.reads.append((address, size))
+        return bytearray(m[address - base:address - base + size])
+
+    def poke(self, address: int, data: bytes) -> None:   # what a kernel would write
+        base, m = self._find(address)
+        m[address - base:address - base + len(data)] = data
+
+    def synchronize(self) -> int:
+        self.syncs += 1
+        return 0
+
+    def address_range(self, pointer: int):
+        found = self._find(pointer)
+        return (found[0], len(found[1])) if found else None
+
+    def stream_capturing(self, stream: int) -> bool:
+        return stream in self.capturing
+
+    def error_name(self, code: int) -> str:
+        return f"CUresult {code}"
+
+    def current_device(self):
+        return None
+
+
+class FakeRegistry:
+    images: dict = {}
+    total_bytes = 0
+
+    def find(self, name, handles):
+        return SimpleNamespace(image=_cubin(name.encode()), module_id=7, how="test")
+
+
+class World:
+    """A session over a fake device: one segment with blocks x, w, y, tmp, c."""
+
+    def __init__(self, tmp_path, **options):
+        self.driver = FakeDriver()
+        self.driver.alloc(SEG, random.Random(47).randbytes(0x1000))   # one 4 KiB segment
+        self.states = {X: "active_allocated", W: "active_allocated", Y: "active_allocated",
+                       T: "active_allocated", C: "active_allocated"}
+        self.keep: list = []
+        self.out = tmp_path / "cap"
+        options.setdefault("max_region_bytes", 1 << 20)
+        self.session = RangeSession(self.out, options.pop("ranges", ["fwd"]),
+                                    driver=self.driver, registry=FakeRegistry(),
+                                    blocks=self.blocks, command=["python", "prog.py"],
+                                    **options)
+        self.correlation = 0
+
+    def blocks(self) -> BlockTable:
+        return BlockTable(Block(a, SIZE, SEG, 0x1000, "torch-block", s)
+                          for a, s in self.states.items())
+
+    def launch(self, name: str, pointers: list[int], stream: int = 0x51) -> None:
+        values = [ctypes.c_uint64(p) for p in pointers]
+        array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        self.keep.append((values, array))
+        info = LaunchInfo("cuLaunchKernel", hash(name) & 0xFFFF, (1, 1, 1), (64, 1, 1), 0,
+                          stream, ctypes.addressof(array), 0)
+        kernel = KernelInfo(hash(name) & 0xFFFF, name, name,
+                            [(8 * i, 8) for i in range(len(pointers))], "test")
+        self.correlation += 1
+        self.session.launch_enter(info, kernel, self.correlation)
+        self.session.launch_exit(self.correlation, 0)
+
+    def summary(self) -> dict:
+        return json.loads((self.out / "capture.json").read_text())
+
+
+def _forward(w: World, outputs=()) -> None:
+    """memset y; k1(x, w, tmp): tmp written; copy x -> c; k2(tmp, y); tmp freed."""
+    s, d = w.session, w.driver
+    s.range_begin("fwd", THREAD, "mark")
+    s.memory_op(MemoryOp("cuMemsetD32Async", "memset", Y, 0, SIZE, 0, 4, 0x51))
+    d.poke(Y, bytes(SIZE))
+    w.launch("k1", [X, W, T])
+    d.poke(T, b"\x11" * SIZE)
+    s.memory_op(MemoryOp("cuMemcpyDtoDAsync_v2", "copy", C, X, SIZE, stream=0x52))
+    d.poke(C, bytes(d.read(X, SIZE)))
+    w.launch("k2", [T, Y])
+    d.poke(Y, b"\x22" * SIZE)
+    w.states[T] = "inactive"   # tmp freed inside the range
+    s.range_end("fwd", THREAD, list(outputs))
+
+
+def test_a_range_holds_every_operation_in_order_with_roles_and_scratch(tmp_path):
+    w = World(tmp_path)
+    original = bytes(w.driver.mem[SEG])
+    _forward(w, outputs=[(Y, SIZE)])
+    w.session.close(0)
+    snap = Snapshot.open(w.out / "fwd")
+    m = snap.manifest
+    assert [o.kind for o in m.ops] == ["memset", "kernel", "copy", "kernel"]
+    assert [o.label for o in m.ops] == ["memset", "k1", "copy", "k2"]
+    assert m.code.kernel_name == "k1"          # the first kernel is the top-level one
+    assert (m.ops[0].dst, m.ops[0].size, m.ops[0].element_size) == (Y, SIZE, 4)
+    assert (m.ops[2].dst, m.ops[2].src, m.ops[2].stream) == (C, X, 0x52)
+    roles = {r.address: r.role for r in m.regions}
+    assert roles == {X: "in", W: "in", Y: "out", C: "inout"}
+    assert [(s.address, s.size) for s in m.scratch_regions] == [(T, SIZE)]
+    pre = {r.address: b for r, (b, _) in zip(m.regions, snap.regions_data(), strict=True)}
+    post = {r.address: b for r, (_, b) in zip(m.regions, snap.regions_data(), strict=True)}
+    # pre-state: each byte as it was when the range first named it (y before the memset)
+    assert pre[Y] == original[Y - SEG:Y - SEG + SIZE]
+    assert pre[C] == original[C - SEG:C - SEG + SIZE]
+    assert post[Y] == b"\x22" * SIZE and post[C] == original[:SIZE]
+    k2 = m.ops[3]
+    assert [p.kind for p in k2.kernarg.params] == ["pointer", "pointer"]
+    assert struct.unpack("<QQ", snap.read_blob(k2.kernarg.blob)) == (T, Y)
+    summary = w.summary()
+    read_summary(w.out)   # capture.json is valid
+    (r,) = summary["ranges"]
+    assert r["status"] == "captured" and r["snapshot"] == "fwd" and r["source"] == "mark"
+    assert (r["ops"], r["kernels"], r["memsets"], r["copies"], r["streams"]) == (4, 2, 1, 1, 2)
+    assert r["roles"] == {"in": 2, "out": 1, "inout": 1, "scratch": 1}
+    assert r["region_bytes"] == 4 * SIZE and r["scratch_bytes"] == SIZE
+
+
+def test_without_declared_outputs_a_written_live_region_is_inout(tmp_path):
+    w = World(tmp_path)
+    _forward(w)
+    w.session.close(0)
+    m = Snapshot.open(w.out / "fwd").manifest
+    assert {r.address: r.role for r in m.regions}[Y] == "inout"
+
+
+def test_pre_state_is_read_before_each_first_naming_operation_only(tmp_path):
+    w = World(tmp_path)
+    _forward(w)
+    # x, w, tmp read at k1; c at the copy (x already held); y at the memset: each once,
+    # then every region once more at the end (post-state).
+    pre_reads = [a for a, _ in w.driver.reads[:4]]
+    assert pre_reads == [Y, X, W, T] and (C, SIZE) in w.driver.reads[4:5]
+    assert w.driver.syncs >= 4
+
+
+@pytest.mark.parametrize("event, reason", [
+    (MemoryOp("cuMemcpyHtoDAsync_v2", "htod", Y, 0x1234, 64), "host-to-device copy"),
+    (MemoryOp("cuGraphLaunch", "unsupported"), "cuGraphLaunch inside the range"),
+    (MemoryOp("cuMemsetD8Async", "memset", SEG + 0x10000, 0, 4, 0, 1),
+     "not device memory"),
+    (MemoryOp("cuMemsetD32Async", "memset", Y, 0, 2 * 0x1000, 0, 4), "past the end"),
+])
+def test_operations_a_snapshot_cannot_replay_refuse_the_range(tmp_path, event, reason):
+    w = World(tmp_path)
+    w.session.range_begin("fwd", THREAD)
+    w.launch("k1", [X, Y])
+    w.session.memory_op(event)
+    w.launch("k2", [Y])
+    w.session.range_end(None, THREAD)
+    w.session.close(0)
+    (r,) = w.summary()["ranges"]
+    assert r["status"] == "refused" and reason in r["reason"], r
+    assert not (w.out / "fwd").exists()
+
+
+def test_a_copy_to_the_host_is_left_out_and_counted(tmp_path):
+    w = World(tmp_path)
+    w.session.range_begin("fwd", THREAD)
+    w.launch("k1", [X, Y])
+    w.session.memory_op(MemoryOp("cuMemcpyDtoHAsync_v2", "dtoh", 0x1000, Y, 64))
+    w.session.range_end(None, THREAD)
+    m = Snapshot.open(w.out / "fwd").manifest
+    assert len(m.ops) == 1 and m.provenance["left_out"] == {"cuMemcpyDtoHAsync_v2": 1}
+
+
+def test_a_range_over_the_size_cap_is_refused_with_its_size(tmp_path):
+    w = World(tmp_path, max_region_bytes=2 * SIZE)
+    w.session.range_begin("fwd", THREAD)
+    w.launch("k1", [X, W])
+    w.launch("k2", [Y])
+    w.session.range_end(None, THREAD)
+    (r,) = w.summary()["ranges"]
+    assert r["status"] == "refused" and f"{3 * SIZE} bytes" in r["reason"]
+    assert "--max-region-bytes" in r["reason"]
+
+
+def test_a_stream_being_captured_refuses_the_range(tmp_path):
+    w = World(tmp_path)
+    w.driver.capturing.add(0x51)
+    w.session.range_begin("fwd", THREAD)
+    w.launch("k1", [X])
+    w.session.range_end(None, THREAD)
+    assert "CUDA graph" in w.summary()["ranges"][0]["reason"]
+
+
+def test_a_range_of_memsets_only_is_refused(tmp_path):
+    w = World(tmp_path)
+    w.session.range_begin("fwd", THREAD)
+    w.session.memory_op(MemoryOp("cuMemsetD8Async", "memset", Y, 0, 16, 0, 1))
+    w.session.range_end(None, THREAD)
+    assert w.summary()["ranges"][0]["reason"] == \
+        "the range launched no kernel (1 memsets/copies only)"
+
+
+def test_nvtx_nesting_nth_occurrence_open_and_unseen_ranges(tmp_path):
+    w = World(tmp_path, ranges=["fwd", "bwd", "never"], nth=2)
+    s = w.session
+    for i in range(2):
+        s.range_begin("outer", THREAD)          # a range nobody asked for
+        s.range_begin("fwd", THREAD)
+        w.launch(f"k{i}", [X, Y])
+        s.range_end(None, THREAD)               # NVTX pop: the innermost (fwd)
+        w.launch("after", [W])                  # outside fwd: not in it
+        s.range_end(None, THREAD)
+    s.range_begin("bwd", THREAD)
+    s.range_end(None, THREAD)
+    s.range_begin("bwd", THREAD)                # the 2nd bwd never ends
+    w.launch("k9", [X])
+    s.close(3)
+    ranges = {r["name"]: r for r in w.summary()["ranges"]}
+    m = Snapshot.open(w.out / "fwd").manifest
+    assert [o.label for o in m.operations] == ["k1"]   # the 2nd occurrence's launch only
+    assert ranges["fwd"]["status"] == "captured"
+    assert ranges["bwd"]["reason"] == "the range was still open when the program ended"
+    assert ranges["never"]["status"] == "not-seen"
+    assert "never opened" in ranges["never"]["reason"]
+    assert w.summary()["exit_status"] == 3
+
+
+def test_a_mark_whose_block_raised_is_refused(tmp_path):
+    w = World(tmp_path)
+    w.session.range_begin("fwd", THREAD, "mark")
+    w.launch("k1", [X])
+    w.session.range_end("fwd", THREAD, [], failed=True)
+    assert "raised an exception" in w.summary()["ranges"][0]["reason"]
+
+
+def test_merge_extents_and_allocated():
+    assert merge_extents([(10, 20, "b"), (0, 12, "a"), (20, 30, "c")]) == \
+        [(0, 20, "b"), (20, 30, "c")]   # overlap merged (first named wins), touching kept
+    table = BlockTable([Block(0, 10, 0, 40, "torch-block", "active_allocated"),
+                        Block(10, 10, 0, 40, "torch-block", "inactive")])
+    assert allocated(table, 0, 10) and not allocated(table, 10, 20)
+    assert allocated(table, 100, 110)        # memory the allocator does not know
+    assert allocated(BlockTable(), 10, 20)
+
+
+# ---------------------------------------------------------------- kpair.mark
+
+
+class Listener:
+    def __init__(self):
+        self.events = []
+
+    def range_begin(self, name, thread):
+        self.events.append(("begin", name))
+
+    def range_end(self, name, thread, outputs, *, failed=False):
+        self.events.append(("end", name, outputs, failed))
+
+    def quiet_nvtx(self, on):
+        self.events.append(("quiet", on))
+
+
+class Tensor:
+    def __init__(self, ptr, nbytes):
+        self._ptr, self.nbytes = ptr, nbytes
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def test_mark_tells_the_listener_with_its_outputs(monkeypatch):
+    listener = Listener()
+    monkeypatch.setattr(marks, "_listener", listener)
+    with kpair.mark("fwd", outputs=[Tensor(0x1000, 64)]) as m:
+        m.outputs(Tensor(0x2000, 8))
+    assert [e for e in listener.events if e[0] != "quiet"] == [
+        ("begin", "fwd"), ("end", "fwd", [(0x1000, 64), (0x2000, 8)], False)]
+    with pytest.raises(RuntimeError), kpair.mark("bad"):
+        raise RuntimeError("boom")
+    assert listener.events[-1] == ("end", "bad", [], True)
+
+
+def test_mark_without_a_tracer_does_nothing(monkeypatch):
+    monkeypatch.setattr(marks, "_listener", None)
+    with kpair.mark("fwd") as m:
+        m.outputs(object())   # not even checked: nobody listens
+    with pytest.raises(ValueError):
+        kpair.mark("")
+
+
+def test_mark_refuses_outputs_that_are_not_tensors(monkeypatch):
+    monkeypatch.setattr(marks, "_listener", Listener())
+    with pytest.raises(TypeError, match="must be tensors"), kpair.mark("fwd", outputs=[3]):
+        pass
+
+
+# ---------------------------------------------------------------- the tracer's decoding
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def range_begin(self, name, thread, source="nvtx"):
+        self.events.append(("begin", name, source))
+
+    def range_end(self, name, thread, outputs=(), *, failed=False):
+        self.events.append(("end", name))
+
+    def memory_op(self, op):
+        self.events.append(op)
+
+
+def _tracer(session):
+    from kpair.capture.tracer import Tracer
+
+    t = Tracer.__new__(Tracer)   # no libcuda/libcupti here: only the decoding is exercised
+    t.session, t._tls, t.errors = session, threading.local(), []
+    return t
+
+
+def _callback(params) -> cupti.CallbackData:
+    data = cupti.CallbackData()
+    data.callbackSite = cupti.API_ENTER
+    data.functionParams = ctypes.addressof(params)
+    return data
+
+
+def test_tracer_decodes_memsets_and_copies_from_their_param_structs():
+    rec = Recorder()
+    t = _tracer(rec)
+    # cuMemsetD8Async: the byte value sits in a 8-byte slot whose padding is garbage
+    memset = cupti.DataParams(0x7F00, 0xDEADBE00 | 0x7, 100, 0x99)
+    t._on_data(216, _callback(memset))
+    copy = cupti.DataParams(0x7F00, 0x8F00, 4096, 0x98)
+    t._on_data(281, _callback(copy))
+    t._on_data(280, _callback(cupti.DataParams(1, 2, 3, 0x1234)))   # sync: no stream
+    t._on_data(514, _callback(copy))
+    a, b, c, d = rec.events
+    assert (a.kind, a.dst, a.size, a.value, a.element_size, a.stream) == \
+        ("memset", 0x7F00, 100, 7, 1, 0x99)
+    assert (b.kind, b.dst, b.src, b.size, b.stream) == ("copy", 0x7F00, 0x8F00, 4096, 0x98)
+    assert c.stream == 0 and (d.kind, d.api) == ("unsupported", "cuGraphLaunch")
+    word = cupti.DataParams(0x7F00, 0xFFFF0000ABCD, 8, 0)
+    t._on_data(430, _callback(word))   # cuMemsetD32Async_ptsz
+    assert (rec.events[-1].value, rec.events[-1].size) == (0xABCD, 32)
+
+
+def test_tracer_reads_nvtx_push_names_and_ignores_a_marks_own_push():
+    rec = Recorder()
+    t = _tracer(rec)
+    message = ctypes.create_string_buffer(b"forward")
+    params = ctypes.c_void_p(ctypes.addressof(message))
+    data = cupti.NvtxData(b"nvtxRangePushA", ctypes.addressof(params), None)
+    t._on_nvtx(cupti.NVTX_PUSH_A, ctypes.addressof(data))
+    attrs = cupti.NvtxEventAttributes(messageType=cupti.NVTX_MESSAGE_ASCII,
+                                      message=ctypes.addressof(message))
+    ex = ctypes.c_void_p(ctypes.addressof(attrs))
+    data_ex = cupti.NvtxData(b"nvtxRangePushEx", ctypes.addressof(ex), None)
+    t._on_nvtx(cupti.NVTX_PUSH_EX, ctypes.addressof(data_ex))
+    pop = cupti.NvtxData(b"nvtxRangePop", None, None)
+    t._on_nvtx(cupti.NVTX_POP, ctypes.addressof(pop))
+    t.quiet_nvtx(True)
+    t._on_nvtx(cupti.NVTX_PUSH_A, ctypes.addressof(data))
+    t.quiet_nvtx(False)
+    assert rec.events == [("begin", "forward", "nvtx"), ("begin", "forward", "nvtx"),
+                          ("end", None)]
+
+
+# ---------------------------------------------------------------- replay steps
+
+
+class Memory:
+    """A device of one bytearray at address 0, for ProgramDevice's memset/copy steps."""
+
+    def __init__(self, size):
+        self.buf = bytearray(size)
+        self.launched = []
+
+    def fill(self, address, size, word):
+        from kpair.backends.base import fill_bytes
+
+        self.buf[address:address + size] = fill_bytes(word, size)
+
+    def read(self, address, size):
+        return bytes(self.buf[address:address + size])
+
+    def write(self, address, data):
+        self.buf[address:address + len(data)] = data
+
+    def synchronize(self):
+        pass
+
+    def launch(self, kernel, launch, kernarg, params):
+        self.launched.append(kernel)
+
+
+@pytest.mark.parametrize("element, value, expect", [
+    (1, 0xAB, b"\xab" * 6), (2, 0x1234, b"\x34\x12" * 3), (4, 0x01020304, b"\x04\x03\x02\x01")])
+def test_memset_and_copy_steps_run_in_order(element, value, expect):
+    inner = Memory(64)
+    inner.buf[32:40] = b"12345678"
+    kernel = SimpleNamespace(name="k")
+    size = len(expect)
+    program = Program("p", [MemsetStep(8, size, value, element),
+                            Step(kernel, None, b"", ()), CopyStep(48, 32, 8)], [])
+    ProgramDevice(inner).launch(program, None, b"", ())
+    assert inner.buf[8:8 + size] == expect and inner.buf[8 + size] == 0
+    assert inner.buf[48:56] == b"12345678" and inner.launched == [kernel]
+    assert program.kernels == [kernel]
