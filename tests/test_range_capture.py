@@ -24,6 +24,7 @@ from kpair.capture.ranges import MemoryOp, RangeSession, allocated, merge_extent
 from kpair.capture.regions import Block, BlockTable
 from kpair.capture.session import KernelInfo
 from kpair.capture.summary import read_summary
+from kpair.describe import describe_snapshot
 from kpair.program import CopyStep, MemsetStep, Program, ProgramDevice, Step
 from kpair.snapshot import Snapshot
 
@@ -171,6 +172,9 @@ def test_a_range_holds_every_operation_in_order_with_roles_and_scratch(tmp_path)
     k2 = m.ops[3]
     assert [p.kind for p in k2.kernarg.params] == ["pointer", "pointer"]
     assert struct.unpack("<QQ", snap.read_blob(k2.kernarg.blob)) == (T, Y)
+    snap.verify()   # every blob the manifest names (a memset's and a copy's: none)
+    _, lines = describe_snapshot(snap)
+    assert "4 operations: memset ; k1 ; copy ; k2" in "\n".join(lines)
     summary = w.summary()
     read_summary(w.out)   # capture.json is valid
     (r,) = summary["ranges"]

@@ -254,6 +254,9 @@ def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch],
     code: dict[str, bytes] = {}
     launches = []
     for i, op in enumerate(m2.operations):
+        if op.kind != "kernel":
+            raise BindError(f"SNAP2 operation {i} is a {op.kind}, and a plan holds kernel "
+                            "launches only")
         if op.launch.attributes:
             raise BindError(f"SNAP2 operation {i} ({op.code.kernel_name}) was launched with "
                             "launch attributes, which a plan does not carry")

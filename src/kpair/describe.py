@@ -43,7 +43,7 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
     ]
     if m.is_range:   # the first operation is shown above; the range's whole sequence here
         lines.insert(2, f"  range    {len(m.operations)} operations: " + " ; ".join(
-            op.code.kernel_name for op in m.operations) + "".join(
+            op.label for op in m.operations) + "".join(
             f"; scratch {s.name} {human_bytes(s.size)}" for s in m.scratch_regions))
     for r in m.regions:
         changed = "written" if r.pre.sha256 != r.post.sha256 else "unchanged"

@@ -217,7 +217,7 @@ def _verify(run: Run) -> None:
     run.facts.inputs_digest = h.inputs_digest()
     m = h.snapshot.manifest
     run.facts.ref = Side(kernel=h.ref.kernel, binary=h.ref.binary) if not m.is_range else \
-        Side(kernel=" ; ".join(op.code.kernel_name for op in m.operations),
+        Side(kernel=" ; ".join(op.label for op in m.operations),
              binary=h.spec.snapshot)
 
 

@@ -659,6 +659,8 @@ class Snapshot:
         m = self.manifest
         refs = [(m.code.blob, "code_object.blob"), (m.kernarg.blob, "kernarg.blob")]
         for i, op in enumerate(m.operations[1:], 1):   # a range's later operations
+            if op.kind != "kernel":   # a memset or a copy names no blob
+                continue
             refs += [(op.code.blob, f"ops[{i}].code_object.blob"),
                      (op.kernarg.blob, f"ops[{i}].kernarg.blob")]
         for i, r in enumerate(m.regions):
