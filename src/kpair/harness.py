@@ -164,10 +164,12 @@ class Harness:
         m, snap = self.snapshot.manifest, self.snapshot
         ranges = [(r.address, r.end) for r in m.regions]
         lo, hi = span_of(ranges) if ranges else (0, 0)
-        pre = {r.name: snap.pre(i) for i, r in enumerate(m.regions)}
-        read_only = [r.name for i, r in enumerate(m.regions) if pre[r.name] == snap.post(i)]
-        pointers = [r.name for r in m.regions
-                    if holds_pointers(pre[r.name], r.address, lo, hi)]
+        # A region stored as a chain (regenerable) has no bytes before a device makes them:
+        # its digests say whether it is read-only; a generator's output holds no pointers.
+        pre = {r.name: snap.known_pre(i) for i, r in enumerate(m.regions)}
+        read_only = [r.name for r in m.regions if r.pre.sha256 == r.post.sha256]
+        pointers = [r.name for r in m.regions if pre[r.name] is not None
+                    and holds_pointers(pre[r.name], r.address, lo, hi)]
         if declared is not None:   # completed with the regions they leave out
             named = {d.region for d in declared}
             return completed(declared, derive([(r.name, r.size, r.dtype) for r in m.regions],
