@@ -33,6 +33,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,10 +122,137 @@ AXPBYZ = """extern "C" __global__ void axpbyz(const float* x, const float* y, fl
 """
 
 
+#: y = a*x + y on the host: two 32 MiB regions at n = 8 Mi (``axpy_8M``'s shape).
+AXPY_C = """#include <stdint.h>
+void kp_axpy(const float *x, float *y, float a, int32_t n) {
+    for (int32_t i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+}
+"""
+#: Device methods counted by ``CountingDevice``, by what they move on a GPU (cuda.py): host to
+#: device, device to host, or within the device (copies, compares, fills; bytes touched).
+H2D = {"write": lambda a: len(a[1]), "stage": lambda a: len(a[1]),
+       "hold": lambda a: len(a[0]),
+       "patch": lambda a: sum(len(d) for _, d in a[0]),
+       "scatter": lambda a: sum(len(p.data) + 32 * len(p.offsets) for _, p in a[0])}
+D2H = {"read": lambda a: a[1], "fetch": lambda a: a[0].size}
+ON_DEVICE = {"keep": lambda a: a[1], "put": lambda a: a[1].size,
+             "compare": lambda a: 2 * a[1], "check_fills": lambda a: sum(n for _, n in a[0]),
+             "fill": lambda a: a[1], "fill_many": lambda a: sum(n for _, n in a[0]),
+             "intact": lambda a: a[0].size, "digest": lambda a: a[1]}
+OTHER = ("launch", "timed_launch", "restore", "flush_cache", "synchronize", "drop")
+
+
+class CountingDevice:
+    """A Device, every call passed through, counted per stage (``current``, set by the
+    pipeline's stage callback): calls per method and the bytes each moves as the CUDA backend
+    moves them (``H2D``, ``D2H``, ``ON_DEVICE``). ``in_place``: what ``compares_in_place``
+    says (True: the GPU's path, held copies and compares where the memory is, run on the
+    host's read-based defaults)."""
+
+    def __init__(self, inner, in_place: bool):
+        self._inner, self._in_place, self.current = inner, in_place, "place"
+        self.counts: dict[str, dict] = {}
+
+    @property
+    def compares_in_place(self) -> bool:
+        return self._in_place
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        size = H2D.get(name) or D2H.get(name) or ON_DEVICE.get(name)
+        if size is None and name not in OTHER:
+            return attr
+        kind = "h2d" if name in H2D else "d2h" if name in D2H else "device"
+
+        def counted(*args, **kw):
+            c = self.counts.setdefault(self.current, {"calls": {}, "h2d_bytes": 0,
+                                                    "d2h_bytes": 0, "device_bytes": 0})
+            c["calls"][name] = c["calls"].get(name, 0) + 1
+            if size is not None:
+                c[f"{kind}_bytes"] += int(size(args))
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kw)
+            finally:
+                c["device_s"] = round(c.get("device_s", 0.0) + time.perf_counter() - t0, 6)
+
+        return counted
+
+
+def count_calls(tmp: Path, *, in_place: bool = True, blocks: int = 32, seed: int = 1,
+                profile: bool = False) -> dict:
+    """Device calls and bytes moved per stage of one checked and one unchecked in-process run
+    of an axpy pair (two 32 MiB regions, default policy: derived mutations) on the host
+    backend, counted through ``CountingDevice``."""
+    import kpair.pipeline as pipeline
+    from kpair.pipeline import Facts, close, evaluate, own_candidate, prepare
+    from kpair.toolchain import compile_shared
+
+    src = tmp / "axpy.c"
+    src.write_text(AXPY_C)
+    lib = compile_shared(src, tmp / "axpy.so")
+    n = 8 << 20
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    snap = record_call(lib, "kp_axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "snap-axpy",
+                       names=["x", "y", "a", "n"])
+    root = create_harness(snap.root, tmp / "h-axpy-calls", opt=lib).root
+    out = {"case": "axpy_8M (host: kp_axpy, x and y 32 MiB each, default policy)",
+           "compares_in_place": in_place, "blocks": blocks}
+    real = pipeline.open_device
+    for label, checks in (("with_checks", True), ("without_checks", False)):
+        dev: list[CountingDevice] = []
+
+        def opening(*a, _dev=dev, **kw):
+            _dev.append(CountingDevice(real(*a, **kw), in_place))
+            return _dev[0]
+
+        def stage(name: str, _dev=dev) -> None:
+            if _dev:
+                _dev[0].current = name
+
+        options = RunOptions(min_blocks=blocks, max_blocks=blocks, rel_ci=1e-9,
+                             time_cap_s=600.0, seed=seed, checks=checks, timeout_s=600)
+        pipeline.open_device = opening
+        prof = None
+        if profile:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
+        try:
+            run, failed = prepare(root, options, facts=Facts(harness=str(root), started="now"),
+                                  stage=stage)
+            try:
+                if failed is not None:
+                    raise SystemExit(f"setup failed: {failed.to_json()}")
+                result, _ = evaluate(run, own_candidate(run.harness), stage)
+            finally:
+                close(run)
+        finally:
+            pipeline.open_device = real
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(str(tmp / f"profile-{label}.pstats"))
+        r = result.to_json()
+        if r["status"] != "pass":
+            raise SystemExit(f"axpy calls: {r['status']}: {r.get('correctness') or r}")
+        out[label] = {"stage_s": r["stage_s"], "per_stage": dev[0].counts,
+                      "total": _total(dev[0].counts)}
+    return out
+
+
+def _total(counts: dict[str, dict]) -> dict:
+    calls: dict[str, int] = {}
+    for c in counts.values():
+        for k, v in c["calls"].items():
+            calls[k] = calls.get(k, 0) + v
+    return {"calls": dict(sorted(calls.items())), "device_calls": sum(calls.values()),
+            **{k: sum(c[k] for c in counts.values())
+               for k in ("h2d_bytes", "d2h_bytes", "device_bytes")}}
+
+
 def compare_speed(size: int = 16 << 20, calls: int = 20) -> dict:
     """GB/s of region bytes: compare on the device, fill check, and reading back."""
-    import time
-
     def rate(fn) -> float:
         times = []
         for _ in range(calls):

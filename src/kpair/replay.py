@@ -326,24 +326,38 @@ class Replay:
                 return None if got is None else False
         return True
 
-    def hold_sparse(self, name: str, data: bytes) -> None:
-        """Give ``data``, region ``name``'s pre-state with a few bytes changed, a held copy
-        made on the device from the held pre-state and those bytes, pinned: no upload of the
-        whole region (on a GPU, a host-to-device copy of pageable memory is the slow part)."""
-        d, base = self.device, self.pre[name]
-        held = self.known.find(name, base) if d.compares_in_place else None
-        if held is None or len(base) != len(data):
-            return
+    def sparse_words(self, name: str, data: bytes) -> np.ndarray | None:
+        """Where ``data`` differs from region ``name``'s pre-state: the offsets of the changed
+        words (8 bytes, or single bytes where the region is no whole number of words), or None
+        where more than ``_SPARSE_PUT`` bytes change. Pure: a worker thread may find them while
+        the device runs."""
+        base = self.pre[name]
+        if len(base) != len(data):
+            return None
         # Compared a word at a time (8x fewer comparisons); changed words are written whole.
         w = 8 if len(data) % 8 == 0 else 1
         word = np.uint64 if w == 8 else np.uint8
         changed = np.flatnonzero(np.frombuffer(base, word) != np.frombuffer(data, word)) * w
-        if changed.size * w > _SPARSE_PUT:
+        return None if changed.size * w > _SPARSE_PUT else changed
+
+    def hold_sparse(self, name: str, data: bytes, changed: np.ndarray | None = None) -> None:
+        """Give ``data``, region ``name``'s pre-state with a few bytes changed, a held copy
+        made on the device from the held pre-state and those bytes, pinned: no upload of the
+        whole region (on a GPU, a host-to-device copy of pageable memory is the slow part).
+        ``changed``: ``sparse_words(name, data)``, where already found."""
+        d, base = self.device, self.pre[name]
+        held = self.known.find(name, base) if d.compares_in_place else None
+        if held is None or len(base) != len(data):
             return
+        if changed is None:
+            changed = self.sparse_words(name, data)
+            if changed is None:
+                return
+        w = 8 if len(data) % 8 == 0 else 1
         address = self.address_of(name)
         d.put(address, held)
-        for at in changed.tolist():
-            d.write(address + at, data[at:at + w])
+        # One batch of small copies, ordered before the keep (no wait per word).
+        d.patch([(address + at, data[at:at + w]) for at in changed.tolist()])
         self.known.add(name, data, d.keep(address, len(data)), pin=True)
 
     def _put(self, name: str, data: bytes) -> None:

@@ -111,6 +111,7 @@ class Audit:
         self._captured_blocks = 0    # of them, blocks no sparse range could change
         self._output_names: list[str] | None = None
         self._changed: dict[str, bool] | None = None    # _modified(), once ref_posts are known
+        self._changed_bytes: dict[str, int] | None = None   # _bytes_changed(), likewise
         self._sparse: list[Mutation] = []    # the sparse mutations: fresh timed inputs
         self._opt_absent = False    # blocks of ref alone (captured_input)
         self._patches: list[tuple[str, Patch]] = []   # the current block's input
@@ -185,7 +186,7 @@ class Audit:
         n = 1 if "baseline_determinism" in self.skip else REF_RUNS
         self.kernels["ref"], self._ref_run = ref, (ref, launch)
         self.ref_posts = [self._ref(ref, launch, f"ref run {i + 1}") for i in range(n)]
-        self._changed, self._pointers = None, {}
+        self._changed, self._changed_bytes, self._pointers = None, None, {}
         self.found["baseline_determinism"] = trust.skipped(
             "baseline_determinism", "skipped by request") if n == 1 else \
             trust.baseline_determinism(self.policy, self.ref_posts, hints=self.hints,
@@ -198,6 +199,28 @@ class Audit:
             pre = self.replay.pre
             self._changed = {n: any(p[n] != pre[n] for p in self.ref_posts) for n in pre}
         return self._changed
+
+    def _bytes_changed(self) -> dict[str, int]:
+        """Bytes ref's first run changes, per region (``changed_regions``; computed once).
+        Where the device holds copies of both the pre-state and that answer (``Known``), they
+        are counted there: the answer put in the region and compared with the held pre-state
+        (every launch restores the region first), instead of comparing the two on the host."""
+        if self._changed_bytes is None:
+            r, d = self.replay, self.replay.device
+            normal, modified, out = self.ref_posts[0], self._modified(), {}
+            for name, pre in r.pre.items():
+                post, got = normal[name], None
+                if not modified[name] or post is pre:
+                    got = (0, None)
+                elif d.compares_in_place:
+                    held = r.known.find(name, post), r.known.find(name, pre)
+                    if None not in held and d.intact(held[0]):
+                        d.put(r.address_of(name), held[0])
+                        got = d.compare(r.address_of(name), len(pre), held[1])
+                out[name] = got[0] if got is not None else \
+                    trust.changed_regions({name: pre}, {name: post})[name]
+            self._changed_bytes = out
+        return self._changed_bytes
 
     def _holds_pointers(self, name: str) -> bool:
         """Whether region ``name``'s captured pre-state holds a pointer into the replayed
@@ -236,6 +259,8 @@ class Audit:
             # one that ref keeps only while it is positive (an in-place ReLU) is not either.
             x = QUIET_NAN | int(self.rng.integers(0, 2**16))
             filled, runs, why, out_of_bounds = [], None, "", False
+            hint = self.hints.get(name)
+            granule = dtype_size(hint) if hint in DTYPES else 4
             for fill in (x, x ^ FILL_FLIP):
                 filled.append(self._ref(ref, launch, "discovery", {name: fill}))
                 if self.armor.last:
@@ -244,10 +269,14 @@ class Audit:
                 why = trust.ref_reads(name, self.policy, normal, filled[-1])
                 if why:  # an input: one fill shows it, the second would add nothing
                     break
+                if trust.none_kept(name, self.policy, normal, filled[-1], granule):
+                    # Nothing came out as in ref's answer (read and written, as an update in
+                    # place is): no later fill can make a byte write-only.
+                    runs, why = trust.write_only_runs(name, self.policy, normal, filled,
+                                                      granule, read_checked=len(filled))
+                    break
             else:
-                hint = self.hints.get(name)
-                runs, why = trust.write_only_runs(name, self.policy, normal, filled,
-                                                  dtype_size(hint) if hint in DTYPES else 4,
+                runs, why = trust.write_only_runs(name, self.policy, normal, filled, granule,
                                                   read_checked=len(filled))
             if runs is None:
                 self.not_tested[name] = why
@@ -267,8 +296,7 @@ class Audit:
             else:
                 self.control = f"ref fails under poison ({why}): poison not applied"
                 self.armor.plan = {}
-        changed = trust.changed_regions(r.pre, normal)
-        self.found["noop"] = trust.noop(changed, list(self.armor.plan))
+        self.found["noop"] = trust.noop(self._bytes_changed(), list(self.armor.plan))
 
     def _prove_poison(self) -> str | None:
         """ref under each poison that launches on the pre-state take (``control_launches``),
@@ -370,30 +398,39 @@ class Audit:
                 what.append(m.describe())
             plans.append((chains, what))
 
-        def draw(region: str, chain: list[tuple[Mutation, np.random.Generator]]) -> bytes:
+        held = r.device.compares_in_place
+
+        def draw(region: str, chain: list[tuple[Mutation, np.random.Generator]], sparse: bool
+                 ) -> tuple[bytes, np.ndarray | None]:
             data = r.pre[region]
             for m, rng in chain:
                 data = m.apply(data, rng)
-            return data
+            # A sparse input's changed words are found here too, off the launching thread
+            # (``Replay.hold_sparse`` builds its device copy from them).
+            return data, r.sparse_words(region, data) if sparse and held else None
 
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            drawing = [{name: pool.submit(draw, name, chain) for name, chain in chains.items()}
-                       for chains, _ in plans]
+            drawing = [{name: pool.submit(draw, name, chain, j >= len(runs) - SPARSE_RUNS)
+                        for name, chain in chains.items()}
+                       for j, (chains, _) in enumerate(plans)]
             for j, (futures, (_, what)) in enumerate(zip(drawing, plans, strict=True)):
+                drawn = {name: f.result() for name, f in futures.items()}
                 self._mutate_run(ref, ref_launch, j, len(runs),
-                                 {name: f.result() for name, f in futures.items()}, what,
-                                 normal)
+                                 {name: data for name, (data, _) in drawn.items()}, what,
+                                 normal, {name: w for name, (_, w) in drawn.items()})
 
     def _mutate_run(self, ref: Kernel, ref_launch: Launch, j: int, n_runs: int,
-                    state: dict[str, bytes], what: list[str], normal: dict[str, bytes]
-                    ) -> None:
+                    state: dict[str, bytes], what: list[str], normal: dict[str, bytes],
+                    words: dict[str, np.ndarray | None]) -> None:
         """ref on mutated input ``j`` (of ``n_runs``; the last SPARSE_RUNS are sparse, and are
-        kept as ``variants`` for ref's rejudging)."""
+        kept as ``variants`` for ref's rejudging); ``words``: each sparse region's changed
+        words (``Replay.sparse_words``; None: too many, or not held on the device)."""
         r = self.replay
         sparse = j >= n_runs - SPARSE_RUNS
         if sparse:
             for name, data in state.items():
-                r.hold_sparse(name, data)
+                if words.get(name) is not None:
+                    r.hold_sparse(name, data, words[name])
         label = f"differential run {j + 1}"
         expected = self._launch(ref, ref_launch, poison=False, state=state)
         if self.armor.last:  # the mutated input is not one ref can take: not a verdict
@@ -807,6 +844,9 @@ class Audit:
                 continue
             if runs is not None and runs.nbytes == len(pre):   # every byte is poisoned
                 total += len(pre)
+                continue
+            if runs is None and len(changed) == 1 and changed[0] is self.ref_posts[0][name]:
+                total += self._bytes_changed()[name]   # counted once, in discover
                 continue
             need = np.zeros(len(pre), bool)
             for post in changed:

@@ -152,6 +152,20 @@ def ref_reads(name: str, policy: Policy, normal: dict[str, bytes], post: dict[st
     return ""
 
 
+def none_kept(name: str, policy: Policy, normal: dict[str, bytes], post: dict[str, bytes],
+              granule: int = 4) -> bool:
+    """Whether no element of region ``name`` (``granule`` bytes from its start, the whole
+    region in elements) came out of a filled run as in ``normal``, and no tolerance range is
+    declared over it: then ``write_only_runs`` finds no run whatever the other fills give (an
+    element is write-only when it comes out as in ``normal`` after every fill)."""
+    word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(granule)
+    want, got = normal[name], post[name]
+    if word is None or len(want) % granule or len(got) != len(want) or \
+            policy.for_region(name):
+        return False
+    return not bool((np.frombuffer(got, word) == np.frombuffer(want, word)).any())
+
+
 def write_only_runs(name: str, policy: Policy, normal: dict[str, bytes],
                     filled: Sequence[dict[str, bytes]], granule: int = 4, *, read_checked: int = 0
                     ) -> tuple[Runs | None, str]:

@@ -1,0 +1,166 @@
+"""What the checks cost, counted: a checked run does no device work or host byte work that
+gives nothing (issue 44, "trust overhead still <= 1.5x"), with every check as it was.
+
+Run in-process on the host backend through a counting proxy, on both of the audit's paths:
+the host's (``compares_in_place`` False: regions read back) and a GPU's (True: held copies
+and compares where the memory is, on the host's read-based defaults). Cases: y = a*x + y
+(an update in place) and z = a*x + y (a write-only output), 64 Ki floats per region.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kpair.harness import create_harness
+from kpair.pipeline import RunOptions
+from kpair.record import record_call
+from kpair.toolchain import compile_shared
+
+N = 64 << 10
+QUICK = RunOptions(time_cap_s=2.0, min_blocks=8, max_blocks=8, seed=3, timeout_s=120,
+                   device_options={"flush_bytes": 1 << 20})
+SRC = """#include <stdint.h>
+void kp_axpy(const float *x, float *y, float a, int32_t n) {
+    for (int32_t i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+}
+void kp_axpbyz(const float *x, const float *y, float *z, float a, int32_t n) {
+    for (int32_t i = 0; i < n; i++) z[i] = a * x[i] + y[i];
+}
+"""
+
+
+class Counting:
+    """A device, every call passed through; calls per stage and method."""
+
+    def __init__(self, inner, in_place: bool):
+        self._inner, self._in_place, self.current = inner, in_place, "place"
+        self.calls: dict[str, dict[str, int]] = {}
+
+    @property
+    def compares_in_place(self) -> bool:
+        return self._in_place
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        def counted(*args, **kw):
+            stage = self.calls.setdefault(self.current, {})
+            stage[name] = stage.get(name, 0) + 1
+            return attr(*args, **kw)
+
+        return counted
+
+
+@pytest.fixture(scope="module")
+def harnesses(tmp_path_factory):
+    d = tmp_path_factory.mktemp("trust_cost")
+    (d / "k.c").write_text(SRC)
+    lib = compile_shared(d / "k.c", d / "k.so")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(N, np.float32), rng.standard_normal(N, np.float32)
+    axpy = record_call(lib, "kp_axpy", [x, y.copy(), np.float32(1.5), np.int32(N)],
+                       d / "axpy", names=["x", "y", "a", "n"])
+    axpbyz = record_call(lib, "kp_axpbyz", [x, y, np.zeros(N, np.float32), np.float32(1.5),
+                                            np.int32(N)], d / "axpbyz",
+                         names=["x", "y", "z", "a", "n"])
+    return {"axpy": create_harness(axpy.root, d / "h-axpy", opt=lib).root,
+            "axpbyz": create_harness(axpbyz.root, d / "h-axpbyz", opt=lib).root}
+
+
+def _run(root, in_place: bool, monkeypatch, inspect=None):
+    """One checked in-process run: (result.json, the Run, calls per stage, must_move);
+    ``inspect(run)`` is called before its device is closed."""
+    import kpair.pipeline as pipeline
+    from kpair.pipeline import Facts, close, evaluate, own_candidate, prepare
+
+    real, made = pipeline.open_device, []
+
+    def opening(*a, **kw):
+        made.append(Counting(real(*a, **kw), in_place))
+        return made[-1]
+
+    def stage(name: str) -> None:
+        if made:
+            made[-1].current = name
+
+    monkeypatch.setattr(pipeline, "open_device", opening)
+    run, failed = prepare(root, QUICK, facts=Facts(harness=str(root), started="now"),
+                          stage=stage)
+    try:
+        assert failed is None, failed.summary()
+        result, _ = evaluate(run, own_candidate(run.harness), stage)
+        must_move = run.audit.must_move()
+        if inspect is not None:
+            inspect(run)
+        return result.to_json(), run, made[-1].calls, must_move
+    finally:
+        close(run)
+
+
+def _changed(pre: bytes, post: bytes) -> int:
+    return int(np.count_nonzero(np.frombuffer(pre, np.uint8) != np.frombuffer(post, np.uint8)))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("case", ["axpy", "axpbyz"])
+def test_changed_bytes_and_must_move_are_counted_once_and_right(harnesses, case, in_place,
+                                                                 monkeypatch):
+    """The bytes ref changes (``noop``) and must_move read what a byte-by-byte comparison of
+    the pre-state and ref's answer reads, counted once (on a GPU's path, on the device)."""
+    r, run, _, must_move = _run(harnesses[case], in_place, monkeypatch)
+    assert r["status"] == "pass", r.get("correctness")
+    replay = run.replay
+    want = {n: _changed(replay.pre[n], replay.expected[n]) for n in replay.pre}
+    assert r["trust"]["noop"]["finding"]["changed_bytes"] == want
+    out = "y" if case == "axpy" else "z"
+    assert want[out] > N * 4 * 0.9 and want["x"] == 0
+    poisoned = run.audit.armor.plan
+    need = want[out] if out not in poisoned else 4 * N   # z: every byte write-only
+    assert must_move == need
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_an_updated_region_takes_one_discovery_fill(harnesses, in_place, monkeypatch):
+    """y is read and written: after the first fill no element comes out as in ref's answer,
+    so no second fill can make a byte write-only; x is an input (one fill shows it). A
+    write-only output (z) still takes both fills, and is poisoned."""
+    r, run, calls, _ = _run(harnesses["axpy"], in_place, monkeypatch)
+    assert r["status"] == "pass", r.get("correctness")
+    assert calls["trust:poison"]["launch"] == 2
+    assert run.audit.not_tested["y"] == \
+        "ref's output in it depends on what it held (read and written)"
+    assert run.audit.not_tested["x"].startswith("ref reads it")
+    assert "y" in run.audit._in_place
+    r, run, calls, _ = _run(harnesses["axpbyz"], in_place, monkeypatch)
+    assert r["status"] == "pass", r.get("correctness")
+    assert set(run.audit.armor.plan) == {"z"}
+    # x and y one fill each, z two, then ref's control under each of the two poisons
+    assert calls["trust:poison"]["launch"] == 1 + 1 + 2 + 2
+
+
+def test_sparse_inputs_are_held_from_the_pre_state_in_one_batch(harnesses, monkeypatch):
+    """On a GPU's path each sparse input's device copy is made from the held pre-state and
+    its changed words in one batch (``Device.patch``), not a write (and a wait) per word; the
+    copy holds exactly the input."""
+    held = []
+
+    def inspect(run):
+        for _, state, _, _ in run.audit.variants[1:]:
+            for name, data in state.items():
+                copy = run.replay.known.find(name, data)
+                held.append(copy is not None and run.replay.device.fetch(copy) == data)
+
+    r, run, calls, _ = _run(harnesses["axpy"], True, monkeypatch, inspect)
+    assert r["status"] == "pass", r.get("correctness")
+    mutate = calls["trust:mutate"]
+    sparse = [v for v in run.audit.variants if v[1] is not None]
+    assert len(sparse) == 2 and all(set(v[1]) == {"x", "y"} for v in sparse)
+    assert held == [True] * 4
+    assert mutate["patch"] == 4
+    # Only the whole-region mutated inputs are written from the host (x and y, one run).
+    whole = len(run.audit._mutated) - len(sparse)
+    assert whole >= 1 and mutate["write"] == 2 * whole
+    assert r["trust"]["differential"]["passed"] is True
