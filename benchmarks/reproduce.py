@@ -189,7 +189,7 @@ def _published_speed(rel: Path, row: dict) -> dict:
 #: (``quadrature``, since session 17) and the others. ``linear`` is what it published before;
 #: ``calibrated`` widens w by the ratio of the spread of run means between processes to what
 #: the replicates inside one predict (median 1.19 over 13 H200 operators,
-#: benchmarks/results/replicate_structure_h200_session10.json); ``no_run_term`` is
+#: benchmarks/results/replicate_structure_h200.json (run 2026-12-04 43c724f)); ``no_run_term`` is
 #: ``quadrature`` with w0, w without the run-level term u (``speed.run_sd_log``).
 RULES = {"quadrature": lambda w, b, w0: math.hypot(w, b), "linear": lambda w, b, w0: w + b,
          "rerun_only": lambda w, b, w0: w,

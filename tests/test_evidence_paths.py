@@ -1,4 +1,5 @@
-"""Every evidence file the README, the docs, the code and the benchmarks name exists.
+"""Every evidence file and result file the README, the docs, the code and the benchmarks name
+exists.
 
 docs/evidence/ holds one file per capability (its README.md is the index); earlier raw logs
 live in git history only. A reference to a path under docs/evidence/ that is not in the tree
@@ -13,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = ROOT / "docs" / "evidence"
 PATH = re.compile(r"docs/evidence/[A-Za-z0-9_./-]*")
+RESULT = re.compile(r"benchmarks/results/[A-Za-z0-9_./-]*")
 
 
 def _sources() -> list[Path]:
@@ -27,21 +29,32 @@ def _sources() -> list[Path]:
 
 def _in_history(line: str) -> bool:
     """A line that says a path is kept in git history (the raw logs of earlier runs)."""
-    return "git history" in line or "git show" in line
+    return "git history" in line or "git show" in line or "git archive" in line
 
 
-def test_every_named_evidence_path_exists():
+def _missing(pattern: re.Pattern) -> list[str]:
     missing = []
     for f in _sources():
         lines = f.read_text(encoding="utf-8", errors="replace").splitlines()
         for n, line in enumerate(lines, 1):
             if any(_in_history(x) for x in lines[max(0, n - 2):n + 1]):
                 continue   # this line, the one before or the one after says "git history"
-            for m in PATH.finditer(line):
+            for m in pattern.finditer(line):
                 p = m.group(0).rstrip(".,")
                 if not (ROOT / p).exists():
                     missing.append(f"{f.relative_to(ROOT)}:{n}: {p}")
+    return missing
+
+
+def test_every_named_evidence_path_exists():
+    missing = _missing(PATH)
     assert not missing, "evidence paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_named_result_path_exists():
+    """The same for benchmarks/results (``benchmarks/results/README.md`` indexes it)."""
+    missing = _missing(RESULT)
+    assert not missing, "result paths that do not exist:\n" + "\n".join(missing)
 
 
 def test_the_index_names_every_evidence_file_and_only_those():
