@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import random
 import struct
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -469,3 +473,25 @@ def test_memset_and_copy_steps_run_in_order(element, value, expect):
     assert inner.buf[8:8 + size] == expect and inner.buf[8 + size] == 0
     assert inner.buf[48:56] == b"12345678" and inner.launched == [kernel]
     assert program.kernels == [kernel]
+
+
+# ---------------------------------------------------------------- the GPU driver, on a CPU
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "range_capture_gpu.py"
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}   # no device, even on a GPU machine
+    return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_range_capture_gpu_driver_parses_and_refuses_cleanly_without_cuda(tmp_path):
+    assert _bench("--help").returncode == 0
+    bad = _bench("--out", str(tmp_path / "o"), "--runs", "0")
+    assert bad.returncode == 2 and "--runs must be 1 to 1000" in bad.stderr
+    proc = _bench("--out", str(tmp_path / "o"))
+    assert proc.returncode == 4, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()    # one line, no traceback
+    assert line.startswith("range_capture_gpu: ") and proc.stdout == ""
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,135 @@
+"""Range capture on a real GPU: small PyTorch programs marked with ``kpair.mark`` and with
+``torch.cuda.nvtx.range``, captured by ``kpair capture --range``, replayed by ``kpair replay``
+byte-exact, with the roles the program's tensors call for. Skips cleanly without PyTorch
+with CUDA, cuda-bindings or CUPTI (the CPU half is tests/test_range_capture.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+#: matmul + bias + ReLU; the inputs made (and one warm-up pass run) before the range, so the
+#: range holds the forward's kernels only. Prints the tensors' addresses as JSON.
+MARKED = """
+import json, torch, kpair
+torch.manual_seed(0)
+x = torch.randn(64, 128, device="cuda")
+w = torch.randn(128, 96, device="cuda")
+b = torch.randn(96, device="cuda")
+torch.relu(x @ w + b)
+torch.cuda.synchronize()
+with kpair.mark("fwd") as m:
+    y = torch.relu(x @ w + b)
+    m.outputs(y)
+torch.cuda.synchronize()
+print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in dict(x=x, w=w, b=b, y=y).items()}))
+"""
+
+#: softmax under an NVTX range (no kpair import), with a zero_() (a memset or a fill kernel)
+#: and an in-place update of a buffer that outlives the range.
+NVTX = """
+import json, torch
+torch.manual_seed(0)
+x = torch.randn(256, 1000, device="cuda")
+acc = torch.ones(256, 1000, device="cuda")
+out = torch.empty(256, 1000, device="cuda")
+torch.softmax(x, dim=-1)
+torch.cuda.synchronize()
+with torch.cuda.nvtx.range("softmax"):
+    out.zero_()
+    torch.softmax(x, dim=-1, out=out)
+    acc.add_(out)
+torch.cuda.synchronize()
+print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in dict(x=x, acc=acc, out=out).items()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cuda.bindings.driver")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    from kpair.capture.cupti import find_cupti
+    from kpair.errors import BackendUnavailable
+
+    try:
+        find_cupti()
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+
+
+def kpair(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def _capture(tmp_path, name: str, program: str) -> tuple[dict, dict, object]:
+    from kpair.snapshot import Snapshot
+
+    out = tmp_path / "cap"
+    proc = kpair("capture", "-o", str(out), "--range", name, "--", sys.executable, "-c",
+                 program)
+    assert proc.returncode == 0, proc.stderr
+    tensors = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads((out / "capture.json").read_text())
+    (r,) = summary["ranges"]
+    assert r["status"] == "captured", (r, proc.stderr)
+    snap = Snapshot.open(out / r["snapshot"])
+    snap.verify()
+    return r, tensors, snap
+
+
+def _role_of(manifest, address: int) -> str | None:
+    for reg in manifest.regions:
+        if reg.address <= address < reg.end:
+            return reg.role
+    for s in manifest.scratch_regions:
+        if s.address <= address < s.end:
+            return "scratch"
+    return None
+
+
+def _replay(snapshot_dir) -> dict:
+    proc = kpair("replay", "--json", "--runs", "3", str(snapshot_dir))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_marked_matmul_bias_relu_range_replays_byte_exact(gpu, tmp_path):
+    r, t, snap = _capture(tmp_path, "fwd", MARKED)
+    m = snap.manifest
+    assert r["source"] == "mark" and r["kernels"] >= 2 and m.is_range
+    assert {_role_of(m, t[k][0]) for k in ("x", "w", "b")} == {"in"}
+    assert _role_of(m, t["y"][0]) == "out"           # declared through m.outputs(y)
+    report = _replay(snap.root)
+    assert report["status"] == "byte-exact", report
+    assert report["ops"] == len(m.operations)
+
+
+def test_an_nvtx_range_with_an_in_place_update_replays_byte_exact(gpu, tmp_path):
+    r, t, snap = _capture(tmp_path, "softmax", NVTX)
+    m = snap.manifest
+    assert r["source"] == "nvtx" and r["kernels"] >= 2
+    assert _role_of(m, t["x"][0]) == "in"
+    assert _role_of(m, t["acc"][0]) == "inout"       # written, outlives the range
+    assert _role_of(m, t["out"][0]) == "inout"       # no outputs declared: inout
+    report = _replay(snap.root)
+    assert report["status"] == "byte-exact", report
+
+
+def test_a_host_to_device_copy_inside_a_range_refuses_it(gpu, tmp_path):
+    program = ("import torch, kpair\nx = torch.ones(4, device='cuda')\n"
+               "with kpair.mark('r'):\n    y = x + torch.tensor([1.0, 2, 3, 4]).cuda()\n")
+    out = tmp_path / "cap"
+    proc = kpair("capture", "-o", str(out), "--range", "r", "--", sys.executable, "-c",
+                 program)
+    assert proc.returncode == 0, proc.stderr
+    (r,) = json.loads((out / "capture.json").read_text())["ranges"]
+    assert r["status"] == "refused" and "host-to-device copy" in r["reason"], r
+    assert "range 'r' not captured" in proc.stderr
