@@ -14,6 +14,7 @@ import pytest
 
 from conftest import record_matmul
 from kpair.candidate import Candidate
+from kpair.errors import KpairError
 from kpair.harness import create_harness
 from kpair.mcp.workspace import Workspace
 from kpair.optimize import measurement_options
@@ -23,7 +24,9 @@ from kpair.optimize.workbench import (
     CAPTURED,
     base_harness,
     built,
+    captured_dispatches,
     find_operators,
+    finished_capture,
     operators_from_capture,
     pair_harness,
     quick_options,
@@ -62,6 +65,10 @@ def test_optimize_and_mcp_find_the_same_operators(tree):
     assert all(op.level == 1 for op in found.values())  # kp_matmul: not a fused kernel
     ws = Workspace(tree)
     assert ws.operators() == found
+    assert finished_capture(tree / "cap") and not finished_capture(tree / "pairs")
+    assert [d["snapshot"] for d in captured_dispatches(tree / "cap")] == ["0001_matmul"]
+    with pytest.raises(KpairError, match="not a readable kpair capture"):
+        captured_dispatches(tree / "pairs")
     # optimize, given the capture, finds its one captured dispatch, the same snapshot
     (from_capture,) = operators_from_capture(tree / "cap")
     assert from_capture.snapshot == found["cap_0001_matmul"].snapshot

@@ -43,6 +43,7 @@ from ..harness import Harness
 from ..optimize.workbench import (
     Operator,
     base_harness,
+    captured_dispatches,
     find_operators,
     pair_harness,
     suffix,
@@ -339,11 +340,10 @@ class Workspace:
         if not summary.is_file():
             raise KpairError(f"kpair capture wrote no capture.json (exit status {status}):\n"
                              f"{tail[0]}")
-        data = json.loads(summary.read_text())
         ops = {op.path: n for n, op in self.operators().items()}
         captured = [{"snapshot": d.get("snapshot"), "kernel": d.get("kernel"),
                      "operator": ops.get((dest / d["snapshot"]).resolve())}
-                    for d in data.get("dispatches", []) if d.get("status") == "captured"]
+                    for d in captured_dispatches(dest)]
         return {"exit_status": status, "captured": captured, "log_tail": tail[0],
                 "directory": str(dest)}
 

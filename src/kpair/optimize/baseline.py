@@ -20,7 +20,6 @@ against them.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from ..release.index import BASELINE_FILE as FILE
 from ..release.index import BaselineEntry, BaselineRecord
 from ..snapshot import Snapshot
 from .strategies.triton import config_of, info_key, kernel_info, resolve
+from .workbench import captured_dispatches, finished_capture
 
 #: Inductor's tuning modes and the environment that turns each on.
 MODES: dict[str, dict[str, str]] = {
@@ -47,14 +47,8 @@ def tuned_configs(capture: str | os.PathLike) -> dict[str, dict]:
     ``kpair capture`` directory whose config is known; the first dispatch of a kernel wins."""
 
     capture = Path(capture)
-    try:
-        summary = json.loads((capture / "capture.json").read_text())
-    except (OSError, ValueError) as e:
-        raise KpairError(f"{capture}: not a readable kpair capture ({e})") from None
     out: dict[str, dict] = {}
-    for d in summary.get("dispatches", []):
-        if d.get("status") != "captured" or not d.get("snapshot"):
-            continue
+    for d in captured_dispatches(capture):
         try:
             snap = Snapshot.open(capture / d["snapshot"])
         except (KpairError, OSError):
@@ -79,13 +73,9 @@ def capture_tuned(command: Sequence[str], work: Path, mode: str, *, kernel: str 
     replayed), so the capture costs one run of the program."""
     out = work / f"capture-{mode}"
     summary = out / "capture.json"
-    if summary.is_file():
-        try:
-            if json.loads(summary.read_text()).get("exit_status") is not None:
-                log(f"kpair optimize: reusing the {mode} capture in {out}")
-                return out
-        except ValueError:
-            pass
+    if finished_capture(out):
+        log(f"kpair optimize: reusing the {mode} capture in {out}")
+        return out
     cache = work / "inductor-cache" / mode
     for path in (out, cache):
         if path.exists():

@@ -54,7 +54,7 @@ from .director import METHOD, DirectorValidation
 from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
 from .strategies import STRATEGIES, HostC, TritonRetune
 from .strategy import Context, KernelSource
-from .workbench import Operator, base_harness, pair_harness
+from .workbench import Operator, base_harness, finished_capture, pair_harness
 
 Log = Callable[[str], None]
 
@@ -165,14 +165,9 @@ def capture_top(command: Sequence[str], work: Path, *, top: int, kernel: str | N
     ``kpair.capture.workflow.capture_program`` (reused when it finished)."""
     out = work / "capture"
     summary = out / "capture.json"
-    if summary.is_file():
-        try:
-            done = json.loads(summary.read_text()).get("exit_status") is not None
-        except ValueError:
-            done = False
-        if done:
-            log(f"kpair optimize: reusing the capture in {out}")
-            return out
+    if finished_capture(out):
+        log(f"kpair optimize: reusing the capture in {out}")
+        return out
     if out.exists():
         shutil.rmtree(out)  # an interrupted capture: start it again
     work.mkdir(parents=True, exist_ok=True)

@@ -76,14 +76,31 @@ def operator_from_snapshot(path: str | os.PathLike, *, name: str | None = None) 
     return Operator(level_of(kernel), name or operator_name(path.name), snapshot=path)
 
 
+def captured_dispatches(capture: Path) -> list[dict]:
+    """The rows of a ``kpair capture`` directory's capture.json that were captured (status
+    ``captured``, a snapshot), in its order."""
+    try:
+        summary = json.loads((capture / "capture.json").read_text())
+        rows = summary.get("dispatches", [])
+    except (OSError, ValueError, AttributeError) as e:
+        raise KpairError(f"{capture}: not a readable kpair capture ({e})") from None
+    return [d for d in rows if isinstance(d, dict) and d.get("status") == "captured"
+            and d.get("snapshot")]
+
+
+def finished_capture(out: Path) -> bool:
+    """Whether ``out`` holds a capture that ran to its end (capture.json with the program's
+    exit status): a resumed run reuses it."""
+    try:
+        return json.loads((out / "capture.json").read_text()).get("exit_status") is not None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def operators_from_capture(capture: Path) -> list[Operator]:
     """Every captured dispatch of a ``kpair capture`` directory (capture.json)."""
-    summary = json.loads((capture / "capture.json").read_text())
-    out = []
-    for d in summary.get("dispatches", []):
-        if d.get("status") == "captured" and d.get("snapshot"):
-            out.append(operator_from_snapshot(capture / d["snapshot"]))
-    return out
+    return [operator_from_snapshot(capture / d["snapshot"])
+            for d in captured_dispatches(capture)]
 
 
 def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
@@ -224,7 +241,8 @@ def suffix(candidate: Candidate) -> str:
     return EXTENSIONS.get(candidate.format, ".bin")
 
 
-__all__ = ["CAPTURED", "Operator", "SKIP", "base_harness", "built", "find_operators",
+__all__ = ["CAPTURED", "Operator", "SKIP", "base_harness", "built", "captured_dispatches",
+           "find_operators", "finished_capture",
            "kpair_output", "level_of", "operator_from_harness", "operator_from_snapshot",
            "operator_name", "operators_from_capture", "pair_harness", "quick_options",
            "suffix"]
