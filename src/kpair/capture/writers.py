@@ -1,0 +1,157 @@
+"""Who wrote each allocation: the per-block writer log behind regenerable regions.
+
+While a capture session traces a program, every launch (and every memset, device-to-device
+copy or host-to-device copy) is fed here with the allocator blocks its pointer words hit and,
+where the tracer knows it, the blocks it wrote (their digests changed across the launch; a
+launch fed without ``wrote`` is taken to have written every block it hit). Per block, the log
+keeps the ordered list of launches that wrote it since the block appeared (``appeared``: a
+new allocation at that address forgets the old one's writers).
+
+``chain(block)`` applies the rule of issue 48: a block whose writers form a chain rooted only
+in launches that read no block (seeded generators, fills, memsets, aranges), through launches
+whose inputs are themselves regenerable blocks, is regenerable; the chain is its writers in
+order. Each writer must have written that block alone (re-running it would write others),
+every block it read must still hold what it read (not written, nor reallocated, since), and
+a host-to-device copy into the block since it appeared makes it host data: never a chain.
+``chains(blocks)`` applies the rule over a snapshot's blocks at once (a chain may read only
+blocks of the same snapshot that are themselves regenerable), ready for
+``kpair.snapshot.SnapshotWriter.chain``.
+
+The rule is necessary, not sufficient: a first writer that fills only part of its block
+leaves the rest as it was, which a replay (zero-filled, then the chain) does not reproduce.
+Capture confirms each chain by running it again (``kpair.regen.regenerate`` on the captured
+placement, or as ``kpair.record`` does on the host) before it stores the block as one.
+Pure: keys are any hashable block identity (``Block.start`` in the tracer); tested without a
+GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable
+from dataclasses import dataclass, field
+
+__all__ = ["Chain", "LaunchRecord", "WriterLog"]
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """One traced operation, as small as a single-dispatch launch record: the kernel's name
+    and handle, its code object (the tracer's id for the module image), the kernarg bytes as
+    launched and the geometry; ``kind`` "memset" or "copy" for the driver's own operations
+    (then ``detail`` holds their fields: dst, src, size, value, element_size)."""
+
+    kernel_name: str
+    code: str = ""
+    kernarg: bytes = b""
+    grid: tuple[int, int, int] = (1, 1, 1)
+    block: tuple[int, int, int] = (1, 1, 1)
+    dynamic_shared_bytes: int = 0
+    kernel: int = 0
+    kind: str = "kernel"
+    detail: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A regenerable block: the launches that make it, in order, and the other blocks they
+    read (each regenerable in the same snapshot)."""
+
+    ops: tuple[LaunchRecord, ...]
+    reads: tuple[Hashable, ...] = ()
+
+
+@dataclass
+class _Write:
+    seq: int
+    record: LaunchRecord
+    wrote: frozenset
+    reads: tuple[tuple[Hashable, int], ...]   # (block, its generation when read)
+
+
+@dataclass
+class _Block:
+    generation: int = 0
+    writes: list[_Write] = field(default_factory=list)
+    host: bool = False   # a host-to-device copy wrote it since it appeared
+
+
+class WriterLog:
+    """Per block, the ordered launches that wrote it since it appeared."""
+
+    def __init__(self):
+        self._blocks: dict[Hashable, _Block] = {}
+        self._seq = 0
+
+    def _block(self, key: Hashable) -> _Block:
+        return self._blocks.setdefault(key, _Block())
+
+    def appeared(self, key: Hashable) -> None:
+        """A new allocation at ``key`` (the allocator handed the memory out again): its
+        writers so far were another tensor's."""
+        b = self._block(key)
+        b.generation += 1
+        b.writes, b.host = [], False
+
+    def host_write(self, key: Hashable) -> None:
+        """Bytes copied from the host into ``key``: host data, never regenerable until the
+        block appears again."""
+        self._seq += 1
+        self._block(key).host = True
+
+    def launch(self, record: LaunchRecord, hits: Iterable[Hashable],
+               wrote: Iterable[Hashable] | None = None) -> None:
+        """A launch in program order: ``hits`` the blocks its pointer words reach, ``wrote``
+        those it changed (None: every block it hits); the others it read."""
+        self._seq += 1
+        hits = frozenset(hits)
+        written = hits if wrote is None else frozenset(wrote) & hits
+        reads = tuple(sorted(((k, self._block(k).generation) for k in hits - written),
+                             key=repr))
+        entry = _Write(self._seq, record, written, reads)
+        for k in written:
+            self._block(k).writes.append(entry)
+
+    def writers(self, key: Hashable) -> list[LaunchRecord]:
+        """The launches that wrote ``key`` since it appeared, in order."""
+        b = self._blocks.get(key)
+        return [] if b is None else [w.record for w in b.writes]
+
+    def chain(self, key: Hashable, within: Collection[Hashable] | None = None
+              ) -> list[LaunchRecord] | None:
+        """The launches that regenerate ``key`` (its writers in order), or None when the
+        rule does not hold; ``within``: the blocks a chain may read (a snapshot's; None:
+        any block the log knows)."""
+        found = self._chain(key, within, set())
+        return None if found is None else list(found.ops)
+
+    def chains(self, blocks: Collection[Hashable]) -> dict[Hashable, Chain]:
+        """Every block of ``blocks`` (a snapshot's) that is regenerable within them."""
+        out = {}
+        for key in blocks:
+            found = self._chain(key, blocks, set())
+            if found is not None:
+                out[key] = found
+        return out
+
+    def _chain(self, key: Hashable, within: Collection[Hashable] | None,
+               visiting: set) -> Chain | None:
+        b = self._blocks.get(key)
+        if b is None or b.host or not b.writes or key in visiting:
+            return None
+        if within is not None and key not in within:
+            return None
+        visiting = visiting | {key}
+        reads: dict[Hashable, None] = {}
+        for w in b.writes:
+            if w.wrote != {key}:
+                return None   # re-running it would write other blocks too
+            for other, generation in w.reads:
+                q = self._blocks[other]
+                if q.generation != generation or q.host:
+                    return None   # reallocated or overwritten from the host since
+                if any(later.seq >= w.seq for later in q.writes):
+                    return None   # it no longer holds what this launch read
+                if self._chain(other, within, visiting) is None:
+                    return None
+                reads[other] = None
+        return Chain(tuple(w.record for w in b.writes), tuple(reads))
