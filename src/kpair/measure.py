@@ -588,9 +588,10 @@ def replicate_seed(seed: int, replicate: int) -> int:
 #: A GPU run's own timing offset: each run (process, module loads, placement) shifts a
 #: kernel's time by an amount its replicates share, with a standard deviation of about this
 #: many seconds. Estimated from the 7 run means (a publication, 6 re-runs) of 45 operators
-#: (H100 and H200, sessions 10-16): the sum of their between-run variance in excess of what
-#: the replicates predict, over the sum of 1/t_ref^2 + 1/t_opt^2, is (31 ns)^2; per session
-#: 19-36 ns (benchmarks/results/replicate_structure_h100.json, _h200.json; docs/format.md, "Speed").
+#: (H100 and H200, 2026-12-04 to 2026-12-06): the sum of their between-run variance in excess
+#: of what the replicates predict, over the sum of 1/t_ref^2 + 1/t_opt^2, is (31 ns)^2; per
+#: publication 19-36 ns (benchmarks/results/replicate_structure_h100.json, _h200.json;
+#: docs/format.md, "Speed").
 #: Negligible for long kernels, it is most of a 4 us kernel's run-to-run spread.
 GPU_RUN_OFFSET_S = 30e-9
 

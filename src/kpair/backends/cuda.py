@@ -409,11 +409,11 @@ class CudaDevice(DeviceChecks, StreamDevice):
         size) taken just before a renewal's new pages and given back after it, so that each
         renewal lands at a random place among the free pages. Without it, on the H200 the
         replicates of a 4 µs kernel alternated between two levels (1.04x and 1.17x, even
-        against odd, session 11), as if every other renewal got the same pages back. A
-        spacer no larger than the regions (session 11 to 14) left a small harness only a
-        handful of placements: on the H100 the replicates of a 4.5 µs kernel stayed on one
-        of two levels for several renewals in a row (session 14), so that the replicates of
-        one run agreed more than the runs did. None where there is no room for it."""
+        against odd; 2026-12-04), as if every other renewal got the same pages back. A
+        spacer no larger than the regions leaves a small harness only a handful of
+        placements: on an H100 the replicates of a 4.5 µs kernel stayed on one of two levels
+        for several renewals in a row (2026-12-05), so that the replicates of one run agreed
+        more than the runs did. None where there is no room for it."""
         try:
             return self.drv("cuMemCreate", (1 + secrets.randbelow(SPACER_GRANULES)) *
                             self.granularity, self._prop, 0)

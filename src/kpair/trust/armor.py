@@ -19,7 +19,7 @@ that look write-only to two discovery fills but are read for other values) never
 Launches on a mutated input get a fresh word each. Poison in a few ranges is a device fill per
 range. A data-dependent write pattern has millions of ranges: there a poisoned launch reads
 the region, poisons it on the host and writes it back (``poison_into``: about 0.05 s per
-100 MB where the runs share one alignment mod 4, 0.8 s where they do not; session 22), except
+100 MB where the runs share one alignment mod 4, 0.8 s where they do not; 2026-12-07), except
 on the pre-state: the armour holds the pre-state with each of the two poisons where the device
 keeps copies (``Device.hold``), copies one in before each launch (``Device.put``; device to
 device on a GPU) and checks after the launch that the held copy is intact, so a kernel that

@@ -566,7 +566,7 @@ class Audit:
         """Blocks where opt does not run (ref against its second load, A/A) time the
         captured input, each launch judged against its known output on the device: nothing
         there is the candidate's, and a fresh input per block would only cost time (0.06 s
-        of the 0.55 s that checks added to axpbyz on the H200, session 11)."""
+        of the 0.55 s that checks added to axpbyz on an H200, 2026-12-04)."""
         assert not self._block[1], "a block is open"
         self._opt_absent = True
         try:
