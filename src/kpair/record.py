@@ -50,6 +50,7 @@ import numpy as np
 from . import __version__, errors
 from ._util import check_output_dir, child_command, kill_group, utc_now
 from .backends import open_device
+from .capture.writers import LaunchRecord, WriterLog
 from .elfabi import check_params
 from .errors import (
     AbiMismatch,
@@ -576,32 +577,16 @@ def _run_setup(dev, steps, spans: list[tuple[int, int]]) -> list[tuple[set[int],
 
 def _candidate_chains(effects: list[tuple[set[int], set[int]]], count: int,
                       skip: set[int]) -> dict[int, tuple[list[int], list[int]]]:
-    """Per region that may be regenerable: (its writers in order, the regions they read).
-
-    A region qualifies when setup calls wrote it, each of them wrote it alone, and every
-    region they read is itself a candidate, not written after the call read it (it holds
-    then what it holds at the range's start); removed until no candidate reads a removed one.
-    """
-    writers: dict[int, list[int]] = {}
-    for c, (wrote, _) in enumerate(effects):
-        for k in wrote:
-            writers.setdefault(k, []).append(c)
-    found = {}
-    for k, calls in writers.items():
-        if k in skip or any(effects[c][0] != {k} for c in calls):
-            continue
-        reads = sorted({q for c in calls for q in effects[c][1]})
-        if all(q not in skip and max(writers.get(q, [-1])) < c
-               for c in calls for q in effects[c][1]):
-            found[k] = (calls, reads)
-    changed = True
-    while changed:
-        changed = False
-        for k in list(found):
-            if any(q not in found for q in found[k][1]):
-                del found[k]
-                changed = True
-    return found
+    """Per region that may be regenerable: (its writers in order, the regions they read),
+    by the rule the CUDA tracer's log applies (``kpair.capture.writers``): written by setup
+    calls that each wrote it alone, reading only regions of the range that are themselves
+    regenerable and unchanged since."""
+    log = WriterLog()
+    for c, (wrote, read) in enumerate(effects):
+        log.launch(LaunchRecord(f"setup call {c}", kernel=c), hits=wrote | read, wrote=wrote)
+    within = set(range(count)) - skip
+    return {k: ([op.kernel for op in chain.ops], sorted(chain.reads))
+            for k, chain in log.chains(within).items()}
 
 
 def _verified_chains(dev, steps, spans, pres, effects, found
