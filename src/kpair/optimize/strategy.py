@@ -15,7 +15,7 @@ from the user (``--source FILE --kernel NAME``) or from the snapshot's provenanc
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -103,6 +103,18 @@ def source_applies(harness: Harness, context: Context, *, backend: str, language
     return None
 
 
+def source_builds(context: Context, flag_sets: Sequence[tuple[str, ...]]
+                  ) -> Iterator[tuple[int, dict[str, Any], dict[str, Any], tuple[str, ...]]]:
+    """Every build of ``context.source`` to try, numbered from 1: (n, the variant's own
+    macros, every macro the build defines, flags), for each macro set — the source's own
+    build (no variant) first, then the user's ``-D`` sets — times each flag set."""
+    n = 0
+    for defines in ({}, *context.variants):
+        for flags in flag_sets:
+            n += 1
+            yield n, defines, {**context.source.defines, **defines}, tuple(flags)
+
+
 class Strategy(Protocol):
     """Proposes candidates for one harness; ``applies`` says why not when it cannot."""
 
@@ -116,4 +128,4 @@ class Strategy(Protocol):
 
 
 __all__ = ["Context", "KernelSource", "LANGUAGES", "PROVENANCE_KEY", "Strategy",
-           "source_applies"]
+           "source_applies", "source_builds"]

@@ -19,7 +19,7 @@ from ...candidate import Candidate
 from ...errors import KpairError, UsageError
 from ...toolchain import compile_cuda, find_nvcc
 from ..geometry import launch_options, parse_geometry
-from ..strategy import Context, source_applies
+from ..strategy import Context, source_applies, source_builds
 from ..workbench import built
 
 FP_UNSAFE = ("--use_fast_math", "-use_fast_math", "--fmad", "-fmad", "-ftz", "--ftz",
@@ -63,30 +63,26 @@ class CudaSource:
         flag_sets = [check_flags(f) for f in context.flag_sets] if context.flag_sets \
             else self.flag_sets
         launches, why_not = self.geometries(harness, context)
-        n = 0
-        for defines in ({}, *context.variants):
-            macros = {**src.defines, **defines}
-            for flags in flag_sets:
-                n += 1
-                out = Path(context.work) / f"cuda-{n:03d}.cubin"
-                cmd = shlex.join([find_nvcc(), "-cubin", f"-arch={arch}", *flags,
-                                  *(f"-D{k}={v}" for k, v in macros.items()), "-o", str(out),
-                                  str(src.path)])
-                params = {"flags": list(flags), "defines": macros}
-                if why_not:  # the declared geometry was refused: say so in every attempt
-                    params["geometry_refused"] = why_not
-                label = " ".join([*(f"-D{k}={v}" for k, v in defines.items()), *flags])
-                try:
-                    compile_cuda(src.path, out, arch=arch, flags=flags, defines=macros)
-                except KpairError as e:
-                    yield Candidate(label=label, kernel=src.kernel, strategy=self.name,
-                                    source=str(src.path), build=cmd, params=params,
-                                    build_error=str(e).splitlines()[-1][:300])
-                    continue
-                code = built(out, src.kernel, strategy=self.name, source=str(src.path),
-                             build=cmd)
-                for launch in launches:
-                    shape = "" if launch is None else \
-                        f" block={'x'.join(map(str, launch['block']))}"
-                    yield replace(code, label=label + shape, launch_override=launch,
-                                  params={**params, "launch": launch})
+        for n, defines, macros, flags in source_builds(context, flag_sets):
+            out = Path(context.work) / f"cuda-{n:03d}.cubin"
+            cmd = shlex.join([find_nvcc(), "-cubin", f"-arch={arch}", *flags,
+                              *(f"-D{k}={v}" for k, v in macros.items()), "-o", str(out),
+                              str(src.path)])
+            params = {"flags": list(flags), "defines": macros}
+            if why_not:  # the declared geometry was refused: say so in every attempt
+                params["geometry_refused"] = why_not
+            label = " ".join([*(f"-D{k}={v}" for k, v in defines.items()), *flags])
+            try:
+                compile_cuda(src.path, out, arch=arch, flags=flags, defines=macros)
+            except KpairError as e:
+                yield Candidate(label=label, kernel=src.kernel, strategy=self.name,
+                                source=str(src.path), build=cmd, params=params,
+                                build_error=str(e).splitlines()[-1][:300])
+                continue
+            code = built(out, src.kernel, strategy=self.name, source=str(src.path),
+                         build=cmd)
+            for launch in launches:
+                shape = "" if launch is None else \
+                    f" block={'x'.join(map(str, launch['block']))}"
+                yield replace(code, label=label + shape, launch_override=launch,
+                              params={**params, "launch": launch})

@@ -19,7 +19,7 @@ from pathlib import Path
 from ...candidate import Candidate
 from ...errors import KpairError, UsageError
 from ...toolchain import BASE_FLAGS, compile_shared, find_cc
-from ..strategy import Context, source_applies
+from ..strategy import Context, source_applies, source_builds
 from ..workbench import built
 
 #: Options that change floating-point results (reassociation, approximations, contraction).
@@ -82,22 +82,18 @@ class HostC:
         src = context.source
         flag_sets = [check_flags(f) for f in context.flag_sets] if context.flag_sets \
             else self.flag_sets
-        n = 0
-        for defines in ({}, *context.variants):
-            macros = {**src.defines, **defines}
-            for flags in flag_sets:
-                n += 1
-                out = Path(context.work) / f"host-c-{n:03d}.so"
-                cmd = shlex.join([find_cc(), *BASE_FLAGS, *flags,
-                                  *(f"-D{k}={v}" for k, v in macros.items()), "-o", str(out),
-                                  str(src.path), "-lm"])
-                params = {"flags": list(flags), "defines": macros}
-                common = dict(label=_label(defines, flags), strategy=self.name,
-                              source=str(src.path), build=cmd, params=params)
-                try:
-                    compile_shared(src.path, out, flags=flags, defines=macros)
-                except KpairError as e:
-                    yield Candidate(kernel=src.kernel,
-                                    build_error=str(e).splitlines()[-1][:300], **common)
-                    continue
-                yield built(out, src.kernel, **common)
+        for n, defines, macros, flags in source_builds(context, flag_sets):
+            out = Path(context.work) / f"host-c-{n:03d}.so"
+            cmd = shlex.join([find_cc(), *BASE_FLAGS, *flags,
+                              *(f"-D{k}={v}" for k, v in macros.items()), "-o", str(out),
+                              str(src.path), "-lm"])
+            params = {"flags": list(flags), "defines": macros}
+            common = dict(label=_label(defines, flags), strategy=self.name,
+                          source=str(src.path), build=cmd, params=params)
+            try:
+                compile_shared(src.path, out, flags=flags, defines=macros)
+            except KpairError as e:
+                yield Candidate(kernel=src.kernel,
+                                build_error=str(e).splitlines()[-1][:300], **common)
+                continue
+            yield built(out, src.kernel, **common)
