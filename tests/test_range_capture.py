@@ -495,3 +495,19 @@ def test_range_capture_gpu_driver_parses_and_refuses_cleanly_without_cuda(tmp_pa
     (line,) = proc.stderr.strip().splitlines()    # one line, no traceback
     assert line.startswith("range_capture_gpu: ") and proc.stdout == ""
     assert not (tmp_path / "o").exists()
+
+
+def test_range_does_not_combine_with_single_dispatch_filters(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kpair", "capture", "-o", str(tmp_path / "o"),
+                           "--range", "fwd", "--kernel", "softmax", "--", sys.executable, "-c",
+                           "pass"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--range captures whole ranges" in line and not (tmp_path / "o").exists()
+    from kpair.capture.workflow import capture_program
+    from kpair.errors import UsageError
+
+    with pytest.raises(UsageError, match="non-empty range name"):
+        capture_program([sys.executable, "-c", "pass"], tmp_path / "o", ranges=[""])
+    with pytest.raises(UsageError, match="does not combine"):
+        capture_program([sys.executable, "-c", "pass"], tmp_path / "o", ranges=["a"], top=2)

@@ -62,7 +62,8 @@ class Capture(Command):
                        "those matching --kernel) is captured; profile.json is kept in DIR")
         p.add_argument("--max-region-bytes", type=parse_size, default=2 << 30, metavar="SIZE",
                        help="leave out regions larger than this and mark the snapshot "
-                       "incomplete (default 2GiB)")
+                       "incomplete (default 2GiB); with --range, refuse a range whose "
+                       "regions exceed it in all")
         p.add_argument("--module-loading", choices=("eager", "lazy"), default="eager",
                        help="CUDA_MODULE_LOADING for the program (default eager: every code "
                        "object is reported as it loads; lazy is cheaper, but drivers have been "
