@@ -50,7 +50,7 @@ from ..optimize.workbench import (
 )
 from ..options import RunOptions
 from ..release import add_operator
-from ..session import result_line, taken_numbers
+from ..session import Session, result_line, taken_numbers
 from ..snapshot import Snapshot
 from .build import build_candidate, recompiled_ptx, triton_facts
 
@@ -165,8 +165,6 @@ class Workspace:
     def session(self, state: OperatorState, *, full: bool):
         """The operator's quick or full session (started on first use), ready to number its
         next attempt after every one ``evaluations/`` holds, whichever session made it."""
-        from ..session import Session  # looked up per call: tests replace Session
-
         mode = "full" if full or self.quick is None else "quick"
         session = state.sessions.get(mode)
         if session is None:
