@@ -84,3 +84,34 @@ def test_blocks_made_from_each_other_are_no_chain():
     log.launch(op("b_from_a"), hits={"b", "a"}, wrote={"b"})
     # a was made from a b that b_from_a overwrote since; b is made from that a.
     assert log.chain("a") is None and log.chain("b") is None
+
+
+def test_feed_reads_a_traced_launch_and_its_blocks():
+    """What the tracer hands over at a launch's entry: the kernarg rebuilt from kernelParams,
+    its pointer words narrowed to allocator blocks (keyed by start)."""
+    import ctypes
+
+    from kpair.capture.launches import LaunchInfo
+    from kpair.capture.regions import Block, BlockTable
+    from kpair.capture.session import KernelInfo
+
+    x, y = 0x7F00_0000_1000, 0x7F00_0000_9000
+    values = [ctypes.c_uint64(x + 256), ctypes.c_uint64(y), ctypes.c_int32(5)]
+    params = (ctypes.c_void_p * 3)(*[ctypes.addressof(v) for v in values])
+    launch = LaunchInfo("cuLaunchKernel", 0x11, (4, 1, 1), (128, 1, 1), 0, 0,
+                        ctypes.addressof(params), 0)
+    info = KernelInfo(0x11, "axpy", "axpy", [(0, 8), (8, 8), (16, 4)], "driver", (0xABC,))
+    blocks = BlockTable([Block(x, 4096, x, 1 << 21, "torch-block"),
+                         Block(y, 4096, y, 1 << 21, "torch-block")])
+    log = WriterLog()
+    log.launch(FILL, hits={y}, wrote={y})   # y made first: x's launch reads it
+    log.feed(launch, info, blocks, wrote={x})
+    (record,) = log.chain(x)
+    assert record.kernel_name == "axpy" and record.code == "0xabc" and record.kernel == 0x11
+    assert record.kernarg[:8] == (x + 256).to_bytes(8, "little") and len(record.kernarg) == 20
+    assert record.grid == (4, 1, 1) and record.block == (128, 1, 1)
+    assert log.chains({x, y})[x].reads == (y,)
+    assert log.chains({x}) == {}             # a snapshot without y: x reads outside it
+    # A launch whose arguments cannot be read (no layout) may have written anything.
+    log.feed(launch, KernelInfo(0x12, "opaque", "opaque", None, "none"), blocks)
+    assert log.chain(x) is None

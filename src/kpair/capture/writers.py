@@ -30,6 +30,9 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 
+from .launches import KernargError, LaunchInfo, kernarg_bytes
+from .regions import BlockTable, pointer_words
+
 __all__ = ["Chain", "LaunchRecord", "WriterLog"]
 
 
@@ -110,6 +113,34 @@ class WriterLog:
         entry = _Write(self._seq, record, written, reads)
         for k in written:
             self._block(k).writes.append(entry)
+
+    def unseen(self) -> None:
+        """A launch whose arguments could not be read: it may have written any block, so no
+        block known so far is followed any more (until it appears again)."""
+        self._seq += 1
+        for b in self._blocks.values():
+            b.host = True
+
+    def feed(self, launch: LaunchInfo, kernel, blocks: BlockTable, *,
+             wrote: Iterable[Hashable] | None = None) -> None:
+        """One traced launch as the tracer sees it at entry (``LaunchInfo``, the session's
+        ``KernelInfo``, the allocator's ``BlockTable``): its kernarg rebuilt, the blocks its
+        pointer words hit (keyed by ``Block.start``), fed to ``launch``. A launch whose
+        kernarg cannot be rebuilt is ``unseen``."""
+        try:
+            blob, layout, _ = kernarg_bytes(launch, kernel.layout)
+        except KernargError:
+            self.unseen()
+            return
+        hits = set()
+        for word in pointer_words(blob, layout):
+            found = blocks.find(word.value)
+            if found is not None:
+                hits.add(found.start)
+        code = ",".join(hex(h) for h in kernel.module_handles if h)
+        self.launch(LaunchRecord(kernel.name, code, blob, tuple(launch.grid),
+                                 tuple(launch.block), launch.dynamic_shared_bytes,
+                                 kernel.handle), hits, wrote)
 
     def writers(self, key: Hashable) -> list[LaunchRecord]:
         """The launches that wrote ``key`` since it appeared, in order."""
