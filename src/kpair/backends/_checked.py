@@ -84,6 +84,18 @@ class CheckedCalls:
         except Exception as e:  # noqa: BLE001 - cleanup must never mask the original error
             return e
 
+    @staticmethod
+    def access(desc):
+        """The descriptors argument of the set-access call (``mem_set_access``) for one
+        descriptor: a list of them, as ``cuMemSetAccess`` takes it."""
+        return [desc]
+
+    @staticmethod
+    def host(data):
+        """Host bytes as the host-to-device copy (``htod_async``) takes them: any buffer, as
+        it is, as ``cuMemcpyHtoDAsync`` takes them."""
+        return data
+
     def error_name(self, err) -> tuple[str, str]:
         """(name, explanation) of status ``err``: the binding's own lookups."""
         raise NotImplementedError

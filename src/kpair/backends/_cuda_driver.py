@@ -60,16 +60,6 @@ class Driver(CheckedCalls):
     def __init__(self, module):
         super().__init__(module, module.CUresult.CUDA_SUCCESS)
 
-    @staticmethod
-    def access(desc):
-        """``cuMemSetAccess``'s descriptors argument: a list of them."""
-        return [desc]
-
-    @staticmethod
-    def host(data):
-        """Host bytes as ``cuMemcpyHtoDAsync`` takes them: any buffer, as it is."""
-        return data
-
     def error_name(self, err) -> tuple[str, str]:
         try:
             e1, name = self.mod.cuGetErrorName(err)
