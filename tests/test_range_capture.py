@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import kpair
@@ -30,7 +31,7 @@ from kpair.capture.session import KernelInfo
 from kpair.capture.summary import read_summary
 from kpair.describe import describe_snapshot
 from kpair.program import CopyStep, MemsetStep, Program, ProgramDevice, Step
-from kpair.snapshot import Snapshot
+from kpair.snapshot import CodeObject, Kernarg, Manifest, Region, Snapshot
 
 SEG = 0x7F0000000000
 X, W, Y, T, C = SEG, SEG + 0x100, SEG + 0x400, SEG + 0x800, SEG + 0xC00
@@ -511,3 +512,86 @@ def test_range_does_not_combine_with_single_dispatch_filters(tmp_path):
         capture_program([sys.executable, "-c", "pass"], tmp_path / "o", ranges=[""])
     with pytest.raises(UsageError, match="does not combine"):
         capture_program([sys.executable, "-c", "pass"], tmp_path / "o", ranges=["a"], top=2)
+
+
+# ---------------------------------------------------------------- memset/copy replay (host)
+
+
+def _with_data_ops(src: Path, dst: Path, order: str = "right") -> None:
+    """``src`` (a recorded host range: kp_bias(c, bias), kp_relu(d)) rewritten as a
+    captured range would hold it: memset c to 1.0f, kp_bias, copy c -> d, kp_relu(d); the
+    post-states computed here in numpy. ``order="swapped"``: the copy before the memset (the
+    stored post-states stay those of the right order)."""
+    from kpair.snapshot import Op, SnapshotWriter
+
+    snap = Snapshot.open(src)
+    m = snap.manifest
+    regions = {r.name: r for r in m.regions}
+    c, d = regions["c"], regions["d"]
+    n = int(np.sqrt(c.size // 4))
+    b = np.frombuffer(snap.pre(list(regions).index("bias")), np.float32)
+    want_c = (np.ones((n, n), np.float32) + b[None, :]).astype(np.float32)
+    want = {"c": want_c.tobytes(), "d": np.maximum(want_c, 0).tobytes()}
+    w = SnapshotWriter(dst)
+    ops = []
+    for op in m.ops:
+        ops.append(Op(CodeObject(w.put(snap.read_blob(op.code.blob)), op.code.format,
+                                 op.code.kernel_name), op.launch,
+                      Kernarg(w.put(snap.read_blob(op.kernarg.blob)), op.kernarg.params)))
+    memset = Op(kind="memset", dst=c.address, size=c.size, value=0x3F800000, element_size=4)
+    copy = Op(kind="copy", dst=d.address, src=c.address, size=c.size)
+    seq = [memset, ops[0], copy, ops[1]] if order == "right" else \
+        [copy, memset, ops[0], ops[1]]
+    new_regions = []
+    for i, r in enumerate(m.regions):
+        pre = snap.pre(i)
+        post = want.get(r.name, pre)
+        role = "in" if post == pre else "inout"
+        new_regions.append(Region(r.name, r.address, r.size, w.put(pre), w.put(post),
+                                  r.dtype, role))
+    first = ops[0]
+    w.finish(Manifest(backend=m.backend, arch=m.arch, code=first.code, launch=first.launch,
+                      kernarg=first.kernarg, regions=tuple(new_regions),
+                      environment=m.environment, provenance={"range": "data_ops"},
+                      ops=tuple(seq), scratch=()))
+
+
+@pytest.fixture(scope="module")
+def data_range(tmp_path_factory) -> Path:
+    from conftest import CSRC
+    from kpair.record import Recorder
+    from kpair.toolchain import compile_shared
+
+    root = tmp_path_factory.mktemp("data_ops")
+    lib = compile_shared(CSRC / "range_ops.c", root / "ops.so", flags=("-O2", "-g"))
+    n = 64
+    rng = np.random.default_rng(3)
+    c = rng.standard_normal((n, n), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32) * 2
+    d = np.abs(rng.standard_normal((n, n), dtype=np.float32)) + 1   # relu leaves it alone
+    with Recorder(root / "rec", names={"c": c, "bias": bias, "d": d}) as r:
+        r.call(lib, "kp_bias", [c, bias, np.int32(n)])
+        r.call(lib, "kp_relu", [d, np.int32(n)])
+    return root
+
+
+def test_a_range_with_a_memset_and_a_copy_replays_byte_exact_on_the_host(data_range):
+    from kpair.backends import open_device
+    from kpair.replay import reproduce
+
+    _with_data_ops(data_range / "rec", data_range / "right")
+    snap = Snapshot.open(data_range / "right")
+    assert [o.label for o in snap.manifest.ops] == ["memset", "kp_bias", "copy", "kp_relu"]
+    with open_device("host") as dev:
+        got = reproduce(dev, snap, runs=2)
+    assert got.status == "byte-exact" and got.ops == 4, got
+
+
+def test_memset_and_copy_in_the_wrong_order_do_not_reproduce(data_range):
+    from kpair.backends import open_device
+    from kpair.replay import reproduce
+
+    _with_data_ops(data_range / "rec", data_range / "swapped", order="swapped")
+    with open_device("host") as dev:
+        got = reproduce(dev, Snapshot.open(data_range / "swapped"), runs=1)
+    assert got.status == "mismatch" and got.differing_regions == ["d"], got
