@@ -104,9 +104,10 @@ def operators_from_capture(capture: Path) -> list[Operator]:
 
 
 def operator_from_harness(path: str | os.PathLike, *, level: int | None = None,
-                          name: str | None = None) -> Operator:
+                          name: str | None = None, verify: bool = True) -> Operator:
+    """The operator of an existing harness (checked whole unless ``verify`` is False)."""
     path = Path(path)
-    h = Harness.open(path, verify=False)
+    h = Harness.open(path, verify=verify)
     return Operator(level or level_of(h.ref.kernel), name or operator_name(path.name),
                     harness=path)
 
@@ -151,17 +152,21 @@ def find_operators(root: Path) -> dict[str, Operator]:
         name = operator_name(rel if rel != "." else d.name)
         if "harness.json" in filenames:
             dirnames[:] = []  # its capture/ is part of it
-            found[name] = _unread(operator_from_harness, d, name, harness=d)
+            found[name] = _found(d, name, "harness")
         elif "snapshot.json" in filenames:
-            found[name] = _unread(operator_from_snapshot, d, name, snapshot=d)
+            found[name] = _found(d, name, "snapshot")
     return found
 
 
-def _unread(read, path: Path, name: str, **where) -> Operator:
+def _found(path: Path, name: str, kind: str) -> Operator:
+    """The operator of a harness or snapshot found in a walk; one that cannot be read is
+    level 1 here (opening it says why)."""
     try:
-        return read(path, name=name)
+        if kind == "harness":
+            return operator_from_harness(path, name=name, verify=False)
+        return operator_from_snapshot(path, name=name)
     except (KpairError, OSError):
-        return Operator(1, name, **where)
+        return Operator(1, name, **{kind: path})
 
 
 # --------------------------------------------------------------------------- harnesses
