@@ -26,6 +26,7 @@ from kpair.regen import regenerate
 from kpair.replay import Replay, reproduce
 from kpair.snapshot import BlobRef, Manifest, Snapshot, sha256
 from kpair.snapshot.store import Compressors, store_blob
+from kpair.sol import snapshot_traffic
 from kpair.toolchain import compile_shared
 
 ROWS, COLS = 512, 1024          # 2 MiB per float32 input
@@ -304,6 +305,9 @@ def test_pre_bytes_of_a_chain_need_a_device(lab):
     with pytest.raises(SnapshotFormatError, match="made on a device"):
         snap.pre(0)
     assert snap.known_pre(0) is None and snap.known_pre(3) is not None
+    # The bytes a kernel must move need none: the chains' regions are read whole.
+    t = snapshot_traffic(snap)
+    assert t.read_bytes == 3 * N * 4 and [x.role for x in t.regions][:3] == ["read"] * 3
     with open_device("host") as dev:
         m = snap.manifest
         dev.map([(r.address, r.end) for r in m.regions])

@@ -80,9 +80,24 @@ def traffic(regions: Iterable[tuple[str, bytes, bytes]]) -> Traffic:
 
 
 def snapshot_traffic(snapshot) -> Traffic:
-    """``traffic`` of a ``kpair.snapshot.Snapshot`` (its blobs are read and verified)."""
+    """``traffic`` of a ``kpair.snapshot.Snapshot`` (its blobs are read and verified). A
+    region stored as a chain and not regenerated yet has no bytes here: by its digests it is
+    read whole (unchanged) or counted as written whole."""
     m = snapshot.manifest
-    return traffic((r.name, snapshot.pre(i), snapshot.post(i)) for i, r in enumerate(m.regions))
+    bare = {r.name for r in m.regions if r.regen is not None
+            and r.name not in snapshot.regenerated}
+    t = traffic((r.name, snapshot.pre(i), snapshot.post(i)) for i, r in enumerate(m.regions)
+                if r.name not in bare)
+    if not bare:
+        return t
+    got = {row.name: row for row in t.regions}
+    for r in m.regions:
+        if r.name in bare:
+            got[r.name] = RegionTraffic(r.name, r.size, "read" if r.pre.sha256 ==
+                                        r.post.sha256 else "written", r.size)
+    rows = [got[r.name] for r in m.regions]
+    return Traffic(sum(x.bytes for x in rows if x.role == "read"),
+                   sum(x.bytes for x in rows if x.role == "written"), rows)
 
 
 class Peaks(Record, omit_defaults=True):
