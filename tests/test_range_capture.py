@@ -595,3 +595,38 @@ def test_memset_and_copy_in_the_wrong_order_do_not_reproduce(data_range):
     with open_device("host") as dev:
         got = reproduce(dev, Snapshot.open(data_range / "swapped"), runs=1)
     assert got.status == "mismatch" and got.differing_regions == ["d"], got
+
+
+# ---------------------------------------------------------------- ids and structs vs headers
+
+
+def _header(name: str) -> str:
+    import glob
+
+    for path in sorted(glob.glob(f"/usr/local/cuda*/include/{name}"), reverse=True) + \
+            sorted(glob.glob(f"/usr/local/cuda*/extras/CUPTI/include/{name}"), reverse=True):
+        return Path(path).read_text(errors="replace")
+    pytest.skip(f"{name} (CUDA toolkit headers) not installed here")
+
+
+def test_callback_ids_and_param_structs_match_the_cuda_headers():
+    import re
+
+    ids = dict(re.findall(r"CUPTI_DRIVER_TRACE_CBID_(\w+)\s*=\s*(\d+)",
+                          _header("cupti_driver_cbid.h")))
+    table = {**{c: v[0] for c, v in cupti.DATA_CBIDS.items()},
+             **{c: v.split(" ")[0] for c, v in cupti.UNSUPPORTED_CBIDS.items()},
+             **cupti.LAUNCH_CBIDS}
+    for cbid, api in table.items():
+        assert int(ids[api]) == cbid, api
+    meta = _header("generated_cuda_meta.h")
+    for api, kind, element, has_stream in cupti.DATA_CBIDS.values():
+        body = re.search(rf"typedef struct {api}_params_st \{{(.*?)\}}", meta, re.S).group(1)
+        types = [line.strip().rsplit(" ", 1)[0] for line in body.strip().splitlines()]
+        assert types[0] == "CUdeviceptr", api          # 64-bit, at offset 0
+        assert types[1] == {1: "unsigned char", 2: "unsigned short", 4: "unsigned int"}[
+            element] if kind == "memset" else types[1] in ("CUdeviceptr", "const void"), api
+        assert types[2] == "size_t" and (types[3:] == ["CUstream"]) == has_stream, api
+    nvtx = dict(re.findall(r"CUPTI_CBID_NVTX_(\w+)\s*=\s*(\d+)", _header("cupti_nvtx_cbid.h")))
+    for cbid, api in cupti.NVTX_CBIDS.items():
+        assert int(nvtx[api]) == cbid, api

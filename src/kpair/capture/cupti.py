@@ -46,13 +46,13 @@ NVTX_CBIDS = {NVTX_PUSH_A: "nvtxRangePushA", NVTX_PUSH_EX: "nvtxRangePushEx",
               NVTX_POP: "nvtxRangePop"}
 
 #: Driver API memsets and copies a range capture watches: cbid → (API, kind, element size,
-#: whether the params end with a stream). Every 1D memset and copy variant (plain, _v2,
-#: per-thread _ptds/_ptsz) has the same parameter struct: (dst, value | src, size[, stream]).
+#: whether the params end with a stream). Every 64-bit 1D memset and copy variant (_v2, the
+#: async memsets, per-thread _ptds/_ptsz) has the same parameter struct: (dst, value | src,
+#: size[, stream]). The legacy entry points of 32-bit device pointers (cuMemsetD8,
+#: cuMemcpyDtoD, ... without _v2; cuda.h redirects every call away from them) are refused.
 #: Kinds: memset, copy (device to device), copy? (unified: the session asks which side is
 #: device memory), htod and dtoh (only said; a host-to-device copy refuses the range).
 DATA_CBIDS: dict[int, tuple[str, str, int, bool]] = {
-    71: ("cuMemsetD8", "memset", 1, False), 73: ("cuMemsetD16", "memset", 2, False),
-    75: ("cuMemsetD32", "memset", 4, False),
     249: ("cuMemsetD8_v2", "memset", 1, False), 250: ("cuMemsetD16_v2", "memset", 2, False),
     251: ("cuMemsetD32_v2", "memset", 4, False),
     411: ("cuMemsetD8_v2_ptds", "memset", 1, False),
@@ -63,19 +63,23 @@ DATA_CBIDS: dict[int, tuple[str, str, int, bool]] = {
     428: ("cuMemsetD8Async_ptsz", "memset", 1, True),
     429: ("cuMemsetD16Async_ptsz", "memset", 2, True),
     430: ("cuMemsetD32Async_ptsz", "memset", 4, True),
-    47: ("cuMemcpyDtoD", "copy", 1, False), 280: ("cuMemcpyDtoD_v2", "copy", 1, False),
+    280: ("cuMemcpyDtoD_v2", "copy", 1, False),
     399: ("cuMemcpyDtoD_v2_ptds", "copy", 1, False),
-    64: ("cuMemcpyDtoDAsync", "copy", 1, True), 281: ("cuMemcpyDtoDAsync_v2", "copy", 1, True),
+    281: ("cuMemcpyDtoDAsync_v2", "copy", 1, True),
     423: ("cuMemcpyDtoDAsync_v2_ptsz", "copy", 1, True),
     305: ("cuMemcpy", "copy?", 1, False), 408: ("cuMemcpy_ptds", "copy?", 1, False),
     306: ("cuMemcpyAsync", "copy?", 1, True), 418: ("cuMemcpyAsync_ptsz", "copy?", 1, True),
-    43: ("cuMemcpyHtoD", "htod", 1, False), 276: ("cuMemcpyHtoD_v2", "htod", 1, False),
+    276: ("cuMemcpyHtoD_v2", "htod", 1, False),
     397: ("cuMemcpyHtoD_v2_ptds", "htod", 1, False),
-    60: ("cuMemcpyHtoDAsync", "htod", 1, True), 277: ("cuMemcpyHtoDAsync_v2", "htod", 1, True),
+    277: ("cuMemcpyHtoDAsync_v2", "htod", 1, True),
     421: ("cuMemcpyHtoDAsync_v2_ptsz", "htod", 1, True),
 }
 #: Operations a range snapshot cannot hold: seeing one refuses the range, naming it.
 UNSUPPORTED_CBIDS = {
+    71: "cuMemsetD8 (32-bit legacy)", 73: "cuMemsetD16 (32-bit legacy)",
+    75: "cuMemsetD32 (32-bit legacy)", 43: "cuMemcpyHtoD (32-bit legacy)",
+    47: "cuMemcpyDtoD (32-bit legacy)", 60: "cuMemcpyHtoDAsync (32-bit legacy)",
+    64: "cuMemcpyDtoDAsync (32-bit legacy)",
     56: "cuMemcpy2D", 57: "cuMemcpy2DUnaligned", 58: "cuMemcpy3D", 68: "cuMemcpy2DAsync",
     69: "cuMemcpy3DAsync", 287: "cuMemcpy2D_v2", 288: "cuMemcpy2DUnaligned_v2",
     289: "cuMemcpy2DAsync_v2", 290: "cuMemcpy3D_v2", 291: "cuMemcpy3DAsync_v2",
