@@ -66,9 +66,6 @@ def install(*, cupti_path: str | None = None):
                           "loaded before now are unknown, so their kernels cannot be captured",
                           stacklevel=2)
         tracer = Tracer(cupti_path)
-        # NVTX (torch.cuda.nvtx) reports its ranges to the library this names, read at the
-        # first NVTX call: this CUPTI, so that ``--range`` sees them (CUPTI's NVTX domain).
-        os.environ.setdefault("NVTX_INJECTION64_PATH", tracer.cupti.path)
         tracer.start()
         _tracer = tracer
     return _tracer
@@ -101,11 +98,15 @@ def start_range_session(out: str | os.PathLike, ranges: list[str], *, nth: int =
                         max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
                         command: list[str] | None = None):
     """Open a ``RangeSession`` capturing the ranges named ``ranges`` (their ``nth``
-    occurrence, marked by NVTX or ``kpair.mark``) into ``out/<name>/``; ``install`` first."""
+    occurrence, marked by NVTX or ``kpair.mark``) into ``out/<name>/``. Call it before the
+    process's first NVTX call (NVTX finds its tool then) and before CUDA initialises."""
     from .ranges import RangeSession
     from .tracer import software_environment, torch_blocks  # lazy, as install's Tracer
 
     tracer = install()
+    # NVTX (torch.cuda.nvtx) reports its ranges to the library this names, read at the
+    # process's first NVTX call: this CUPTI, whose NVTX callbacks the tracer enabled.
+    os.environ.setdefault("NVTX_INJECTION64_PATH", tracer.cupti.path)
     session = RangeSession(out, ranges, nth=nth, driver=tracer.driver,
                            registry=tracer.registry, blocks=torch_blocks,
                            max_region_bytes=max_region_bytes, command=command,
