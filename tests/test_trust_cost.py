@@ -137,8 +137,11 @@ def test_an_updated_region_takes_one_discovery_fill(harnesses, in_place, monkeyp
     r, run, calls, _ = _run(harnesses["axpbyz"], in_place, monkeypatch)
     assert r["status"] == "pass", r.get("correctness")
     assert set(run.audit.armor.plan) == {"z"}
-    # x and y one fill each, z two, then ref's control under each of the two poisons
+    # x and y one fill each, z two, then ref's control under each of the two poisons; the
+    # first candidate is judged under those proven poisons: opt's three runs, no control again
     assert calls["trust:poison"]["launch"] == 1 + 1 + 2 + 2
+    assert calls["opt"]["launch"] == 3
+    assert r["trust"]["poisoned_outputs"]["passed"] is True
 
 
 def test_sparse_inputs_are_held_from_the_pre_state_in_one_batch(harnesses, monkeypatch):

@@ -88,6 +88,9 @@ class Audit:
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
         self._proven: dict[str, list[int]] = {}   # the last poison words ref's control passed
+        # The poisons in use were drawn and proven by ref's control, and no candidate has
+        # launched under them yet (discover's, for the first candidate).
+        self._unseen = False
         self._unpoisoned: dict[str, str] = {}   # this candidate's: run -> why not poisoned
         self.windows: dict[str, list[tuple[float, float]]] = {"ref": [], "opt": []}
         self.timed = {"launches": 0, "checked": 0, "windows": 0, "failed": [],
@@ -149,7 +152,8 @@ class Audit:
         self.kernels["opt"] = None
         self._cache = None
         self._unpoisoned = {}
-        self.armor.renew()    # new poisons, proven by ref's control before opt's first launch
+        if not self._unseen:   # new poisons, proven by ref's control before opt's first launch
+            self.armor.renew()
 
     # ---------------------------------------------------------------- phases
 
@@ -316,7 +320,7 @@ class Audit:
                     why = f"control {k + 1} of {n}: {failure}"
                     break
             else:
-                self._proven = self.armor.words()
+                self._proven, self._unseen = self.armor.words(), True
                 return None
             self.armor.renew(quiet_nan=draw + 2 == POISON_DRAWS)
         if self._proven:
@@ -325,12 +329,14 @@ class Audit:
         return why
 
     def run_opt(self, opt: Kernel, launch: Launch) -> Verdict:
-        """ref's control under this candidate's poisons (``_prove_poison``), then opt,
-        OPT_RUNS times, the poisons in turn, fresh canaries each; the first failing verdict (or
-        the first)."""
+        """ref's control under this candidate's poisons (``_prove_poison``; the first
+        candidate's were drawn and proven in ``discover``, and no launch has had them since),
+        then opt, OPT_RUNS times, the poisons in turn, fresh canaries each; the first failing
+        verdict (or the first)."""
         r = self.replay
-        if self.armor.plan:
+        if self.armor.plan and not self._unseen:
             self._prove_poison()
+        self._unseen = False
         self.kernels["opt"] = opt
         for i in range(OPT_RUNS):
             post = self._launch(opt, launch, poison=True)
