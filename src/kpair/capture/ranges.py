@@ -92,7 +92,7 @@ class _Refused(Exception):
     """This range cannot be captured; the reason goes into capture.json."""
 
 
-@dataclass
+@dataclass(eq=False)   # one recording is itself: compared by identity
 class _Recording:
     name: str
     occurrence: int
@@ -386,7 +386,11 @@ class RangeSession(CaptureSession):
                            f"{self.driver.error_name(code)}")
         for lo, hi, _ in new:
             for a, z in rec.uncovered(lo, hi):
-                rec.add_piece(a, bytes(self.driver.read(a, z - a)))
+                try:
+                    rec.add_piece(a, bytes(self.driver.read(a, z - a)))
+                except Exception as e:
+                    raise _Refused(f"the {z - a} bytes at {a:#x} operation {len(rec.ops)} "
+                                   f"names could not be read: {e}") from None
 
     # ---------------------------------------------------------------- the end
 
@@ -409,13 +413,19 @@ class RangeSession(CaptureSession):
                            "(cuCtxSynchronize at the range's end)")
         table = self.blocks()
         spans = merge_extents(rec.extents)
+        posts = []
+        for lo, hi, rname in spans:
+            try:
+                posts.append(bytes(self.driver.read(lo, hi - lo)))
+            except Exception as e:
+                raise _Refused(f"the post-state of region {rname} could not be read: "
+                               f"{e}") from None
         name = snapshot_dirname(rec.name)
         writer = self.pool.writer(self.out / name)
         regions, scratch, roles = [], [], Counter()
         declared_hit = [False] * len(rec.outputs)
-        for lo, hi, rname in spans:
+        for (lo, hi, rname), post in zip(spans, posts, strict=True):
             pre = rec.bytes_of(lo, hi)
-            post = bytes(self.driver.read(lo, hi - lo))
             if pre == post:
                 role = "in"
             elif not allocated(table, lo, hi):

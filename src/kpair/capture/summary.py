@@ -95,7 +95,7 @@ class RangeRecord(Record):
     """One range ``--range`` asked for: ``waiting`` (not opened yet), ``capturing``,
     ``captured`` (its snapshot directory ``snapshot``), ``refused`` (``reason``: an operation
     the snapshot cannot replay, the size cap, ...) or ``not-seen`` (never opened, or not
-    ``occurrence`` times). ``marked_by``: ``nvtx`` or ``mark`` (``kpair.mark``)."""
+    ``occurrence`` times). ``source``: ``nvtx`` or ``mark`` (``kpair.mark``)."""
 
     name: str
     status: Literal["waiting", "capturing", "captured", "refused", "not-seen"]
