@@ -487,15 +487,19 @@ class SnapshotWriter:
         self.bytes_stored += blob.written
         return BlobRef(f"{BLOBS}/{blob.path.name}", len(view), blob.digest, blob.compression)
 
-    def chain(self, ops: Sequence[ChainOp], sha256: str, size: int, *,
+    def chain(self, ops: Sequence[ChainOp | Op], sha256: str, size: int, *,
               reads: Sequence[str] = (), digests: Sequence[str] = ()) -> Regen:
-        """A region's pre-state as the chain ``ops`` (each ``ChainOp``: code object image and
-        format, kernel name, launch, kernarg bytes as launched, parameter layout), whose
-        code objects and kernargs are stored here as blobs; ``sha256`` and ``size`` are the
-        region's, ``reads`` the other regions the chain reads, ``digests`` the region's
-        sha256 after each op. Put it in ``Region(..., regen=...)`` in place of a pre blob."""
+        """A region's pre-state as the chain ``ops`` (each a ``ChainOp``: code object image
+        and format, kernel name, launch, kernarg bytes as launched, parameter layout, whose
+        code object and kernarg are stored here as blobs; or an ``Op`` already built, such as
+        a memset); ``sha256`` and ``size`` are the region's, ``reads`` the other regions the
+        chain reads, ``digests`` the region's sha256 after each op. Put it in
+        ``Region(..., regen=...)`` in place of a pre blob."""
         records = []
         for op in ops:
+            if isinstance(op, Op):
+                records.append(op)
+                continue
             records.append(Op(CodeObject(self.put(op.image), op.format, op.kernel_name),
                               op.launch, Kernarg(self.put(op.kernarg), tuple(op.params))))
         return Regen(tuple(records), sha256, size, tuple(reads), tuple(digests))
