@@ -630,3 +630,28 @@ def test_callback_ids_and_param_structs_match_the_cuda_headers():
     nvtx = dict(re.findall(r"CUPTI_CBID_NVTX_(\w+)\s*=\s*(\d+)", _header("cupti_nvtx_cbid.h")))
     for cbid, api in cupti.NVTX_CBIDS.items():
         assert int(nvtx[api]) == cbid, api
+
+
+def test_tracer_routes_cupti_callbacks_and_marks_to_a_range_session(monkeypatch):
+    rec = Recorder()
+    t = _tracer(rec)
+    message = ctypes.create_string_buffer(b"fwd")
+    params = ctypes.c_void_p(ctypes.addressof(message))
+    nvtx = cupti.NvtxData(b"nvtxRangePushA", ctypes.addressof(params), None)
+    t._on_callback(None, cupti.DOMAIN_NVTX, cupti.NVTX_PUSH_A, ctypes.addressof(nvtx))
+    memset = cupti.DataParams(0x7F00, 0xFF, 16, 0)
+    data = _callback(memset)
+    t._on_callback(None, cupti.DOMAIN_DRIVER_API, 249, ctypes.addressof(data))
+    data.callbackSite = cupti.API_EXIT   # an exit says nothing new
+    t._on_callback(None, cupti.DOMAIN_DRIVER_API, 249, ctypes.addressof(data))
+    monkeypatch.setattr(marks, "_listener", t)
+    with kpair.mark("m", outputs=[Tensor(0x5000, 4)]):
+        pass
+    assert rec.events[0] == ("begin", "fwd", "nvtx")
+    assert (rec.events[1].api, rec.events[1].value, rec.events[1].size) == \
+        ("cuMemsetD8_v2", 0xFF, 16)
+    assert rec.events[2:] == [("begin", "m", "mark"), ("end", "m")] and not t.errors
+    t.session = SimpleNamespace()   # a single-dispatch session: ranges are not its business
+    with kpair.mark("m"):
+        t._on_callback(None, cupti.DOMAIN_NVTX, cupti.NVTX_PUSH_A, ctypes.addressof(nvtx))
+    assert len(rec.events) == 4 and not t.errors
