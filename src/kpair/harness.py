@@ -102,6 +102,25 @@ class Harness:
         return out
 
     @property
+    def range_name(self) -> str | None:
+        """A range's name: its provenance's ``range`` (what the capture or the recorder was
+        told), else its kernels in order; None for a single dispatch."""
+        m = self.snapshot.manifest
+        if not m.is_range:
+            return None
+        name = m.provenance.get("range") if isinstance(m.provenance, dict) else None
+        if isinstance(name, str) and name:
+            return name
+        return " ; ".join(dict.fromkeys(op.label for op in m.operations))
+
+    @property
+    def opt_name(self) -> str:
+        """The opt as people read it: its kernel, or a plan's kernels in order."""
+        if self.plan is None:
+            return self.opt.kernel
+        return " ; ".join(dict.fromkeys(launch.kernel for launch in self.plan.launches))
+
+    @property
     def info(self) -> dict:
         """harness.json as JSON (what older callers read ``measure`` from)."""
         return self.spec.to_json()

@@ -38,7 +38,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from .backends import open_device
 from .candidate import Candidate  # the one candidate type; re-exported
 from .errors import KpairError, UsageError
 from .formats import convert
-from .harness import Harness
+from .harness import Harness, load_plan
 from .measure import (
     Samples,
     StoppingRule,
@@ -274,6 +274,12 @@ def _opt_kernel(run: Run):
 
 def _load_opt(run: Run) -> None:
     c, h = run.candidate, run.harness
+    if c.plan is None and c.format == "plan":   # a plan sent by its path (kpair evaluate)
+        if c.binary is None:
+            raise UsageError(f"{c.label or 'the candidate'}: a launch plan comes as the "
+                             "path of its opt.plan.json")
+        c = run.candidate = replace(c, plan=load_plan(Path(c.binary), h.snapshot.manifest,
+                                                      what=c.label or "plan"))
     try:
         launch = h.snapshot.manifest.launch.override(c.launch_override or {})
     except KpairError as e:

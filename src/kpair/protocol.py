@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -57,7 +58,9 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field
 class Judge(Message, tag="judge"):
     """A candidate for a session worker: a code object (``image``), the kernel in it, its
     format, an optional launch override and a label for people; ``id`` comes back in the
-    ``VerdictMessage``."""
+    ``VerdictMessage``. A launch plan (format ``plan``: ``image`` holds the plan file) also
+    sends the plan's path (``plan``): the worker reads it, with its code objects beside it,
+    and checks it against the harness's range (``kpair.harness.load_plan``)."""
 
     id: int
     image: bytes
@@ -65,16 +68,19 @@ class Judge(Message, tag="judge"):
     format: str
     launch_override: dict[str, Any] | None = None
     label: str = ""
+    plan: str | None = None
 
     @classmethod
     def of(cls, id: int, candidate: Candidate) -> Judge:
         """The request that sends ``candidate`` (built: bytes, kernel, format) as ``id``."""
+        plan = str(candidate.binary) if candidate.format == "plan" and candidate.binary \
+            else None
         return cls(id, candidate.code(), candidate.kernel, candidate.format,
-                   candidate.launch_override, candidate.label)
+                   candidate.launch_override, candidate.label, plan)
 
     def candidate(self) -> Candidate:
         return Candidate(self.image, self.kernel, self.format, self.launch_override,
-                         self.label)
+                         self.label, binary=Path(self.plan) if self.plan else None)
 
 
 # ------------------------------------------------------------------ worker → parent

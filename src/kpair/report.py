@@ -64,6 +64,19 @@ def _label(row: Row) -> str:
     return f"L{row.level} {row.name}"
 
 
+def operator_label(row: Row) -> str:
+    """The operator's name, with what was paired when it is not one dispatch against a
+    same-layout opt: the range (its name and operation count) and the plan's launches."""
+    parts = []
+    if row.range is not None:
+        parts.append(f"range {row.range.name}: {row.range.ops} op"
+                     + ("s" if row.range.ops != 1 else ""))
+    if row.plan_launches is not None:
+        parts.append(f"plan of {row.plan_launches} launch"
+                     + ("es" if row.plan_launches != 1 else ""))
+    return row.name + (f" ({'; '.join(parts)})" if parts else "")
+
+
 def _director(row: Row) -> float | None:
     return row.director.speedup if row.director else None
 
@@ -286,7 +299,7 @@ def render_markdown(index: Index) -> str:
         corr = r.correctness.label + (f" ({_measured(r)})" if _measured(r) else "")
         status, _ = _status(r)
         lines.append("| " + " | ".join(_md_cell(v) for v in (
-            r.level, r.name, f"{r.backend}/{r.arch}", corr, _speed(r),
+            r.level, operator_label(r), f"{r.backend}/{r.arch}", corr, _speed(r),
             _f(h.slot_bias if h else None), _sol(r), _x(_director(r)),
             status if failed_verification(r) is None else f"**{status}**")) + " |")
     devices, table = _per_device(index)
@@ -519,7 +532,7 @@ def _operators_table(index: Index) -> str:
         speed = f"— (published {_x(h.speedup)}, withdrawn)" if h and withdrawn \
             else _x(h.speedup if h else None)
         body.append("<tr>" + "".join((
-            _cell(r.level), _cell(r.name), _cell(f"{r.backend}/{r.arch}"),
+            _cell(r.level), _cell(operator_label(r)), _cell(f"{r.backend}/{r.arch}"),
             _cell(r.correctness.label), _cell(_measured(r) or "—"),
             _cell(speed, "num"), _cell(_ci(r), "num"),
             _cell(_f(h.slot_bias if h else None), "num"), _cell(_sol(r), "num"),

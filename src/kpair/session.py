@@ -174,6 +174,13 @@ class Session:
         (recorded in attempts.jsonl with its provenance when the session has ``out``)."""
         return self._attempt(candidate, True)[0]
 
+    def attempt_candidate(self, candidate: Candidate) -> tuple[Result, Attempt | None]:
+        """``judge``, as ``attempt`` answers: the Result and the attempts.jsonl line it made
+        (None without ``out``). A launch plan is a Candidate of format ``plan`` whose
+        ``binary`` is its opt.plan.json (``kpair.scale.evaluate.plan_candidate``)."""
+        judged, attempt = self._attempt(candidate, True)
+        return judged.result, attempt
+
     def continue_after(self, taken: int) -> None:
         """Number the next attempt ``taken + 1`` (sessions sharing one ``out`` directory keep
         one sequence: each is told the highest number before it judges)."""
@@ -222,8 +229,8 @@ class Session:
             self._start()
         if self.setup_failed is not None:
             return JudgedResult(self.setup_failed)
-        try:
-            fmt = detect_format(candidate.image)
+        try:   # a launch plan (format "plan") is read by the worker, from its path
+            fmt = "plan" if candidate.format == "plan" else detect_format(candidate.image)
         except Exception as e:  # noqa: BLE001 - a bad candidate file is that candidate's error
             return JudgedResult(error_result(self.root, e, stage="load"))
         outcome = self._worker.judge(Judge.of(n, replace(candidate, format=fmt)))

@@ -2,7 +2,8 @@
 
 With ``--jsonl`` the candidates come from stdin instead, one JSON object per line
 (``{"binary": PATH, "kernel": ..., "launch_override": {...}, "label": ..., "source": ...,
-"build": ..., "strategy": ..., "params": {...}}``; only ``binary`` is required), and each
+"build": ..., "strategy": ..., "params": {...}}``; only ``binary`` is required; or ``{"plan":
+PATH, "label": ...}``, a launch plan with its code objects beside it), and each
 verdict goes to stdout as one JSON line (``{"n", "label", "status", "summary", "speedup",
 "ci95", "combined_ci95", "difference", "failed_check", "reason", "result"}``) — for external
 agents. Nothing a candidate prints reaches stdout: it goes to ``OUT/worker.log``. A request
@@ -10,6 +11,9 @@ line that is not a JSON object with a ``binary`` gets ``{"error": ...}`` and the
 on; no request field is ever executed or interpreted beyond these. With ``--json`` (and no
 ``--jsonl``) stdout is one JSON document once every candidate is judged (``{"out",
 "attempts": [<the lines above>], "exit_code"}``); the per-candidate lines go to stderr.
+
+A candidate file named ``*.json`` is a launch plan (``opt.plan.json``), judged as
+``kpair pair --plan`` pairs one: the harness's range against the plan's launches.
 
 A re-used ``-o`` directory keeps its results: numbering goes on after its highest attempt.
 Exit status: the highest of the candidates' own — 0 every candidate passed, 1 some failed
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from .._util import check_output_dir
 from ..errors import InputError, KpairError, UsageError
-from ..scale.evaluate import evaluate_on
+from ..scale.evaluate import evaluate_on, judge_request
 from ..session import result_line
 from .base import Command, check_device, parse_launch
 from .run import (
@@ -38,7 +42,12 @@ from .run import (
 )
 
 _FIELDS = {"binary", "kernel", "launch_override", "label", "source", "build", "strategy",
-           "params"}
+           "params", "plan"}
+
+
+def _request(path: Path) -> dict:
+    """A candidate file as a request: a launch plan (``*.json``) or a code object."""
+    return {"plan": str(path)} if path.suffix == ".json" else {"binary": str(path)}
 
 
 def _line(attempt, result, out: Path) -> dict:
@@ -56,7 +65,9 @@ class Evaluate(Command):
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("harness", type=Path, help="pair harness directory (its ref judges)")
-        p.add_argument("candidates", nargs="*", type=Path, help="candidate code objects")
+        p.add_argument("candidates", nargs="*", type=Path,
+                       help="candidate code objects, or launch plans (*.json, their code "
+                       "objects beside them)")
         p.add_argument("-o", "--out", type=Path, default=Path("evaluations"),
                        help="results, attempts.jsonl and worker.log (default ./evaluations)")
         p.add_argument("--kernel", help="kernel name in the candidates (default: the "
@@ -90,24 +101,21 @@ class Evaluate(Command):
         emit = _Emitter(args)
         with Session(args.harness, options_from_args(args), out=args.out) as session:
             requests = self._requests(args) if args.jsonl else (
-                {"binary": str(c)} for c in args.candidates)
+                _request(c) for c in args.candidates)
             for req in requests:
                 if "error" in req:
                     emit(req, f"ERROR: {req['error']}")
                     worst = max(worst, 2)
                     continue
+                what = req.get("plan") or req["binary"]
                 try:
-                    result, attempt = session.attempt(
-                        req["binary"], kernel=req.get("kernel") or args.kernel,
-                        launch_override=req.get("launch_override"), label=req.get("label"),
-                        source=req.get("source"), build=req.get("build"),
-                        strategy=req.get("strategy"), params=req.get("params"))
+                    result, attempt = judge_request(session, req, kernel=args.kernel)
                 except KpairError as e:
-                    emit({"error": str(e), "binary": req["binary"]}, f"ERROR: {e}")
+                    emit({"error": str(e), _kind(req): what}, f"ERROR: {e}")
                     worst = max(worst, e.exit_code)
                     continue
                 emit(_line(attempt, result, args.out),
-                     f"[{attempt.n}] {req['binary']}: {result.summary()}")
+                     f"[{attempt.n}] {what}: {result.summary()}")
                 worst = max(worst, result.exit_code)
         return emit.end(worst)
 
@@ -118,7 +126,7 @@ class Evaluate(Command):
 
         def valid():  # read by the pool as devices become free (stdin is a stream)
             requests = self._requests(args) if args.jsonl else (
-                {"binary": str(c)} for c in args.candidates)
+                _request(c) for c in args.candidates)
             for req in requests:
                 if "error" in req:
                     print(json.dumps(req) if args.jsonl else f"ERROR: {req['error']}",
@@ -131,9 +139,9 @@ class Evaluate(Command):
         emit = _Emitter(args)
         for e in evaluate_on(args.harness, valid(), options_from_args(args), devices,
                              args.out):
-            binary = e.request.get("binary")
+            binary = e.request.get("plan") or e.request.get("binary")
             if e.error is not None:
-                emit({"error": str(e.error), "binary": binary, "device": e.device},
+                emit({"error": str(e.error), _kind(e.request): binary, "device": e.device},
                      f"ERROR: {e.error}")
                 worst = max(worst, getattr(e.error, "exit_code", 5))
                 continue
@@ -152,8 +160,10 @@ class Evaluate(Command):
             except json.JSONDecodeError as e:
                 yield {"error": f"not JSON: {e}"}
                 continue
-            if not isinstance(req, dict) or not isinstance(req.get("binary"), str):
-                yield {"error": "each line must be a JSON object with a string 'binary'"}
+            if not isinstance(req, dict) or \
+                    sum(isinstance(req.get(k), str) for k in ("binary", "plan")) != 1:
+                yield {"error": "each line must be a JSON object with a string 'binary' "
+                       "(a code object) or 'plan' (a launch plan)"}
                 continue
             unknown = sorted(set(req) - _FIELDS)
             if unknown:
@@ -165,7 +175,7 @@ class Evaluate(Command):
                     parse_launch(json.dumps(req["launch_override"]), _backend(args.harness),
                                  "launch_override")
                 except UsageError as e:
-                    yield {"error": str(e), "binary": req["binary"]}
+                    yield {"error": str(e), _kind(req): req.get("plan") or req["binary"]}
                     continue
             yield req
 
@@ -192,6 +202,10 @@ class _Emitter:
         elif not self.jsonl:
             print(f"attempts: {self.out / 'attempts.jsonl'}")
         return code
+
+
+def _kind(req: dict) -> str:
+    return "plan" if req.get("plan") is not None else "binary"
 
 
 def _backend(harness: Path) -> str:

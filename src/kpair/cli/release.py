@@ -15,7 +15,7 @@ from ..formats import encode
 from ..release import INDEX, add_operator, verify_release
 from ..release.index import latest
 from ..release.store import check_empty_release_dir, release_backend
-from ..report import HTML_NAME, MD_NAME, write_report
+from ..report import HTML_NAME, MD_NAME, operator_label, write_report
 from .base import LEVEL, SECONDS, Command, check_device
 from .run import (
     add_pool_arguments,
@@ -46,6 +46,12 @@ class ProgressLine:
         # between completions.
         took, self.started = time.monotonic() - self.started, time.monotonic()
         progress.note(f"[{done}/{total}] {key}: {describe_row(row)} ({took:.1f} s)")
+
+
+def _what(key: str, row: Row) -> str:
+    """``level<N>/<op>``, with the range and plan it pairs (``report.operator_label``)."""
+    label = operator_label(row)
+    return key + label[len(row.name):]
 
 
 def describe_row(row: Row) -> str:
@@ -255,9 +261,10 @@ class ReleaseCmd(Command):
         if args.json:
             print(encode(out.row), end="")
         elif out.added:
-            print(f"added {key}: {describe_row(out.row)}")
+            print(f"added {_what(key, out.row)}: {describe_row(out.row)}")
         else:
-            print(f"refused {key} (recorded as excluded): {describe_row(out.row)}")
+            print(f"refused {_what(key, out.row)} (recorded as excluded): "
+                  f"{describe_row(out.row)}")
         if not args.json:
             print(f"index: {args.root / INDEX}")
         return out.exit_code

@@ -43,8 +43,9 @@ SCHEMA_VERSION = 3
 #: region and stored bytes per row).
 READS = (1, 2, 3)
 #: Row fields each older version lacks: a file of that version that holds one is refused.
-_NEWER_ROW_FIELDS = {1: ("ref_identity", "verifications", "region_bytes", "stored_bytes"),
-                     2: ("region_bytes", "stored_bytes")}
+_NEWER_ROW_FIELDS = {1: ("ref_identity", "verifications", "region_bytes", "stored_bytes",
+                         "range", "plan_launches"),
+                     2: ("region_bytes", "stored_bytes", "range", "plan_launches")}
 INDEX = "index.json"
 HARNESS, PROVENANCE, EXCLUDED = "harness", "provenance", "excluded"
 #: ``level<N>/<op>/devices/<d>/``: results of ``verify --each`` on devices other than the first.
@@ -249,16 +250,20 @@ class DeviceRun(Record, kw_only=True):
 Dim3 = tuple[int, int, int]
 
 
-class RefIdentity(Record):
+class RefIdentity(Record, omit_defaults=True):
     """What makes the ref the ref: its code object's sha256, kernel name and launch (grid,
     block, dynamic shared memory). A re-capture whose ref differs in any of them (Inductor
-    autotunes afresh and may pick another config) measures a different operator."""
+    autotunes afresh and may pick another config) measures a different operator. A range's
+    ref is all its operations: ``sha256`` digests every operation's code object, kernel and
+    launch in order, ``kernel`` is the range's name, the launch its first operation's, and
+    ``ops`` their count (absent for one dispatch)."""
 
     sha256: str
     kernel: str
     grid: Dim3
     block: Dim3
     dynamic_shared_bytes: int
+    ops: int | None = None
 
     def differences(self, other: RefIdentity) -> list[str]:
         """What differs from ``other``, one "field: mine -> theirs" each (empty: the same)."""
@@ -275,6 +280,14 @@ class RefIdentity(Record):
 
 def _show(v: object) -> str:
     return "x".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+
+
+class RangeRef(Record):
+    """The range a row's ref is: its name (the capture's, else its kernels in order) and how
+    many operations it has."""
+
+    name: str
+    ops: Annotated[int, msgspec.Meta(ge=1)]
 
 
 class Verification(Record, kw_only=True, omit_defaults=True):
@@ -333,7 +346,10 @@ class Row(Record, omit_defaults=True):
     (``refuse_operator``), absent otherwise. ``ref_identity`` is the ref's identity at
     publication (absent in rows of a v1 index); ``verifications`` the re-runs since, oldest
     first. ``region_bytes`` and ``stored_bytes`` (v3) are the harness snapshot's regions and
-    its blob files on disk (absent where the harness could not be opened, and in older rows)."""
+    its blob files on disk (absent where the harness could not be opened, and in older rows).
+    ``range`` (a range harness: its name and operation count) and ``plan_launches`` (an opt
+    that is a launch plan) say what was paired; ``kernels`` then name the range and the
+    plan's kernels in order."""
 
     level: Level
     name: str
@@ -358,6 +374,8 @@ class Row(Record, omit_defaults=True):
     baselines: list[Baseline] = []
     region_bytes: Count | None = None
     stored_bytes: Count | None = None
+    range: RangeRef | None = None
+    plan_launches: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -609,6 +627,17 @@ def ref_identity(harness: Any) -> RefIdentity:
     kernel name and launch (the captured one with ref's own launch override, if any)."""
     import hashlib
 
+    m = harness.snapshot.manifest
+    if m.is_range:   # every operation, in order
+        first = next(op for op in m.operations if op.kind == "kernel").launch
+        ops = [[op.code.blob.sha256, op.code.kernel_name, list(op.launch.grid),
+                list(op.launch.block), op.launch.dynamic_shared_bytes] if op.kind == "kernel"
+               else [op.kind, op.dst, op.src, op.size, op.value, op.element_size]
+               for op in m.operations]
+        return RefIdentity(sha256=hashlib.sha256(json.dumps(ops).encode()).hexdigest(),
+                           kernel=harness.range_name, grid=tuple(first.grid),
+                           block=tuple(first.block),
+                           dynamic_shared_bytes=int(first.dynamic_shared_bytes), ops=len(ops))
     launch = harness.launch(harness.ref)
     return RefIdentity(sha256=hashlib.sha256(harness.binary(harness.ref)).hexdigest(),
                        kernel=harness.ref.kernel, grid=tuple(launch.grid),
@@ -638,7 +667,7 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
     base = rel_dir(level, name) if published else f"{EXCLUDED}/{rel_dir(level, name)}"
     env: dict[str, Any] = result.environment or {}
     backend, arch, kernels = env.get("backend"), env.get("arch"), Kernels(ref=None, opt=None)
-    identity = region_bytes = stored_bytes = None
+    identity = region_bytes = stored_bytes = ranged = launches = None
     try:
         h = Harness.open(harness_dir, verify=False)
         identity = ref_identity(h)
@@ -646,7 +675,10 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
         correctness = CorrectnessMode(mode="unknown", label="unknown", error=str(e))
     else:
         backend, arch = h.backend, h.snapshot.manifest.arch
-        kernels = Kernels(ref=h.ref.kernel, opt=h.opt.kernel)
+        kernels = Kernels(ref=h.range_name or h.ref.kernel, opt=h.opt_name)
+        if h.snapshot.manifest.is_range:
+            ranged = RangeRef(name=h.range_name, ops=len(h.snapshot.manifest.operations))
+        launches = len(h.plan.launches) if h.plan is not None else None
         region_bytes = h.snapshot.region_bytes()
         stored_bytes = h.snapshot.stored_bytes()
         # info["policy"] is the policy's path inside the harness, checked by Harness.open.
@@ -664,7 +696,8 @@ def operator_row(level: int, name: str, result: Result, *, harness_dir: Path,
                     provenance=f"{base}/{PROVENANCE}" if provenance_dir else None),
         replay=(result.replay or {}).get("mode"), inputs_digest=result.inputs_digest,
         verified=result.started or None, ref_identity=identity, sol=result.sol,
-        region_bytes=region_bytes, stored_bytes=stored_bytes)
+        region_bytes=region_bytes, stored_bytes=stored_bytes, range=ranged,
+        plan_launches=launches)
 
 
 def device_run(device: int, result: Result, path: str) -> DeviceRun:
@@ -891,7 +924,8 @@ def build_index(operators: list[Row], refused: list[Row],
 __all__ = ["BASELINE_FILE", "Baseline", "BaselineEntry", "BaselineRecord", "BaselineSummary",
            "CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE", "DeviceRun", "Director",
            "Exclusion", "FormatError", "HarnessSpeed", "INDEX", "Index", "IndexV1", "Kernels",
-           "OUTCOMES", "Outcome", "Paths", "RefIdentity", "Row", "SLOT_BIAS_BAND", "Summary",
+           "OUTCOMES", "Outcome", "Paths", "RangeRef", "RefIdentity", "Row", "SLOT_BIAS_BAND",
+           "Summary",
            "ToleranceRow", "Verification", "VerifyRun", "baseline_summaries", "build_index",
            "check_key", "classify", "correctness_mode", "device_run",
            "environment_line", "failed_verification",
