@@ -176,6 +176,10 @@ def test_regenerated_snapshot_replays_byte_exact(lab, relocate):
         assert set(snap.regenerated) == {"a", "b", "c"}
         got = replay.run(replay.load_range())
     assert got == replay.expected
+    with open_device("host") as dev:   # placed again from the same Snapshot: made once
+        counting = Counting(dev)
+        again = Replay(counting, snap, relocate=relocate)
+        assert counting.launched == [] and again.pre == replay.pre
     assert np.frombuffer(got["out1"], np.float32).tobytes() == lab["arrays"]["out1"].tobytes()
     with open_device("host") as dev:
         rep = reproduce(dev, Snapshot.open(lab["snap"]), 2)

@@ -43,11 +43,13 @@ def _fail(snapshot: Snapshot, message: str, field: str) -> SnapshotFormatError:
 def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int]) -> dict[str, bytes]:
     """Make every regenerable region of ``snapshot`` at its placed address (``addresses[i]``
     for ``regions[i]``, already mapped on ``device``), check it, and return region name ->
-    its bytes (also kept in ``snapshot.regenerated``). Empty for a snapshot without chains."""
+    its bytes (also kept in ``snapshot.regenerated``; a Snapshot whose chains were all made
+    already returns those bytes without running them again). Empty without chains."""
     m = snapshot.manifest
     order = m.regen_order()
-    if not order:
-        return {}
+    if all(m.regions[i].name in snapshot.regenerated for i in order):
+        # Made and checked on this Snapshot already (a second placement): the same bytes.
+        return {m.regions[i].name: snapshot.regenerated[m.regions[i].name] for i in order}
     if len(addresses) != len(m.regions):
         raise ValueError(f"{len(addresses)} addresses for {len(m.regions)} regions")
     ranges = [(r.address, r.end) for r in m.regions]
