@@ -1,6 +1,7 @@
 """Evaluation sessions: one harness placed once, many candidate opts judged on it.
 
-``with Session(harness, out=DIR) as s: s.evaluate("cand.cubin")`` starts a persistent isolated
+``with Session(harness, out=DIR) as s: s.evaluate("cand.cubin")`` (or ``s.judge(candidate)``
+for a ``kpair.candidate.Candidate``, which comes back judged) starts a persistent isolated
 worker (``kpair.isolation.start``, as ``kpair run`` does, with the same setup/retry rule) that
 opens the harness, places its regions, runs ref and every baseline the trust checks need
 (determinism, poison plan, ref on the mutated inputs, the identical-binary control) once, and
@@ -10,10 +11,12 @@ candidate that crashes or hangs the worker gets an ``error`` Result; the next on
 worker (set up again). Candidates are untrusted as in ``kpair run``: they run only in the
 worker, whose output goes to ``DIR/worker.log``.
 
-Every evaluation is appended to ``DIR/attempts.jsonl`` (``Attempt``: time, candidate sha256,
-source and build command when given, strategy and parameters, status, failed check and
-reason, speedup and intervals) and its result to ``DIR/results/NNNN/result.json``. A re-used
-``DIR`` keeps what it held: numbering goes on after its highest attempt, nothing is replaced.
+Every evaluation is appended to ``DIR/attempts.jsonl`` (``Attempt.of`` the judged candidate:
+time, candidate sha256, source and build command when given, strategy and parameters,
+status, failed check and reason, speedup and intervals) and its result to
+``DIR/results/NNNN/result.json``. A re-used ``DIR`` keeps what it held: numbering goes on
+after its highest attempt, nothing is replaced; sessions sharing one ``DIR`` keep one
+sequence with ``continue_after``.
 """
 
 from __future__ import annotations
@@ -104,10 +107,10 @@ class Session:
         self.out = Path(out) if out is not None else None
         self.record = record  # False: the caller writes the attempts (a pool's one file)
         #: Numbers already taken in a re-used ``out``: new results go after them.
-        self.first = 0
+        self._first = 0
         if self.out is not None:
             make_dirs(self.out)
-            self.first = taken_numbers(self.out)
+            self._first = taken_numbers(self.out)
         self._stack = contextlib.ExitStack()
         self._worker: Worker | None = None
         self._scratch: Path | None = None
@@ -184,7 +187,7 @@ class Session:
     def continue_after(self, taken: int) -> None:
         """Number the next attempt ``taken + 1`` (sessions sharing one ``out`` directory keep
         one sequence: each is told the highest number before it judges)."""
-        self.first = taken - self.evaluated
+        self._first = taken - self.evaluated
 
     def _attempt(self, candidate: Candidate, with_params: bool
                  ) -> tuple[Candidate, Attempt | None]:
@@ -200,7 +203,7 @@ class Session:
         kernel = candidate.kernel or self.harness.opt.kernel
         started = time.monotonic()
         self.evaluated += 1
-        n = self.first + self.evaluated
+        n = self._first + self.evaluated
         with progress.task(where, n):
             outcome = self._judge(n, replace(candidate, image=image, kernel=kernel,
                                              label=where))
