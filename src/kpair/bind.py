@@ -133,10 +133,13 @@ def bind_capture(ref, cand) -> BoundCapture:
     regions1 = {r.name: (i, r) for i, r in enumerate(m1.regions)}
     pre_cache: dict[tuple[int, str], bytes] = {}
 
-    def pre(snap, i: int) -> bytes:
+    def pre(snap, i: int) -> bytes | None:
+        """Region i's pre-state bytes; None where they are not stored as bytes (a
+        regenerable region not made yet): then only whole regions compare, by sha256."""
         key = (id(snap), str(i))
         if key not in pre_cache:
-            pre_cache[key] = snap.pre(i)
+            known = getattr(snap, "known_pre", snap.pre)
+            pre_cache[key] = known(i)
         return pre_cache[key]
 
     bindings: dict[str, Binding] = {}
@@ -151,8 +154,12 @@ def bind_capture(ref, cand) -> BoundCapture:
         if home is not None:
             i, _ = regions1[home.name]
             lo1, n1 = s1[home.name]
-            same = (r2.pre.sha256 == home.pre.sha256 if (lo1, n1) == (lo2, n2) else
-                    pre(cand, j) == pre(ref, i)[lo2 - lo1:lo2 - lo1 + n2])
+            if (lo1, n1) == (lo2, n2):
+                same = r2.pre.sha256 == home.pre.sha256
+            else:
+                mine, theirs = pre(cand, j), pre(ref, i)
+                same = mine is not None and theirs is not None \
+                    and mine == theirs[lo2 - lo1:lo2 - lo1 + n2]
             if same and (not writes or _written(home)):
                 access = "read" if not writes else (
                     "readwrite" if r2.role in ("inout", None) else "write")
