@@ -99,8 +99,11 @@ def _role_of(manifest, address: int) -> str | None:
 
 def _replay(snapshot_dir) -> dict:
     proc = kpair("replay", "--json", "--runs", "3", str(snapshot_dir))
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"kpair replay printed no report (exit {proc.returncode}): "
+                             f"{proc.stderr}") from None
 
 
 def test_a_marked_matmul_bias_relu_range_replays_byte_exact(gpu, tmp_path):
