@@ -369,3 +369,28 @@ def test_a_release_of_a_regenerable_harness_verifies_and_inspect_shows_bytes(lab
     snap = doc["snapshot"]
     assert snap["region_bytes"] == row.region_bytes
     assert snap["stored_bytes"] <= snap["region_bytes"] // 100
+
+
+def test_a_memset_in_a_chain(lab, tmp_path):
+    """b (every float 0.5) made by a memset of the word 0x3F000000 instead of kp_fill; a
+    memset of another value is refused naming the memset."""
+    root = _copy(lab, tmp_path)
+    b = Snapshot.open(root).manifest.region("b")
+
+    def memset(value: int):
+        def change(o):
+            (reg,) = [r for r in o["regions"] if r["name"] == "b"]
+            reg["regen"]["ops"] = [{"kind": "memset", "dst": hex(b.address), "size": b.size,
+                                    "value": value, "element_size": 4}]
+        return change
+    _edit(root, memset(0x3F000000))
+    with open_device("host") as dev:
+        counting = Counting(dev)
+        replay = Replay(counting, Snapshot.open(root), relocate=True)
+        assert "kp_fill" not in counting.launched
+        assert replay.pre["b"] == np.full(N, 0.5, np.float32).tobytes()
+        assert replay.run(replay.load_range()) == replay.expected
+    _edit(root, memset(0x3F800000))
+    with open_device("host") as dev, pytest.raises(SnapshotFormatError,
+                                                    match=r"region 'b'.*operation 0 \(memset\)"):
+        Replay(dev, Snapshot.open(root))

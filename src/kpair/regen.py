@@ -67,7 +67,7 @@ def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int]) -> 
         ops = []
         for j, op in enumerate(r.regen.ops):
             at = f"regions[{i}].regen.ops[{j}]"
-            if getattr(op, "kind", "kernel") != "kernel":   # a memset or a copy
+            if op.kind != "kernel":   # a memset or a copy
                 _check_data(snapshot, r.name, allowed, op, at)
                 ops.append((op, None, at))
                 continue
@@ -91,11 +91,9 @@ def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int]) -> 
         if hashlib.sha256(data).hexdigest() != r.regen.sha256:
             j, why = _diverged(device, kernels, steps[i], address, r, delta)
             op = r.regen.ops[j]
-            what = op.code.kernel_name if getattr(op, "kind", "kernel") == "kernel" \
-                else op.kind
             raise _fail(snapshot, f"region {r.name!r} does not regenerate to its sha256 "
                         f"{r.regen.sha256[:16]}...: its chain diverged at operation {j} "
-                        f"({what}) {why}; refused before any launch of ref "
+                        f"({op.label}) {why}; refused before any launch of ref "
                         "or opt", f"regions[{i}].regen.ops[{j}]")
         made[r.name] = data
         snapshot.regenerated[r.name] = data

@@ -674,7 +674,7 @@ class Snapshot:
                 refs.append((r.post_blob, f"regions[{i}].post"))
             if r.regen is not None:
                 for j, op in enumerate(r.regen.ops):
-                    if getattr(op, "kind", "kernel") != "kernel":   # a memset or a copy
+                    if op.kind != "kernel":   # a memset or a copy
                         continue
                     at = f"regions[{i}].regen.ops[{j}]"
                     refs += [(op.code.blob, f"{at}.code_object.blob"),
