@@ -187,6 +187,7 @@ def test_a_range_holds_every_operation_in_order_with_roles_and_scratch(tmp_path)
     assert (r["ops"], r["kernels"], r["memsets"], r["copies"], r["streams"]) == (4, 2, 1, 1, 2)
     assert r["roles"] == {"in": 2, "out": 1, "inout": 1, "scratch": 1}
     assert r["region_bytes"] == 4 * SIZE and r["scratch_bytes"] == SIZE
+    assert summary["captured"] == 1 and summary["totals"]["region_bytes"] == 4 * SIZE
 
 
 def test_without_declared_outputs_a_written_live_region_is_inout(tmp_path):

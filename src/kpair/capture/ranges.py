@@ -499,8 +499,11 @@ class RangeSession(CaptureSession):
     def summary_record(self):
         summary = super().summary_record()
         ranges = [RangeRecord(**r) for r in self.range_records]
-        return summary.replace(ranges=ranges, captured=sum(r.status == "captured"
-                                                            for r in ranges),
+        done = [r for r in self.range_records if r["status"] == "captured"]
+        totals = summary.totals.replace(**{key: sum(r.get(key, 0) for r in done) for key in (
+            "region_bytes", "state_bytes", "stored_bytes", "deduped_bytes")})
+        return summary.replace(ranges=ranges, totals=totals,
+                               captured=len(done),
                                failed=sum(r.status == "refused" for r in ranges))
 
     def close(self, exit_status: int | None = None) -> dict:
