@@ -7,6 +7,11 @@ Two ways in:
 - inside a program: ``kpair.capture.install()`` before CUDA initialises, then
   ``with kpair.capture.capture("out", kernel=r"softmax", max=2) as session: ...``.
 
+Ranges: ``kpair capture --range NAME -o DIR -- python prog.py`` (or
+``start_range_session(DIR, [NAME])`` ... ``finish_session``) captures everything between an
+NVTX push of NAME and its pop (``torch.cuda.nvtx.range``), or a ``kpair.mark(NAME)`` block,
+as one range snapshot (``kpair.capture.ranges``).
+
 Which dispatches are worth capturing: ``kpair profile -- python prog.py`` (or
 ``profile_program(command)``) times every kernel of a run through CUPTI's activity records;
 ``kpair capture --top K`` (or ``top_kernels(command, k)`` and ``names=``) takes the first
