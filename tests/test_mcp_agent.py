@@ -258,6 +258,49 @@ def test_refs_ptx_by_compiling_the_captured_source_again(tmp_path):
     assert text is None and "no captured Triton source" in how
 
 
+def test_a_triton_submission_builds_as_the_strategy_builds_its_configs(tmp_path):
+    """Where Triton is installed: an agent's Triton source with a config and the triton
+    strategy's build of the same config are one build (``triton.build_config``): the same
+    machine code, kernel and launch."""
+    pytest.importorskip("triton")
+    from kpair.mcp.build import build_candidate
+    from kpair.optimize.strategies import triton as tr
+    from kpair.optimize.strategy import Context
+    from kpair.ptx import cubin_text
+
+    source = (DATA / "triton_add_source.txt").read_text()
+    triton = {"source": source, "function": "triton_poi_fused_add_mul_0",
+              "signature": {"in_ptr0": "*fp32", "in_ptr1": "*fp32", "in_ptr2": "*fp32",
+                            "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
+              "constants": {"XBLOCK": 1024},
+              "attrs": {str((i,)): [["tt.divisibility", 16]] for i in range(5)},
+              "metadata": {"num_warps": 4, "num_stages": 1}}
+    params = [(p.offset, p.size) for p in entry_params((DATA / "triton_add_sm90a.ptx")
+                                                       .read_text())]
+    h = _state({"triton": triton}, params, {}, [4096, 1, 1], [128, 1, 1])
+    submitted = build_candidate(h, "triton", code=source, path=None, kernel=None,
+                                ptxas_options=[], config={"num_warps": 8})
+    assert (submitted.format, submitted.kernel) == ("cubin", "triton_poi_fused_add_mul_0")
+    assert submitted.launch_override["block"] == [256, 1, 1]
+    assert submitted.params["num_warps"] == 8
+
+    info = tr.for_harness(h)
+    config = {"num_warps": 8, "num_stages": 1, "maxnreg": None, "constants": {}}
+    retuned = tr._build(info, tr.load_function(info, tmp_path), config, "t", h,
+                        Context(work=tmp_path), None, {}, origin="test")
+    assert retuned.build_error is None and retuned.binary == tmp_path / "t.cubin"
+    assert cubin_text(retuned.image) == cubin_text(submitted.image)
+    assert (retuned.kernel, retuned.launch_override) == \
+        (submitted.kernel, submitted.launch_override)
+    # The strategy's own candidates: built, kept on file, with their provenance.
+    (tmp_path / "s").mkdir()
+    built = list(tr.TritonRetune(limit=3).candidates(h, Context(work=tmp_path / "s")))
+    assert len(built) == 3 and all(c.built and c.strategy == "triton" for c in built)
+    assert all(c.binary.read_bytes() == c.image and c.format == "cubin" for c in built)
+    assert [c.launch_override["block"][0] for c in built] == \
+        [32 * c.params["num_warps"] for c in built]
+
+
 def test_a_capture_past_its_time_limit_is_killed_with_its_children(tmp_path, monkeypatch):
     """The capture tool's child (and what it started) is stopped at timeout_s; what the
     capture wrote by then is what the tool answers from."""
