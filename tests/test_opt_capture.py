@@ -198,7 +198,7 @@ def _bound_plan(small, tmp_path) -> tuple[Path, dict]:
 
 @pytest.mark.parametrize("case,change,code,message", [
     ("outside", {"offset": 48}, 3, "relocation at byte 48: outside the kernarg (48 bytes)"),
-    ("not-a-param", {"offset": 4}, 3, "no parameter of the kernarg starts there"),
+    ("not-a-param", {"offset": 4}, 3, "no parameter of the kernarg holds a whole pointer word"),
     ("scalar", {"offset": 0}, 4, "the parameter there is i32 of 4 bytes, not a pointer"),
     ("unknown-region", {"name": "c"}, 3, "the range has no region 'c'"),
     ("writes-live-in", {"access": "write"}, 3, "region 'bias' is live-in"),
@@ -294,3 +294,34 @@ def test_raw_kernarg_against_a_cubin_layout(tmp_path):
             *relocs, {"offset": 24, "bind": "region", "name": "a"}]})
     with pytest.raises(PlanError, match="'c', which no launch of the plan binds for writing"):
         _check(tmp_path, "k.cubin", bound=None, **{**raw, "relocations": relocs[:2]})
+
+
+def test_a_relocation_inside_a_struct_passed_by_value():
+    """A library kernel's parameter block (one opaque parameter) holds pointers: an 8-aligned
+    word inside it can be relocated; a misaligned one, or one in no parameter, cannot."""
+    from kpair.plan import Plan, PlanLaunch, Relocation, Target, TargetRegion, check_plan
+    from kpair.snapshot import Param
+
+    target = Target({"a": TargetRegion(64, "in"), "c": TargetRegion(64, "out")})
+
+    def plan(offset: int) -> Plan:
+        return Plan(launches=(PlanLaunch(
+            code="k.cubin", kernel="k", kernarg=bytes(48),
+            params=(Param(0, 32, "bytes"), Param(32, 4, "i32")),
+            relocations=(Relocation(offset=8, bind="region", name="a"),
+                         Relocation(offset=offset, bind="region", name="c",
+                                    access="write"))),))
+
+    check_plan(plan(16), target, [None])
+    check_plan(plan(24), target, [[Param(0, 32), Param(32, 4)]])   # the code's own layout
+    with pytest.raises(AbiMismatch, match="the parameter there is bytes of 32 bytes"):
+        check_plan(plan(20), target, [None])
+    with pytest.raises(PlanError, match="no parameter of the kernarg holds a whole pointer"):
+        check_plan(plan(40), target, [None])
+    two = Plan(launches=(PlanLaunch(   # the code object says the word is an i64
+        code="k.so", kernel="k", kernarg=bytes(16), params=(Param(0, 8), Param(8, 8)),
+        relocations=(Relocation(offset=0, bind="region", name="a"),
+                     Relocation(offset=8, bind="region", name="c", access="write"))),))
+    check_plan(two, target, [[Param(0, 8, "pointer"), Param(8, 8, "pointer")]])
+    with pytest.raises(AbiMismatch, match="the code object's parameter there is not"):
+        check_plan(two, target, [[Param(0, 8, "pointer"), Param(8, 8, "i64")]])

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ._util import make_dirs, write_bytes_atomic, write_text_atomic
 from .errors import KpairError
-from .plan import FILENAME, Plan, PlanLaunch, Relocation, Scratch
+from .plan import FILENAME, Plan, PlanLaunch, Relocation, Scratch, holder, pointer_word
 
 #: Code object file extensions (as a harness names them).
 _EXT = {"elf-so": ".so", "cubin": ".cubin", "fatbin": ".fatbin", "ptx": ".ptx",
@@ -283,7 +283,6 @@ def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch],
 
 def _relocations(i: int, op, blob: bytes, spans: Sequence[tuple[int, int, str]],
                  bindings: dict[str, Binding]) -> list[Relocation]:
-    starts = {p.offset: p for p in op.kernarg.params}
     out = []
     for at in range(0, len(blob) - 7, 8):
         value = struct.unpack_from("<Q", blob, at)[0]
@@ -291,11 +290,11 @@ def _relocations(i: int, op, blob: bytes, spans: Sequence[tuple[int, int, str]],
         if hit is None:
             continue
         lo, _, name = hit
-        param = starts.get(at)
-        if param is None or param.size != 8 or param.kind not in ("pointer", "bytes"):
+        if not pointer_word(holder(op.kernarg.params, at), at):
             raise BindError(f"SNAP2 operation {i} ({op.code.kernel_name}) kernarg byte {at} "
-                            f"holds an address in region {name!r} that is not a whole "
-                            "pointer-sized parameter: it cannot be relocated")
+                            f"holds an address in region {name!r} where no pointer word is "
+                            "(a scalar parameter, or across parameters): it cannot be "
+                            "relocated")
         b = bindings[name]
         out.append(Relocation(offset=at, bind="region" if b.to == "region" else "scratch",
                               name=b.name, offset_in_region=b.offset + value - lo,

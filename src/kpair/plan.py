@@ -289,30 +289,45 @@ def _check_raw(i: int, launch: PlanLaunch, layout: Sequence[Param] | None, targe
         if mine != theirs:
             raise AbiMismatch(f"{at}: the kernarg's layout {mine} (offset, size) is not the "
                               f"code object's {theirs}")
-    by_offset = {q.offset: q for q in launch.params}
-    code_at = {q.offset: q for q in layout} if layout is not None else {}
     written: set[str] = set()
     for r in launch.relocations:
         where = f"{at} relocation at byte {r.offset}"
         what = f"{'region' if r.bind == 'region' else 'scratch buffer'} {r.name!r}"
         if r.offset + 8 > len(launch.kernarg):
             raise PlanError(f"{where}: outside the kernarg ({len(launch.kernarg)} bytes)")
-        param = by_offset.get(r.offset)
+        param = holder(launch.params, r.offset) or next(
+            (q for q in launch.params if q.offset <= r.offset < q.offset + q.size), None)
         if param is None:
-            raise PlanError(f"{where}: no parameter of the kernarg starts there (the "
-                            "address of " + what + " must replace a whole pointer word)")
-        if param.kind not in ("pointer", "bytes") or param.size != 8:
+            raise PlanError(f"{where}: no parameter of the kernarg holds a whole pointer "
+                            f"word there (the address of {what} must replace one)")
+        if not pointer_word(param, r.offset):
             raise AbiMismatch(f"{where}: the parameter there is {param.kind} of {param.size} "
                               f"bytes, not a pointer (the plan writes the address of {what})")
-        mine = code_at.get(r.offset)
-        if layout is not None and (mine is None or mine.size != 8
-                                   or mine.kind not in ("pointer", "bytes")):
+        if layout is not None and not pointer_word(holder(layout, r.offset), r.offset):
             raise AbiMismatch(f"{where}: the code object's parameter there is not "
                               f"pointer-sized (the plan writes the address of {what})")
         arg = (RegionArg(r.name, r.offset_in_region, r.access) if r.bind == "region"
                else ScratchArg(r.name, r.offset_in_region))
         written |= _check_target(arg, where, target, scratch)
     return written
+
+
+def holder(params: Sequence[Param], offset: int) -> Param | None:
+    """The parameter that holds the 8-byte word at ``offset`` whole, if one does."""
+    return next((q for q in params if q.offset <= offset and offset + 8 <= q.offset + q.size),
+                None)
+
+
+def pointer_word(param: Param | None, offset: int) -> bool:
+    """Whether the word at ``offset`` of ``param`` (its holder) can be a pointer: the whole
+    parameter, 8 bytes of kind ``pointer`` or ``bytes``; or an 8-aligned word of a parameter
+    of unknown kind (``bytes``: a struct passed by value, as a library kernel's parameter
+    block is, whose fields include pointers)."""
+    if param is None or not param.offset <= offset <= param.offset + param.size - 8:
+        return False
+    if param.offset == offset and param.size == 8:
+        return param.kind in ("pointer", "bytes")
+    return param.kind == "bytes" and offset % 8 == 0
 
 
 def _check_target(arg: RegionArg | ScratchArg, where: str, target: Target,
