@@ -394,3 +394,12 @@ def test_a_memset_in_a_chain(lab, tmp_path):
     with open_device("host") as dev, pytest.raises(SnapshotFormatError,
                                                     match=r"region 'b'.*operation 0 \(memset\)"):
         Replay(dev, Snapshot.open(root))
+
+
+def test_inspect_names_what_made_each_region(lab, capsys):
+    assert kpair(["inspect", str(lab["snap"])]) == 0
+    out = capsys.readouterr().out
+    assert "(schema v2, complete)" in out
+    assert "unchanged (in), made by kp_fill_seeded" in out
+    assert "unchanged (in), made by kp_axpby" in out
+    assert "written (out)\n" in out and "6.0 MiB (stored" in out
