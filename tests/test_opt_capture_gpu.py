@@ -1,0 +1,149 @@
+"""Captured candidates and PTX/fatbin plans on a real GPU (the CPU half is
+tests/test_opt_capture.py). One PyTorch program marks an eager forward and its
+``torch.compile`` forward over the same tensors (``kpair.mark``, outputs declared); both are
+captured in one run (``kpair capture --range eager --range compiled``), the compiled range is
+bound to the eager one (``kpair pair --opt-capture``) and judged under KernelBench's own
+tolerance; a plan launching kp_add from PTX and from a fatbin (tests/data) runs against a
+recorded CUDA dispatch. Skips cleanly without PyTorch with CUDA, cuda-bindings or CUPTI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_json
+
+pytestmark = pytest.mark.gpu
+
+DATA = Path(__file__).parent / "data"
+
+#: A forward, eager and compiled, on the same tensors; compiled once (and both run once)
+#: before the ranges, so each range holds its forward's operations only. ``{body}``: the
+#: forward (elementwise: three ATen kernels against one Triton kernel; with a matmul: the
+#: compiled range calls cuBLAS too, its parameter block's pointers relocated).
+PROGRAM = """
+import torch, kpair
+torch.manual_seed(0)
+x = torch.randn(256, 512, device="cuda")
+w = torch.randn(512, {cols}, device="cuda")
+b = torch.randn({cols}, device="cuda")
+def f(x, w, b):
+    return {body}
+g = torch.compile(f)
+f(x, w, b); g(x, w, b)
+torch.cuda.synchronize()
+with kpair.mark("eager") as m:
+    y = f(x, w, b)
+    m.outputs(y)
+torch.cuda.synchronize()
+with kpair.mark("compiled") as m:
+    y2 = g(x, w, b)
+    m.outputs(y2)
+torch.cuda.synchronize()
+"""
+
+
+def kpair(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    pytest.importorskip("cuda.bindings.driver")
+    from kpair.backends import open_device
+    from kpair.errors import KpairError
+
+    try:
+        with open_device("cuda") as dev:
+            arch = dev.arch()
+    except KpairError as e:
+        pytest.skip(str(e))
+    if not arch.startswith("sm_90"):
+        pytest.skip(f"tests/data's kernels are built for sm_90, this GPU is {arch}")
+
+
+@pytest.fixture(scope="module")
+def torch_gpu(cuda):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    from kpair.capture.cupti import find_cupti
+    from kpair.errors import BackendUnavailable
+
+    try:
+        find_cupti()
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("body,cols", [("torch.relu(x * w + b)", 512),
+                                       ("torch.relu(x @ w + b)", 384)],
+                         ids=["elementwise", "matmul"])
+def test_the_compiled_forward_bound_to_the_eager_one_passes(torch_gpu, tmp_path, body, cols):
+    from kpair.snapshot import Snapshot
+
+    out = tmp_path / "cap"
+    proc = kpair("capture", "-o", str(out), "--range", "eager", "--range", "compiled", "--",
+                 sys.executable, "-c", PROGRAM.format(body=body, cols=cols))
+    assert proc.returncode == 0, proc.stderr
+    ranges = {r["name"]: r for r in json.loads((out / "capture.json").read_text())["ranges"]}
+    assert {n: r["status"] for n, r in ranges.items()} == {"eager": "captured",
+                                                           "compiled": "captured"}, ranges
+    eager, compiled = (out / ranges[n]["snapshot"] for n in ("eager", "compiled"))
+    y = next(r for r in Snapshot.open(eager).manifest.regions if r.role == "out")
+    policy = tmp_path / "policy.json"   # KernelBench's own: atol = rtol = 1e-2
+    policy.write_text(json.dumps({
+        "schema": "kpair.validation_policy", "schema_version": 1, "default": "byte-exact",
+        "tolerances": [{"region": y.name, "range": [0, y.size], "dtype": "float32",
+                        "criterion": "allclose", "atol": 1e-2, "rtol": 1e-2}]}))
+    h = tmp_path / "H"
+    proc = kpair("pair", str(eager), "--opt-capture", str(compiled), "--policy", str(policy),
+                 "-o", str(h), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["range_ops"] >= 2 and doc["plan_launches"] >= 1
+    note = json.loads((h / "plan" / "opt.plan.json").read_text())["note"]
+    assert f"-> {y.name} (declared output)" in note, note
+    proc = kpair("run", str(h), "--json", "--time-cap", "5")
+    result = json.loads(proc.stdout)
+    assert result["status"] == "pass", result.get("correctness") or result.get("error")
+    assert all(t["passed"] is not False for t in result["trust"].values())
+
+
+@pytest.mark.parametrize("fmt", ["ptx", "fatbin"])
+def test_a_plan_of_ptx_or_a_fatbin_runs_on_cuda(cuda, tmp_path, fmt):
+    from kpair.harness import create_harness, fatbin_members
+    from kpair.pipeline import RunOptions
+    from kpair.record import record_call
+    from kpair.snapshot import Launch
+
+    n = 1 << 20
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(n, dtype=np.float32) for _ in range(2))
+    c = np.zeros(n, np.float32)
+    record_call(DATA / "kp_add_sm90.cubin", "kp_add", [a, b, c, np.int32(n)], tmp_path / "s",
+                names=["a", "b", "c", "n"], backend="cuda",
+                launch=Launch(grid=(n // 256, 1, 1), block=(256, 1, 1)))
+    np.testing.assert_array_equal(c, a + b)
+    fatbin = (DATA / "kp_add_sm90.fatbin").read_bytes()
+    d = tmp_path / "plan"
+    d.mkdir()
+    (d / f"k.{fmt}").write_bytes(
+        fatbin if fmt == "fatbin" else dict((k, m) for k, _, m in fatbin_members(fatbin))["ptx"])
+    (d / "opt.plan.json").write_text(json.dumps({
+        "schema": "kpair.plan", "schema_version": 1, "launches": [{
+            "code": f"k.{fmt}", "kernel": "kp_add", "grid": [n // 128, 1, 1],
+            "block": [128, 1, 1], "args": [
+                {"bind": "region", "name": "a"}, {"bind": "region", "name": "b"},
+                {"bind": "region", "name": "c", "access": "write"},
+                {"bind": "scalar", "kind": "i32", "value": n}]}]}))
+    h = create_harness(tmp_path / "s", tmp_path / "H", plan=d / "opt.plan.json")
+    r = run_json(h.root, RunOptions(time_cap_s=2.0, timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
+    assert r["replay"]["plan_launches"] == 1
