@@ -415,22 +415,36 @@ class Audit:
             # (``Replay.hold_sparse`` builds its device copy from them).
             return data, r.sparse_words(region, data) if sparse and held else None
 
+        # ref runs the sparse inputs first: they are drawn sooner (a copy with a few
+        # elements changed, where a whole-region draw gathers every element), and the
+        # whole-region ones are drawn meanwhile. Their results are kept in run order.
+        first = len(runs) - SPARSE_RUNS
+        order = [*range(first, len(runs)), *range(first)]
+        done: dict[int, tuple] = {}
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            drawing = [{name: pool.submit(draw, name, chain, j >= len(runs) - SPARSE_RUNS)
-                        for name, chain in chains.items()}
-                       for j, (chains, _) in enumerate(plans)]
-            for j, (futures, (_, what)) in enumerate(zip(drawing, plans, strict=True)):
-                drawn = {name: f.result() for name, f in futures.items()}
-                self._mutate_run(ref, ref_launch, j, len(runs),
-                                 {name: data for name, (data, _) in drawn.items()}, what,
-                                 normal, {name: w for name, (_, w) in drawn.items()})
+            drawing = {j: {name: pool.submit(draw, name, chain, j >= first)
+                           for name, chain in plans[j][0].items()} for j in order}
+            for j in order:
+                drawn = {name: f.result() for name, f in drawing[j].items()}
+                done[j] = self._mutate_run(ref, ref_launch, j, len(runs),
+                                           {name: data for name, (data, _) in drawn.items()},
+                                           plans[j][1], normal,
+                                           {name: w for name, (_, w) in drawn.items()})
+        for j in sorted(done):
+            if done[j] is not None:
+                entry, variant = done[j]
+                self._mutated.append(entry)
+                if variant is not None:
+                    self.variants.append(variant)
 
     def _mutate_run(self, ref: Kernel, ref_launch: Launch, j: int, n_runs: int,
                     state: dict[str, bytes], what: list[str], normal: dict[str, bytes],
-                    words: dict[str, np.ndarray | None]) -> None:
+                    words: dict[str, np.ndarray | None]) -> tuple[tuple, tuple | None] | None:
         """ref on mutated input ``j`` (of ``n_runs``; the last SPARSE_RUNS are sparse, and are
         kept as ``variants`` for ref's rejudging); ``words``: each sparse region's changed
-        words (``Replay.sparse_words``; None: too many, or not held on the device)."""
+        words (``Replay.sparse_words``; None: too many, or not held on the device). Returns
+        its ``_mutated`` entry and its variant (None for a whole-region run), or None where
+        ref cannot take the input."""
         r = self.replay
         sparse = j >= n_runs - SPARSE_RUNS
         if sparse:
@@ -441,17 +455,18 @@ class Audit:
         expected = self._launch(ref, ref_launch, poison=False, state=state)
         if self.armor.last:  # the mutated input is not one ref can take: not a verdict
             self.not_tested[label] = "ref writes out of bounds on this mutated input"
-            return
+            return None
         # A region mutated in place is an output too; a read-only one comes out as mutated.
         changed = any(expected[k] != normal[k] for k in expected
                       if k not in state or k in self._in_place)
-        self._mutated.append((label, state, expected, changed, what))
-        if sparse:
-            # Only ref's rejudging runs on it (unpoisoned where poison is planned: no launch
-            # is spent here to learn whether ref's answer survives it).
-            self.variants.append((label, state, expected, not self.armor.plan))
-            for name, data in state.items():
-                r.pin(name, data)
+        if not sparse:
+            return (label, state, expected, changed, what), None
+        for name, data in state.items():
+            r.pin(name, data)
+        # Only ref's rejudging runs on it (unpoisoned where poison is planned: no launch is
+        # spent here to learn whether ref's answer survives it).
+        return (label, state, expected, changed, what), \
+            (label, state, expected, not self.armor.plan)
 
     def ref_reloaded(self, ref: Kernel) -> None:
         """ref was loaded afresh (a measurement replicate): later launches use that load."""
