@@ -192,7 +192,8 @@ def _context(harness, work: Path, opts: OptimizeOptions) -> Context:
                    flag_sets=opts.flag_sets, arch=m.arch)
 
 
-def _proposals(harness, context: Context, opts: OptimizeOptions, log: Log):
+def _candidates(harness, context: Context, opts: OptimizeOptions, log: Log):
+    """Every applicable strategy's candidates, built in ``WORK/builds/<strategy>``."""
     for name in opts.strategies:
         strategy = opts.make(name)
         why_not = strategy.applies(harness, context)
@@ -312,7 +313,7 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
         if search_dir.exists():
             shutil.rmtree(search_dir)  # an interrupted search: run it again
         context = _context(base, work, opts)
-        outcome = search(base.root, _proposals(base, context, opts, log), search_dir,
+        outcome = search(base.root, _candidates(base, context, opts, log), search_dir,
                          prune=opts.prune, rungs=opts.rungs, confirm=opts.confirm,
                          keep=opts.keep, baselines=_baselines(base, context, opts, log),
                          log=log)
