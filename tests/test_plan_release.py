@@ -161,3 +161,14 @@ def test_evaluate_judges_plans(lab, tmp_path):
     assert lines[0]["status"] == "pass", lines[0]
     assert "no such file" in lines[1]["error"] and lines[1]["plan"].endswith("nope.json")
     assert proc.returncode == 3
+
+
+def test_evaluate_on_a_device_pool_judges_a_plan(lab, tmp_path):
+    from kpair.scale.evaluate import evaluate_on
+
+    (done,) = list(evaluate_on(lab["HR"], [{"plan": str(lab["fused"]), "label": "fused"}],
+                               QUICK, [0], tmp_path / "ev"))
+    assert done.error is None and done.result.status == "pass", done.result
+    assert done.attempt.label == "fused" and done.result.opt.kernel == "kp_fused"
+    line = json.loads((tmp_path / "ev" / "attempts.jsonl").read_text())
+    assert line["device"] == 0 and line["status"] == "pass"
