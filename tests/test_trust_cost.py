@@ -167,3 +167,37 @@ def test_sparse_inputs_are_held_from_the_pre_state_in_one_batch(harnesses, monke
     whole = len(run.audit._mutated) - len(sparse)
     assert whole >= 1 and mutate["write"] == 2 * whole
     assert r["trust"]["differential"]["passed"] is True
+
+
+def test_check_many_on_a_gpu_is_one_pass_with_each_check_s_own_answer():
+    """``Device.check_many`` on the CUDA backend (fake driver with memory, the check kernels
+    run as their host reference): the canary checks and the compares after a launch in one
+    kp_diff launch and one read of the counters, each answer the one ``check_fills`` and
+    ``compare`` give alone; an overwritten held copy still reads None."""
+    from test_cuda_cpu import MIB, _memory_device
+
+    drv, dev = _memory_device()
+    try:
+        lo = 0x7F12_4000_0000
+        dev.map([(lo, lo + 2 * MIB)])
+        rng = np.random.default_rng(5)
+        a, b = lo + 4096, lo + MIB
+        dev.write(a, rng.bytes(300_000))
+        dev.write(b, rng.bytes(70_001))
+        ha, hb = dev.keep(a, 300_000), dev.keep(b, 70_001)
+        dev.write(a + 77, b"\0\1\2")                         # a now differs in <= 3 bytes
+        dev.fill_many([(lo, 4096), (a + 300_000, 512)], 0xC0FFEE11)
+        dev.write(lo + 100, b"x")                            # one canary byte overwritten
+        spans, compares = [(lo, 4096), (a + 300_000, 512)], [(a, 300_000, ha), (b, 70_001, hb)]
+        alone = (dev.check_fills(spans, 0xC0FFEE11),
+                 [dev.compare(x, n, h) for x, n, h in compares])
+        before = sum(c[0] == "cuLaunchKernel" for c in drv.calls)
+        both = dev.check_many(spans, 0xC0FFEE11, compares)
+        assert sum(c[0] == "cuLaunchKernel" for c in drv.calls) - before == 1
+        assert both == alone
+        assert both[0][0] == (1, 100) and both[0][1] == (0, None)
+        assert both[1][0][0] and both[1][0][1] >= 77 and both[1][1] == (0, None)
+        dev.write(hb.ptr, b"\xff" * 8)                       # the held copy overwritten
+        assert dev.check_many([], 0, compares)[1][1] is None
+    finally:
+        dev.close()

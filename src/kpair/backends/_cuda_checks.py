@@ -187,21 +187,23 @@ class DeviceChecks:
         self.drv("cuLaunchKernel", function, blocks, rows, 1, _CHECK_BLOCK, 1, 1, 0,
                  self.stream, pa.address, 0, context=" (a check kernel)")
 
-    def _diff(self, items: Sequence[tuple[int, int, int, int, int]], key: int | None = None
+    def _diff(self, items: Sequence[tuple[int, ...]], key: int | None = None
               ) -> list[tuple[int, int | None, int]]:
-        """kp_diff over (a, b or 0, word, size, b's mask or 0) items: (differing bytes, first,
-        digest) each. Per batch of rows: one upload (the rows and their zeroed counters), one
-        launch, one read of the counters, then rows and counters zeroed (keys, digests)."""
+        """kp_diff over (a, b or 0, word, size, b's mask or 0[, the row's digest key]) items:
+        (differing bytes, first, digest) each. Per batch of rows: one upload (the rows and
+        their zeroed counters), one launch, one read of the counters, then rows and counters
+        zeroed (keys, digests)."""
         out: list[tuple[int, int | None, int]] = []
         k = self._key if key is None else key % 2**64
         for at in range(0, len(items), _CHECK_BATCH):
             batch = items[at:at + _CHECK_BATCH]
-            rows = b"".join(struct.pack("<QQQQQQ", a, b, word & 0xFFFFFFFF, size, k, mask)
-                            for a, b, word, size, mask in batch)
+            rows = b"".join(struct.pack("<QQQQQQ", it[0], it[1], it[2] & 0xFFFFFFFF, it[3],
+                                        it[5] % 2**64 if len(it) > 5 else k, it[4])
+                            for it in batch)
             counters = self._counters + len(rows)   # right after the rows
             self.patch(((self._counters, rows + struct.pack("<QQQ", 0, _NONE, 0) *
                          len(batch)),))
-            self._run_check(self._checks[0], self._blocks(max(n for _, _, _, n, _ in batch)),
+            self._run_check(self._checks[0], self._blocks(max(it[3] for it in batch)),
                             len(batch), struct.pack("<QQ", self._counters, counters),
                             _DIFF_PARAMS)
             raw = self.read(counters, 24 * len(batch))
@@ -320,6 +322,22 @@ class DeviceChecks:
         if not self.compares_in_place:
             return super().check_fills(spans, word)
         return [(c, f) for c, f, _ in self._diff([(a, 0, word, n, 0) for a, n in spans])]
+
+    def check_many(self, spans: Sequence[tuple[int, int]], word: int,
+                   compares: Sequence[tuple[int, int, Held]] = ()
+                   ) -> tuple[list[tuple[int, int | None]], list[tuple[int, int | None] | None]]:
+        """The fill checks and the compares in one kp_diff batch (each compare's row under
+        its copy's own digest key): one launch and one read of the counters for all."""
+        if not self.compares_in_place or not all(isinstance(h, CudaHeld) for _, _, h in compares):
+            return super().check_many(spans, word, compares)
+        for _, size, held in compares:
+            if size != held.size:
+                raise UsageError(f"compare of {size} bytes against a held copy of {held.size}")
+        found = self._diff([(a, 0, word, n, 0) for a, n in spans] +
+                           [(a, h.ptr, 0, n, h.mask, h.digest_key) for a, n, h in compares])
+        fills = [(c, f) for c, f, _ in found[:len(spans)]]
+        return fills, [None if d != h.digest else (c, f)
+                       for (c, f, d), (_, _, h) in zip(found[len(spans):], compares, strict=True)]
 
     def digest(self, address: int, size: int, key: int = 0) -> int:
         if not self.compares_in_place:

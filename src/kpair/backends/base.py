@@ -296,6 +296,16 @@ class Memory(ABC):
         every launch."""
         return [byte_diff(self.read(a, n), fill_bytes(word, n)) for a, n in spans]
 
+    def check_many(self, spans: Sequence[tuple[int, int]], word: int,
+                   compares: Sequence[tuple[int, int, Held]] = ()
+                   ) -> tuple[list[tuple[int, int | None]], list[tuple[int, int | None] | None]]:
+        """``check_fills(spans, word)`` and ``compare`` of each (address, size, held), as
+        after one launch: (the fill results, the compare results). A device that checks where
+        the memory is does them in one pass (the trust checks' canaries and compares after a
+        timed launch)."""
+        return (self.check_fills(spans, word) if spans else [],
+                [self.compare(a, n, h) for a, n, h in compares])
+
     def digest(self, address: int, size: int, key: int = 0) -> int:
         """``digest64`` of the ``size`` bytes at ``address``."""
         return digest64(self.read(address, size), key)
