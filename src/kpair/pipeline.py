@@ -45,7 +45,7 @@ from typing import Any
 from . import progress
 from .backends import open_device
 from .candidate import Candidate  # the one candidate type; re-exported
-from .errors import KpairError, UsageError
+from .errors import InputError, KpairError, UsageError
 from .formats import convert
 from .harness import Harness, load_plan
 from .measure import (
@@ -278,6 +278,9 @@ def _load_opt(run: Run) -> None:
         if c.binary is None:
             raise UsageError(f"{c.label or 'the candidate'}: a launch plan comes as the "
                              "path of its opt.plan.json")
+        if c.image and Path(c.binary).is_file() and Path(c.binary).read_bytes() != c.image:
+            raise InputError(f"{c.label or c.binary}: the plan file changed after it was "
+                             "submitted")
         c = run.candidate = replace(c, plan=load_plan(Path(c.binary), h.snapshot.manifest,
                                                       what=c.label or "plan"))
     try:
