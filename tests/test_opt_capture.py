@@ -216,6 +216,16 @@ def test_bad_relocations_are_refused(small, tmp_path, case, change, code, messag
     assert not (tmp_path / "H").exists()
 
 
+def test_pair_says_how_each_region_was_bound(small, tmp_path):
+    cand = _record_fused(small["lib"], small["x"], tmp_path / "c", 16)
+    proc = _kpair("pair", str(small["ref"].root), "--opt-capture", str(cand.root), "-o",
+                  str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr
+    assert "a -> a (same memory, same bytes)" in proc.stdout
+    assert "out2 -> out (declared output)" in proc.stdout
+    assert "row -> scratch row (scratch of SNAP2)" in proc.stdout
+
+
 def test_bound_plan_reads_back_and_checks(small, tmp_path):
     path, _ = _bound_plan(small, tmp_path)
     plan, code, layouts = load_plan(path, small["ref"].manifest)

@@ -68,6 +68,8 @@ class Pair(Command):
                     else h.opt.kernel)
         print(f"harness written to {h.root} ({h.policy.mode}; ref {ref_what}, "
               f"opt {opt_what})")
+        if args.opt_capture is not None:   # the note lists every binding
+            print(h.plan.note)
         if mutations:
             print(f"differential runs ({source}): " + "; ".join(m.describe() for m in mutations))
         else:
