@@ -24,6 +24,7 @@ import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -309,22 +310,22 @@ def _ptx_pairs(image: bytes, kernel: str) -> list[tuple[int, int]] | None:
 _FATBIN_LZ4, _FATBIN_ZSTD = 0x2000, 0x8000
 
 
-def fatbin_members(image: bytes) -> list[tuple[str, int, bytes]]:
-    """The members of a CUDA fatbin kpair can read: (``"elf"`` or ``"ptx"``, the SM number
-    they are for, their bytes). The container: a 16-byte header (magic 0xBA55ED50, version,
-    header size, payload size), then members, each a header (kind 1 PTX / 2 ELF, header
-    size, payload size, compressed size, SM number, flags, uncompressed size) and its
-    payload, stored as is or zstd-compressed. LZ4-compressed members (older toolkits) and
-    anything unreadable are left out: their layout is left to the driver at load."""
+def fatbin_members(image: bytes) -> Iterator[tuple[str, int, bytes]]:
+    """The members of a CUDA fatbin kpair can read, in order, each decompressed only when
+    reached: (``"elf"`` or ``"ptx"``, the SM number they are for, their bytes). The
+    container: a 16-byte header (magic 0xBA55ED50, version, header size, payload size), then
+    members, each a header (kind 1 PTX / 2 ELF, header size, payload size, compressed size,
+    SM number, flags, uncompressed size) and its payload, stored as is or zstd-compressed.
+    LZ4-compressed members (older toolkits) and anything unreadable are left out: their
+    layout is left to the driver at load."""
     import struct
 
     import zstandard
 
-    out: list[tuple[str, int, bytes]] = []
     try:
         magic, _, header, size = struct.unpack_from("<IHHQ", image, 0)
         if magic != 0xBA55ED50:
-            return out
+            return
         at, end = header, min(len(image), header + size)
         while at + 64 <= end:
             kind, _, hsize, psize, packed = struct.unpack_from("<HHIQI", image, at)
@@ -340,11 +341,10 @@ def fatbin_members(image: bytes) -> list[tuple[str, int, bytes]]:
             elif flags & _FATBIN_LZ4:
                 payload = b""
             if payload and kind in (1, 2):
-                out.append(("ptx" if kind == 1 else "elf", sm, payload))
+                yield "ptx" if kind == 1 else "elf", sm, payload
             at += hsize + psize
     except (struct.error, zstandard.ZstdError):
-        pass
-    return out
+        return
 
 
 def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
