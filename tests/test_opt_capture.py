@@ -335,3 +335,26 @@ def test_a_relocation_inside_a_struct_passed_by_value():
     check_plan(two, target, [[Param(0, 8, "pointer"), Param(8, 8, "pointer")]])
     with pytest.raises(AbiMismatch, match="the code object's parameter there is not"):
         check_plan(two, target, [[Param(0, 8, "pointer"), Param(8, 8, "i64")]])
+
+
+def test_an_in_place_update_binds_to_the_same_memory(lab, tmp_path):
+    """Both ranges update one array in place (ReLU), from the same bytes: bound by identity,
+    read and written there; the pair passes."""
+    from kpair.record import record_range
+
+    x = np.random.default_rng(3).standard_normal(4096, dtype=np.float32)
+    keep = x.copy()
+    ref = record_range([(lab["lib"], "kp_relu", [x, np.int32(64)])], tmp_path / "r",
+                       names={"x": x})
+    x[...] = keep   # the candidate starts from the same bytes, in the same memory
+    cand = record_range([(lab["lib"], "kp_relu", [x, np.int32(64)])], tmp_path / "c",
+                        names={"x": x})
+    bound = bind_capture(ref, cand)
+    assert [(b.region, b.to, b.name, b.access, b.why) for b in bound.bindings] == [
+        ("x", "region", "x", "readwrite", "same memory, same bytes")]
+    proc = _kpair("pair", str(ref.root), "--opt-capture", str(cand.root), "-o",
+                  str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr
+    r = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, max_blocks=32, control=False,
+                                            timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
