@@ -358,3 +358,21 @@ def test_an_in_place_update_binds_to_the_same_memory(lab, tmp_path):
     r = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, max_blocks=32, control=False,
                                             timeout_s=300))
     assert r["status"] == "pass", r.get("correctness") or r.get("error")
+
+
+def test_a_captured_cheat_is_bound_and_then_fails(small, tmp_path):
+    """A candidate that answers its recorded inputs right and then replays that answer
+    (kp_fused_memo) binds like any other; the run's mutated inputs catch it."""
+    x = small["x"]
+    x["out2"][...] = 0
+    with Recorder(tmp_path / "c", names={"a": x["a"], "b": x["b"], "bias": x["bias"],
+                                         "out2": x["out2"], "row": x["row"]},
+                  outputs=[x["out2"]], scratch=[x["row"]]) as r:
+        r.call(small["lib"], "kp_fused_memo", [np.int32(16), x["bias"], x["a"], x["b"],
+                                               x["out2"], x["row"]])
+    proc = _kpair("pair", str(small["ref"].root), "--opt-capture", str(r.snapshot.root),
+                  "-o", str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr
+    res = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, max_blocks=32, timeout_s=300))
+    assert res["status"] == "fail"
+    assert res["correctness"]["failed_check"] == "differential", res["correctness"]
