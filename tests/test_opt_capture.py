@@ -376,3 +376,34 @@ def test_a_captured_cheat_is_bound_and_then_fails(small, tmp_path):
     res = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, max_blocks=32, timeout_s=300))
     assert res["status"] == "fail"
     assert res["correctness"]["failed_check"] == "differential", res["correctness"]
+
+
+def test_a_buffer_both_ranges_write_is_one_buffer(lab, tmp_path):
+    """Both ranges also add a bias into one more array (as a library updates its workspace);
+    ref ran first, so the candidate found it changed. No declared output of either: bound to
+    the same memory, and the pair passes (both start from ref's pre-state)."""
+    n = 16
+    x = _arrays(n, seed=4)
+    ws = np.random.default_rng(5).standard_normal((n, n), dtype=np.float32)
+    with Recorder(tmp_path / "r", names={"a": x["a"], "b": x["b"], "bias": x["bias"],
+                                         "out": x["out"], "ws": ws}, outputs=[x["out"]]) as r:
+        r.call(lab["lib"], "kp_matmul", [x["a"], x["b"], x["out"], np.int32(n)])
+        r.call(lab["lib"], "kp_bias", [x["out"], x["bias"], np.int32(n)])
+        r.call(lab["lib"], "kp_relu", [x["out"], np.int32(n)])
+        r.call(lab["lib"], "kp_bias", [ws, x["bias"], np.int32(n)])
+    ref = r.snapshot
+    with Recorder(tmp_path / "c", names={"a": x["a"], "b": x["b"], "bias": x["bias"],
+                                         "out2": x["out2"], "row": x["row"], "ws": ws},
+                  outputs=[x["out2"]], scratch=[x["row"]]) as r:
+        r.call(lab["lib"], "kp_fused", [np.int32(n), x["bias"], x["a"], x["b"], x["out2"],
+                                        x["row"]])
+        r.call(lab["lib"], "kp_bias", [ws, x["bias"], np.int32(n)])
+    got = {b.region: (b.name, b.access, b.why) for b in bind_capture(ref, r.snapshot).bindings}
+    assert got["ws"] == ("ws", "readwrite", "same memory, written by both")
+    assert got["out2"] == ("out", "write", "declared output")
+    proc = _kpair("pair", str(ref.root), "--opt-capture", str(r.snapshot.root), "-o",
+                  str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr
+    res = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, max_blocks=32, control=False,
+                                              timeout_s=300))
+    assert res["status"] == "pass", res.get("correctness") or res.get("error")

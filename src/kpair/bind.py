@@ -8,7 +8,9 @@ runs on SNAP's regions. Each region of SNAP2 is bound, in this order:
 1. **by identity**: the same memory as a SNAP region (SNAP2's address range lies inside it)
    holding the same pre-state bytes. A live-in region is read there; a written one is
    updated there, which SNAP must write too (a plan that writes SNAP's live-in is
-   refused by ``check_plan``).
+   refused by ``check_plan``). A region both write that is no declared output of either
+   (a library's workspace, a running statistic), the same memory exactly, is bound there
+   whatever SNAP2 found in it: the plan starts from SNAP's pre-state, as ref does.
 2. **outputs**: SNAP2's written regions left are bound to SNAP's live-out regions left
    through the declared outputs (role ``out``: by name, or the one declared output of
    each), or, when neither declares one, the one live-out of each; sizes must be equal.
@@ -160,11 +162,17 @@ def bind_capture(ref, cand) -> BoundCapture:
                 mine, theirs = pre(cand, j), pre(ref, i)
                 same = mine is not None and theirs is not None \
                     and mine == theirs[lo2 - lo1:lo2 - lo1 + n2]
-            if same and (not writes or _written(home)):
+            # A buffer both ranges write (a library's workspace, a running statistic) is one
+            # buffer even where SNAP2 found it as SNAP left it: the plan starts from SNAP's
+            # pre-state as ref does, and the judge compares what both leave there.
+            shared = writes and _written(home) and (lo1, n1) == (lo2, n2) \
+                and r2.role != "out" and home.role != "out"
+            if (same and (not writes or _written(home))) or shared:
                 access = "read" if not writes else (
                     "readwrite" if r2.role in ("inout", None) else "write")
-                bindings[r2.name] = Binding(r2.name, "region", home.name, lo2 - lo1, access,
-                                            "same memory, same bytes")
+                bindings[r2.name] = Binding(
+                    r2.name, "region", home.name, lo2 - lo1, access,
+                    "same memory, same bytes" if same else "same memory, written by both")
                 if writes:
                     bound_ref.add(home.name)
                 continue
