@@ -122,10 +122,15 @@ AXPBYZ = """extern "C" __global__ void axpbyz(const float* x, const float* y, fl
 """
 
 
-#: y = a*x + y on the host: two 32 MiB regions at n = 8 Mi (``axpy_8M``'s shape).
+#: The CUDA cases' shapes on the host: y = a*x + y over two 32 MiB regions at n = 8 Mi
+#: (``axpy_8M``: y updated in place) and z = a*x + y over three 16 MiB ones at n = 4 Mi
+#: (``axpbyz_3x16M``: z write-only).
 AXPY_C = """#include <stdint.h>
 void kp_axpy(const float *x, float *y, float a, int32_t n) {
     for (int32_t i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+}
+void kp_axpbyz(const float *x, const float *y, float *z, float a, int32_t n) {
+    for (int32_t i = 0; i < n; i++) z[i] = a * x[i] + y[i];
 }
 """
 #: Device methods counted by ``CountingDevice``, by what they move on a GPU (cuda.py): host to
@@ -140,6 +145,7 @@ ON_DEVICE = {"keep": lambda a: a[1], "put": lambda a: a[1].size,
              "fill": lambda a: a[1], "fill_many": lambda a: sum(n for _, n in a[0]),
              "intact": lambda a: a[0].size, "digest": lambda a: a[1]}
 OTHER = ("launch", "timed_launch", "restore", "flush_cache", "synchronize", "drop")
+ON_DEVICE["check_many"] = lambda a: sum(n for _, n in a[0]) + sum(2 * n for _, n, _ in a[2])
 
 
 class CountingDevice:
@@ -179,11 +185,12 @@ class CountingDevice:
         return counted
 
 
-def count_calls(tmp: Path, *, in_place: bool = True, blocks: int = 32, seed: int = 1,
-                profile: bool = False) -> dict:
+def count_calls(tmp: Path, case: str = "axpy_8M", *, in_place: bool = True, blocks: int = 32,
+                seed: int = 1, profile: bool = False) -> dict:
     """Device calls and bytes moved per stage of one checked and one unchecked in-process run
-    of an axpy pair (two 32 MiB regions, default policy: derived mutations) on the host
-    backend, counted through ``CountingDevice``."""
+    of ``case`` (``axpy_8M`` or ``axpbyz_3x16M``, an A/A pair of ``AXPY_C``, default policy:
+    derived mutations) on the host backend, counted through ``CountingDevice``; ``profile``:
+    a cProfile of each run in ``tmp``."""
     import kpair.pipeline as pipeline
     from kpair.pipeline import Facts, close, evaluate, own_candidate, prepare
     from kpair.toolchain import compile_shared
@@ -191,13 +198,22 @@ def count_calls(tmp: Path, *, in_place: bool = True, blocks: int = 32, seed: int
     src = tmp / "axpy.c"
     src.write_text(AXPY_C)
     lib = compile_shared(src, tmp / "axpy.so")
-    n = 8 << 20
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
-    snap = record_call(lib, "kp_axpy", [x, y, np.float32(1.5), np.int32(n)], tmp / "snap-axpy",
-                       names=["x", "y", "a", "n"])
-    root = create_harness(snap.root, tmp / "h-axpy-calls", opt=lib).root
-    out = {"case": "axpy_8M (host: kp_axpy, x and y 32 MiB each, default policy)",
+    if case == "axpy_8M":
+        n = 8 << 20
+        x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+        args, names = [x, y, np.float32(1.5), np.int32(n)], ["x", "y", "a", "n"]
+    elif case == "axpbyz_3x16M":
+        n = 4 << 20
+        x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+        args = [x, y, np.zeros(n, np.float32), np.float32(1.5), np.int32(n)]
+        names = ["x", "y", "z", "a", "n"]
+    else:
+        raise SystemExit(f"--calls: unknown case {case!r} (axpy_8M or axpbyz_3x16M)")
+    snap = record_call(lib, "kp_" + case.split("_")[0], args, tmp / f"snap-{case}",
+                       names=names)
+    root = create_harness(snap.root, tmp / f"h-{case}-calls", opt=lib).root
+    out = {"case": f"{case} on the host (kp_{case.split('_')[0]}, default policy)",
            "compares_in_place": in_place, "blocks": blocks}
     real = pipeline.open_device
     for label, checks in (("with_checks", True), ("without_checks", False)):

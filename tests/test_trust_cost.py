@@ -201,3 +201,35 @@ def test_check_many_on_a_gpu_is_one_pass_with_each_check_s_own_answer():
         assert dev.check_many([], 0, compares)[1][1] is None
     finally:
         dev.close()
+
+
+LATE = """#include <stdint.h>
+void kp_axpy(const float *x, float *y, float a, int32_t n) {
+    static unsigned calls;
+    for (int32_t i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+    if (++calls >= 4) y[7] += 1.0f;    /* from its first timing window on */
+}
+"""
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_wrong_timed_launch_on_the_captured_input_still_fails(harnesses, tmp_path, in_place,
+                                                                monkeypatch):
+    """With no mutations (``"mutations": []``) every timed launch runs the captured input and
+    is judged against its expected output; on a GPU's path that compare runs with the
+    launch's canary check (``Device.check_many``). A kernel right on its three check runs and
+    wrong from its first timing window on fails timed_outputs there."""
+    from kpair.policy import Policy
+
+    (tmp_path / "late.c").write_text(LATE)
+    late = compile_shared(tmp_path / "late.c", tmp_path / "late.so")
+    snap = harnesses["axpy"].parent / "axpy"
+    root = create_harness(snap, tmp_path / "h-late", opt=late,
+                          policy=Policy(mutations=())).root
+    r, _, calls, _ = _run(root, in_place, monkeypatch)
+    assert r["status"] == "fail", r.get("speed")
+    assert r["correctness"]["failed_check"] == "timed_outputs", r["correctness"]
+    failed = r["trust"]["timed_outputs"]["finding"]["failed"]
+    assert failed[0]["launch"] == 1 and failed[0]["window"] is True, failed
+    if in_place:
+        assert calls["trust:timing"].get("check_many", 0) >= 1

@@ -300,6 +300,10 @@ class Armor:
         self._held: dict[str, dict[int, Held | None]] = {}   # region -> word -> copy
         self._turn = 0
         self._put: list[tuple[str, Held]] = []     # held copies put before the last launch
+        #: (address, size, held) compares to run with the next launch's canary check, in one
+        #: pass (``Device.check_many``); their results, in order, in ``compared`` after it.
+        self.pending: list[tuple[int, int, Held]] = []
+        self.compared: list[tuple[int, int | None] | None] = []
         self.guarded = _Hooks(self, poison=False)
         self.poisoned = _Hooks(self, poison=True)
         self.poisoned_pre = _Hooks(self, poison=True, pre=True)
@@ -396,14 +400,19 @@ class Armor:
 
     def _after(self) -> None:
         # Checked where the memory is (Device.check_fills); only a band that changed is read.
-        self.last = []
+        # The caller's ``pending`` compares go in the same pass.
+        self.last, pending, self.pending, self.compared = [], self.pending, [], []
         for name, held in self._put:
             if not self.device.intact(held):
                 self.last.append({"region": name, "side": "held copy", "bytes": held.size,
                                   "first_offset": 0, "last_offset": held.size - 1})
-        if not self.bands:
+        spans = [(b.address, b.size) for b in self.bands]
+        if pending:
+            found, self.compared = self.device.check_many(spans, self.canary, pending)
+        elif not self.bands:
             return
-        found = self.device.check_fills([(b.address, b.size) for b in self.bands], self.canary)
+        else:
+            found = self.device.check_fills(spans, self.canary)
         for b, (bad, _) in zip(self.bands, found, strict=True):
             v = band_violation(b, self.device.read(b.address, b.size), self.canary) \
                 if bad else None

@@ -163,6 +163,7 @@ class Audit:
         """One launch on ``state`` (the pre-state where None), poisoned or only guarded;
         ``again``: the poison of the launch before."""
         a = self.armor
+        a.pending = []   # compares armed for a timed launch (``_with_launch``) never carry over
         if not poison:
             hooks = a.guarded
         elif any(name in a.plan for name in state or {}):   # poison what the state put there
@@ -542,27 +543,36 @@ class Audit:
             # launches of a timed block do: opt's poison never tells a window from a block.
             patches = self._fresh_input() if self._fresh else []
             self._hold_inputs(patches)
-            kept = None
+            kept, found = None, {}
             for role, k, launch, hooks in (
                     ("ref", ref, ref_launch, self.armor.poisoned_pre),
                     ("opt", opt, opt_launch, self.armor.poisoned_again)):
+                inputs = self._input_checks(role, patches)
+                judged = judge and role == "opt"
+                found = self._with_launch(
+                    inputs, kept=kept if judged else None,
+                    captured={n: self.variants[0][2][n] for n in self._outputs()}
+                    if judged and kept is None else None)
                 self.windows[role].append(self.replay.time_window(
                     k, launch, patches=patches, hooks=hooks))
+                found = found()
                 self._timed_guards(role, f"timing-window launch {i + 1}")
-                self._timed_inputs(role, f"timing window {i + 1}", patches)
+                self._timed_inputs(f"timing window {i + 1}", inputs, found)
                 if judge and patches and role == "ref":
                     kept = self.replay.keep(self._outputs())
             if judge:
-                self._judge_window(i + 1, kept)
+                self._judge_window(i + 1, kept, found)
         self._drop_block_inputs()
 
-    def _judge_window(self, window: int, kept: dict | None) -> None:
+    def _judge_window(self, window: int, kept: dict | None, found: dict) -> None:
         """opt's outputs after timing window ``window``: against ref's in the same window
-        (``kept``, on a fresh input) or against the captured input's expected outputs."""
+        (``kept``, on a fresh input) or against the captured input's expected outputs
+        (``found``: the compares made with the window's canary check)."""
         outputs, label = self._outputs(), f"timing window {window}"
         try:
-            summary = self._judge_block(outputs, kept, kept_expected=True, label=label) \
-                if kept is not None else self._judge_captured(outputs, label)
+            summary = self._judge_block(outputs, kept, kept_expected=True, label=label,
+                                        found=found) \
+                if kept is not None else self._judge_captured(outputs, label, found)
         finally:
             if kept is not None:
                 self.replay.drop(kept)
@@ -608,16 +618,22 @@ class Audit:
         if self._fresh:
             return self._time_fresh(kernel, launch, role)
         label = self.variants[0][0]
+        check_name = "timed_outputs" if role == "opt" else "ref_integrity"
+        judged = check_name not in self.skip
+        inputs = self._input_checks(role, [])
+        outputs = self._outputs()
+        want = {k: self.variants[0][2][k] for k in outputs} if judged else {}
+        found = self._with_launch(inputs, captured=want)
         t = self.replay.time_one(kernel, launch, hooks=self.armor.poisoned_pre)
+        found = found()
         tally = self.timed if role == "opt" else self.ref_timed
         n = tally["launches"] = tally["launches"] + 1
         self._timed_guards(role, f"timed launch {n}")
-        self._timed_inputs(role, f"timed launch {n}", [])
-        check_name = "timed_outputs" if role == "opt" else "ref_integrity"
-        if check_name not in self.skip:
+        self._timed_inputs(f"timed launch {n}", inputs, found)
+        if judged:
             tally["checked"] += 1
-            failed = self._judge_captured(self._outputs(),
-                                          f"timed launch {n}" if role == "opt" else None)
+            failed = self._judge_captured(outputs, f"timed launch {n}" if role == "opt"
+                                          else None, found)
             if failed is not None:
                 tally["failed"].append({"launch": n, "role": role, "input": label,
                                         "summary": failed})
@@ -646,25 +662,31 @@ class Audit:
             block += 1
             self._hold_inputs(self._patches)   # before the block's launches: its inputs
         self._block = (block, not second)
+        inputs = self._input_checks(role, self._patches)
+        outputs = self._outputs()
+        kept = self._first[2] if second else None
+        judged = "opt" if second and "opt" in (self._first[0], role) else role
+        judge = second and ("timed_outputs" if judged == "opt" else "ref_integrity") \
+            not in self.skip
+        found = self._with_launch(inputs, kept=kept if judge else None)
         t = self.replay.time_one(kernel, launch, patches=self._patches,
                                  hooks=self.armor.poisoned_again if second
                                  else self.armor.poisoned_pre)
+        found = found()
         tally = self.timed if role == "opt" else self.ref_timed
         n = tally["launches"] = tally["launches"] + 1
         self._timed_guards(role, f"timed launch {n}")
-        self._timed_inputs(role, f"timed launch {n}", self._patches)
-        outputs = self._outputs()
+        self._timed_inputs(f"timed launch {n}", inputs, found)
         if not second:
             self._first = (role, n, self.replay.keep(outputs))
             return t
         (first, first_n, kept), self._first = self._first, None
-        judged = "opt" if "opt" in (first, role) else role
         try:
-            if ("timed_outputs" if judged == "opt" else "ref_integrity") in self.skip:
+            if not judge:
                 return t
             summary = self._judge_block(outputs, kept, kept_expected=first != judged,
                                         label=f"timed launch {n if role == judged else first_n}"
-                                        if judged == "opt" else None)
+                                        if judged == "opt" else None, found=found)
         finally:
             self.replay.drop(kept)
         for r in (first, role):
@@ -683,14 +705,18 @@ class Audit:
         return self._block[0] - self._captured_blocks + (self._captured_blocks > 0)
 
     def _judge_block(self, outputs: list[str], kept: dict, *, kept_expected: bool,
-                     label: str | None = None) -> str | None:
+                     label: str | None = None, found: dict | None = None) -> str | None:
         """The outputs now against the ones ``kept`` after the block's first launch: None if
         they pass (byte-identical, found on the device, or within the policy's tolerances on
         the host: a tolerance harness reads both back whenever they differ), else the
         verdict's summary, the kept ones expected where ``kept_expected``. ``label``: opt's
-        launch judged (its one-sided error is tested too, ``_summary``)."""
+        launch judged (its one-sided error is tested too, ``_summary``). ``found``: the
+        compares already made with the launch's canary check (``_with_launch``)."""
         r, d = self.replay, self.replay.device
-        found = [d.compare(r.address_of(name), len(r.pre[name]), kept[name]) for name in outputs]
+        done = found or {}
+        found = [done[("kept", name)] if ("kept", name) in done else
+                 d.compare(r.address_of(name), len(r.pre[name]), kept[name])
+                 for name in outputs]
         if any(f is None for f in found):   # only a kernel writing outside its regions can
             return ("FAIL: kpair's device copy of the block's first outputs changed under it "
                     "(a kernel wrote outside its regions)")
@@ -779,29 +805,81 @@ class Audit:
                 out[name] = self._patched(name, by_region[name])
         self._block_inputs = (patches, out)
 
-    def _timed_inputs(self, role: str, label: str, patches: list[tuple[str, Patch]]) -> None:
-        """After opt's timed launch ``label`` (given ``patches``): every input region must
-        hold what it was given, byte for byte, as after a check run (``input_integrity``).
-        Compared where the memory is when the device keeps copies; else read back."""
+    def _input_checks(self, role: str, patches: list[tuple[str, Patch]]
+                      ) -> list[tuple[str, int, int, object, Patch | None]] | None:
+        """What every input region must hold after opt's timed launch given ``patches``:
+        (region, address, size, expected, its patch or None), expected a held copy (compared
+        where the memory is) or host bytes; None where the launch is not opt's or the check
+        is skipped."""
         if role != "opt" or "input_integrity" in self.skip:
-            return
+            return None
         r, d = self.replay, self.replay.device
         held = self._block_inputs[1] if self._block_inputs is not None and \
             self._block_inputs[0] is patches else {}
         by_region = dict(patches)
+        out = []
         for name in self._inputs():
-            address, size = r.address_of(name), len(r.pre[name])
             expected = held.get(name)
             if name in by_region and expected is None:   # not held for these patches
                 expected = self._patched(name, by_region[name])
             elif name not in by_region:
                 expected = (r.known.find(name, r.pre[name]) if d.compares_in_place
                             else None) or r.pre[name]
-            got = None if isinstance(expected, bytes) else d.compare(address, size, expected)
+            out.append((name, r.address_of(name), len(r.pre[name]), expected,
+                        by_region.get(name)))
+        return out
+
+    def _with_launch(self, inputs: list | None, *, kept: dict | None = None,
+                     captured: dict[str, bytes] | None = None):
+        """Arm the compares of the next timed launch to run with its canary check in one
+        pass (``Armor.pending``, ``Device.check_many``): every input against its held copy
+        (``inputs``, from ``_input_checks``), the outputs against the block's first ones
+        (``kept``) or against the captured input's expected bytes where the device holds them
+        (``captured``). Returns what gives, once the launch is done, their results by
+        ("input" | "kept" | "captured", region); empty where the device does not compare in
+        place (each check then reads back on its own, as before)."""
+        self.armor.pending = []
+        if not (inputs or kept or captured) or not self.replay.device.compares_in_place:
+            return dict
+        r = self.replay
+        keys, pending = [], []
+        for name, address, size, expected, _ in inputs or ():
+            if not isinstance(expected, (bytes, bytearray)):
+                keys.append(("input", name))
+                pending.append((address, size, expected))
+        for name, held in (kept or {}).items():
+            keys.append(("kept", name))
+            pending.append((r.address_of(name), len(r.pre[name]), held))
+        for name, data in (captured or {}).items():
+            held = r.known.find(name, data)
+            if held is not None:
+                keys.append(("captured", name))
+                pending.append((r.address_of(name), len(data), held))
+        self.armor.pending = pending
+
+        def results() -> dict:
+            compared = self.armor.compared if pending else []
+            self.armor.compared = []
+            return dict(zip(keys, compared, strict=True)) if len(compared) == len(keys) \
+                else {}
+
+        return results
+
+    def _timed_inputs(self, label: str, inputs: list | None, found: dict) -> None:
+        """After opt's timed launch ``label``: every input region must hold what it was given
+        (``inputs``, from ``_input_checks``), byte for byte, as after a check run
+        (``input_integrity``). Compared where the memory is when the device keeps copies
+        (``found``: done with the launch's canary check); else read back."""
+        if inputs is None:
+            return
+        d = self.replay.device
+        for name, address, size, expected, patch in inputs:
+            host = isinstance(expected, (bytes, bytearray))
+            got = None if host else found[("input", name)] if ("input", name) in found \
+                else d.compare(address, size, expected)
             if got is None:   # host bytes, or a device copy that changed under it: read
-                want = expected if isinstance(expected, bytes) else (
-                    self._patched(name, by_region[name]) if name in by_region
-                    else r.pre[name])
+                want = expected if host else self._patched(name, patch) \
+                    if patch is not None else self.replay.pre[name]
                 got = byte_diff(d.read(address, size), want)
             if got[0]:
                 self.timed_inputs["modified"].append(
@@ -809,11 +887,18 @@ class Audit:
                      "first_offset": got[1]})
         self.timed_inputs["checked"] += 1
 
-    def _judge_captured(self, outputs: list[str], label: str | None = None) -> str | None:
+    def _judge_captured(self, outputs: list[str], label: str | None = None,
+                        found: dict | None = None) -> str | None:
         """The outputs now against the captured input's expected ones: None if they pass
-        (byte-identical, found on the device: under any policy), else the summary."""
+        (byte-identical, found on the device: under any policy), else the summary.
+        ``found``: the compares already made with the launch's canary check."""
         want = {k: self.variants[0][2][k] for k in outputs}
-        return None if self.replay.equals(want) else self._judge_timed(0, outputs, want, label)
+        done = [found.get(("captured", k), False) for k in outputs] if found else []
+        if done and all(isinstance(f, tuple) for f in done):
+            equal = not any(f[0] for f in done)
+        else:
+            equal = self.replay.equals(want)
+        return None if equal else self._judge_timed(0, outputs, want, label)
 
     def _judge_timed(self, index: int, outputs: list[str], want: dict[str, bytes],
                      label: str | None = None) -> str | None:
