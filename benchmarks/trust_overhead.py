@@ -9,7 +9,8 @@ seconds (``result.json`` ``stage_s``). The checks' cost is the difference: their
 ``opt``, and the untimed poison/canary writes around every ABBA launch in ``measure``.
 
     python benchmarks/trust_overhead.py [--backend host|cuda] [--blocks 32] [--repeat 3]
-                                        [--case NAME ...] [--out FILE.json]
+                                        [--case NAME ...] [--calls | --only-calls]
+                                        [--out FILE.json]
 
 host: kp_matmul (tests/csrc/matmul.c, naive ref vs loop-reordered opt, byte-exact, with
 mutations of both inputs declared) at n = 64, 128, 256. cuda: A/A pairs of the axpy and
@@ -24,6 +25,12 @@ Each case reports ``checked_over_unchecked`` (checked wall / unchecked wall; the
 ``compare_speed``: one 16 MiB region compared on the device against a held copy
 (``Device.compare``), checked for a fill (``check_fills``) and read back to the host
 (``Device.read``), in GB/s of region bytes (median of repeated calls, wall clock).
+``--calls`` (``--only-calls``: and no timed case) adds ``calls``: what each stage of a checked
+and an unchecked run asks of the device, counted in-process on the host backend through a
+proxy (``CountingDevice``): calls per method and the bytes each moves as the CUDA backend
+moves them (host to device, device to host, on the device), for axpy_8M and axpbyz_3x16M
+built for the host (``AXPY_C``) on the GPU's path (``compares_in_place``: held copies,
+compares where the memory is) and axpy_8M on the host's.
 """
 
 from __future__ import annotations
@@ -195,6 +202,7 @@ def count_calls(tmp: Path, case: str = "axpy_8M", *, in_place: bool = True, bloc
     from kpair.pipeline import Facts, close, evaluate, own_candidate, prepare
     from kpair.toolchain import compile_shared
 
+    tmp = Path(tempfile.mkdtemp(prefix=f"calls-{case}-", dir=tmp))
     src = tmp / "axpy.c"
     src.write_text(AXPY_C)
     lib = compile_shared(src, tmp / "axpy.so")
@@ -333,11 +341,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--case", action="append", default=[],
                    help="run only this case (repeatable; default: all of the backend's)")
+    p.add_argument("--calls", action="store_true",
+                   help="also count device calls and bytes moved per stage (host backend, "
+                        "in-process: axpy_8M and axpbyz_3x16M on the GPU's path, axpy_8M on "
+                        "the host's), under \"calls\"")
+    p.add_argument("--only-calls", action="store_true", help="--calls, and no timed case")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kpair-trust-bench-") as tmp:
         tmp = Path(tmp)
-        cases = host_cases(tmp) if args.backend == "host" else cuda_cases(tmp)
+        cases = [] if args.only_calls else \
+            host_cases(tmp) if args.backend == "host" else cuda_cases(tmp)
         if args.case:
             unknown = set(args.case) - {name for name, _ in cases}
             if unknown:
@@ -354,6 +368,17 @@ def main(argv: list[str] | None = None) -> int:
                             for name, h in cases}}
         if args.backend == "cuda":
             result["compare_speed"] = compare_speed()
+        if args.calls or args.only_calls:
+            result["calls"] = {
+                "note": "device calls per stage and the bytes each moves as the CUDA backend "
+                        "moves them (h2d, d2h, on the device), counted in-process on the host "
+                        "backend through CountingDevice; compares_in_place true: the GPU's "
+                        "path (held copies, compares where the memory is) on the host's "
+                        "read-based defaults; device_s: wall time inside device calls",
+                "gpu_path": {case: count_calls(tmp, case, blocks=args.blocks, seed=args.seed)
+                             for case in ("axpy_8M", "axpbyz_3x16M")},
+                "host_path": {"axpy_8M": count_calls(tmp, "axpy_8M", in_place=False,
+                                                     blocks=args.blocks, seed=args.seed)}}
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
