@@ -766,16 +766,18 @@ class Audit:
     def _drop_block_inputs(self) -> None:
         if self._block_inputs is not None:
             for held in self._block_inputs[1].values():
-                if not isinstance(held, bytes):
+                if not isinstance(held, (bytes, bytearray)):
                     self.replay.device.drop(held)
             self._block_inputs = None
 
-    def _patched(self, name: str, patch: Patch) -> bytes:
-        """Region ``name``'s pre-state with ``patch`` written over it, on the host."""
+    def _patched(self, name: str, patch: Patch) -> bytearray:
+        """Region ``name``'s pre-state with ``patch`` written over it, on the host (one copy
+        of the region, every run written at once)."""
         data = bytearray(self.replay.pre[name])
-        for at, run in patch.writes():
-            data[at:at + len(run)] = run
-        return bytes(data)
+        if len(patch.offsets):
+            at = np.asarray(patch.offsets, np.int64)[:, None] + np.arange(patch.size)
+            np.frombuffer(data, np.uint8)[at.ravel()] = np.frombuffer(patch.data, np.uint8)
+        return data
 
     def _hold_inputs(self, patches: list[tuple[str, Patch]]) -> None:
         """What each input region holds for a block (or window) given ``patches``: the
