@@ -23,7 +23,7 @@ from kpair.harness import fatbin_members, load_plan
 from kpair.pipeline import RunOptions
 from kpair.plan import PlanError
 from kpair.record import Recorder
-from kpair.snapshot import Snapshot
+from kpair.snapshot import Param, Snapshot
 from kpair.toolchain import compile_shared
 
 N = 256
@@ -407,3 +407,21 @@ def test_a_buffer_both_ranges_write_is_one_buffer(lab, tmp_path):
     res = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, max_blocks=32, control=False,
                                               timeout_s=300))
     assert res["status"] == "pass", res.get("correctness") or res.get("error")
+
+
+def test_launch_attributes_travel_with_a_plan(tmp_path):
+    """A captured launch's attributes (a cluster shape) are part of its plan launch, written
+    and read back as the snapshot writes them."""
+    from kpair.plan import Plan, PlanLaunch
+    from kpair.snapshot import LaunchAttribute
+
+    attr = LaunchAttribute(id=4, name="CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION",
+                           value=bytes.fromhex("020000000100000001000000"))
+    plan = Plan(launches=(PlanLaunch(code="k.cubin", kernel="k", kernarg=bytes(8),
+                                     params=[Param(0, 8)], attributes=[attr]),))
+    doc = plan.to_json()
+    assert doc["launches"][0]["attributes"] == [
+        {"id": 4, "name": "CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION",
+         "value": "020000000100000001000000"}]
+    (tmp_path / "opt.plan.json").write_text(json.dumps(doc))
+    assert Plan.read(tmp_path / "opt.plan.json") == plan

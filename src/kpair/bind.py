@@ -272,9 +272,6 @@ def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch],
         if op.kind != "kernel":
             raise BindError(f"SNAP2 operation {i} is a {op.kind}, and a plan holds kernel "
                             "launches only")
-        if op.launch.attributes:
-            raise BindError(f"SNAP2 operation {i} ({op.code.kernel_name}) was launched with "
-                            "launch attributes, which a plan does not carry")
         field_ = "code_object.blob" if i == 0 else f"ops[{i}].code_object.blob"
         image = cand.read_blob(op.code.blob, field_)
         rel = f"code/{hashlib.sha256(image).hexdigest()[:16]}{_EXT[op.code.format]}"
@@ -285,6 +282,7 @@ def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch],
         launches.append(PlanLaunch(
             code=rel, kernel=op.code.kernel_name, grid=op.launch.grid, block=op.launch.block,
             dynamic_shared_bytes=op.launch.dynamic_shared_bytes, format=op.code.format,
+            attributes=tuple(op.launch.attributes),
             kernarg=blob, params=tuple(op.kernarg.params), relocations=tuple(relocations)))
     return launches, code
 

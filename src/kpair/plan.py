@@ -54,6 +54,7 @@ from .snapshot.model import (
     SCALAR_SIZES,
     Count,
     Dim3,
+    LaunchAttribute,
     Param,
     Positive,
     RegionName,
@@ -152,6 +153,8 @@ class PlanLaunch(Record, omit_defaults=True):
     block: Dim3 = (1, 1, 1)
     dynamic_shared_bytes: Count = 0
     format: Literal[CODE_FORMATS] | None = None  # type: ignore[valid-type]
+    #: Launch attributes as a capture recorded them (a cluster shape, ...), passed on as is.
+    attributes: tuple[LaunchAttribute, ...] = ()
     kernarg: HexBytes | None = None
     params: tuple[Param, ...] = ()
     relocations: tuple[Relocation, ...] = ()
@@ -160,6 +163,9 @@ class PlanLaunch(Record, omit_defaults=True):
         p = self.code
         if not p or p.startswith("/") or "\\" in p or ".." in p.split("/"):
             raise Invalid(f"must be a relative path beside the plan, got {p!r}", "code")
+        for name in ("args", "attributes", "params", "relocations"):   # built in code
+            if type(getattr(self, name)) is not tuple:
+                msgspec.structs.force_setattr(self, name, tuple(getattr(self, name)))
         if self.kernarg is None:
             if self.params or self.relocations:
                 raise Invalid("params and relocations go with a raw kernarg", "kernarg")
@@ -168,8 +174,6 @@ class PlanLaunch(Record, omit_defaults=True):
             raise Invalid("a launch binds args or carries a raw kernarg, not both", "args")
         if type(self.kernarg) is not HexBytes:   # built in code: written as hex
             msgspec.structs.force_setattr(self, "kernarg", HexBytes(self.kernarg))
-        if type(self.params) is not tuple:
-            msgspec.structs.force_setattr(self, "params", tuple(self.params))
         end = 0
         for i, q in enumerate(self.params):
             if q.offset < end:

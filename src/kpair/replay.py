@@ -232,7 +232,8 @@ class Replay:
             if key not in loaded:
                 loaded[key] = self.device.load(image, launch.kernel, fmt=fmt)
             steps.append(Step(loaded[key], Launch(launch.grid, launch.block,
-                                                  launch.dynamic_shared_bytes),
+                                                  launch.dynamic_shared_bytes,
+                                                  launch.attributes),
                               plan_kernarg(launch, layout, addresses), tuple(layout)))
         name = " ; ".join(dict.fromkeys(launch.kernel for launch in plan.launches))
         return Program(name, steps, [(a, n) for nm, a, n in self.scratch if nm in declared])
