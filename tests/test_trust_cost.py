@@ -233,3 +233,27 @@ def test_a_wrong_timed_launch_on_the_captured_input_still_fails(harnesses, tmp_p
     assert failed[0]["launch"] == 1 and failed[0]["window"] is True, failed
     if in_place:
         assert calls["trust:timing"].get("check_many", 0) >= 1
+
+
+def test_holds_pointers_finds_what_patch_pointers_would_shift():
+    """The chunked scan says a region holds a pointer exactly where ``patch_pointers`` would
+    shift a word: any alignment, chunk size, word at a chunk's edge, empty span."""
+    from kpair.placement import holds_pointers, patch_pointers
+
+    rng = np.random.default_rng(1)
+    seen = set()
+    for _ in range(300):
+        n = int(rng.integers(0, 3000))
+        data = bytearray(rng.integers(0, 256, n, np.uint8).tobytes())
+        base = int(rng.integers(0, 64))
+        lo = int(rng.integers(0, 2**63))
+        hi = lo + int(rng.integers(1, 2**40)) if rng.random() > 0.1 else lo - 5
+        if n >= 16 and hi > lo and rng.random() < 0.5:
+            skip = (-base) % 8
+            k = int(rng.integers(0, (n - skip) // 8))
+            data[skip + 8 * k:skip + 8 * k + 8] = int(rng.integers(lo, hi)).to_bytes(8, "little")
+        want = patch_pointers(bytes(data), base, lo, hi, 1)[1] > 0
+        seen.add(want)
+        for chunk in (1, 3, 1 << 17):
+            assert holds_pointers(bytes(data), base, lo, hi, chunk=chunk) == want
+    assert seen == {True, False}

@@ -56,7 +56,22 @@ def patch_pointers(data: bytes, base: int, lo: int, hi: int, delta: int) -> tupl
     return bytes(out), count
 
 
-def holds_pointers(data: bytes, base: int, lo: int, hi: int) -> bool:
+def holds_pointers(data: bytes, base: int, lo: int, hi: int, *, chunk: int = 1 << 17) -> bool:
     """Whether ``data`` (a region at ``base``) holds an 8-byte word that points into
-    [lo, hi): such a region is neither filled, poisoned nor mutated."""
-    return patch_pointers(data, base, lo, hi, 1)[1] > 0
+    [lo, hi) (the words ``patch_pointers`` would shift): such a region is neither filled,
+    poisoned nor mutated. Scanned ``chunk`` words at a time into one cache-sized buffer, up
+    to the first such word (a checked run scans every region's pre- and post-state)."""
+    skip = (-base) % 8
+    n = (len(data) - skip) // 8
+    if n <= 0 or hi <= lo:
+        return False
+    words = np.frombuffer(data, "<u8", count=n, offset=skip)
+    low, span = np.uint64(lo), np.uint64(hi - lo)
+    scratch = np.empty(min(chunk, n), np.uint64)
+    for at in range(0, n, chunk):
+        part = words[at:at + chunk]
+        shifted = scratch[:part.size]
+        np.subtract(part, low, out=shifted)   # wraps below lo: only [lo, hi) lands < span
+        if (shifted < span).any():
+            return True
+    return False
