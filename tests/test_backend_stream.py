@@ -89,8 +89,8 @@ def test_init_driver_says_what_is_missing_or_refused():
 
 
 def test_device_is_its_four_roles_and_both_gpus_share_the_stream_device():
-    assert issubclass(base.Device, (base.Facts, base.Code, base.Memory, base.Launcher))
-    for role, some in ((base.Facts, "environment"), (base.Code, "load"),
+    assert issubclass(base.Device, (base.DeviceFacts, base.Code, base.Memory, base.Launcher))
+    for role, some in ((base.DeviceFacts, "environment"), (base.Code, "load"),
                        (base.Memory, "read"), (base.Launcher, "timed_launch")):
         assert some in role.__abstractmethods__
     assert issubclass(CudaDevice, _stream.StreamDevice)

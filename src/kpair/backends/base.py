@@ -7,7 +7,7 @@ relocated); ``device.load(image, kernel_name)`` gives a ``Kernel``; then any num
 everything. Addresses passed to ``write``/``read``/``stage`` are *replay* addresses (captured
 address + ``Mapping.delta``). A device is used by one thread of one process.
 
-``Device`` is four roles: ``Facts`` (arch, environment, clocks), ``Code`` (load, unload,
+``Device`` is four roles: ``DeviceFacts`` (arch, environment, clocks), ``Code`` (load, unload,
 what can be told of the loaded code, seal), ``Memory`` (placement, reads, writes, pristine
 copies, fills, held copies) and ``Launcher`` (launch, timed launch, synchronisation, the
 backend's ``TimingModel``). Each method without a default is abstract; the rest have a safe
@@ -138,7 +138,7 @@ class Kernel(ABC):
         return None
 
 
-class Facts(ABC):
+class DeviceFacts(ABC):
     """What a device is: the architecture snapshots are matched against, the facts recorded
     into snapshots and results, its clocks."""
 
@@ -365,7 +365,7 @@ class Launcher(ABC):
         return None
 
 
-class Device(Facts, Code, Memory, Launcher):
+class Device(DeviceFacts, Code, Memory, Launcher):
     """A backend's device: the four roles above (a caller that needs one role only may take
     that role's type), and its lifetime."""
 
