@@ -153,6 +153,11 @@ ON_DEVICE = {"keep": lambda a: a[1], "put": lambda a: a[1].size,
              "intact": lambda a: a[0].size, "digest": lambda a: a[1]}
 OTHER = ("launch", "timed_launch", "restore", "flush_cache", "synchronize", "drop")
 ON_DEVICE["check_many"] = lambda a: sum(n for _, n in a[0]) + sum(2 * n for _, n, _ in a[2])
+#: How often the CUDA backend waits for its stream in each call (cuda.py, _cuda_checks.py:
+#: a synchronize, or a read of the check kernels' counters); the rest only enqueue work.
+GPU_WAITS = {"write": 2, "stage": 2, "hold": 2, "read": 1, "fetch": 1, "keep": 1,
+             "compare": 1, "check_fills": 1, "check_many": 1, "intact": 1, "digest": 1,
+             "restore": 1, "flush_cache": 1, "timed_launch": 1, "launch": 1, "synchronize": 1}
 
 
 class CountingDevice:
@@ -272,6 +277,7 @@ def _total(counts: dict[str, dict]) -> dict:
         for k, v in c["calls"].items():
             calls[k] = calls.get(k, 0) + v
     return {"calls": dict(sorted(calls.items())), "device_calls": sum(calls.values()),
+            "gpu_waits": sum(GPU_WAITS.get(k, 0) * v for k, v in calls.items()),
             **{k: sum(c[k] for c in counts.values())
                for k in ("h2d_bytes", "d2h_bytes", "device_bytes")}}
 
