@@ -80,11 +80,13 @@ def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int
                   max: int | None = None, distinct: bool = False,
                   max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
                   command: list[str] | None = None, names: list[str] | None = None,
-                  profile: dict | ProfileUse | None = None) -> CaptureSession:
+                  profile: dict | ProfileUse | None = None,
+                  store_bytes: bool = False) -> CaptureSession:
     """Open a session writing into ``out`` and attach it to the tracer (``install`` first).
 
     ``names`` restricts capture to kernels of those exact names (mangled or demangled);
-    ``profile`` is what capture.json records about the profile they came from."""
+    ``profile`` is what capture.json records about the profile they came from;
+    ``store_bytes``: every region's pre-state as bytes (no regenerable chains)."""
     from .tracer import software_environment, torch_blocks  # lazy, as install's Tracer
 
     if isinstance(profile, dict):
@@ -94,14 +96,15 @@ def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int
     session = CaptureSession(out, filter, driver=tracer.driver, profile=profile,
                              registry=tracer.registry, blocks=torch_blocks,
                              max_region_bytes=max_region_bytes, command=command,
-                             environment=software_environment, metadata=triton_metadata)
+                             environment=software_environment, metadata=triton_metadata,
+                             writers=tracer.writers, store_bytes=store_bytes)
     tracer.attach(session)
     return session
 
 
 def start_range_session(out: str | os.PathLike, ranges: list[str], *, nth: int = 1,
                         max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
-                        command: list[str] | None = None):
+                        command: list[str] | None = None, store_bytes: bool = False):
     """Open a ``RangeSession`` capturing the ranges named ``ranges`` (their ``nth``
     occurrence, marked by NVTX or ``kpair.mark``) into ``out/<name>/``. Call it before the
     process's first NVTX call (NVTX finds its tool then) and before CUDA initialises."""
@@ -115,7 +118,8 @@ def start_range_session(out: str | os.PathLike, ranges: list[str], *, nth: int =
     session = RangeSession(out, ranges, nth=nth, driver=tracer.driver,
                            registry=tracer.registry, blocks=torch_blocks,
                            max_region_bytes=max_region_bytes, command=command,
-                           environment=software_environment, metadata=triton_metadata)
+                           environment=software_environment, metadata=triton_metadata,
+                           writers=tracer.writers, store_bytes=store_bytes)
     tracer.attach(session)
     return session
 

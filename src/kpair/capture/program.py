@@ -34,7 +34,8 @@ def main() -> int:
                 settings.get("out", "kpair-capture"), settings["ranges"],
                 nth=settings.get("nth", 1),
                 max_region_bytes=settings.get("max_region_bytes", 2 << 30),
-                command=settings.get("command") or argv)
+                command=settings.get("command") or argv,
+                store_bytes=settings.get("store_bytes", False))
         else:
             session = start_session(
                 settings.get("out", "kpair-capture"), kernel=settings.get("kernel"),
@@ -42,7 +43,8 @@ def main() -> int:
                 distinct=settings.get("distinct", False),
                 max_region_bytes=settings.get("max_region_bytes", 2 << 30),
                 command=settings.get("command") or argv, names=settings.get("names"),
-                profile=settings.get("profile"))
+                profile=settings.get("profile"),
+                store_bytes=settings.get("store_bytes", False))
     except KpairError as e:
         print(f"kpair capture: {e}", file=sys.stderr)
         return e.exit_code

@@ -37,10 +37,12 @@ dict.
 from __future__ import annotations
 
 import bisect
+import os
 import re
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -57,6 +59,7 @@ from ..snapshot import (
     ScratchRegion,
     detect_format,
 )
+from .chains import Candidate, chain_regions
 from .filters import Filter
 from .launches import KernargError, LaunchInfo, kernarg_bytes
 from .regions import BlockTable, PointerWord, plan_regions, pointer_params, pointer_words
@@ -64,6 +67,9 @@ from .session import CaptureSession, KernelInfo
 from .summary import RangeRecord
 
 _NAME = re.compile(r"[^A-Za-z0-9_.\-]")
+#: This capturing process, as a range snapshot's provenance names it (``process``): every
+#: range of one ``kpair capture`` run carries it, so ``kpair pair --opt-capture`` binds them.
+PROCESS = uuid.uuid4().hex
 _SIDES = ("dst", "src")
 
 
@@ -108,6 +114,7 @@ class _Recording:
     outputs: list[tuple[int, int]] = field(default_factory=list)
     streams: Counter = field(default_factory=Counter)
     left_out: Counter = field(default_factory=Counter)
+    upto: int = 0   # the writer log's seq when the range began
 
     @property
     def stored(self) -> int:
@@ -181,20 +188,40 @@ def allocated(table: BlockTable, lo: int, hi: int) -> bool:
     return not known
 
 
+def written_first(rec: _Recording, lo: int, hi: int) -> bool:
+    """Whether the first operation of the range to name any byte of [lo, hi) is a memset or
+    a device-to-device copy that writes all of it (and does not read it): the range wrote
+    the region before reading it, as far as capture can tell (a kernel's reads are not seen).
+    """
+    for a, z, name in rec.extents:
+        if z <= lo or a >= hi:
+            continue
+        index, _, side = name.partition(".")
+        op = rec.ops[int(index[2:])] if index[2:].isdigit() and int(index[2:]) < len(rec.ops) \
+            else None
+        if op is None or op["kind"] not in ("memset", "copy") or side != "dst":
+            return False
+        if op["kind"] == "copy" and op["src"] < hi and lo < op["src"] + op["size"]:
+            return False
+        return op["dst"] <= lo and hi <= op["dst"] + op["size"]
+    return False
+
+
 class RangeSession(CaptureSession):
     """Captures the ranges named in ``ranges`` (their ``nth`` occurrence) into
     ``<out>/<name>/``; ``capture.json`` lists them under ``ranges``."""
 
     def __init__(self, out, ranges: list[str], *, nth: int = 1, driver, registry,
                  blocks=None, max_region_bytes: int, command=None, environment=None,
-                 metadata=None, level: int = 1):
+                 metadata=None, level: int = 1, writers=None, store_bytes: bool = False):
         self.wanted = list(dict.fromkeys(ranges))
         self.nth = nth
         self.range_records: list[dict] = [
             {"name": n, "status": "waiting", "occurrence": nth} for n in self.wanted]
         super().__init__(out, Filter(None, 1, None), driver=driver, registry=registry,
                          blocks=blocks, max_region_bytes=max_region_bytes, command=command,
-                         environment=environment, metadata=metadata, level=level)
+                         environment=environment, metadata=metadata, level=level,
+                         writers=writers, store_bytes=store_bytes)
         self.occurrences: Counter[str] = Counter()
         self.stacks: dict[int, list[tuple[str, _Recording | None]]] = {}
         self.active: list[_Recording] = []
@@ -213,7 +240,8 @@ class RangeSession(CaptureSession):
                 record = self._record_of(name)
                 if self.occurrences[name] == self.nth and record["status"] == "waiting":
                     record.update(status="capturing", source=source)
-                    rec = _Recording(name, self.nth, thread, source, record, time.monotonic())
+                    rec = _Recording(name, self.nth, thread, source, record, time.monotonic(),
+                                     upto=self.writers.seq if self.writers is not None else 0)
                     self.active.append(rec)
             self.stacks.setdefault(thread, []).append((name, rec))
 
@@ -422,8 +450,9 @@ class RangeSession(CaptureSession):
                                f"{e}") from None
         name = snapshot_dirname(rec.name)
         writer = self.pool.writer(self.out / name)
-        regions, scratch, roles = [], [], Counter()
+        kept, scratch, roles = [], [], Counter()
         declared_hit = [False] * len(rec.outputs)
+        undeclared = []
         for (lo, hi, rname), post in zip(spans, posts, strict=True):
             pre = rec.bytes_of(lo, hi)
             if pre == post:
@@ -437,9 +466,26 @@ class RangeSession(CaptureSession):
                 for i in hits:
                     declared_hit[i] = True
                 role = "out" if hits else "inout"
+                if role == "inout" and rec.outputs:
+                    # Issue 47's rule: with declared outputs only they are live-out. A
+                    # region written before it is read (a memset or copy covering it is
+                    # the first operation to name it) is scratch; one capture cannot tell
+                    # stays inout, judged as updated in place, and is named in the notes.
+                    if written_first(rec, lo, hi):
+                        scratch.append(ScratchRegion(rname, lo, hi - lo))
+                        roles["scratch"] += 1
+                        continue
+                    undeclared.append(rname)
             roles[role] += 1
-            regions.append(Region(rname, lo, hi - lo, writer.put(pre), writer.put(post),
-                                  role=role))
+            kept.append((rname, lo, hi, pre, post, role))
+        chains = chain_regions(self.writers, rec.upto,
+                               [Candidate(n, lo, pre) for n, lo, _, pre, _, _ in kept],
+                               table, self.registry, writer.chain)
+        regions = [Region(n, lo, hi - lo, None, None if post == pre else writer.put(post),
+                          role=role, regen=chains[n]) if n in chains else
+                   Region(n, lo, hi - lo, writer.put(pre), writer.put(post), role=role)
+                   for n, lo, hi, pre, post, role in kept]
+        pending = self.keep_pending(chains, {n: pre for n, _, _, pre, _, _ in kept})
         ops, codes = [], {}
         for op in rec.ops:
             stream = op["stream"]
@@ -462,10 +508,13 @@ class RangeSession(CaptureSession):
         notes = [f"declared output at {a:#x} ({n} bytes) is in no region an operation of the "
                  "range named" for (a, n), hit in zip(rec.outputs, declared_hit, strict=True)
                  if not hit]
+        notes += [f"region {n} is written but no declared output, and capture cannot tell "
+                  "that the range writes it before reading it: kept as inout (judged)"
+                  for n in undeclared]
         provenance = {
             "captured_by": f"kpair {__version__} capture --range", "command": self.command,
             "time": utc_now(), "range": rec.name, "occurrence": rec.occurrence,
-            "marked_by": rec.source,
+            "marked_by": rec.source, "process": PROCESS, "pid": os.getpid(),
             "ops": [{"kind": op["kind"], "api": op["api"], "stream": hex(op["stream"]),
                      **({"kernel_demangled": op["demangled"], "module_id": op["module_id"],
                          "code_object_match": op["code_object_match"],
@@ -488,7 +537,10 @@ class RangeSession(CaptureSession):
             "region_bytes": region_bytes,
             "scratch_bytes": sum(s.size for s in scratch), "state_bytes": 2 * region_bytes,
             "stored_bytes": writer.new_bytes, "deduped_bytes": writer.deduped_bytes,
+            "regenerated": len(chains),
             "capture_s": round(time.monotonic() - rec.started, 4)})
+        if pending:
+            rec.record["chain_pre"] = pending
         if notes:
             rec.record["notes"] = notes
         rec.pieces.clear()

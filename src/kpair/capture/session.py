@@ -41,6 +41,7 @@ from ..snapshot import (
     write_json_atomic,
 )
 from .blobpool import BlobPool
+from .chains import Candidate, chain_regions
 from .filters import Filter
 from .launches import KernargError, LaunchInfo, kernarg_bytes
 from .modules import ModuleRegistry
@@ -48,6 +49,7 @@ from .names import short_name
 from .regions import BlockTable, PlannedRegion, plan_regions, pointer_params, pointer_words
 from .regions import segment_bytes as segments_of
 from .summary import SUMMARY, CaptureFilter, CaptureSummary, Dispatch, ProfileUse, Totals
+from .writers import WriterLog
 
 DEFAULT_MAX_REGION_BYTES = 2 << 30
 
@@ -80,6 +82,8 @@ class _Pending:
     pre: list[bytes] = field(default_factory=list)
     started: float = 0.0
     provenance: dict = field(default_factory=dict)
+    upto: int = 0              # the writer log's seq before this launch
+    table: BlockTable | None = None
 
 
 class CaptureSession:
@@ -89,7 +93,8 @@ class CaptureSession:
                  command: list[str] | None = None,
                  environment: Callable[[], dict] | None = None,
                  metadata: Callable[[int, str], dict | None] | None = None,
-                 level: int = 1, profile: ProfileUse | None = None):
+                 level: int = 1, profile: ProfileUse | None = None,
+                 writers: WriterLog | None = None, store_bytes: bool = False):
         self.out = Path(out)
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             raise UsageError(f"{self.out} exists and is not empty; capture writes into a new "
@@ -102,6 +107,10 @@ class CaptureSession:
         self.extra_environment = environment
         self.metadata = metadata
         self.profile = profile
+        #: The tracer's writer log (None: every region is stored as bytes), and
+        #: ``--store-bytes``: chains are never stored.
+        self.writers = None if store_bytes else writers
+        self.store_bytes = store_bytes
         self.pool = BlobPool(self.out / "blobs", level=level)
         self.records: list[dict] = []
         self.seen: Counter[str] = Counter()
@@ -181,7 +190,9 @@ class CaptureSession:
         if code:
             raise _Skip(f"cuCtxSynchronize before the launch failed: "
                         f"{self.driver.error_name(code)}")
-        regions = plan_regions(pointer_words(blob, layout), self.blocks(),
+        p.table = self.blocks()
+        p.upto = self.writers.seq if self.writers is not None else 0
+        regions = plan_regions(pointer_words(blob, layout), p.table,
                                self.driver.address_range)
         kept, omitted = [], []
         for r in regions:
@@ -243,8 +254,17 @@ class CaptureSession:
                 raise _Skip(f"post-state of region {r.name} could not be read: {e}") from None
         name = f"{p.index:04d}_{short_name(p.kernel.demangled)}"
         writer = self.pool.writer(self.out / name)
-        regions = tuple(Region(r.name, r.start, r.size, writer.put(pre), writer.put(after))
-                        for r, pre, after in zip(p.regions, p.pre, post, strict=True))
+        chains = chain_regions(self.writers, p.upto,
+                               [Candidate(r.name, r.start, pre)
+                                for r, pre in zip(p.regions, p.pre, strict=True)],
+                               p.table or BlockTable(), self.registry, writer.chain)
+        regions = tuple(
+            Region(r.name, r.start, r.size, None, None if after == pre else writer.put(after),
+                   regen=chains[r.name]) if r.name in chains else
+            Region(r.name, r.start, r.size, writer.put(pre), writer.put(after))
+            for r, pre, after in zip(p.regions, p.pre, post, strict=True))
+        pending = self.keep_pending(chains, {r.name: pre for r, pre in zip(p.regions, p.pre,
+                                                                          strict=True)})
         code_obj = CodeObject(writer.put(p.image), p.format, p.kernel.name)
         launch = Launch(p.launch.grid, p.launch.block, p.launch.dynamic_shared_bytes,
                         p.launch.attributes)
@@ -263,8 +283,16 @@ class CaptureSession:
                          "code_object_bytes": len(p.image),
                          "stored_bytes": writer.new_bytes,
                          "deduped_bytes": writer.deduped_bytes,
+                         "regenerated": len(chains),
                          "capture_s": round(time.monotonic() - p.started, 4)})
+        if pending:
+            p.record["chain_pre"] = pending
         self.write_summary()
+
+    def keep_pending(self, chains: dict, pres: dict[str, bytes]) -> dict[str, str]:
+        """The captured bytes of each region stored as a chain, kept in the pool until the
+        chain is verified (``kpair.capture.chains.verify``): region name -> sha256."""
+        return {name: self.pool.add(pres[name])[0] for name in chains}
 
     def _fail(self, p: _Pending, reason: str) -> None:
         p.record.update({"status": "failed", "reason": reason})

@@ -89,6 +89,10 @@ class Dispatch(Record):
     deduped_bytes: Count | UnsetType = UNSET
     capture_s: float | UnsetType = UNSET
     reason: str | UnsetType = UNSET
+    #: regions stored as chains (regenerable) instead of bytes
+    regenerated: Count | UnsetType = UNSET
+    #: region -> sha256 of its captured bytes, kept in the pool until its chain is verified
+    chain_pre: dict[str, str] | UnsetType = UNSET
 
 
 class RangeRecord(Record):
@@ -118,6 +122,8 @@ class RangeRecord(Record):
     deduped_bytes: Count | UnsetType = UNSET
     capture_s: float | UnsetType = UNSET
     notes: list[str] | UnsetType = UNSET
+    regenerated: Count | UnsetType = UNSET
+    chain_pre: dict[str, str] | UnsetType = UNSET
 
 
 class Totals(Record):

@@ -30,6 +30,7 @@ from .names import demangle
 from .ranges import MemoryOp
 from .regions import BlockTable, allocator_blocks
 from .session import CaptureSession, KernelInfo
+from .writers import LiveBlocks, WriterLog
 
 
 def torch_blocks() -> BlockTable:
@@ -69,6 +70,9 @@ def software_environment() -> dict:
 
 
 class Tracer:
+    writers: WriterLog | None = None
+    live: LiveBlocks | None = None
+
     def __init__(self, cupti_path: str | None = None):
         self.driver = CudaDriver()
         version = self.driver.driver_version()
@@ -82,6 +86,10 @@ class Tracer:
         self._lock = threading.RLock()
         self._handle: int | None = None
         self._callback = cupti.CallbackFunc(self._on_callback)  # kept alive: C holds it
+        #: Who wrote each allocator block (regenerable regions, issue 48): every launch,
+        #: memset and copy while a session is attached, looked up in a cached block table.
+        self.writers = WriterLog()
+        self.live = LiveBlocks(torch_blocks, self.writers, self.driver.address_range)
 
     def start(self) -> None:
         self._handle = self.cupti.subscribe(self._callback)
@@ -125,14 +133,14 @@ class Tracer:
                 raise UsageError("another capture session is active in this process; "
                                  "sessions do not nest")
             self.session = session
-        self._launch_callbacks(True, hasattr(session, "memory_op"))
+        self._launch_callbacks(True, True)   # memsets and copies feed the writer log
 
     def detach(self, session: CaptureSession) -> None:
         with self._lock:
             if self.session is session:
                 self.session = None
         if self._handle is not None:
-            self._launch_callbacks(False, hasattr(session, "memory_op"))
+            self._launch_callbacks(False, True)
 
     # ---------------------------------------------------------------- callbacks
 
@@ -203,8 +211,11 @@ class Tracer:
             return
         if data.callbackSite == cupti.API_ENTER:
             launch = decode_launch(cbid, data.functionParams)
-            session.launch_enter(launch, self.kernel_info(launch.function),
-                                 data.correlationId)
+            info = self.kernel_info(launch.function)
+            session.launch_enter(launch, info, data.correlationId)
+            # After the session: a dispatch's chains are the log as it was before it.
+            if self.writers is not None:
+                self.writers.feed(launch, info, self.live, guess=True)
         else:
             status = ctypes.c_int.from_address(data.functionReturnValue).value \
                 if data.functionReturnValue else 0
@@ -252,17 +263,50 @@ class Tracer:
         session.range_begin(name if name is not None else "", thread, "nvtx")
 
     def _on_data(self, cbid: int, data: cupti.CallbackData) -> None:
+        if self.session is None or data.callbackSite != cupti.API_ENTER:
+            return
         session = self._range_session()
-        if session is None or data.callbackSite != cupti.API_ENTER:
-            return
         if cbid in cupti.UNSUPPORTED_CBIDS:
-            session.memory_op(MemoryOp(cupti.UNSUPPORTED_CBIDS[cbid], "unsupported"))
-            return
-        api, kind, element, has_stream = cupti.DATA_CBIDS[cbid]
-        p = cupti.DataParams.from_address(data.functionParams)
-        stream = (p.stream or 0) if has_stream else 0
-        if kind == "memset":
-            session.memory_op(MemoryOp(api, kind, p.dst, 0, p.count * element,
-                                       p.word & ((1 << 8 * element) - 1), element, stream))
+            mop = MemoryOp(cupti.UNSUPPORTED_CBIDS[cbid], "unsupported")
         else:
-            session.memory_op(MemoryOp(api, kind, p.dst, p.word, p.count, stream=stream))
+            api, kind, element, has_stream = cupti.DATA_CBIDS[cbid]
+            p = cupti.DataParams.from_address(data.functionParams)
+            stream = (p.stream or 0) if has_stream else 0
+            if kind == "memset":
+                mop = MemoryOp(api, kind, p.dst, 0, p.count * element,
+                               p.word & ((1 << 8 * element) - 1), element, stream)
+            else:
+                mop = MemoryOp(api, kind, p.dst, p.word, p.count, stream=stream)
+        if session is not None:
+            session.memory_op(mop)
+        if self.writers is not None:
+            feed_memory_op(self.writers, self.live, mop, self.driver.address_range)
+
+
+def feed_memory_op(log: WriterLog, live: LiveBlocks, mop: MemoryOp, driver_range) -> None:
+    """A memset or copy into the writer log: a memset writes its block reading nothing; a
+    device-to-device copy writes its destination from its source; a host-to-device copy makes
+    its destination host data; an operation kpair cannot follow (2D/3D, a graph launch) may
+    have written anything."""
+    kind = mop.kind
+    if kind == "copy?":
+        kind = {(True, True): "copy", (True, False): "htod", (False, True): "dtoh"}.get(
+            (driver_range(mop.dst) is not None, driver_range(mop.src) is not None), "host")
+    if kind == "unsupported":
+        log.unseen()
+        return
+    if kind in ("dtoh", "host") or not mop.size:
+        return
+    dst = live.find(mop.dst)
+    if dst is None:
+        return
+    if kind == "htod":
+        log.host_write(dst.start)
+    elif kind == "memset":
+        log.memset(dst.start, mop.dst, mop.size, mop.value, mop.element_size)
+    else:
+        src = live.find(mop.src)
+        if src is None:
+            log.host_write(dst.start)   # from memory kpair does not know
+        else:
+            log.copy(dst.start, src.start, mop.dst, mop.src, mop.size)

@@ -27,13 +27,13 @@ GPU.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from .launches import KernargError, LaunchInfo, kernarg_bytes
-from .regions import BlockTable, pointer_words
+from .regions import Block, BlockTable, pointer_words
 
-__all__ = ["Chain", "LaunchRecord", "WriterLog"]
+__all__ = ["Chain", "LaunchRecord", "LiveBlocks", "WriterLog"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class LaunchRecord:
     kernel: int = 0
     kind: str = "kernel"
     detail: tuple[tuple[str, int], ...] = ()
+    #: the kernarg's parameters, (offset, size) each, as the tracer rebuilt it
+    layout: tuple[tuple[int, int], ...] = ()
+    #: launch attributes as captured (``LaunchAttribute``s: a cluster shape)
+    attributes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -101,12 +105,29 @@ class WriterLog:
         self._seq += 1
         self._block(key).host = True
 
+    @property
+    def seq(self) -> int:
+        """Operations fed so far: ``chains(..., upto=seq)`` later sees the log as it is now."""
+        return self._seq
+
+    def fresh(self, key: Hashable) -> bool:
+        """Nothing wrote ``key`` since it appeared (nor the host)."""
+        b = self._blocks.get(key)
+        return b is None or (not b.writes and not b.host)
+
     def launch(self, record: LaunchRecord, hits: Iterable[Hashable],
-               wrote: Iterable[Hashable] | None = None) -> None:
+               wrote: Iterable[Hashable] | None = None, *, guess: bool = False) -> None:
         """A launch in program order: ``hits`` the blocks its pointer words reach, ``wrote``
-        those it changed (None: every block it hits); the others it read."""
-        self._seq += 1
+        those it changed (None: every block it hits); the others it read. ``guess`` (with
+        ``wrote`` None): where some of the hits are fresh (nothing wrote them since they
+        appeared), the launch is taken to have written those alone and read the others: an
+        out-of-place kernel writes the new tensor it was given. The guess is checked later
+        (a chain is confirmed against the captured bytes' sha256 before anyone relies on it)."""
         hits = frozenset(hits)
+        if guess and wrote is None:
+            fresh = frozenset(k for k in hits if self.fresh(k))
+            wrote = fresh or None
+        self._seq += 1
         written = hits if wrote is None else frozenset(wrote) & hits
         reads = tuple(sorted(((k, self._block(k).generation) for k in hits - written),
                              key=repr))
@@ -122,7 +143,7 @@ class WriterLog:
             b.host = True
 
     def feed(self, launch: LaunchInfo, kernel, blocks: BlockTable, *,
-             wrote: Iterable[Hashable] | None = None) -> None:
+             wrote: Iterable[Hashable] | None = None, guess: bool = False) -> None:
         """One traced launch as the tracer sees it at entry (``LaunchInfo``, the session's
         ``KernelInfo``, the allocator's ``BlockTable``): its kernarg rebuilt, the blocks its
         pointer words hit (keyed by ``Block.start``), fed to ``launch``. A launch whose
@@ -140,7 +161,22 @@ class WriterLog:
         code = ",".join(hex(h) for h in kernel.module_handles if h)
         self.launch(LaunchRecord(kernel.name, code, blob, tuple(launch.grid),
                                  tuple(launch.block), launch.dynamic_shared_bytes,
-                                 kernel.handle), hits, wrote)
+                                 kernel.handle, layout=tuple(map(tuple, layout)),
+                                 attributes=tuple(launch.attributes)),
+                    hits, wrote, guess=guess)
+
+    def memset(self, key: Hashable, dst: int, size: int, value: int,
+               element_size: int) -> None:
+        """A memset of ``size`` bytes at ``dst``, inside block ``key``: it reads nothing."""
+        self.launch(LaunchRecord("memset", kind="memset", detail=(
+            ("dst", dst), ("size", size), ("value", value), ("element_size", element_size))),
+            {key}, {key})
+
+    def copy(self, dst_key: Hashable, src_key: Hashable, dst: int, src: int,
+             size: int) -> None:
+        """A device-to-device copy from block ``src_key`` into block ``dst_key``."""
+        self.launch(LaunchRecord("copy", kind="copy", detail=(
+            ("dst", dst), ("src", src), ("size", size))), {dst_key, src_key}, {dst_key})
 
     def writers(self, key: Hashable) -> list[LaunchRecord]:
         """The launches that wrote ``key`` since it appeared, in order."""
@@ -152,37 +188,86 @@ class WriterLog:
         """The launches that regenerate ``key`` (its writers in order), or None when the
         rule does not hold; ``within``: the blocks a chain may read (a snapshot's; None:
         any block the log knows)."""
-        found = self._chain(key, within, set())
+        found = self._chain(key, within, set(), None)
         return None if found is None else list(found.ops)
 
-    def chains(self, blocks: Collection[Hashable]) -> dict[Hashable, Chain]:
-        """Every block of ``blocks`` (a snapshot's) that is regenerable within them."""
+    def chains(self, blocks: Collection[Hashable], *, upto: int | None = None
+               ) -> dict[Hashable, Chain]:
+        """Every block of ``blocks`` (a snapshot's) that is regenerable within them;
+        ``upto``: the log as it was when ``seq`` was ``upto`` (a range's start: the
+        launches of the range itself make no chain of its pre-state)."""
         out = {}
         for key in blocks:
-            found = self._chain(key, blocks, set())
+            found = self._chain(key, blocks, set(), upto)
             if found is not None:
                 out[key] = found
         return out
 
     def _chain(self, key: Hashable, within: Collection[Hashable] | None,
-               visiting: set) -> Chain | None:
+               visiting: set, upto: int | None) -> Chain | None:
         b = self._blocks.get(key)
-        if b is None or b.host or not b.writes or key in visiting:
+        if b is None or b.host or key in visiting:
             return None
-        if within is not None and key not in within:
+        writes = b.writes if upto is None else [w for w in b.writes if w.seq <= upto]
+        if not writes or (within is not None and key not in within):
             return None
         visiting = visiting | {key}
         reads: dict[Hashable, None] = {}
-        for w in b.writes:
+        for w in writes:
             if w.wrote != {key}:
                 return None   # re-running it would write other blocks too
             for other, generation in w.reads:
                 q = self._blocks[other]
                 if q.generation != generation or q.host:
                     return None   # reallocated or overwritten from the host since
-                if any(later.seq >= w.seq for later in q.writes):
+                if any(w.seq <= later.seq and (upto is None or later.seq <= upto)
+                       for later in q.writes):
                     return None   # it no longer holds what this launch read
-                if self._chain(other, within, visiting) is None:
+                if self._chain(other, within, visiting, upto) is None:
                     return None
                 reads[other] = None
-        return Chain(tuple(w.record for w in b.writes), tuple(reads))
+        return Chain(tuple(w.record for w in writes), tuple(reads))
+
+
+def _live(block: Block) -> bool:
+    return not block.state or block.state.startswith("active")
+
+
+class LiveBlocks:
+    """The allocator's blocks as the tracer looks them up for every launch, cheaply: a cached
+    ``BlockTable``, refreshed (one allocator snapshot, ``source()``) only when an address
+    misses it or lands in a block the cache holds as free. Each refresh tells ``log`` which
+    blocks appeared (new, resized, or allocated again since the cache saw them free). A block
+    freed and handed out again at the same place and size between two refreshes is not seen
+    to appear: its new writers extend the old ones' list, which the sha256 check of every
+    chain catches where it matters. Memory outside the allocator's blocks that the driver
+    knows (``driver_range``) is its own block, keyed by the allocation's start."""
+
+    def __init__(self, source: Callable[[], BlockTable], log: WriterLog,
+                 driver_range: Callable[[int], tuple[int, int] | None] | None = None):
+        self.source, self.log, self.driver_range = source, log, driver_range
+        self.table = BlockTable()
+        self.refreshes = 0
+
+    def refresh(self) -> None:
+        new = self.source()
+        old = {b.start: b for b in self.table.blocks}
+        for b in new.blocks:
+            o = old.get(b.start)
+            if _live(b) and (o is None or o.size != b.size or not _live(o)):
+                self.log.appeared(b.start)
+        self.table = new
+        self.refreshes += 1
+
+    def find(self, address: int) -> Block | None:
+        b = self.table.find(address)
+        if b is not None and _live(b):
+            return b
+        rng = self.driver_range(address) if self.driver_range is not None else True
+        if rng is None:
+            return None   # not device memory: a scalar that looks like an address
+        self.refresh()
+        b = self.table.find(address)
+        if b is None and isinstance(rng, tuple):
+            return Block(rng[0], rng[1], rng[0], rng[1], "driver-range")
+        return b

@@ -1,0 +1,112 @@
+"""Regenerable regions of a CUDA capture: the writer log's chains turned into ``Region.regen``.
+
+A capture session (one dispatch, or a range) is about to store a region's pre-state. When
+the tracer's ``WriterLog`` holds a chain for the allocator block the region is (the region
+is exactly one block), and every operation of that chain can be recorded (its code object
+is among the module images the tracer saw), the region is stored as that chain plus the
+captured pre-state's sha256 instead of its bytes (``kpair.snapshot.SnapshotWriter.chain``).
+A chain may read only other regions of the same snapshot that are themselves stored as
+chains; a region whose chain cannot be recorded drops the chains that read it.
+
+Capture cannot run a chain again where it was made (that memory holds the program's
+tensors), so each chain is confirmed afterwards: ``kpair capture`` regenerates them on the
+device once the program has ended (``verify``) and stores as bytes every region whose chain
+does not make its captured sha256. Until then the captured bytes of each chained region
+wait in the capture's pool (``pending``), and are dropped once verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..snapshot import ChainOp, Launch, Op, Param, Regen, detect_format
+from .modules import ModuleRegistry
+from .regions import BlockTable
+from .writers import LaunchRecord, WriterLog
+
+__all__ = ["Candidate", "chain_regions"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A region about to be stored: its name, captured address and pre-state bytes."""
+
+    name: str
+    address: int
+    pre: bytes
+
+    @property
+    def end(self) -> int:
+        return self.address + len(self.pre)
+
+
+def _handles(code: str) -> tuple[int, ...]:
+    return tuple(int(h, 16) for h in code.split(",") if h)
+
+
+def _op(record: LaunchRecord, registry: ModuleRegistry, allowed: Sequence[Candidate]
+        ) -> ChainOp | Op | None:
+    """The chain operation for ``record`` (None: its code object is unknown)."""
+    if record.kind == "memset":
+        d = dict(record.detail)
+        return Op(kind="memset", dst=d["dst"], size=d["size"], value=d["value"],
+                  element_size=d["element_size"])
+    if record.kind == "copy":
+        d = dict(record.detail)
+        return Op(kind="copy", dst=d["dst"], src=d["src"], size=d["size"])
+    found = registry.find(record.kernel_name, _handles(record.code))
+    if found is None:
+        return None
+    try:
+        fmt = detect_format(found.image)
+    except Exception:  # an image kpair cannot read: no chain through it
+        return None
+    params = []
+    for i, (offset, size) in enumerate(record.layout):
+        kind = "bytes"
+        if size == 8 and offset + 8 <= len(record.kernarg):
+            (value,) = struct.unpack_from("<Q", record.kernarg, offset)
+            if any(c.address <= value < c.end for c in allowed):
+                kind = "pointer"
+        params.append(Param(offset, size, kind, f"arg{i}"))
+    return ChainOp(found.image, fmt, record.kernel_name,
+                   Launch(record.grid, record.block, record.dynamic_shared_bytes,
+                          record.attributes), record.kernarg, tuple(params))
+
+
+def chain_regions(log: WriterLog | None, upto: int, candidates: Sequence[Candidate],
+                  table: BlockTable, registry: ModuleRegistry,
+                  chain: Callable[..., Regen]) -> dict[str, Regen]:
+    """Region name -> its ``Regen`` (``chain`` is the snapshot writer's ``chain``) for every
+    candidate stored as a chain: exactly one allocator block of ``table``, regenerable in
+    ``log`` as it was at ``upto`` within the candidates, each operation recordable."""
+    if log is None or not candidates:
+        return {}
+    by_key = {}
+    for c in candidates:
+        block = table.find(c.address)
+        if block is not None and block.start == c.address and block.end == c.end:
+            by_key[c.address] = c
+    found = log.chains(set(by_key), upto=upto)
+    ops: dict[int, list] = {}
+    for key, ch in found.items():
+        allowed = [by_key[key]] + [by_key[k] for k in ch.reads]
+        built = [_op(r, registry, allowed) for r in ch.ops]
+        if all(b is not None for b in built):
+            ops[key] = built
+    # A chain reading a region that is stored as bytes is dropped, until none is left.
+    while True:
+        drop = [k for k in ops if any(r not in ops for r in found[k].reads)]
+        if not drop:
+            break
+        for k in drop:
+            del ops[k]
+    out = {}
+    for key, built in ops.items():
+        c = by_key[key]
+        out[c.name] = chain(built, hashlib.sha256(c.pre).hexdigest(), len(c.pre),
+                            reads=[by_key[k].name for k in found[key].reads])
+    return out
