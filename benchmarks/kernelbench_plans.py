@@ -1,0 +1,736 @@
+"""KernelBench Level 1 library kernels replaced through launch plans: each problem's eager
+forward (cuBLAS gemm, ATen elementwise, softmax and reduction kernels) captured as a range
+(ref), against a hand-written Triton kernel with its own signature (opt), launched by a plan
+(``opt.plan.json``) whose parameters are bound to the range's regions and to typed scalars.
+
+    python benchmarks/kernelbench_plans.py run --kernelbench PATH -o OUT [--budget-mib 64]
+        [--only KEY,KEY] [--count N] [--deadline S] [--time-cap S] [--atol 1e-2] [--rtol 1e-2]
+
+``PATH`` is a copy of the public KernelBench repository (never committed; nothing of it
+reaches OUT). ``PROBLEMS`` is the table: per Level 1 problem the Triton kernel
+(``benchmarks/kernelbench_kernels/kernels.py``) and a pure function of the problem's tensors
+(shapes, strides, scalar inputs, model attributes) giving that kernel's launch: each parameter
+bound to an input tensor, the output or a typed scalar (sizes, strides, a slope), its
+constexprs, grid and warps. Each problem is scaled (``kernelbench.scale_source``) until its
+bytes by the CPU sizes probe fit ``--budget-mib`` (``kernelbench_ranges.choose_scale``).
+
+One ``kpair capture --range p<n> ...`` runs this file's ``child`` over every problem in one
+process. Per problem the child makes the model and inputs on the GPU (seeded), runs the eager
+forward twice uncaptured, then once inside ``kpair.mark("p<n>")`` declaring its output, and
+writes to ``io.json`` each input's and the output's address, bytes, shape, stride and dtype
+(and the scalar inputs and model attributes the launch needs). It then compiles the problem's
+Triton kernel for the device (``triton.compile`` of an ``ASTSource`` with an explicit
+signature: the kernel's parameters are exactly the launch's, plus what Triton appends), keeps
+the cubin, its kernel name, shared memory, warps, scratch sizes and its parameter layout as
+kpair reads it (``kpair.harness.plan_layout``), and, outside the range, launches the kernel
+on a fresh output and compares it with the eager one (``self_check``: a diagnosis only).
+
+The driver then, per problem: maps each tensor to the range's region holding it (by address:
+region name and byte offset), writes ``opt.plan.json`` (Triton's trailing hidden parameters,
+the global and profile scratch pointers, bound to a declared scratch buffer of the size the
+kernel asks for, or to a u64 0 when it asks none), runs ``kpair pair SNAP --plan PLAN
+--policy P`` (``allclose`` atol = rtol = 1e-2 on the range's live-out regions, read as
+float32, ``kernelbench_ranges.output_policy``) and ``kpair run`` twice (the verdict, the
+speedup, its re-run interval, and whether the second run lands inside the first's).
+Every problem's record is appended to ``OUT/results.jsonl`` as it is decided (a call
+resumes from it); ``OUT/summary.json`` is rewritten after each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import kernelbench as kb  # noqa: E402  (the problem loader and scaler)
+from kernelbench_ranges import (  # noqa: E402  (the Level 2 driver's helpers, shared)
+    choose_scale,
+    json_of,
+    kpair_cmd,
+    output_policy,
+    speed_of,
+)
+
+ROOT = HERE.parent
+SIZES = ROOT / "benchmarks" / "results" / "kernelbench_sizes_cpu.json"
+KERNELS = HERE / "kernelbench_kernels" / "kernels.py"
+SCHEMA = "kpair.kernelbench-plans"
+#: Triton (3.x) appends these pointer parameters to every kernel, in this order.
+HIDDEN = ("global_scratch", "profile_scratch")
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+class PlanBuildError(Exception):
+    """A problem whose plan cannot be written (a tensor outside the range, a layout that is
+    not the launch's): its message goes into the problem's record."""
+
+
+# --------------------------------------------------------------------------- launches
+
+@dataclass(frozen=True)
+class Spec:
+    """One Triton launch: ``args`` in the kernel's parameter order, each ``("tensor", ref)``
+    (``in0``, ``in1``..., ``out``) or ``("scalar", kind, value)``; ``constexprs`` by name."""
+
+    kernel: str
+    args: tuple[tuple[str, tuple], ...]
+    constexprs: dict[str, int | float]
+    grid: tuple[int, int, int]
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _int(value: int) -> tuple:
+    """A size or stride as a typed scalar: i32 where it fits, else i64."""
+    value = int(value)
+    return ("scalar", "i32" if _I32[0] <= value <= _I32[1] else "i64", value)
+
+
+def _contiguous(t: dict) -> bool:
+    expect, stride = 1, []
+    for d in reversed(t["shape"]):
+        stride.append(expect)
+        expect *= d
+    return all(s == e or d == 1 for s, e, d in zip(t["stride"], reversed(stride), t["shape"],
+                                                   strict=True))
+
+
+def _numel(t: dict) -> int:
+    return math.prod(t["shape"])
+
+
+def _tensors(io: dict) -> list[dict]:
+    return [t for t in io["inputs"] if t.get("kind") == "tensor"]
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise PlanBuildError(message)
+
+
+def matmul_spec(io: dict, ta: bool = False, tb: bool = False) -> Spec:
+    """``torch.matmul`` of two 2-D operands (``A.T`` / ``B.T`` taken as stride swaps)."""
+    a, b = _tensors(io)[:2]
+    c = io["output"]
+    _need(len(a["shape"]) == len(b["shape"]) == len(c["shape"]) == 2,
+          "the matmul kernel takes 2-D operands")
+    (a0, a1), (sa0, sa1) = a["shape"], a["stride"]
+    (b0, b1), (sb0, sb1) = b["shape"], b["stride"]
+    m, k, sam, sak = (a1, a0, sa1, sa0) if ta else (a0, a1, sa0, sa1)
+    kb_, n, sbk, sbn = (b1, b0, sb1, sb0) if tb else (b0, b1, sb0, sb1)
+    _need(k == kb_ and c["shape"] == [m, n],
+          f"shapes {a['shape']} x {b['shape']} -> {c['shape']} are not a ({m}x{k}) @ "
+          f"({kb_}x{n}) product")
+    bm, bn, bk = 64, 64, 32
+    return Spec("kb_matmul",
+                (("a_ptr", ("tensor", "in0")), ("b_ptr", ("tensor", "in1")),
+                 ("c_ptr", ("tensor", "out")), ("M", _int(m)), ("N", _int(n)), ("K", _int(k)),
+                 ("stride_am", _int(sam)), ("stride_ak", _int(sak)),
+                 ("stride_bk", _int(sbk)), ("stride_bn", _int(sbn)),
+                 ("stride_cm", _int(c["stride"][0])), ("stride_cn", _int(c["stride"][1]))),
+                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                (_cdiv(m, bm) * _cdiv(n, bn), 1, 1), num_warps=4, num_stages=3)
+
+
+def gemv_spec(io: dict) -> Spec:
+    """``A @ x`` with x of shape (K, 1): one output per row."""
+    a, x = _tensors(io)[:2]
+    y = io["output"]
+    _need(len(a["shape"]) == 2 and x["shape"][0] == a["shape"][1] and _numel(x) == a["shape"][1]
+          and _numel(y) == a["shape"][0], f"{a['shape']} @ {x['shape']} is not a matrix-vector "
+          "product")
+    m, k = a["shape"]
+    bm, bk = 4, 1024
+    return Spec("kb_gemv",
+                (("a_ptr", ("tensor", "in0")), ("x_ptr", ("tensor", "in1")),
+                 ("y_ptr", ("tensor", "out")), ("M", _int(m)), ("K", _int(k)),
+                 ("stride_am", _int(a["stride"][0])), ("stride_ak", _int(a["stride"][1])),
+                 ("stride_x", _int(x["stride"][0])), ("stride_y", _int(y["stride"][0]))),
+                {"BLOCK_M": bm, "BLOCK_K": bk}, (_cdiv(m, bm), 1, 1), num_warps=4,
+                num_stages=2)
+
+
+def elementwise_spec(kernel: str, scalar: Callable[[dict], float] | None = None):
+    """y = f(x) over a contiguous tensor; ``scalar(io)``: an f32 parameter after ``n``."""
+    def spec(io: dict) -> Spec:
+        x, y = _tensors(io)[0], io["output"]
+        _need(_contiguous(x) and _contiguous(y) and x["shape"] == y["shape"],
+              f"{kernel} needs contiguous input and output of one shape")
+        n, block = _numel(x), 1024
+        args = [("x_ptr", ("tensor", "in0")), ("y_ptr", ("tensor", "out")), ("n", _int(n))]
+        if scalar is not None:
+            args.append((kernel_scalar[kernel], ("scalar", "f32", float(scalar(io)))))
+        return Spec(kernel, tuple(args), {"BLOCK": block}, (_cdiv(n, block), 1, 1),
+                    num_warps=4, num_stages=1)
+    return spec
+
+
+#: The name of an elementwise kernel's scalar parameter.
+kernel_scalar = {"kb_leaky_relu": "slope", "kb_scale": "s"}
+
+
+def softmax_spec(log: bool):
+    """Softmax / log-softmax over the last dimension of a contiguous 2-D tensor."""
+    def spec(io: dict) -> Spec:
+        x, y = _tensors(io)[0], io["output"]
+        dim = io.get("attrs", {}).get("dim", 1)
+        _need(len(x["shape"]) == 2 and dim in (1, -1) and _contiguous(x) and _contiguous(y),
+              "the softmax kernel takes a contiguous 2-D tensor reduced over dim 1")
+        rows, d = x["shape"]
+        return Spec("kb_softmax_rows",
+                    (("x_ptr", ("tensor", "in0")), ("y_ptr", ("tensor", "out")),
+                     ("D", _int(d)), ("stride_x", _int(x["stride"][0])),
+                     ("stride_y", _int(y["stride"][0]))),
+                    {"BLOCK": 2048, "LOG": int(log)}, (rows, 1, 1), num_warps=8, num_stages=1)
+    return spec
+
+
+_REDUCE_OPS = {"sum": 0, "mean": 1, "max": 2, "min": 3}
+
+
+def reduce_spec(op: str):
+    """A sum/mean/max/min over dimension 1 of a 3-D tensor (keepdim or not)."""
+    def spec(io: dict) -> Spec:
+        x, y = _tensors(io)[0], io["output"]
+        dim = io.get("attrs", {}).get("dim")
+        _need(len(x["shape"]) == 3 and dim in (1, -2),
+              f"the reduction kernel reduces dimension 1 of a 3-D tensor (dim={dim})")
+        b, r, n = x["shape"]
+        shape = [b, 1, n] if len(y["shape"]) == 3 else [b, n]
+        _need(y["shape"] == shape, f"output {y['shape']} is not {shape}")
+        syb, syn = y["stride"][0], y["stride"][-1]
+        bn, br = 64, 32
+        return Spec("kb_reduce_mid",
+                    (("x_ptr", ("tensor", "in0")), ("y_ptr", ("tensor", "out")),
+                     ("R", _int(r)), ("N", _int(n)), ("stride_xb", _int(x["stride"][0])),
+                     ("stride_xr", _int(x["stride"][1])), ("stride_xn", _int(x["stride"][2])),
+                     ("stride_yb", _int(syb)), ("stride_yn", _int(syn))),
+                    {"BLOCK_R": br, "BLOCK_N": bn, "OP": _REDUCE_OPS[op]},
+                    (b, _cdiv(n, bn), 1), num_warps=4, num_stages=2)
+    return spec
+
+
+def _first_scalar(io: dict) -> float:
+    return next(t["value"] for t in io["inputs"] if t.get("kind") == "scalar")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A Level 1 problem of the table: its file stem, the library kernel it replaces, the
+    launch of its Triton kernel, and the model attributes that launch reads."""
+
+    name: str
+    replaces: str
+    spec: Callable[[dict], Spec]
+    attrs: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        return int(self.name.split("_", 1)[0])
+
+    @property
+    def key(self) -> str:
+        return f"level1/{self.name}"
+
+
+PROBLEMS: tuple[Entry, ...] = (
+    Entry("1_Square_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
+    Entry("2_Standard_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
+    Entry("4_Matrix_vector_multiplication_", "cuBLAS gemv", gemv_spec),
+    Entry("5_Matrix_scalar_multiplication", "ATen mul", elementwise_spec("kb_scale",
+                                                                          _first_scalar)),
+    Entry("7_Matmul_with_small_K_dimension_", "cuBLAS gemm", matmul_spec),
+    Entry("8_Matmul_with_irregular_shapes_", "cuBLAS gemm", matmul_spec),
+    Entry("9_Tall_skinny_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
+    Entry("16_Matmul_with_transposed_A", "cuBLAS gemm (A^T)",
+          lambda io: matmul_spec(io, ta=True)),
+    Entry("17_Matmul_with_transposed_B", "cuBLAS gemm (B^T)",
+          lambda io: matmul_spec(io, tb=True)),
+    Entry("18_Matmul_with_transposed_both", "cuBLAS gemm (A^T, B^T)",
+          lambda io: matmul_spec(io, ta=True, tb=True)),
+    Entry("19_ReLU", "ATen relu", elementwise_spec("kb_relu")),
+    Entry("20_LeakyReLU", "ATen leaky_relu",
+          elementwise_spec("kb_leaky_relu", lambda io: io["attrs"]["negative_slope"]),
+          attrs=("negative_slope",)),
+    Entry("21_Sigmoid", "ATen sigmoid", elementwise_spec("kb_sigmoid")),
+    Entry("22_Tanh", "ATen tanh", elementwise_spec("kb_tanh")),
+    Entry("23_Softmax", "ATen softmax", softmax_spec(log=False)),
+    Entry("24_LogSoftmax", "ATen log_softmax", softmax_spec(log=True), attrs=("dim",)),
+    Entry("25_Swish", "ATen sigmoid + mul", elementwise_spec("kb_swish")),
+    Entry("26_GELU_", "ATen gelu", elementwise_spec("kb_gelu")),
+    Entry("47_Sum_reduction_over_a_dimension", "ATen sum", reduce_spec("sum"), attrs=("dim",)),
+    Entry("48_Mean_reduction_over_a_dimension", "ATen mean", reduce_spec("mean"),
+          attrs=("dim",)),
+    Entry("49_Max_reduction_over_a_dimension", "ATen max", reduce_spec("max"), attrs=("dim",)),
+    Entry("53_Min_reduction_over_a_dimension", "ATen min", reduce_spec("min"), attrs=("dim",)),
+    Entry("88_MinGPTNewGelu", "eight ATen elementwise kernels", elementwise_spec("kb_new_gelu")),
+)
+BY_NAME = {e.name: e for e in PROBLEMS}
+
+
+def range_name(number: int) -> str:
+    return f"p{number}"
+
+
+# --------------------------------------------------------------------------- the plan
+
+def _address(value) -> int:
+    return int(value, 16) if isinstance(value, str) else int(value)
+
+
+def region_of(regions: list[dict], ptr: int, nbytes: int, what: str) -> tuple[str, int]:
+    """The region of the range that holds ``[ptr, ptr + nbytes)`` whole: its name and the
+    byte offset of ``ptr`` in it."""
+    for r in regions:
+        lo = _address(r["address"])
+        if lo <= ptr and ptr + nbytes <= lo + r["size"]:
+            return r["name"], ptr - lo
+    raise PlanBuildError(f"{what} ({nbytes} bytes at {ptr:#x}) lies inside no region of the "
+                         "range")
+
+
+def _tensor_of(io: dict, ref: str) -> dict:
+    if ref == "out":
+        return io["output"]
+    return _tensors(io)[int(ref.removeprefix("in"))]
+
+
+def plan_for(spec: Spec, io: dict, regions: list[dict], kernel: dict,
+             code: str = "kernel.cubin") -> dict:
+    """``opt.plan.json`` for one problem: the Triton kernel (``kernel``: its ``name``,
+    ``shared``, ``num_warps``, ``layout`` [[offset, size]...] as kpair reads the cubin, and
+    Triton's ``global_scratch_size``/``profile_scratch_size``) launched once, each tensor
+    parameter bound to the region holding that tensor (read for inputs, write for the
+    output), each scalar typed, Triton's trailing hidden pointers bound last."""
+    layout = kernel["layout"]
+    args, notes, scratch = [], [], []
+    for param, bind in spec.args:
+        if bind[0] == "tensor":
+            t = _tensor_of(io, bind[1])
+            name, offset = region_of(regions, int(t["data_ptr"]), int(t["nbytes"]),
+                                     f"{param} ({bind[1]})")
+            args.append({"bind": "region", "name": name, "offset": offset,
+                         "access": "write" if bind[1] == "out" else "read",
+                         "bytes": int(t["nbytes"])})
+            notes.append(f"{param} -> {name}+{offset} ({bind[1]}, {t['shape']})")
+        else:
+            args.append({"bind": "scalar", "kind": bind[1], "value": bind[2]})
+            notes.append(f"{param} = {bind[2]} ({bind[1]})")
+    extra = len(layout) - len(args)
+    if not 0 <= extra <= len(HIDDEN):
+        raise PlanBuildError(f"{kernel['name']} takes {len(layout)} parameters (its cubin), "
+                             f"the launch has {len(args)} and Triton appends at most "
+                             f"{len(HIDDEN)}")
+    blocks = math.prod(spec.grid)
+    for hidden, (_, size) in zip(HIDDEN, layout[len(args):], strict=False):
+        if size != 8:
+            raise PlanBuildError(f"{kernel['name']}'s {hidden} parameter is {size} bytes, "
+                                 "not a pointer")
+        per_block = int(kernel.get(f"{hidden}_size") or 0)
+        if per_block:
+            buf = f"triton_{hidden}"
+            scratch.append({"name": buf, "size": per_block * blocks,
+                            "align": max(256, int(kernel.get(f"{hidden}_align") or 0))})
+            args.append({"bind": "scratch", "name": buf})
+            notes.append(f"{hidden} -> scratch {buf} ({per_block * blocks} bytes)")
+        else:
+            args.append({"bind": "scalar", "kind": "u64", "value": 0})
+            notes.append(f"{hidden} = 0 (Triton's hidden pointer; the kernel asks none)")
+    plan = {"schema": "kpair.plan", "schema_version": 1,
+            "launches": [{"code": code, "format": "cubin", "kernel": kernel["name"],
+                          "grid": list(spec.grid),
+                          "block": [32 * int(kernel["num_warps"]), 1, 1],
+                          "dynamic_shared_bytes": int(kernel["shared"]), "args": args}],
+            "note": f"{spec.kernel} (Triton) for the range: " + "; ".join(notes)}
+    if scratch:
+        plan["scratch"] = scratch
+    return plan
+
+
+def write_plan(dest: Path, spec: Spec, io: dict, manifest: dict, kernel: dict) -> Path:
+    """The plan and its cubin in ``dest``; the plan's path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    plan = plan_for(spec, io, list(manifest["regions"]), kernel)
+    shutil.copyfile(kernel["cubin"], dest / "kernel.cubin")
+    path = dest / "opt.plan.json"
+    path.write_text(json.dumps(plan, indent=1))
+    return path
+
+
+# --------------------------------------------------------------------------- the child
+
+def _describe(t, torch) -> dict:
+    if isinstance(t, torch.Tensor):
+        return {"kind": "tensor", "data_ptr": int(t.data_ptr()), "nbytes": int(t.nbytes),
+                "shape": list(t.shape), "stride": list(t.stride()),
+                "dtype": str(t.dtype).removeprefix("torch.")}
+    if isinstance(t, bool | int | float):
+        return {"kind": "scalar", "value": t}
+    return {"kind": type(t).__name__}
+
+
+_SIG = {"float32": "*fp32", "i32": "i32", "i64": "i64", "f32": "fp32"}
+
+
+def load_kernels():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kb_plan_kernels", KERNELS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_kernel(fn, spec: Spec, io: dict, capability: int, dest: Path) -> dict:
+    """``spec``'s kernel compiled for ``capability``: every launch parameter in the signature
+    (no value-1 specialisation: the cubin takes exactly the launch's parameters, plus Triton's
+    hidden ones), 16-byte divisibility where the address or value has it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kpair.harness import plan_layout
+
+    bound = dict(spec.args)
+    names = list(fn.arg_names)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if name in spec.constexprs:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = spec.constexprs[name]
+            continue
+        bind = bound[name]
+        if bind[0] == "tensor":
+            t = _tensor_of(io, bind[1])
+            signature[name] = _SIG[t["dtype"]]
+            if int(t["data_ptr"]) % 16 == 0:
+                attrs[(i,)] = [("tt.divisibility", 16)]
+        else:
+            signature[name] = _SIG[bind[1]]
+            if bind[1] in ("i32", "i64") and bind[2] % 16 == 0 and bind[2]:
+                attrs[(i,)] = [("tt.divisibility", 16)]
+    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs),
+                              target=GPUTarget("cuda", capability, 32),
+                              options={"num_warps": spec.num_warps,
+                                       "num_stages": spec.num_stages})
+    meta = compiled.metadata
+    cubin = dest / "kernel.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    layout = plan_layout(compiled.asm["cubin"], "cubin", meta.name)
+    return {"cubin": str(cubin), "name": meta.name, "shared": int(meta.shared),
+            "num_warps": int(meta.num_warps), "signature": signature,
+            "layout": [[q.offset, q.size] for q in layout] if layout is not None else None,
+            **{f"{h}_{k}": int(getattr(meta, f"{h}_{k}", 0) or 0)
+               for h in HIDDEN for k in ("size", "align")}}
+
+
+def self_check(fn, spec: Spec, tensors: dict, out, torch) -> dict:
+    """The kernel launched by Triton itself on a fresh output, against the eager output
+    (outside the range: a diagnosis, not the judgement)."""
+    fresh = torch.full_like(out, float("nan"))
+    args = [fresh if b[0] == "tensor" and b[1] == "out" else
+            tensors[b[1]] if b[0] == "tensor" else b[2] for _, b in spec.args]
+    fn[spec.grid](*args, **spec.constexprs, num_warps=spec.num_warps,
+                  num_stages=spec.num_stages)
+    torch.cuda.synchronize()
+    diff = (fresh.float() - out.float()).abs()
+    return {"allclose": bool(torch.allclose(fresh, out, atol=1e-2, rtol=1e-2)),
+            "max_abs_diff": float(diff.max()) if diff.numel() else 0.0,
+            "nan": int(torch.isnan(fresh).sum())}
+
+
+def child(plan_path: Path) -> int:
+    """Run every problem of the batch: the eager forward inside its range, then its Triton
+    kernel compiled (and self-checked). Writes ``io.json`` after each problem."""
+    import gc
+
+    import torch
+
+    import kpair
+
+    plan = json.loads(plan_path.read_text())
+    io_path, work = Path(plan["io"]), Path(plan["work"])
+    kernels = load_kernels()
+    major, minor = torch.cuda.get_device_capability()
+    records = []
+    for p in plan["problems"]:
+        entry = BY_NAME[p["name"]]
+        rec: dict = {"number": p["number"], "ok": False}
+        model = inputs = out = None
+        try:
+            module = kb.module_from_source(p["source"], f"kbp_{p['module']}", p["file"])
+            model, inputs = kb.instantiate(module, torch, "cuda")
+            with torch.no_grad():
+                for _ in range(2):
+                    model(*inputs)
+                torch.cuda.synchronize()
+                with kpair.mark(range_name(p["number"])) as m:
+                    out = model(*inputs)
+                    m.outputs(out)
+                    torch.cuda.synchronize()
+            io = {"inputs": [_describe(t, torch) for t in inputs],
+                  "output": _describe(out, torch),
+                  "attrs": {a: getattr(model, a) for a in entry.attrs}}
+            rec["io"] = io
+            spec = entry.spec(io)
+            fn = getattr(kernels, spec.kernel)
+            dest = work / f"p{p['number']}.kernel"
+            dest.mkdir(parents=True, exist_ok=True)
+            rec["kernel"] = compile_kernel(fn, spec, io, major * 10 + minor, dest)
+            rec["ok"] = True
+            tensors = {f"in{i}": t for i, t in
+                       enumerate(x for x in inputs if isinstance(x, torch.Tensor))}
+            try:
+                rec["self_check"] = self_check(fn, spec, tensors, out, torch)
+            except Exception as e:  # noqa: BLE001 - a diagnosis only
+                rec["self_check"] = {"error": f"{type(e).__name__}: {e}"[:600]}
+        except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
+            rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+        finally:
+            del model, inputs, out
+            gc.collect()
+            torch.cuda.empty_cache()
+        records.append(rec)
+        tmp = io_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records, indent=1))
+        os.replace(tmp, io_path)
+    return 0
+
+
+# --------------------------------------------------------------------------- the driver
+
+def ref_kernels(manifest: dict) -> list[str]:
+    """The kernels of the captured range, in order (memsets and copies by kind)."""
+    ops = manifest.get("ops") or [{"code_object": manifest.get("code_object")}]
+    return [(o.get("code_object") or {}).get("kernel_name") or o.get("kind", "?") for o in ops]
+
+
+def judge_problem(entry: Entry, rec: dict, snap: Path, work: Path, args,
+                  deadline: float) -> dict:
+    row: dict = {}
+    manifest = json.loads((snap / "snapshot.json").read_text())
+    row["ref"] = {"ops": len(manifest.get("ops") or []) or 1,
+                  "kernels": ref_kernels(manifest)[:12],
+                  "regions": [{"name": r["name"], "size": r["size"], "role": r.get("role")}
+                              for r in manifest["regions"]],
+                  "scratch": len(manifest.get("scratch") or [])}
+    try:
+        spec = entry.spec(rec["io"])
+        plan_path = write_plan(work / f"p{entry.number}.plan", spec, rec["io"], manifest,
+                               rec["kernel"])
+    except PlanBuildError as e:
+        row.update(outcome="plan not built", plan_error=str(e))
+        return row
+    plan = json.loads(plan_path.read_text())
+    row["plan"] = {"kernel": spec.kernel, "grid": list(spec.grid),
+                   "block": plan["launches"][0]["block"],
+                   "shared": plan["launches"][0]["dynamic_shared_bytes"], "note": plan["note"]}
+    policy = work / f"p{entry.number}.policy.json"
+    policy.write_text(json.dumps(output_policy(
+        snap, args.atol, args.rtol, f"KernelBench's tolerance: atol={args.atol}, "
+        f"rtol={args.rtol} on the forward's output")))
+    harness = work / f"p{entry.number}.harness"
+    pair = kpair_cmd("pair", str(snap), "--plan", str(plan_path), "--policy", str(policy),
+                     "-o", str(harness), "--json", "-q", timeout=deadline - time.monotonic())
+    row["pair"] = {"exit_code": pair["exit_code"], "s": pair["s"]}
+    if pair["exit_code"] != 0:
+        doc = json_of(pair) or {}
+        row["pair"]["error"] = doc.get("error") or pair["stderr"].strip()[-600:]
+        row["outcome"] = "pair refused"
+        return row
+    runs = []
+    for i in (1, 2):
+        out = harness / f"r{i}.json"
+        run = kpair_cmd("run", str(harness), "-o", str(out), "--json", "-q",
+                        "--time-cap", str(args.time_cap), timeout=deadline - time.monotonic())
+        result = json.loads(out.read_text()) if out.exists() else None
+        runs.append({"exit_code": run["exit_code"], "s": run["s"], **speed_of(result),
+                     **({} if result else {"error": run["stderr"].strip()[-600:]})})
+        if not result or result.get("status") != "pass":
+            break   # a failed or broken first run: no second
+    row["runs"] = runs
+    first = runs[0]
+    ci = first.get("ci95")
+    if len(runs) == 2 and ci and runs[1].get("speedup"):
+        row["rerun_inside"] = ci[0] <= runs[1]["speedup"] <= ci[1]
+    row["outcome"] = first.get("status") or f"run exit {first['exit_code']}"
+    return row
+
+
+def _ranges_status(cap: Path) -> dict[str, dict]:
+    with contextlib.suppress(OSError, ValueError):
+        doc = json.loads((cap / "capture.json").read_text())
+        return {r["name"]: r for r in doc.get("ranges") or []}
+    return {}
+
+
+def selected(args) -> list[Entry]:
+    entries = list(PROBLEMS)
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        unknown = [w for w in wanted if w not in BY_NAME and not any(
+            e.name.startswith(f"{w}_") for e in PROBLEMS)]
+        if unknown:
+            raise SystemExit(f"kernelbench_plans.py: not in the table: {', '.join(unknown)} "
+                             f"(it has {', '.join(e.name for e in PROBLEMS)})")
+        entries = [e for e in PROBLEMS if e.name in wanted
+                   or any(e.name.startswith(f"{w}_") for w in wanted)]
+    return entries[:args.count] if args.count else entries
+
+
+def run(args) -> int:
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = {p["key"]: p for p in json.loads(Path(args.sizes).read_text())["problems"]} \
+        if Path(args.sizes).exists() else {}
+    found = {p.name: p for p in kb.discover(Path(args.kernelbench), [1])}
+    results_path = out / "results.jsonl"
+    done = set()
+    if results_path.exists():
+        for line in results_path.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError):
+                done.add(json.loads(line)["key"])
+    todo = [e for e in selected(args) if e.key not in done]
+    for e in [e for e in todo if e.name not in found]:
+        append(results_path, {"key": e.key, "replaces": e.replaces,
+                              "outcome": "not in this KernelBench copy"})
+    todo = [e for e in todo if e.name in found]
+    deadline = time.monotonic() + args.deadline
+    budget = args.budget_mib << 20
+    print(f"kernelbench_plans: {len(todo)} problems to do", flush=True)
+    while todo and time.monotonic() < deadline - 60:
+        batch, todo = todo[:args.batch], todo[args.batch:]
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        problems = []
+        for e in batch:
+            p = found[e.name]
+            k = choose_scale(sizes.get(e.key), budget)
+            source, scaled = kb.scale_source(p.path.read_text(), k)
+            problems.append({"number": e.number, "name": e.name, "file": str(p.path),
+                             "module": p.name, "source": source, "scale": k,
+                             "scaled": scaled})
+        plan = work / "plan.json"
+        plan.write_text(json.dumps({"io": str(work / "io.json"), "work": str(work),
+                                    "problems": problems}))
+        ranges = [a for e in batch for a in ("--range", range_name(e.number))]
+        t0 = time.monotonic()
+        cap = kpair_cmd("capture", *ranges, "-o", str(work / "cap"), "-q", "--",
+                        sys.executable, str(Path(__file__).resolve()), "child", str(plan),
+                        timeout=min(args.capture_timeout, deadline - time.monotonic()))
+        capture_s = round(time.monotonic() - t0, 3)
+        recs = {r["number"]: r for r in json.loads((work / "io.json").read_text())} \
+            if (work / "io.json").exists() else {}
+        status = _ranges_status(work / "cap")
+        print(f"kernelbench_plans: batch of {len(batch)} captured in {capture_s} s "
+              f"(exit {cap['exit_code']})", flush=True)
+        for e, p in zip(batch, problems, strict=True):
+            if time.monotonic() > deadline - 20:
+                break
+            rec = recs.get(e.number, {})
+            row = {"key": e.key, "replaces": e.replaces, "scale": p["scale"],
+                   "scaled": p["scaled"], "batch_capture_s": capture_s,
+                   "program": {k: rec.get(k) for k in ("ok", "error", "self_check")
+                               if k in rec},
+                   "kernel": {k: v for k, v in (rec.get("kernel") or {}).items()
+                              if k != "cubin"}}
+            st = status.get(range_name(e.number), {})
+            snap = work / "cap" / range_name(e.number)
+            if not rec.get("ok"):
+                row["outcome"] = "program failed" if rec else "program died"
+                if not rec:
+                    row["capture_stderr"] = cap["stderr"].strip()[-1500:]
+            elif not (snap / "snapshot.json").exists():
+                row["outcome"] = "not captured"
+                row["capture"] = {k: st.get(k) for k in ("status", "reason") if k in st}
+            else:
+                row.update(judge_problem(e, rec, snap, work, args, deadline))
+            append(results_path, row)
+            print(f"kernelbench_plans: {e.key}: {row['outcome']} "
+                  f"{(row.get('runs') or [{}])[0].get('speedup')}", flush=True)
+            write_summary(results_path, out / "summary.json")
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if results_path.exists():
+        write_summary(results_path, out / "summary.json")
+    return 0
+
+
+def append(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def write_summary(results_path: Path, path: Path) -> dict:
+    rows = [json.loads(line) for line in results_path.read_text().splitlines() if line]
+    passed = [r for r in rows if r.get("outcome") == "pass"]
+    speedups = [r["runs"][0]["speedup"] for r in passed if r["runs"][0].get("speedup")]
+    outcomes: dict[str, int] = {}
+    for r in rows:
+        outcomes[r.get("outcome", "?")] = outcomes.get(r.get("outcome", "?"), 0) + 1
+    summary = {
+        "schema": SCHEMA, "problems": len(rows), "outcomes": outcomes, "passed": len(passed),
+        "geomean_speedup_passed": round(math.exp(sum(map(math.log, speedups))
+                                                 / len(speedups)), 4) if speedups else None,
+        "rerun_inside": sum(bool(r.get("rerun_inside")) for r in passed),
+        "rows": [{"key": r["key"], "replaces": r.get("replaces"), "scale": r.get("scale"),
+                  "outcome": r.get("outcome"),
+                  "ref_kernels": (r.get("ref") or {}).get("kernels"),
+                  "opt_kernel": (r.get("plan") or {}).get("kernel"),
+                  "speedup": (r.get("runs") or [{}])[0].get("speedup"),
+                  "ci95": (r.get("runs") or [{}])[0].get("ci95"),
+                  "rerun": (r.get("runs") or [{}, {}])[-1].get("speedup")
+                  if len(r.get("runs") or []) == 2 else None,
+                  "self_check": (r.get("program") or {}).get("self_check")} for r in rows]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=1))
+    os.replace(tmp, path)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kernelbench_plans.py", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="verb", required=True)
+    c = sub.add_parser("child", help="(internal) the captured program")
+    c.add_argument("plan")
+    r = sub.add_parser("run", help="capture Level 1 problems, pair each with its Triton plan, "
+                                   "run it")
+    r.add_argument("--kernelbench", required=True, help="a copy of the KernelBench repository")
+    r.add_argument("-o", "--out", required=True, help="results folder (results.jsonl, "
+                                                      "summary.json; resumed)")
+    r.add_argument("--work", default="/tmp/kb_plans_work")
+    r.add_argument("--sizes", default=str(SIZES))
+    r.add_argument("--only", default="", help="comma-separated problem names or numbers")
+    r.add_argument("--count", type=int, default=0, help="at most this many (0: all)")
+    r.add_argument("--batch", type=int, default=32, help="problems a capture process")
+    r.add_argument("--budget-mib", type=int, default=64)
+    r.add_argument("--deadline", type=float, default=540)
+    r.add_argument("--capture-timeout", type=float, default=300)
+    r.add_argument("--time-cap", type=float, default=2.0, help="kpair run --time-cap")
+    r.add_argument("--atol", type=float, default=1e-2)
+    r.add_argument("--rtol", type=float, default=1e-2)
+    r.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = ap.parse_args(argv)
+    if args.verb == "child":
+        return child(Path(args.plan))
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
