@@ -23,17 +23,22 @@ or model, only the snapshot and a device of its backend.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
+import shutil
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from .backends import Device, Kernel
 from .elfabi import check_params
-from .errors import AbiMismatch, SnapshotFormatError
+from .errors import AbiMismatch, KpairError, SnapshotFormatError
 from .placement import patch_pointers, span_of
-from .snapshot import SCALAR_FORMATS, Op, Param, Snapshot
-from .snapshot.store import MANIFEST
+from .snapshot import SCALAR_FORMATS, BlobRef, Op, Param, Snapshot, write_json_atomic
+from .snapshot.store import BLOBS, MANIFEST
 
-__all__ = ["regenerate"]
+__all__ = ["regenerate", "verify_capture", "verify_chains"]
 
 
 def _fail(snapshot: Snapshot, message: str, field: str) -> SnapshotFormatError:
@@ -183,3 +188,115 @@ def _diverged(device: Device, kernels, steps, address: int, r, delta: int
                        f"{digests[j][:16]}...)")
     return len(steps) - 1, "(every operation matched when run again: the chain is not " \
         "deterministic)"
+
+
+# ---------------------------------------------------------------- capture's confirmation
+
+
+_REGION_FIELD = re.compile(r"^regions\[(\d+)\]")
+
+
+def _closure(m, index: set[int]) -> set[str]:
+    """The regions ``index`` and every chain reading one of them, transitively: what goes
+    back to bytes when those chains fail (a chain reads only regenerable regions)."""
+    names = {m.regions[i].name for i in index}
+    while True:
+        more = {r.name for r in m.regions if r.regen is not None and r.name not in names
+                and any(n in names for n in r.regen.reads)}
+        if not more:
+            return names
+        names |= more
+
+
+def verify_chains(root: str | os.PathLike, pool: str | os.PathLike, pending: dict[str, str],
+                  device_factory: Callable[[], Device]) -> tuple[list[str], int]:
+    """Confirm the chains of the snapshot at ``root``, written by ``kpair capture``, by
+    regenerating them on a device (``device_factory()``, a fresh one per attempt) as a
+    replay does. A region whose chain does not make its captured sha256 (or cannot run) is
+    stored as bytes instead, with every chain that reads it: its captured bytes wait in the
+    capture's ``pool`` under their sha256 (``pending``: region name -> sha256), are linked
+    into the snapshot and the manifest is rewritten. Returns the regions rewritten and the
+    bytes their blobs add to the snapshot."""
+    root, pool = Path(root), Path(pool)
+    rewritten: list[str] = []
+    added = 0
+    while True:
+        snap = Snapshot.open(root)
+        m = snap.manifest
+        if not any(r.regen is not None for r in m.regions):
+            return rewritten, added
+        try:
+            with device_factory() as dev:
+                ranges = [(r.address, r.end) for r in m.regions]
+                ranges += [(s.address, s.end) for s in m.scratch_regions]
+                delta = dev.map(ranges, relocate=True).delta
+                regenerate(dev, snap, [r.address + delta for r in m.regions])
+            return rewritten, added
+        except KpairError as e:
+            at = _REGION_FIELD.match(getattr(e, "field", None) or "")
+            failed = {int(at.group(1))} if at and m.regions[int(at.group(1))].regen \
+                else {i for i, r in enumerate(m.regions) if r.regen is not None}
+        names = _closure(m, failed)
+        regions = []
+        for r in m.regions:
+            if r.name in names and r.regen is not None:
+                ref, size = _link_pending(root, pool, r.name, pending.get(r.name), r.size)
+                added += size
+                r = r.replace(pre_blob=ref, post_blob=r.post_blob or ref, regen=None)
+            regions.append(r)
+        rewritten += sorted(names)
+        write_json_atomic(root / MANIFEST, m.replace(regions=tuple(regions)).to_json())
+
+
+def _link_pending(root: Path, pool: Path, name: str, digest: str | None, size: int
+                  ) -> tuple[BlobRef, int]:
+    """The pooled blob of a region's captured bytes, linked into ``root``'s blobs, and its
+    size on disk."""
+    found = sorted(pool.glob(f"{digest}.*")) if digest else []
+    if not found:
+        raise SnapshotFormatError(f"the captured bytes of region {name!r} are not in the "
+                                  f"capture's pool ({pool}): its chain cannot be replaced",
+                                  path=root / MANIFEST)
+    pooled = found[0]
+    target = root / BLOBS / pooled.name
+    if not target.exists():
+        try:
+            os.link(pooled, target)
+        except OSError:
+            shutil.copyfile(pooled, target)
+    return (BlobRef(f"{BLOBS}/{pooled.name}", size, digest,
+                    "none" if pooled.suffix == ".raw" else "zstd"), pooled.stat().st_size)
+
+
+def verify_capture(out: str | os.PathLike, device_factory: Callable[[], Device]) -> dict:
+    """Confirm every chain a ``kpair capture`` into ``out`` stored (``capture.json``'s
+    ``chain_pre``, per dispatch or range): ``verify_chains`` on each such snapshot; then
+    ``capture.json`` says how many regions are regenerated, and the captured bytes of the
+    chains that held are dropped from the pool (nothing links them). Returns
+    {"verified": chains that held, "stored_as_bytes": regions rewritten}."""
+    out = Path(out)
+    path = out / "capture.json"
+    doc = json.loads(path.read_text())
+    tally = {"verified": 0, "stored_as_bytes": 0}
+    dropped: set[str] = set()
+    for rec in [*doc.get("dispatches", []), *doc.get("ranges", [])]:
+        pending = rec.get("chain_pre")
+        if not pending or not rec.get("snapshot"):
+            continue
+        rewritten, added = verify_chains(out / rec["snapshot"], out / "blobs", pending,
+                                         device_factory)
+        tally["stored_as_bytes"] += len(rewritten)
+        tally["verified"] += len(pending) - len(rewritten)
+        rec["regenerated"] = len(pending) - len(rewritten)
+        rec["stored_bytes"] = rec.get("stored_bytes", 0) + added
+        totals = doc.get("totals") or {}
+        if "stored_bytes" in totals:
+            totals["stored_bytes"] += added
+        del rec["chain_pre"]
+        dropped.update(pending.values())
+    for digest in dropped:
+        for pooled in (out / "blobs").glob(f"{digest}.*"):
+            if pooled.stat().st_nlink == 1:   # no snapshot links it: a verified chain's bytes
+                pooled.unlink()
+    write_json_atomic(path, doc)
+    return tally

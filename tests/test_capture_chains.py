@@ -1,0 +1,229 @@
+"""Chains in CUDA capture (issue 48), the parts that run without a GPU: the writer log fed as
+the tracer feeds it (cached block table, memsets and copies, a fresh block as a launch's
+output), the choice chain/bytes a session makes per region, and the confirmation step that
+stores a failing chain's region as bytes (on the host backend)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import CSRC
+from kpair.backends import open_device
+from kpair.capture.chains import Candidate, chain_regions
+from kpair.capture.modules import Found
+from kpair.capture.ranges import MemoryOp
+from kpair.capture.regions import Block, BlockTable
+from kpair.capture.tracer import feed_memory_op
+from kpair.capture.writers import LaunchRecord, LiveBlocks, WriterLog
+from kpair.regen import verify_capture
+from kpair.replay import Replay, reproduce
+from kpair.snapshot import Regen, Snapshot
+from kpair.toolchain import compile_shared
+from test_regen import SEED, _record, _splitmix, _tamper_seed
+
+N_ = 1 << 20
+
+
+def _blocks(*spans, state="active_allocated") -> BlockTable:
+    return BlockTable(Block(a, n, a, n, "torch-block", state) for a, n in spans)
+
+
+X, Y, Z, W = 0x10000000, 0x10100000, 0x10200000, 0x10300000
+SPANS = [(X, N_), (Y, N_), (Z, N_), (W, N_)]
+
+
+def _kernel(name: str, *pointers: int, scalar: int = 7) -> LaunchRecord:
+    kernarg = b"".join(p.to_bytes(8, "little") for p in pointers) + scalar.to_bytes(8, "little")
+    layout = tuple((8 * i, 8) for i in range(len(pointers) + 1))
+    return LaunchRecord(name, code="0xc0de", kernarg=kernarg, grid=(4, 1, 1),
+                        block=(128, 1, 1), kernel=1, layout=layout)
+
+
+# ------------------------------------------------------------------ the log as fed
+
+
+def test_live_blocks_refresh_only_on_a_miss_and_tell_which_blocks_appeared():
+    log = WriterLog()
+    tables = [_blocks((X, N_)), _blocks((X, N_), (Y, N_))]
+    calls = []
+
+    def source():
+        calls.append(1)
+        return tables[min(len(calls) - 1, 1)]
+
+    live = LiveBlocks(source, log, driver_range=lambda a: (a, 1) if a >= X else None)
+    assert live.find(X + 5).start == X and live.refreshes == 1
+    assert live.find(X + 9).start == X and live.refreshes == 1   # cached: no snapshot
+    assert live.find(0x20000) is None and live.refreshes == 1    # not device memory
+    assert live.find(Y).start == Y and live.refreshes == 2       # a miss: one refresh
+    log.launch(_kernel("rand", X), {X}, guess=True)
+    # X is freed and allocated again (seen free in a refresh): its writers are forgotten.
+    tables[1] = _blocks((Y, N_))
+    tables[1].blocks.append(Block(X, N_, X, N_, "torch-block", "inactive"))
+    tables[1] = BlockTable(tables[1].blocks)
+    live.refresh()
+    assert log.writers(X) == [_kernel("rand", X)]
+    tables[1] = _blocks((X, N_), (Y, N_))
+    live.refresh()
+    assert log.writers(X) == []
+
+
+def test_a_fresh_block_is_what_an_out_of_place_launch_writes():
+    log = WriterLog()
+    log.launch(_kernel("rand", X), {X}, guess=True)
+    log.launch(_kernel("rand", Y), {Y}, guess=True)
+    log.launch(_kernel("add", X, Y, Z), {X, Y, Z}, guess=True)   # Z new: written, X Y read
+    chains = log.chains({X, Y, Z})
+    assert chains[Z].reads and set(chains[Z].reads) == {X, Y}
+    assert [r.kernel_name for r in chains[Z].ops] == ["add"]
+    log.launch(_kernel("mul_", X, Y), {X, Y}, guess=True)         # no fresh block: both
+    assert log.chain(X) is None and log.chain(Y) is None and log.chain(Z) is None
+
+
+def test_memsets_copies_and_host_copies_feed_the_log():
+    log = WriterLog()
+    live = LiveBlocks(lambda: _blocks(*SPANS), log)
+    drange = lambda a: (a, 1) if a >= X else None  # noqa: E731
+    feed_memory_op(log, live, MemoryOp("cuMemsetD32Async", "memset", X, 0, N_, 3, 4), drange)
+    feed_memory_op(log, live, MemoryOp("cuMemcpyDtoD", "copy", Y, X, N_), drange)
+    feed_memory_op(log, live, MemoryOp("cuMemcpyHtoD", "htod", Z, 0x1000, N_), drange)
+    feed_memory_op(log, live, MemoryOp("cuMemcpy", "copy?", W, 0x1000, 64), drange)  # host
+    chains = log.chains({X, Y, Z, W})
+    assert set(chains) == {X, Y} and chains[Y].reads == (X,)
+    assert dict(chains[X].ops[0].detail) == {"dst": X, "size": N_, "value": 3,
+                                             "element_size": 4}
+    feed_memory_op(log, live, MemoryOp("cuMemcpy2D", "unsupported"), drange)
+    assert log.chains({X, Y}) == {}   # it may have written anything
+
+
+def test_a_range_sees_the_log_as_it_was_when_it_began():
+    log = WriterLog()
+    log.launch(_kernel("rand", X), {X}, guess=True)
+    upto = log.seq
+    log.launch(_kernel("relu_", X), {X}, guess=True)   # inside the range: not a maker
+    assert [r.kernel_name for r in log.chains({X}, upto=upto)[X].ops] == ["rand"]
+    assert [r.kernel_name for r in log.chains({X})[X].ops] == ["rand", "relu_"]
+
+
+# ------------------------------------------------------------------ the session's choice
+
+
+class Registry:
+    """Holds one code object with the kernels named in ``known``."""
+
+    def __init__(self, known):
+        self.known = known
+
+    def find(self, name, handles=()):
+        assert handles == (0xC0DE,)
+        if name not in self.known:
+            return None
+        return Found(1, (CSRC / "regen_ops.c").read_bytes(), "module handle")
+
+
+class Writer:
+    def __init__(self):
+        self.calls = []
+
+    def chain(self, ops, sha256, size, *, reads=(), digests=()):
+        self.calls.append((ops, sha256, size, tuple(reads)))
+        return ("regen", sha256, tuple(reads))
+
+
+def test_a_region_is_stored_as_its_chain_only_when_every_link_can_be_recorded(monkeypatch):
+    monkeypatch.setattr("kpair.capture.chains.detect_format", lambda image: "elf-so")
+    log = WriterLog()
+    for k, name in ((X, "rand"), (Y, "full"), (W, "mystery")):
+        log.launch(_kernel(name, k), {k}, guess=True)
+    log.launch(_kernel("add", X, Y, Z), {X, Y, Z}, guess=True)
+    log.launch(_kernel("scale", W), {W}, guess=True)   # in place on W
+    pre = {k: bytes([i]) * N_ for i, k in enumerate((X, Y, Z, W))}
+    cands = [Candidate(f"r{i}", k, pre[k]) for i, k in enumerate((X, Y, Z, W))]
+    writer = Writer()
+    got = chain_regions(log, log.seq, cands, _blocks(*SPANS), Registry({"rand", "full", "add"}),
+                        writer.chain)
+    # W's code object ("mystery") is unknown: W stays bytes; Z reads only X and Y.
+    assert set(got) == {"r0", "r1", "r2"}
+    assert got["r2"] == ("regen", hashlib.sha256(pre[Z]).hexdigest(), ("r0", "r1"))
+    (ops, _, size, _), = [c for c in writer.calls if c[3]]
+    assert size == N_ and ops[0].kernel_name == "add" and ops[0].launch.grid == (4, 1, 1)
+    assert [p.kind for p in ops[0].params] == ["pointer", "pointer", "pointer", "bytes"]
+    # A chain reading a region left as bytes goes too: without "full" neither Y nor Z.
+    got = chain_regions(log, log.seq, cands, _blocks(*SPANS), Registry({"rand", "add"}),
+                        Writer().chain)
+    assert set(got) == {"r0"}
+    # A region that is not exactly one block (a merged extent) is never a chain.
+    got = chain_regions(log, log.seq, [Candidate("big", X, bytes(2 * N_))],
+                        _blocks(*SPANS), Registry({"rand"}), Writer().chain)
+    assert got == {}
+    assert chain_regions(None, 0, cands, _blocks(*SPANS), Registry(set()), Writer().chain) == {}
+
+
+# ------------------------------------------------------------------ confirmation
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("chains")
+    lib = compile_shared(CSRC / "regen_ops.c", d / "ops.so", flags=("-O2", "-g"))
+    snap, arrays = _record(lib, d / "snap")
+    return {"snap": snap.root, "arrays": arrays}
+
+
+def _capture_dir(made: dict, tmp_path: Path) -> Path:
+    """A capture directory as `kpair capture` leaves it before confirmation: the snapshot,
+    the captured bytes of each chained region in the pool, capture.json naming them."""
+    out = tmp_path / "cap"
+    shutil.copytree(made["snap"], out / "snap")
+    (out / "blobs").mkdir()
+    pending = {}
+    for name in ("a", "b", "c"):
+        data = made["arrays"][name].tobytes()
+        digest = hashlib.sha256(data).hexdigest()
+        (out / "blobs" / f"{digest}.raw").write_bytes(data)
+        pending[name] = digest
+    (out / "capture.json").write_text(json.dumps({
+        "ranges": [{"name": "forward", "snapshot": "snap", "regenerated": 3,
+                    "stored_bytes": 100, "chain_pre": pending}],
+        "totals": {"stored_bytes": 100}}))
+    return out
+
+
+def test_confirmed_chains_stay_and_their_bytes_leave_the_pool(made, tmp_path):
+    out = _capture_dir(made, tmp_path)
+    tally = verify_capture(out, lambda: open_device("host"))
+    assert tally == {"verified": 3, "stored_as_bytes": 0}
+    doc = json.loads((out / "capture.json").read_text())
+    (rec,) = doc["ranges"]
+    assert rec["regenerated"] == 3 and "chain_pre" not in rec and rec["stored_bytes"] == 100
+    assert list((out / "blobs").iterdir()) == []   # nothing links them: dropped
+    m = Snapshot.open(out / "snap").manifest
+    assert all(isinstance(r.regen, Regen) for r in m.regions if r.name in "abc")
+
+
+def test_a_chain_that_does_not_make_its_bytes_is_stored_as_bytes(made, tmp_path):
+    out = _capture_dir(made, tmp_path)
+    _tamper_seed(out / "snap")   # a's chain now makes other bytes; c's reads a
+    tally = verify_capture(out, lambda: open_device("host"))
+    assert tally == {"verified": 1, "stored_as_bytes": 2}
+    snap = Snapshot.open(out / "snap")
+    snap.verify()
+    kinds = {r.name: r.regen is not None for r in snap.manifest.regions}
+    assert kinds == {"a": False, "b": True, "c": False, "out1": False, "out2": False}
+    (rec,) = json.loads((out / "capture.json").read_text())["ranges"]
+    assert rec["regenerated"] == 1 and rec["stored_bytes"] == 100 + 2 * made["arrays"]["a"].nbytes
+    # a's and c's bytes are linked into the snapshot; b's, confirmed, left the pool
+    pooled = {p.name for p in (out / "blobs").iterdir()}
+    assert len(pooled) == 2
+    with open_device("host") as dev:
+        replay = Replay(dev, snap)
+        assert replay.pre["a"] == _splitmix(SEED, made["arrays"]["a"].size).tobytes()
+        assert replay.pre["c"] == made["arrays"]["c"].tobytes()
+    with open_device("host") as dev:
+        rep = reproduce(dev, Snapshot.open(out / "snap"), 2)
+    assert rep.status == "byte-exact"
