@@ -66,7 +66,8 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
                     max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
                     module_loading: str | None = "eager", env: dict | None = None,
                     stdout=None, stderr=None, cwd: str | os.PathLike | None = None,
-                    timeout_s: float | None = None, log: Log = _stderr) -> CaptureOutcome:
+                    timeout_s: float | None = None, log: Log = _stderr,
+                    store_bytes: bool = False) -> CaptureOutcome:
     """Run ``command`` (``python [options] prog.py ARGS``) with capture installed, writing
     one snapshot per captured dispatch and ``capture.json`` into ``out`` (new or empty).
 
@@ -79,7 +80,8 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
 
     ``ranges``: capture these ranges instead of single dispatches (``kpair.capture.ranges``):
     the ``nth`` occurrence of each name, marked by ``torch.cuda.nvtx.range`` or
-    ``kpair.mark``, as one range snapshot ``out/<name>/``."""
+    ``kpair.mark``, as one range snapshot ``out/<name>/``. ``store_bytes``: every region's
+    pre-state as bytes (no regenerable chains; ``kpair.capture.chains``)."""
     command = list(command)
     argv = child_command(command)
     if max is not None and max < 0:
@@ -109,6 +111,8 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
                 "command": command}
     if ranges:
         settings["ranges"] = ranges
+    if store_bytes:
+        settings["store_bytes"] = True
     runner = _Runner(argv, env, module_loading, stdout, stderr, cwd, timeout_s)
     if top is None:
         progress.stage("the program runs, capturing")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from ..capture.child import strip_separator
 from ..capture.workflow import capture_program
-from ..errors import UsageError
+from ..errors import KpairError, UsageError
 from .base import Command, integer
 
 #: The largest size option (``--max-region-bytes``).
@@ -29,6 +30,30 @@ def parse_size(text: str) -> int:
     if not 1 <= size <= MAX_SIZE:
         raise argparse.ArgumentTypeError(f"must be 1 byte to 1TiB, not {text!r}")
     return size
+
+
+def _pending(summary: dict | None) -> bool:
+    records = [*(summary or {}).get("dispatches", []), *(summary or {}).get("ranges", [])]
+    return any(r.get("chain_pre") for r in records)
+
+
+def _verify(outcome):
+    """Confirm the capture's chains on this machine's GPU (``kpair.regen.verify_capture``);
+    a region whose chain fails is stored as bytes. One line on stderr says what happened."""
+    from ..backends import open_device
+    from ..regen import verify_capture
+
+    try:
+        tally = verify_capture(outcome.out, lambda: open_device("cuda"))
+    except (KpairError, OSError) as e:
+        print(f"kpair capture: the stored chains could not be verified here ({e}); each is "
+              "checked again when the snapshot is replayed", file=sys.stderr)
+        return outcome
+    print(f"kpair capture: {tally['verified']} regenerable region(s) verified"
+          + (f", {tally['stored_as_bytes']} stored as bytes instead (their chain did not make "
+             "the captured bytes)" if tally["stored_as_bytes"] else ""), file=sys.stderr)
+    summary = json.loads((outcome.out / "capture.json").read_text())
+    return dataclasses.replace(outcome, summary=summary)
 
 
 class Capture(Command):
@@ -68,6 +93,13 @@ class Capture(Command):
                        help="CUDA_MODULE_LOADING for the program (default eager: every code "
                        "object is reported as it loads; lazy is cheaper, but drivers have been "
                        "seen not to report the code objects of cudart kernels, PyTorch's own)")
+        p.add_argument("--store-bytes", action="store_true",
+                       help="store every region's pre-state as bytes: no region is stored "
+                       "as the chain of operations that made it (a seeded generator, a fill)")
+        p.add_argument("--verify-chains", action=argparse.BooleanOptionalAction, default=True,
+                       help="after the program ends, regenerate every stored chain on this "
+                       "GPU and store as bytes each region whose chain does not make its "
+                       "captured sha256 (default on)")
         p.add_argument("--json", action="store_true",
                        help='print {"out", "exit_status", "capture": capture.json} as one '
                        "JSON document on stdout (the program's own stdout then goes to stderr)")
@@ -90,10 +122,12 @@ class Capture(Command):
             strip_separator(args.program), args.out, kernel=args.kernel, nth=args.nth,
             max=1 if args.max is None else args.max or None, distinct=args.distinct,
             top=args.top, ranges=args.ranges, max_region_bytes=args.max_region_bytes,
-            module_loading=args.module_loading,
+            module_loading=args.module_loading, store_bytes=args.store_bytes,
             # under --json the program's stdout goes to stderr: kpair's stdout holds nothing
             # but its one JSON document
             stdout=sys.stderr.fileno() if args.json else None)
+        if args.verify_chains and not args.store_bytes and _pending(outcome.summary):
+            outcome = _verify(outcome)
         if args.json:
             print(json.dumps(outcome.to_json(), indent=1))
         if outcome.no_profile:
