@@ -234,14 +234,14 @@ def _run_request(request: dict, out: Path, isolate: bool, timeout_s: float, type
                          "written") from None
     try:
         if isolate:
-            made = _record_in_child(request, staging, timeout_s)
+            made, clobbered = _record_in_child(request, staging, timeout_s)
         else:
-            made = _record(request, staging)
+            made, clobbered = _record(request, staging)
         snap = Snapshot.open(staging)
         snap.regenerated.update(made)   # the chains' regions, as the recording made them
         stored = {r.name: k for k, r in enumerate(snap.manifest.regions)}
-        posts = [snap.post(stored[reg["name"]]) if reg["name"] in stored else None
-                 for reg in regions]
+        posts = [snap.post(stored[reg["name"]]) if reg["name"] in stored else
+                 clobbered.get(reg["name"]) for reg in regions]
         with contextlib.suppress(FileNotFoundError):
             out.rmdir()  # an empty directory the caller made: the snapshot takes its place
         try:
@@ -252,7 +252,7 @@ def _run_request(request: dict, out: Path, isolate: bool, timeout_s: float, type
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for region, post in zip(regions, posts, strict=True):
-        if post is None:   # scratch: no bytes stored
+        if post is None:   # scratch: no bytes stored (a written one comes back all the same)
             continue
         for i in region["members"]:
             a, at = typed[i], where[i][1]
@@ -441,10 +441,11 @@ class Recorder:
                                          **{**self.options, **extra})
 
 
-def _record(request: dict, root: Path) -> dict[str, bytes]:
+def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """Map, launch and snapshot one call, or a range of calls, into ``root`` (in whichever
     process runs this). Returns the pre-state of each region stored as a chain (the caller
-    copies results back, and an unchanged one has no post blob to read them from)."""
+    copies results back, and an unchanged one has no post blob to read them from), and the
+    post-state of each written region that became scratch (no blob holds it either)."""
     names, backend, ops = request["names"], request["backend"], request["ops"]
     regions, labels, ranged = request["regions"], request["labels"], request["range"]
     scratch = set(ranged["scratch"]) if ranged else set()
@@ -517,9 +518,13 @@ def _record(request: dict, root: Path) -> dict[str, bytes]:
                    for lo, hi in bands]
         _check_guards(written, regions, starts, labels,
                       " / ".join(dict.fromkeys(op["symbol"] for op in ops)))
-        out, spare = [], []
+        clobbered = _clobbered(dev, steps, regions, starts, base, pres, ranged,
+                               scratch | set(request.get("setup_only") or ()))
+        out, spare, clobbered_posts = [], [], {}
         for k, (reg, start) in enumerate(zip(regions, starts, strict=True)):
-            if k in scratch:
+            if k in clobbered:
+                clobbered_posts[reg["name"]] = dev.read(base + start, len(reg["data"]))
+            if k in scratch or k in clobbered:
                 spare.append(ScratchRegion(reg["name"], base + start, len(reg["data"])))
                 continue
             if k in set(request.get("setup_only") or ()):
@@ -552,7 +557,41 @@ def _record(request: dict, root: Path) -> dict[str, bytes]:
         kernarg=records[0].kernarg, regions=tuple(out), environment=env,
         provenance=request["provenance"], **extra)
     writer.finish(manifest)
-    return {regions[k]["name"]: pres[k] for k in chains}
+    return {regions[k]["name"]: pres[k] for k in chains}, clobbered_posts
+
+
+def _clobbered(dev, steps, regions, starts, base, pres, ranged, skip: set[int]) -> set[int]:
+    """Issue 47's rule: when a range declares outputs only they are live-out. A region the
+    range writes that is no declared output is scratch when its pre-state is not read, as
+    far as capture can tell: the range run again with that region's pre-state changed (every
+    byte inverted) leaves every declared output and the region itself as the first run did.
+    Others stay "inout" (judged as updated in place). Leaves the device as the first run
+    left it."""
+    if not ranged or not ranged["outputs"]:
+        return set()
+    spans = {k: (base + starts[k], len(reg["data"])) for k, reg in enumerate(regions)
+             if k not in skip}
+    posts = {k: dev.read(a, n) for k, (a, n) in spans.items()}
+    every = {k: (base + starts[k], len(reg["data"])) for k, reg in enumerate(regions)}
+    first = {k: dev.read(a, n) for k, (a, n) in every.items()}
+    found, ran = set(), False
+    for k in spans:
+        if k in ranged["outputs"] or posts[k] == pres[k]:
+            continue
+        ran = True
+        for q, (a, _) in every.items():
+            dev.write(a, pres[q])
+        a, n = spans[k]
+        dev.write(a, (np.frombuffer(pres[k], np.uint8) ^ 0xFF).tobytes())
+        for op, _, kernel, kernarg, params in steps:
+            dev.launch(kernel, op["launch"], kernarg, params)
+            dev.synchronize()
+        if all(dev.read(*spans[q]) == posts[q] for q in (k, *ranged["outputs"])):
+            found.add(k)
+    if ran:
+        for q, (a, _) in every.items():
+            dev.write(a, first[q])
+    return found
 
 
 def _chain_op(step) -> ChainOp:
@@ -667,7 +706,7 @@ def _record_in_child(request: dict, root: Path, timeout_s: float) -> dict[str, b
             if outcome is not None:
                 raise _rebuild(*outcome)
             made = reply.with_name("made.pkl")
-            return pickle.loads(made.read_bytes()) if made.is_file() else {}
+            return pickle.loads(made.read_bytes()) if made.is_file() else ({}, {})
         how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in
                signal.valid_signals() else f"exit status {code}")
         raise WorkerFailed(f"record_call: the process running kernel {_symbols(request)!r} "
