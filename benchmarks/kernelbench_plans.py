@@ -80,7 +80,8 @@ class PlanBuildError(Exception):
 @dataclass(frozen=True)
 class Spec:
     """One Triton launch: ``args`` in the kernel's parameter order, each ``("tensor", ref)``
-    (``in0``, ``in1``..., ``out``) or ``("scalar", kind, value)``; ``constexprs`` by name."""
+    (``in0``, ``in1``..., ``out``), ``("scratch", name)`` (a float32 buffer the plan
+    declares) or ``("scalar", kind, value)``; ``constexprs`` by name."""
 
     kernel: str
     args: tuple[tuple[str, tuple], ...]
@@ -90,8 +91,22 @@ class Spec:
     num_stages: int = 3
 
 
+@dataclass(frozen=True)
+class Launches:
+    """Several launches in order, and the scratch buffers they pass between them (bytes by
+    name)."""
+
+    launches: tuple[Spec, ...]
+    scratch: dict[str, int]
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _chunk(total: int, chunks: int, block: int) -> int:
+    """A chunk length (a multiple of ``block``) that cuts ``total`` into at most ``chunks``."""
+    return max(block, _cdiv(_cdiv(total, chunks), block) * block)
 
 
 def _int(value: int) -> tuple:
@@ -184,18 +199,33 @@ kernel_scalar = {"kb_leaky_relu": "slope", "kb_scale": "s"}
 
 
 def softmax_spec(log: bool):
-    """Softmax / log-softmax over the last dimension of a contiguous 2-D tensor."""
-    def spec(io: dict) -> Spec:
+    """Softmax / log-softmax over the last dimension of a contiguous 2-D tensor, in two
+    launches: per (row, chunk) the chunk's maximum and sum of exponentials into a scratch
+    buffer, then per (row, chunk) the row's partials combined and the chunk written."""
+    def spec(io: dict) -> Launches:
         x, y = _tensors(io)[0], io["output"]
         dim = io.get("attrs", {}).get("dim", 1)
         _need(len(x["shape"]) == 2 and dim in (1, -1) and _contiguous(x) and _contiguous(y),
               "the softmax kernel takes a contiguous 2-D tensor reduced over dim 1")
         rows, d = x["shape"]
-        return Spec("kb_softmax_rows",
-                    (("x_ptr", ("tensor", "in0")), ("y_ptr", ("tensor", "out")),
-                     ("D", _int(d)), ("stride_x", _int(x["stride"][0])),
-                     ("stride_y", _int(y["stride"][0]))),
-                    {"BLOCK": 2048, "LOG": int(log)}, (rows, 1, 1), num_warps=8, num_stages=1)
+        block = 1024
+        chunk = _chunk(d, 64, block)
+        chunks = _cdiv(d, chunk)
+        cblock = max(16, 1 << (chunks - 1).bit_length())
+        part = ("scratch", "softmax_partials")
+        return Launches((
+            Spec("kb_softmax_partial",
+                 (("x_ptr", ("tensor", "in0")), ("part_ptr", part), ("D", _int(d)),
+                  ("stride_x", _int(x["stride"][0])), ("CHUNK", _int(chunk))),
+                 {"BLOCK": block}, (rows, chunks, 1), num_warps=4, num_stages=2),
+            Spec("kb_softmax_finish",
+                 (("x_ptr", ("tensor", "in0")), ("part_ptr", part), ("y_ptr", ("tensor", "out")),
+                  ("D", _int(d)), ("stride_x", _int(x["stride"][0])),
+                  ("stride_y", _int(y["stride"][0])), ("CHUNK", _int(chunk)),
+                  ("NCHUNKS", _int(chunks))),
+                 {"BLOCK": block, "CBLOCK": cblock, "LOG": int(log)}, (rows, chunks, 1),
+                 num_warps=4, num_stages=2)),
+            {part[1]: rows * chunks * 2 * 4})
     return spec
 
 
@@ -203,8 +233,10 @@ _REDUCE_OPS = {"sum": 0, "mean": 1, "max": 2, "min": 3}
 
 
 def reduce_spec(op: str):
-    """A sum/mean/max/min over dimension 1 of a 3-D tensor (keepdim or not)."""
-    def spec(io: dict) -> Spec:
+    """A sum/mean/max/min over dimension 1 of a 3-D tensor (keepdim or not), in two launches:
+    per (batch, column block, row chunk) a partial into a scratch buffer, then per (batch,
+    column block) the partials combined."""
+    def spec(io: dict) -> Launches:
         x, y = _tensors(io)[0], io["output"]
         dim = io.get("attrs", {}).get("dim")
         _need(len(x["shape"]) == 3 and dim in (1, -2),
@@ -212,15 +244,25 @@ def reduce_spec(op: str):
         b, r, n = x["shape"]
         shape = [b, 1, n] if len(y["shape"]) == 3 else [b, n]
         _need(y["shape"] == shape, f"output {y['shape']} is not {shape}")
-        syb, syn = y["stride"][0], y["stride"][-1]
         bn, br = 64, 32
-        return Spec("kb_reduce_mid",
-                    (("x_ptr", ("tensor", "in0")), ("y_ptr", ("tensor", "out")),
-                     ("R", _int(r)), ("N", _int(n)), ("stride_xb", _int(x["stride"][0])),
-                     ("stride_xr", _int(x["stride"][1])), ("stride_xn", _int(x["stride"][2])),
-                     ("stride_yb", _int(syb)), ("stride_yn", _int(syn))),
-                    {"BLOCK_R": br, "BLOCK_N": bn, "OP": _REDUCE_OPS[op]},
-                    (b, _cdiv(n, bn), 1), num_warps=4, num_stages=2)
+        rchunk = _chunk(r, 16, br)
+        chunks = _cdiv(r, rchunk)
+        part = ("scratch", "reduce_partials")
+        return Launches((
+            Spec("kb_reduce_mid_partial",
+                 (("x_ptr", ("tensor", "in0")), ("part_ptr", part), ("R", _int(r)),
+                  ("N", _int(n)), ("stride_xb", _int(x["stride"][0])),
+                  ("stride_xr", _int(x["stride"][1])), ("stride_xn", _int(x["stride"][2])),
+                  ("RCHUNK", _int(rchunk))),
+                 {"BLOCK_R": br, "BLOCK_N": bn, "OP": _REDUCE_OPS[op]},
+                 (b, _cdiv(n, bn), chunks), num_warps=4, num_stages=2),
+            Spec("kb_reduce_mid_finish",
+                 (("part_ptr", part), ("y_ptr", ("tensor", "out")), ("R", _int(r)),
+                  ("N", _int(n)), ("NCHUNKS", _int(chunks)),
+                  ("stride_yb", _int(y["stride"][0])), ("stride_yn", _int(y["stride"][-1]))),
+                 {"BLOCK_N": bn, "OP": _REDUCE_OPS[op]}, (b, _cdiv(n, bn), 1),
+                 num_warps=4, num_stages=1)),
+            {part[1]: b * chunks * n * 4})
     return spec
 
 
@@ -235,7 +277,7 @@ class Entry:
 
     name: str
     replaces: str
-    spec: Callable[[dict], Spec]
+    spec: Callable[[dict], Spec | Launches]
     attrs: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
@@ -246,6 +288,11 @@ class Entry:
     @property
     def key(self) -> str:
         return f"level1/{self.name}"
+
+    def launches(self, io: dict) -> Launches:
+        """The problem's launches on ``io`` (one, or several with their scratch)."""
+        got = self.spec(io)
+        return got if isinstance(got, Launches) else Launches((got,), {})
 
 
 PROBLEMS: tuple[Entry, ...] = (
@@ -310,31 +357,34 @@ def _tensor_of(io: dict, ref: str) -> dict:
     return _tensors(io)[int(ref.removeprefix("in"))]
 
 
-def plan_for(spec: Spec, io: dict, regions: list[dict], kernel: dict,
-             code: str = "kernel.cubin") -> dict:
-    """``opt.plan.json`` for one problem: the Triton kernel (``kernel``: its ``name``,
-    ``shared``, ``num_warps``, ``layout`` [[offset, size]...] as kpair reads the cubin, and
-    Triton's ``global_scratch_size``/``profile_scratch_size``) launched once, each tensor
-    parameter bound to the region holding that tensor (read for inputs, write for the
-    output), each scalar typed, Triton's trailing hidden pointers bound last."""
+def _launch_args(i: int, spec: Spec, io: dict, regions: list[dict], kernel: dict,
+                 scratch: dict[str, int], decl: list[dict], notes: list[str]) -> list[dict]:
+    """Launch ``i``'s bindings: the launch's own, then Triton's hidden trailing pointers."""
     layout = kernel["layout"]
-    args, notes, scratch = [], [], []
+    args = []
     for param, bind in spec.args:
         if bind[0] == "tensor":
             t = _tensor_of(io, bind[1])
             name, offset = region_of(regions, int(t["data_ptr"]), int(t["nbytes"]),
-                                     f"{param} ({bind[1]})")
+                                     f"launch {i} {param} ({bind[1]})")
             args.append({"bind": "region", "name": name, "offset": offset,
                          "access": "write" if bind[1] == "out" else "read",
                          "bytes": int(t["nbytes"])})
             notes.append(f"{param} -> {name}+{offset} ({bind[1]}, {t['shape']})")
+        elif bind[0] == "scratch":
+            if bind[1] not in scratch:
+                raise PlanBuildError(f"launch {i} {param}: scratch {bind[1]!r} is not declared")
+            args.append({"bind": "scratch", "name": bind[1]})
+            notes.append(f"{param} -> scratch {bind[1]} ({scratch[bind[1]]} bytes)")
         else:
             args.append({"bind": "scalar", "kind": bind[1], "value": bind[2]})
             notes.append(f"{param} = {bind[2]} ({bind[1]})")
+    if layout is None:
+        raise PlanBuildError(f"{kernel['name']}'s cubin records no parameter layout")
     extra = len(layout) - len(args)
     if not 0 <= extra <= len(HIDDEN):
         raise PlanBuildError(f"{kernel['name']} takes {len(layout)} parameters (its cubin), "
-                             f"the launch has {len(args)} and Triton appends at most "
+                             f"launch {i} has {len(args)} and Triton appends at most "
                              f"{len(HIDDEN)}")
     blocks = math.prod(spec.grid)
     for hidden, (_, size) in zip(HIDDEN, layout[len(args):], strict=False):
@@ -343,30 +393,54 @@ def plan_for(spec: Spec, io: dict, regions: list[dict], kernel: dict,
                                  "not a pointer")
         per_block = int(kernel.get(f"{hidden}_size") or 0)
         if per_block:
-            buf = f"triton_{hidden}"
-            scratch.append({"name": buf, "size": per_block * blocks,
-                            "align": max(256, int(kernel.get(f"{hidden}_align") or 0))})
+            buf = f"triton_{hidden}_{i}"
+            decl.append({"name": buf, "size": per_block * blocks,
+                         "align": max(256, int(kernel.get(f"{hidden}_align") or 0))})
             args.append({"bind": "scratch", "name": buf})
             notes.append(f"{hidden} -> scratch {buf} ({per_block * blocks} bytes)")
         else:
             args.append({"bind": "scalar", "kind": "u64", "value": 0})
             notes.append(f"{hidden} = 0 (Triton's hidden pointer; the kernel asks none)")
-    plan = {"schema": "kpair.plan", "schema_version": 1,
-            "launches": [{"code": code, "format": "cubin", "kernel": kernel["name"],
-                          "grid": list(spec.grid),
-                          "block": [32 * int(kernel["num_warps"]), 1, 1],
-                          "dynamic_shared_bytes": int(kernel["shared"]), "args": args}],
-            "note": f"{spec.kernel} (Triton) for the range: " + "; ".join(notes)}
-    if scratch:
-        plan["scratch"] = scratch
+    return args
+
+
+def plan_for(work: Launches | Spec, io: dict, regions: list[dict],
+             kernels: list[dict] | dict) -> dict:
+    """``opt.plan.json`` for one problem: its Triton launches in order (``kernels[i]``: launch
+    i's compiled kernel: ``name``, ``shared``, ``num_warps``, ``layout`` [[offset, size]...]
+    as kpair reads the cubin, Triton's ``global_scratch_size``/``profile_scratch_size``; its
+    code object is ``k<i>.cubin``), each tensor parameter bound to the region holding that
+    tensor (read for inputs, write for the output), each scratch parameter to a buffer the
+    plan declares, each scalar typed, Triton's trailing hidden pointers bound last."""
+    if isinstance(work, Spec):
+        work = Launches((work,), {})
+    if isinstance(kernels, dict):
+        kernels = [kernels]
+    if len(kernels) != len(work.launches):
+        raise PlanBuildError(f"{len(work.launches)} launches, {len(kernels)} kernels compiled")
+    decl = [{"name": n, "size": size, "align": 256} for n, size in work.scratch.items()]
+    launches, notes = [], []
+    for i, (spec, kernel) in enumerate(zip(work.launches, kernels, strict=True)):
+        mine: list[str] = []
+        args = _launch_args(i, spec, io, regions, kernel, work.scratch, decl, mine)
+        launches.append({"code": f"k{i}.cubin", "format": "cubin", "kernel": kernel["name"],
+                         "grid": list(spec.grid), "block": [32 * int(kernel["num_warps"]), 1, 1],
+                         "dynamic_shared_bytes": int(kernel["shared"]), "args": args})
+        notes.append(f"{spec.kernel} (Triton): " + "; ".join(mine))
+    plan = {"schema": "kpair.plan", "schema_version": 1, "launches": launches,
+            "note": " | ".join(notes)}
+    if decl:
+        plan["scratch"] = decl
     return plan
 
 
-def write_plan(dest: Path, spec: Spec, io: dict, manifest: dict, kernel: dict) -> Path:
-    """The plan and its cubin in ``dest``; the plan's path."""
+def write_plan(dest: Path, work: Launches, io: dict, manifest: dict,
+               kernels: list[dict]) -> Path:
+    """The plan and its cubins in ``dest``; the plan's path."""
     dest.mkdir(parents=True, exist_ok=True)
-    plan = plan_for(spec, io, list(manifest["regions"]), kernel)
-    shutil.copyfile(kernel["cubin"], dest / "kernel.cubin")
+    plan = plan_for(work, io, list(manifest["regions"]), kernels)
+    for i, kernel in enumerate(kernels):
+        shutil.copyfile(kernel["cubin"], dest / f"k{i}.cubin")
     path = dest / "opt.plan.json"
     path.write_text(json.dumps(plan, indent=1))
     return path
@@ -416,7 +490,10 @@ def compile_kernel(fn, spec: Spec, io: dict, capability: int, dest: Path) -> dic
             constexprs[(i,)] = spec.constexprs[name]
             continue
         bind = bound[name]
-        if bind[0] == "tensor":
+        if bind[0] == "scratch":   # a float32 buffer the plan declares, 256-aligned
+            signature[name] = "*fp32"
+            attrs[(i,)] = [("tt.divisibility", 16)]
+        elif bind[0] == "tensor":
             t = _tensor_of(io, bind[1])
             signature[name] = _SIG[t["dtype"]]
             if int(t["data_ptr"]) % 16 == 0:
@@ -430,7 +507,7 @@ def compile_kernel(fn, spec: Spec, io: dict, capability: int, dest: Path) -> dic
                               options={"num_warps": spec.num_warps,
                                        "num_stages": spec.num_stages})
     meta = compiled.metadata
-    cubin = dest / "kernel.cubin"
+    cubin = dest / f"{meta.name}.{len(list(dest.glob('*.cubin')))}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     layout = plan_layout(compiled.asm["cubin"], "cubin", meta.name)
     return {"cubin": str(cubin), "name": meta.name, "shared": int(meta.shared),
@@ -440,14 +517,17 @@ def compile_kernel(fn, spec: Spec, io: dict, capability: int, dest: Path) -> dic
                for h in HIDDEN for k in ("size", "align")}}
 
 
-def self_check(fn, spec: Spec, tensors: dict, out, torch) -> dict:
-    """The kernel launched by Triton itself on a fresh output, against the eager output
-    (outside the range: a diagnosis, not the judgement)."""
+def self_check(fns: list, work: Launches, tensors: dict, out, torch) -> dict:
+    """The launches made by Triton itself on a fresh output (and fresh scratch), against the
+    eager output (outside the range: a diagnosis, not the judgement)."""
     fresh = torch.full_like(out, float("nan"))
-    args = [fresh if b[0] == "tensor" and b[1] == "out" else
-            tensors[b[1]] if b[0] == "tensor" else b[2] for _, b in spec.args]
-    fn[spec.grid](*args, **spec.constexprs, num_warps=spec.num_warps,
-                  num_stages=spec.num_stages)
+    buffers = {n: torch.full((size // 4,), float("nan"), device=out.device)
+               for n, size in work.scratch.items()}
+    for fn, spec in zip(fns, work.launches, strict=True):
+        args = [fresh if b == ("tensor", "out") else tensors[b[1]] if b[0] == "tensor"
+                else buffers[b[1]] if b[0] == "scratch" else b[2] for _, b in spec.args]
+        fn[spec.grid](*args, **spec.constexprs, num_warps=spec.num_warps,
+                      num_stages=spec.num_stages)
     torch.cuda.synchronize()
     diff = (fresh.float() - out.float()).abs()
     return {"allclose": bool(torch.allclose(fresh, out, atol=1e-2, rtol=1e-2)),
@@ -472,7 +552,7 @@ def child(plan_path: Path) -> int:
     for p in plan["problems"]:
         entry = BY_NAME[p["name"]]
         rec: dict = {"number": p["number"], "ok": False}
-        model = inputs = out = None
+        model = inputs = out = tensors = None
         try:
             module = kb.module_from_source(p["source"], f"kbp_{p['module']}", p["file"])
             model, inputs = kb.instantiate(module, torch, "cuda")
@@ -488,22 +568,23 @@ def child(plan_path: Path) -> int:
                   "output": _describe(out, torch),
                   "attrs": {a: getattr(model, a) for a in entry.attrs}}
             rec["io"] = io
-            spec = entry.spec(io)
-            fn = getattr(kernels, spec.kernel)
-            dest = work / f"p{p['number']}.kernel"
+            launches = entry.launches(io)
+            fns = [getattr(kernels, spec.kernel) for spec in launches.launches]
+            dest = work / f"p{p['number']}.kernels"
             dest.mkdir(parents=True, exist_ok=True)
-            rec["kernel"] = compile_kernel(fn, spec, io, major * 10 + minor, dest)
+            rec["kernels"] = [compile_kernel(fn, spec, io, major * 10 + minor, dest)
+                              for fn, spec in zip(fns, launches.launches, strict=True)]
             rec["ok"] = True
             tensors = {f"in{i}": t for i, t in
                        enumerate(x for x in inputs if isinstance(x, torch.Tensor))}
             try:
-                rec["self_check"] = self_check(fn, spec, tensors, out, torch)
+                rec["self_check"] = self_check(fns, launches, tensors, out, torch)
             except Exception as e:  # noqa: BLE001 - a diagnosis only
                 rec["self_check"] = {"error": f"{type(e).__name__}: {e}"[:600]}
         except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
             rec["error"] = f"{type(e).__name__}: {e}"[:2000]
         finally:
-            del model, inputs, out
+            del model, inputs, out, tensors
             gc.collect()
             torch.cuda.empty_cache()
         records.append(rec)
@@ -531,16 +612,17 @@ def judge_problem(entry: Entry, rec: dict, snap: Path, work: Path, args,
                               for r in manifest["regions"]],
                   "scratch": len(manifest.get("scratch") or [])}
     try:
-        spec = entry.spec(rec["io"])
-        plan_path = write_plan(work / f"p{entry.number}.plan", spec, rec["io"], manifest,
-                               rec["kernel"])
+        launches = entry.launches(rec["io"])
+        plan_path = write_plan(work / f"p{entry.number}.plan", launches, rec["io"], manifest,
+                               rec["kernels"])
     except PlanBuildError as e:
         row.update(outcome="plan not built", plan_error=str(e))
         return row
     plan = json.loads(plan_path.read_text())
-    row["plan"] = {"kernel": spec.kernel, "grid": list(spec.grid),
-                   "block": plan["launches"][0]["block"],
-                   "shared": plan["launches"][0]["dynamic_shared_bytes"], "note": plan["note"]}
+    row["plan"] = {"kernels": [s.kernel for s in launches.launches],
+                   "launches": [{k: q[k] for k in ("grid", "block", "dynamic_shared_bytes")}
+                                for q in plan["launches"]],
+                   "scratch": plan.get("scratch", []), "note": plan["note"]}
     policy = work / f"p{entry.number}.policy.json"
     policy.write_text(json.dumps(output_policy(
         snap, args.atol, args.rtol, f"KernelBench's tolerance: atol={args.atol}, "
@@ -648,8 +730,8 @@ def run(args) -> int:
                    "scaled": p["scaled"], "batch_capture_s": capture_s,
                    "program": {k: rec.get(k) for k in ("ok", "error", "self_check")
                                if k in rec},
-                   "kernel": {k: v for k, v in (rec.get("kernel") or {}).items()
-                              if k != "cubin"}}
+                   "kernels": [{k: v for k, v in kernel.items() if k != "cubin"}
+                               for kernel in rec.get("kernels") or []]}
             st = status.get(range_name(e.number), {})
             snap = work / "cap" / range_name(e.number)
             if not rec.get("ok"):
@@ -692,7 +774,7 @@ def write_summary(results_path: Path, path: Path) -> dict:
         "rows": [{"key": r["key"], "replaces": r.get("replaces"), "scale": r.get("scale"),
                   "outcome": r.get("outcome"),
                   "ref_kernels": (r.get("ref") or {}).get("kernels"),
-                  "opt_kernel": (r.get("plan") or {}).get("kernel"),
+                  "opt_kernels": (r.get("plan") or {}).get("kernels"),
                   "speedup": (r.get("runs") or [{}])[0].get("speedup"),
                   "ci95": (r.get("runs") or [{}])[0].get("ci95"),
                   "rerun": (r.get("runs") or [{}, {}])[-1].get("speedup")

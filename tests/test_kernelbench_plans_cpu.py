@@ -138,13 +138,72 @@ def test_the_table_has_at_least_twelve_problems_each_with_its_own_kernel():
     params = kernel_params()
     for e in kp.PROBLEMS:
         inputs, attrs, expected = case(e.name)
-        spec = e.spec(io_of(inputs, attrs, np.zeros(expected.shape, np.float32)))
-        assert spec.kernel in params, (e.name, spec.kernel)
-        names, const = params[spec.kernel]
-        assert [p for p, _ in spec.args] == [p for p in names if p not in const], e.name
-        assert set(spec.constexprs) == const, e.name
-        assert all(b[0] in ("tensor", "scalar") for _, b in spec.args)
-        assert math.prod(spec.grid) >= 1 and spec.num_warps in (1, 2, 4, 8, 16)
+        work = e.launches(io_of(inputs, attrs, np.zeros(expected.shape, np.float32)))
+        for spec in work.launches:
+            assert spec.kernel in params, (e.name, spec.kernel)
+            names, const = params[spec.kernel]
+            assert [p for p, _ in spec.args] == [p for p in names if p not in const], e.name
+            assert set(spec.constexprs) == const, e.name
+            assert all(b[0] in ("tensor", "scalar", "scratch") for _, b in spec.args)
+            assert all(b[1] in work.scratch for _, b in spec.args if b[0] == "scratch")
+            assert math.prod(spec.grid) >= 1 and spec.num_warps in (1, 2, 4, 8, 16)
+        assert ("tensor", "out") in [b for s in work.launches for _, b in s.args], e.name
+
+
+def fake_layout(spec) -> list[list[int]]:
+    """The layout a cubin of ``spec``'s kernel records: its parameters, then Triton's two
+    hidden pointers (offsets aligned to each size)."""
+    sizes = [8 if b[0] != "scalar" else {"i32": 4, "f32": 4, "i64": 8}[b[1]]
+             for _, b in spec.args] + [8, 8]
+    out, at = [], 0
+    for size in sizes:
+        at = -(-at // size) * size
+        out.append([at, size])
+        at += size
+    return out
+
+
+def fake_regions(io: dict) -> list[dict]:
+    """One region per tensor, each starting 256 bytes before it."""
+    return [{"name": f"r{i}", "address": hex(t["data_ptr"] - 256), "size": t["nbytes"] + 512,
+             "role": "out" if t is io["output"] else "in"}
+            for i, t in enumerate([*kp._tensors(io), io["output"]])]
+
+
+def test_every_problems_plan_passes_kpairs_check(tmp_path):
+    from kpair.plan import Plan, RegionArg, Target, TargetRegion, check_plan
+    from kpair.snapshot import Param
+
+    for e in kp.PROBLEMS:
+        inputs, attrs, expected = case(e.name)
+        io = io_of(inputs, attrs, np.zeros(expected.shape, np.float32))
+        work = e.launches(io)
+        kernels = []
+        for i, spec in enumerate(work.launches):
+            cubin = tmp_path / f"{e.number}.{i}.cubin"
+            cubin.write_bytes(b"cubin")
+            kernels.append({"name": spec.kernel, "shared": 0, "num_warps": spec.num_warps,
+                            "layout": fake_layout(spec), "cubin": str(cubin)})
+        regions = fake_regions(io)
+        path = kp.write_plan(tmp_path / e.name, work, io, {"regions": regions}, kernels)
+        plan = Plan.read(path)
+        assert [q.code for q in plan.launches] == [f"k{i}.cubin" for i in range(len(kernels))]
+        assert {s.name: s.size for s in plan.scratch} == work.scratch
+        target = Target({r["name"]: TargetRegion(r["size"], r["role"]) for r in regions})
+        check_plan(plan, target, [[Param(o, s, "bytes") for o, s in k["layout"]]
+                                  for k in kernels])
+        bound = [a for q in plan.launches for a in q.args if isinstance(a, RegionArg)]
+        assert len(bound) >= 2 and all(a.offset == 256 for a in bound), e.name
+
+
+def test_a_softmax_plan_is_two_launches_through_scratch():
+    x = np.zeros((3, 5000), np.float32)
+    work = kp.BY_NAME["23_Softmax"].launches(io_of([x], {"dim": 1}, x.copy()))
+    assert [s.kernel for s in work.launches] == ["kb_softmax_partial", "kb_softmax_finish"]
+    first, second = (dict(s.args) for s in work.launches)
+    assert first["CHUNK"] == ("scalar", "i32", 1024) and second["NCHUNKS"][2] == 5
+    assert work.scratch == {"softmax_partials": 3 * 5 * 2 * 4}
+    assert work.launches[0].grid == work.launches[1].grid == (3, 5, 1)
 
 
 def test_matmul_launches_take_transposes_as_strides():
@@ -234,9 +293,10 @@ def test_the_plan_is_kpairs_and_passes_its_check(tmp_path):
 
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\x7fELF not a real one")
-    path = kp.write_plan(tmp_path / "plan", kp.BY_NAME["19_ReLU"].spec(relu_io()), relu_io(),
-                         {"regions": manifest_regions()}, {**LAYOUT, "cubin": str(cubin)})
-    assert (tmp_path / "plan" / "kernel.cubin").read_bytes() == cubin.read_bytes()
+    path = kp.write_plan(tmp_path / "plan", kp.BY_NAME["19_ReLU"].launches(relu_io()),
+                         relu_io(), {"regions": manifest_regions()},
+                         [{**LAYOUT, "cubin": str(cubin)}])
+    assert (tmp_path / "plan" / "k0.cubin").read_bytes() == cubin.read_bytes()
     plan = Plan.read(path)
     target = Target({r["name"]: TargetRegion(r["size"], r["role"])
                      for r in manifest_regions()})
@@ -251,9 +311,9 @@ def test_hidden_scratch_the_kernel_asks_for_is_declared():
     spec = kp.BY_NAME["19_ReLU"].spec(relu_io())
     plan = kp.plan_for(spec, relu_io(), manifest_regions(),
                        {**LAYOUT, "global_scratch_size": 64, "global_scratch_align": 512})
-    assert plan["scratch"] == [{"name": "triton_global_scratch", "size": 64, "align": 512}]
+    assert plan["scratch"] == [{"name": "triton_global_scratch_0", "size": 64, "align": 512}]
     assert plan["launches"][0]["args"][3] == {"bind": "scratch",
-                                              "name": "triton_global_scratch"}
+                                              "name": "triton_global_scratch_0"}
 
 
 @pytest.mark.parametrize("layout,match", [
@@ -299,7 +359,7 @@ def fake_kpair(calls: list, *, pass_run: bool = True):
                 cubin = Path(plan["work"]) / f"{name}.cubin"
                 cubin.write_bytes(b"cubin")
                 records.append({"number": p["number"], "ok": True, "io": io,
-                                "kernel": {**LAYOUT, "cubin": str(cubin)},
+                                "kernels": [{**LAYOUT, "cubin": str(cubin)}],
                                 "self_check": {"allclose": True}})
                 (cap / name).mkdir(parents=True)
                 (cap / name / "snapshot.json").write_text(json.dumps({
@@ -348,7 +408,7 @@ def test_the_driver_pairs_each_captured_range_with_its_plan(tmp_path, monkeypatc
     runs = [c for c in calls if c[0] == "run"]
     assert len(runs) == 4 and all("--time-cap" in c for c in runs)
     leaky = rows[2]
-    assert leaky["plan"]["kernel"] == "kb_leaky_relu"
+    assert leaky["plan"]["kernels"] == ["kb_leaky_relu"]
     assert "slope = 0.01 (f32)" in leaky["plan"]["note"]
     assert leaky["rerun_inside"] is True and leaky["ref"]["kernels"] == [
         "vectorized_elementwise_kernel"]
@@ -446,12 +506,15 @@ def interpret_all() -> dict:
     for e in kp.PROBLEMS:
         inputs, attrs, expected = case(e.name)
         y = np.full(expected.shape, np.nan, np.float32)
-        spec = e.spec(io_of(inputs, attrs, y))
+        work = e.launches(io_of(inputs, attrs, y))
         tensors = {f"in{i}": NpTensor(a) for i, a in
                    enumerate(a for a in inputs if isinstance(a, np.ndarray))}
         tensors["out"] = NpTensor(y)
-        args = [tensors[b[1]] if b[0] == "tensor" else b[2] for _, b in spec.args]
-        getattr(kernels, spec.kernel)[spec.grid](*args, **spec.constexprs)
+        for name, size in work.scratch.items():   # poisoned, as kpair fills plan scratch
+            tensors[name] = NpTensor(np.full(size // 4, np.nan, np.float32))
+        for spec in work.launches:
+            args = [tensors[b[1]] if b[0] != "scalar" else b[2] for _, b in spec.args]
+            getattr(kernels, spec.kernel)[spec.grid](*args, **spec.constexprs)
         err = float(np.nanmax(np.abs(y - expected))) if not np.isnan(y).all() else math.inf
         out[e.name] = [bool(np.allclose(y, expected, atol=1e-5, rtol=1e-4)), err,
                        float(np.abs(expected).max())]
@@ -487,28 +550,23 @@ def test_every_kernel_compiles_for_sm90_and_its_cubin_takes_the_plan(tmp_path):
     from kpair.snapshot import Param
 
     kernels = kp.load_kernels()
-    seen = set()
     for e in kp.PROBLEMS:
         inputs, attrs, expected = case(e.name)
-        y = np.zeros(expected.shape, np.float32)
-        io = io_of(inputs, attrs, y)
-        spec = e.spec(io)
-        key = (spec.kernel, tuple(sorted(spec.constexprs.items())))
-        if key in seen:
-            continue
-        seen.add(key)
+        io = io_of(inputs, attrs, np.zeros(expected.shape, np.float32))
+        work = e.launches(io)
         dest = tmp_path / e.name
         dest.mkdir()
-        kernel = kp.compile_kernel(getattr(kernels, spec.kernel), spec, io, 90, dest)
-        assert kernel["layout"] is not None, e.name
-        assert len(kernel["layout"]) == len(spec.args) + len(kp.HIDDEN), e.name
-        regions = [{"name": f"r{i}", "address": hex(t["data_ptr"]), "size": t["nbytes"],
-                    "role": "out" if t is io["output"] else "in"}
-                   for i, t in enumerate([*kp._tensors(io), io["output"]])]
-        path = kp.write_plan(dest / "plan", spec, io, {"regions": regions}, kernel)
+        compiled = [kp.compile_kernel(getattr(kernels, spec.kernel), spec, io, 90, dest)
+                    for spec in work.launches]
+        for spec, kernel in zip(work.launches, compiled, strict=True):
+            assert kernel["layout"] is not None, e.name
+            assert len(kernel["layout"]) == len(spec.args) + len(kp.HIDDEN), e.name
+        regions = fake_regions(io)
+        path = kp.write_plan(dest / "plan", work, io, {"regions": regions}, compiled)
         plan = Plan.read(path)
         target = Target({r["name"]: TargetRegion(r["size"], r["role"]) for r in regions})
-        check_plan(plan, target, [[Param(o, s, "bytes") for o, s in kernel["layout"]]])
+        check_plan(plan, target, [[Param(o, s, "bytes") for o, s in k["layout"]]
+                                  for k in compiled])
 
 
 if __name__ == "__main__":   # the interpreter run, in its own process (TRITON_INTERPRET=1)

@@ -132,43 +132,68 @@ def kb_new_gelu(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def kb_softmax_rows(x_ptr, y_ptr, D, stride_x, stride_y, BLOCK: tl.constexpr,
-                    LOG: tl.constexpr):
-    """Softmax (LOG=0) or log-softmax (LOG=1) of one row a program, in three passes over the
-    row: its maximum, the sum of exp(x - max), then the outputs."""
+def kb_softmax_partial(x_ptr, part_ptr, D, stride_x, CHUNK, BLOCK: tl.constexpr):
+    """Softmax, first launch: program (row, chunk) writes its chunk's maximum and the sum
+    of exp(x - that maximum) to part[row, chunk, 0:2]."""
     row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * CHUNK
     x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
     cols = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
-    for c0 in range(0, D, BLOCK):
-        x = tl.load(x_row + c0 + cols, mask=c0 + cols < D, other=float("-inf"))
+    for c0 in range(0, CHUNK, BLOCK):
+        idx = start + c0 + cols
+        x = tl.load(x_row + idx, mask=(c0 + cols < CHUNK) & (idx < D), other=float("-inf"))
         m = tl.maximum(m, x)
-    row_max = tl.max(m, axis=0)
+    chunk_max = tl.max(m, axis=0)
     s = tl.zeros([BLOCK], dtype=tl.float32)
-    for c0 in range(0, D, BLOCK):
-        mask = c0 + cols < D
-        x = tl.load(x_row + c0 + cols, mask=mask, other=0.0)
-        s += tl.where(mask, tl.exp(x - row_max), 0.0)
-    total = tl.sum(s, axis=0)
+    for c0 in range(0, CHUNK, BLOCK):
+        idx = start + c0 + cols
+        mask = (c0 + cols < CHUNK) & (idx < D)
+        x = tl.load(x_row + idx, mask=mask, other=0.0)
+        s += tl.where(mask, tl.exp(x - chunk_max), 0.0)
+    out = part_ptr + (row * tl.num_programs(1) + chunk) * 2
+    tl.store(out, chunk_max)
+    tl.store(out + 1, tl.sum(s, axis=0))
+
+
+@triton.jit
+def kb_softmax_finish(x_ptr, part_ptr, y_ptr, D, stride_x, stride_y, CHUNK, NCHUNKS,
+                      BLOCK: tl.constexpr, CBLOCK: tl.constexpr, LOG: tl.constexpr):
+    """Softmax (LOG=0) or log-softmax (LOG=1), second launch: program (row, chunk) combines
+    the row's NCHUNKS partials (the row's maximum, the sum of exp(x - maximum)) and writes its
+    chunk of the output."""
+    row = tl.program_id(0)
+    start = tl.program_id(1) * CHUNK
+    c = tl.arange(0, CBLOCK)
+    parts = part_ptr + (row * NCHUNKS + c) * 2
+    maxima = tl.load(parts, mask=c < NCHUNKS, other=float("-inf"))
+    sums = tl.load(parts + 1, mask=c < NCHUNKS, other=0.0)
+    row_max = tl.max(maxima, axis=0)
+    total = tl.sum(tl.where(c < NCHUNKS, sums * tl.exp(maxima - row_max), 0.0), axis=0)
     log_total = tl.log(total)
-    for c0 in range(0, D, BLOCK):
-        mask = c0 + cols < D
-        x = tl.load(x_row + c0 + cols, mask=mask, other=0.0)
+    cols = tl.arange(0, BLOCK)
+    for c0 in range(0, CHUNK, BLOCK):
+        idx = start + c0 + cols
+        mask = (c0 + cols < CHUNK) & (idx < D)
+        x = tl.load(x_ptr + row * stride_x + idx, mask=mask, other=0.0)
         if LOG:  # noqa: SIM108 - a static branch on a constexpr, kept as Triton reads it
             y = x - row_max - log_total
         else:
             y = tl.exp(x - row_max) / total
-        tl.store(y_row + c0 + cols, y, mask=mask)
+        tl.store(y_ptr + row * stride_y + idx, y, mask=mask)
 
 
 @triton.jit
-def kb_reduce_mid(x_ptr, y_ptr, R, N, stride_xb, stride_xr, stride_xn, stride_yb, stride_yn,
-                  BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, OP: tl.constexpr):
-    """y[b, n] = reduce over r of x[b, r, n]; OP 0 sum, 1 mean, 2 max, 3 min. Program
-    (b, column block) walks the reduced dimension in BLOCK_R rows (loads along n coalesce)."""
+def kb_reduce_mid_partial(x_ptr, part_ptr, R, N, stride_xb, stride_xr, stride_xn, RCHUNK,
+                          BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, OP: tl.constexpr):
+    """A reduction over dimension 1 of x[b, r, n], first launch: program (b, column block,
+    row chunk) reduces its RCHUNK rows into part[b, chunk, n]; OP 0 sum, 1 mean (summed here),
+    2 max, 3 min. Loads along n coalesce."""
     b = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    chunk = tl.program_id(2)
+    first = chunk * RCHUNK
     offs_r = tl.arange(0, BLOCK_R)
     n_mask = offs_n < N
     base = x_ptr + b * stride_xb + offs_n[None, :] * stride_xn
@@ -178,9 +203,9 @@ def kb_reduce_mid(x_ptr, y_ptr, R, N, stride_xb, stride_xr, stride_xn, stride_yb
         acc = tl.full([BLOCK_N], float("inf"), tl.float32)
     else:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for r0 in range(0, R, BLOCK_R):
-        rs = r0 + offs_r
-        mask = (rs[:, None] < R) & n_mask[None, :]
+    for r0 in range(0, RCHUNK, BLOCK_R):
+        rs = first + r0 + offs_r
+        mask = ((r0 + offs_r < RCHUNK) & (rs < R))[:, None] & n_mask[None, :]
         if OP == 2:
             x = tl.load(base + rs[:, None] * stride_xr, mask=mask, other=float("-inf"))
             acc = tl.maximum(acc, tl.max(x, axis=0))
@@ -190,6 +215,26 @@ def kb_reduce_mid(x_ptr, y_ptr, R, N, stride_xb, stride_xr, stride_xn, stride_yb
         else:
             x = tl.load(base + rs[:, None] * stride_xr, mask=mask, other=0.0)
             acc += tl.sum(x, axis=0)
+    tl.store(part_ptr + (b * tl.num_programs(2) + chunk) * N + offs_n, acc, mask=n_mask)
+
+
+@triton.jit
+def kb_reduce_mid_finish(part_ptr, y_ptr, R, N, NCHUNKS, stride_yb, stride_yn,
+                         BLOCK_N: tl.constexpr, OP: tl.constexpr):
+    """Second launch: y[b, n] = the NCHUNKS partials of part[b, :, n] combined (a mean
+    divided by R)."""
+    b = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.load(part_ptr + b * NCHUNKS * N + offs_n, mask=n_mask, other=0.0)
+    for c in range(1, NCHUNKS):
+        x = tl.load(part_ptr + (b * NCHUNKS + c) * N + offs_n, mask=n_mask, other=0.0)
+        if OP == 2:
+            acc = tl.maximum(acc, x)
+        elif OP == 3:
+            acc = tl.minimum(acc, x)
+        else:
+            acc += x
     if OP == 1:
         acc = acc / R
     tl.store(y_ptr + b * stride_yb + offs_n * stride_yn, acc, mask=n_mask)
