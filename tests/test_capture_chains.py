@@ -61,6 +61,9 @@ def test_live_blocks_refresh_only_on_a_miss_and_tell_which_blocks_appeared():
     assert live.find(X + 9).start == X and live.refreshes == 1   # cached: no snapshot
     assert live.find(0x20000) is None and live.refreshes == 1    # not device memory
     assert live.find(Y).start == Y and live.refreshes == 2       # a miss: one refresh
+    # memory the driver knows outside the allocator's blocks: found once, then cached
+    assert live.find(0x7F000000).source == "driver-range" and live.refreshes == 3
+    assert live.find(0x7F000000).start == 0x7F000000 and live.refreshes == 3
     log.launch(_kernel("rand", X), {X}, guess=True)
     # X is freed and allocated again (seen free in a refresh): its writers are forgotten.
     tables[1] = _blocks((Y, N_))

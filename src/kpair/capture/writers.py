@@ -248,6 +248,8 @@ class LiveBlocks:
         self.source, self.log, self.driver_range = source, log, driver_range
         self.table = BlockTable()
         self.refreshes = 0
+        #: driver allocations outside the allocator's blocks, found once (no refresh later)
+        self.outside = BlockTable()
 
     def refresh(self) -> None:
         new = self.source()
@@ -263,11 +265,15 @@ class LiveBlocks:
         b = self.table.find(address)
         if b is not None and _live(b):
             return b
+        b = self.outside.find(address)
+        if b is not None:
+            return b
         rng = self.driver_range(address) if self.driver_range is not None else True
         if rng is None:
             return None   # not device memory: a scalar that looks like an address
         self.refresh()
         b = self.table.find(address)
         if b is None and isinstance(rng, tuple):
-            return Block(rng[0], rng[1], rng[0], rng[1], "driver-range")
+            b = Block(rng[0], rng[1], rng[0], rng[1], "driver-range")
+            self.outside = BlockTable([*self.outside.blocks, b])
         return b
