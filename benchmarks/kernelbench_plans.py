@@ -7,26 +7,29 @@ forward (cuBLAS gemm, ATen elementwise, softmax and reduction kernels) captured 
         [--only KEY,KEY] [--count N] [--deadline S] [--time-cap S] [--atol 1e-2] [--rtol 1e-2]
 
 ``PATH`` is a copy of the public KernelBench repository (never committed; nothing of it
-reaches OUT). ``PROBLEMS`` is the table: per Level 1 problem the Triton kernel
-(``benchmarks/kernelbench_kernels/kernels.py``) and a pure function of the problem's tensors
-(shapes, strides, scalar inputs, model attributes) giving that kernel's launch: each parameter
-bound to an input tensor, the output or a typed scalar (sizes, strides, a slope), its
-constexprs, grid and warps. Each problem is scaled (``kernelbench.scale_source``) until its
+reaches OUT). ``PROBLEMS`` is the table: per Level 1 problem a pure function of the
+problem's tensors (shapes, strides, scalar inputs, model attributes) giving its Triton
+launches (``benchmarks/kernelbench_kernels/kernels.py``): one for a gemm, a gemv or an
+elementwise op; two for softmax and the dimension reductions (per-chunk partials into a
+scratch buffer the plan declares, then combined); each parameter bound to an input tensor, the
+output, the scratch buffer or a typed scalar (sizes, strides, a slope), with its constexprs,
+grid and warps. Each problem is scaled (``kernelbench.scale_source``) until its
 bytes by the CPU sizes probe fit ``--budget-mib`` (``kernelbench_ranges.choose_scale``).
 
 One ``kpair capture --range p<n> ...`` runs this file's ``child`` over every problem in one
 process. Per problem the child makes the model and inputs on the GPU (seeded), runs the eager
 forward twice uncaptured, then once inside ``kpair.mark("p<n>")`` declaring its output, and
 writes to ``io.json`` each input's and the output's address, bytes, shape, stride and dtype
-(and the scalar inputs and model attributes the launch needs). It then compiles the problem's
-Triton kernel for the device (``triton.compile`` of an ``ASTSource`` with an explicit
+(and the scalar inputs and model attributes the launches need). It then compiles each
+launch's Triton kernel for the device (``triton.compile`` of an ``ASTSource`` with an explicit
 signature: the kernel's parameters are exactly the launch's, plus what Triton appends), keeps
 the cubin, its kernel name, shared memory, warps, scratch sizes and its parameter layout as
-kpair reads it (``kpair.harness.plan_layout``), and, outside the range, launches the kernel
+kpair reads it (``kpair.harness.plan_layout``), and, outside the range, makes the launches
 on a fresh output and compares it with the eager one (``self_check``: a diagnosis only).
 
 The driver then, per problem: maps each tensor to the range's region holding it (by address:
-region name and byte offset), writes ``opt.plan.json`` (Triton's trailing hidden parameters,
+region name and byte offset), writes ``opt.plan.json`` with the cubins beside it
+(``k<i>.cubin``; Triton's trailing hidden parameters,
 the global and profile scratch pointers, bound to a declared scratch buffer of the size the
 kernel asks for, or to a u64 0 when it asks none), runs ``kpair pair SNAP --plan PLAN
 --policy P`` (``allclose`` atol = rtol = 1e-2 on the range's live-out regions, read as
@@ -295,37 +298,39 @@ class Entry:
         return got if isinstance(got, Launches) else Launches((got,), {})
 
 
+#: Ordered so that any first N (``--count N``) mixes gemms, elementwise kernels, softmax and
+#: reductions.
 PROBLEMS: tuple[Entry, ...] = (
     Entry("1_Square_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
-    Entry("2_Standard_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
-    Entry("4_Matrix_vector_multiplication_", "cuBLAS gemv", gemv_spec),
-    Entry("5_Matrix_scalar_multiplication", "ATen mul", elementwise_spec("kb_scale",
-                                                                          _first_scalar)),
-    Entry("7_Matmul_with_small_K_dimension_", "cuBLAS gemm", matmul_spec),
-    Entry("8_Matmul_with_irregular_shapes_", "cuBLAS gemm", matmul_spec),
-    Entry("9_Tall_skinny_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
-    Entry("16_Matmul_with_transposed_A", "cuBLAS gemm (A^T)",
-          lambda io: matmul_spec(io, ta=True)),
+    Entry("19_ReLU", "ATen relu", elementwise_spec("kb_relu")),
+    Entry("23_Softmax", "ATen softmax", softmax_spec(log=False)),
+    Entry("47_Sum_reduction_over_a_dimension", "ATen sum", reduce_spec("sum"), attrs=("dim",)),
+    Entry("88_MinGPTNewGelu", "eight ATen elementwise kernels", elementwise_spec("kb_new_gelu")),
     Entry("17_Matmul_with_transposed_B", "cuBLAS gemm (B^T)",
           lambda io: matmul_spec(io, tb=True)),
-    Entry("18_Matmul_with_transposed_both", "cuBLAS gemm (A^T, B^T)",
-          lambda io: matmul_spec(io, ta=True, tb=True)),
-    Entry("19_ReLU", "ATen relu", elementwise_spec("kb_relu")),
+    Entry("5_Matrix_scalar_multiplication", "ATen mul", elementwise_spec("kb_scale",
+                                                                          _first_scalar)),
     Entry("20_LeakyReLU", "ATen leaky_relu",
           elementwise_spec("kb_leaky_relu", lambda io: io["attrs"]["negative_slope"]),
           attrs=("negative_slope",)),
     Entry("21_Sigmoid", "ATen sigmoid", elementwise_spec("kb_sigmoid")),
-    Entry("22_Tanh", "ATen tanh", elementwise_spec("kb_tanh")),
-    Entry("23_Softmax", "ATen softmax", softmax_spec(log=False)),
-    Entry("24_LogSoftmax", "ATen log_softmax", softmax_spec(log=True), attrs=("dim",)),
-    Entry("25_Swish", "ATen sigmoid + mul", elementwise_spec("kb_swish")),
+    Entry("49_Max_reduction_over_a_dimension", "ATen max", reduce_spec("max"), attrs=("dim",)),
     Entry("26_GELU_", "ATen gelu", elementwise_spec("kb_gelu")),
-    Entry("47_Sum_reduction_over_a_dimension", "ATen sum", reduce_spec("sum"), attrs=("dim",)),
+    Entry("2_Standard_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
+    Entry("22_Tanh", "ATen tanh", elementwise_spec("kb_tanh")),
+    Entry("24_LogSoftmax", "ATen log_softmax", softmax_spec(log=True), attrs=("dim",)),
     Entry("48_Mean_reduction_over_a_dimension", "ATen mean", reduce_spec("mean"),
           attrs=("dim",)),
-    Entry("49_Max_reduction_over_a_dimension", "ATen max", reduce_spec("max"), attrs=("dim",)),
+    Entry("16_Matmul_with_transposed_A", "cuBLAS gemm (A^T)",
+          lambda io: matmul_spec(io, ta=True)),
+    Entry("25_Swish", "ATen sigmoid + mul", elementwise_spec("kb_swish")),
     Entry("53_Min_reduction_over_a_dimension", "ATen min", reduce_spec("min"), attrs=("dim",)),
-    Entry("88_MinGPTNewGelu", "eight ATen elementwise kernels", elementwise_spec("kb_new_gelu")),
+    Entry("4_Matrix_vector_multiplication_", "cuBLAS gemv", gemv_spec),
+    Entry("18_Matmul_with_transposed_both", "cuBLAS gemm (A^T, B^T)",
+          lambda io: matmul_spec(io, ta=True, tb=True)),
+    Entry("8_Matmul_with_irregular_shapes_", "cuBLAS gemm", matmul_spec),
+    Entry("7_Matmul_with_small_K_dimension_", "cuBLAS gemm", matmul_spec),
+    Entry("9_Tall_skinny_matrix_multiplication_", "cuBLAS gemm", matmul_spec),
 )
 BY_NAME = {e.name: e for e in PROBLEMS}
 
@@ -800,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--sizes", default=str(SIZES))
     r.add_argument("--only", default="", help="comma-separated problem names or numbers")
     r.add_argument("--count", type=int, default=0, help="at most this many (0: all)")
-    r.add_argument("--batch", type=int, default=32, help="problems a capture process")
+    r.add_argument("--batch", type=int, default=12, help="problems a capture process")
     r.add_argument("--budget-mib", type=int, default=64)
     r.add_argument("--deadline", type=float, default=540)
     r.add_argument("--capture-timeout", type=float, default=300)
