@@ -230,3 +230,62 @@ def test_a_chain_that_does_not_make_its_bytes_is_stored_as_bytes(made, tmp_path)
     with open_device("host") as dev:
         rep = reproduce(dev, Snapshot.open(out / "snap"), 2)
     assert rep.status == "byte-exact"
+
+
+# ------------------------------------------------------------------ a range session
+
+
+def _traced(w, log, live, name: str, pointers: list[int], data: bytes) -> None:
+    """A launch before the range as the tracer sees it: the session, then the writer log;
+    ``data`` is what the kernel writes into its first pointer's block."""
+    import ctypes
+
+    from kpair.capture.launches import LaunchInfo
+    from kpair.capture.session import KernelInfo
+
+    values = [ctypes.c_uint64(p) for p in pointers] + [ctypes.c_uint64(1234)]
+    array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    w.keep.append((values, array))
+    info = LaunchInfo("cuLaunchKernel", 0x99, (2, 1, 1), (64, 1, 1), 0, 0x51,
+                      ctypes.addressof(array), 0)
+    kernel = KernelInfo(0x99, name, name, [(8 * i, 8) for i in range(len(values))], "test")
+    w.correlation += 1
+    w.session.launch_enter(info, kernel, w.correlation)
+    log.feed(info, kernel, live, guess=True)
+    w.session.launch_exit(w.correlation, 0)
+    w.driver.poke(pointers[0], data)
+
+
+@pytest.mark.parametrize("store_bytes", [False, True])
+def test_a_range_stores_inputs_made_before_it_as_chains(tmp_path, store_bytes):
+    from kpair.capture.summary import read_summary
+    from test_range_capture import SIZE, W, World, X, Y, _forward
+
+    log = WriterLog()
+    w = World(tmp_path, writers=log, store_bytes=store_bytes)
+    live = LiveBlocks(w.blocks, log, w.driver.address_range)
+    _traced(w, log, live, "rand", [X], b"\x5a" * SIZE)
+    _traced(w, log, live, "fill", [W], b"\x01" * SIZE)
+    _forward(w, outputs=[(Y, SIZE)])   # reads x and w; y declared
+    w.session.close(0)
+    summary = read_summary(w.out)       # the new fields are valid capture.json
+    (r,) = json.loads((w.out / "capture.json").read_text())["ranges"]
+    snap = Snapshot.open(w.out / "fwd")
+    m = snap.manifest
+    regen = {r.address: r.regen for r in m.regions}
+    if store_bytes:
+        assert r["regenerated"] == 0 and "chain_pre" not in r
+        assert all(g is None for g in regen.values())
+        return
+    assert r["regenerated"] == 2 and summary.ranges[0].regenerated == 2
+    assert [op.label for op in regen[X].ops] == ["rand"] and regen[X].reads == ()
+    assert [op.label for op in regen[W].ops] == ["fill"]
+    assert regen[Y] is None                 # made by nothing the log saw: bytes
+    assert regen[X].sha256 == hashlib.sha256(b"\x5a" * SIZE).hexdigest()
+    x = m.region(next(r.name for r in m.regions if r.address == X))
+    assert x.post_blob is None and x.role == "in"   # unchanged: no post blob either
+    # the captured bytes wait in the pool, named in capture.json, until verified
+    assert set(r["chain_pre"].values()) == {hashlib.sha256(b"\x5a" * SIZE).hexdigest(),
+                                            hashlib.sha256(b"\x01" * SIZE).hexdigest()}
+    assert all(list((w.out / "blobs").glob(f"{d}.*")) for d in r["chain_pre"].values())
+    assert r["stored_bytes"] < 4 * SIZE
