@@ -34,7 +34,8 @@ the global and profile scratch pointers, bound to a declared scratch buffer of t
 kernel asks for, or to a u64 0 when it asks none), runs ``kpair pair SNAP --plan PLAN
 --policy P`` (``allclose`` atol = rtol = 1e-2 on the range's live-out regions, read as
 float32, ``kernelbench_ranges.output_policy``) and ``kpair run`` twice (the verdict, the
-speedup, its re-run interval, and whether the second run lands inside the first's).
+speedup, its re-run interval, and whether the second run lands inside the first's; a
+second run only after a first that passed; ``--runs 1``: one).
 Every problem's record is appended to ``OUT/results.jsonl`` as it is decided (a call
 resumes from it); ``OUT/summary.json`` is rewritten after each.
 """
@@ -583,7 +584,8 @@ def child(plan_path: Path) -> int:
             tensors = {f"in{i}": t for i, t in
                        enumerate(x for x in inputs if isinstance(x, torch.Tensor))}
             try:
-                rec["self_check"] = self_check(fns, launches, tensors, out, torch)
+                if plan.get("self_check", True):
+                    rec["self_check"] = self_check(fns, launches, tensors, out, torch)
             except Exception as e:  # noqa: BLE001 - a diagnosis only
                 rec["self_check"] = {"error": f"{type(e).__name__}: {e}"[:600]}
         except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
@@ -642,7 +644,7 @@ def judge_problem(entry: Entry, rec: dict, snap: Path, work: Path, args,
         row["outcome"] = "pair refused"
         return row
     runs = []
-    for i in (1, 2):
+    for i in range(1, args.runs + 1):
         out = harness / f"r{i}.json"
         run = kpair_cmd("run", str(harness), "-o", str(out), "--json", "-q",
                         "--time-cap", str(args.time_cap), timeout=deadline - time.monotonic())
@@ -654,7 +656,7 @@ def judge_problem(entry: Entry, rec: dict, snap: Path, work: Path, args,
     row["runs"] = runs
     first = runs[0]
     ci = first.get("ci95")
-    if len(runs) == 2 and ci and runs[1].get("speedup"):
+    if len(runs) >= 2 and ci and runs[1].get("speedup"):
         row["rerun_inside"] = ci[0] <= runs[1]["speedup"] <= ci[1]
     row["outcome"] = first.get("status") or f"run exit {first['exit_code']}"
     return row
@@ -715,7 +717,7 @@ def run(args) -> int:
                              "scaled": scaled})
         plan = work / "plan.json"
         plan.write_text(json.dumps({"io": str(work / "io.json"), "work": str(work),
-                                    "problems": problems}))
+                                    "self_check": args.self_check, "problems": problems}))
         ranges = [a for e in batch for a in ("--range", range_name(e.number))]
         t0 = time.monotonic()
         cap = kpair_cmd("capture", *ranges, "-o", str(work / "cap"), "-q", "--",
@@ -782,8 +784,8 @@ def write_summary(results_path: Path, path: Path) -> dict:
                   "opt_kernels": (r.get("plan") or {}).get("kernels"),
                   "speedup": (r.get("runs") or [{}])[0].get("speedup"),
                   "ci95": (r.get("runs") or [{}])[0].get("ci95"),
-                  "rerun": (r.get("runs") or [{}, {}])[-1].get("speedup")
-                  if len(r.get("runs") or []) == 2 else None,
+                  "rerun": r["runs"][1].get("speedup") if len(r.get("runs") or []) >= 2
+                  else None,
                   "self_check": (r.get("program") or {}).get("self_check")} for r in rows]}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=1))
@@ -810,6 +812,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--deadline", type=float, default=540)
     r.add_argument("--capture-timeout", type=float, default=300)
     r.add_argument("--time-cap", type=float, default=2.0, help="kpair run --time-cap")
+    r.add_argument("--runs", type=int, choices=(1, 2), default=2,
+                   help="kpair run calls a problem (2: the second checks the first's interval)")
+    r.add_argument("--no-self-check", dest="self_check", action="store_false",
+                   help="skip the child's own launch of each plan's kernels (a diagnosis; "
+                        "it compiles each kernel a second time)")
     r.add_argument("--atol", type=float, default=1e-2)
     r.add_argument("--rtol", type=float, default=1e-2)
     r.add_argument("--keep", action="store_true", help="keep the work folder")

@@ -430,6 +430,18 @@ def test_a_failed_first_run_is_not_run_again(tmp_path, monkeypatch):
     assert [c[0] for c in calls].count("run") == 1
 
 
+def test_one_run_and_no_self_check_when_asked(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(kp, "kpair_cmd", fake_kpair(calls))
+    assert kp.main(driver_args(tmp_path, "--only", "19", "--runs", "1", "--no-self-check",
+                               "--keep")) == 0
+    (row,) = [json.loads(x) for x in (tmp_path / "OUT" / "results.jsonl").read_text()
+              .splitlines()]
+    assert row["outcome"] == "pass" and len(row["runs"]) == 1 and "rerun_inside" not in row
+    assert json.loads((tmp_path / "work" / "plan.json").read_text())["self_check"] is False
+    assert (tmp_path / "work" / "p19.plan" / "opt.plan.json").exists()
+
+
 def test_an_unknown_problem_is_a_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "kernelbench_plans.py"),
                            *driver_args(tmp_path, "--only", "3_Batched")],
