@@ -558,6 +558,7 @@ def test_every_kernel_matches_numpy_in_tritons_interpreter():
 @pytest.mark.skipif(not _has_triton(), reason="Triton is not installed")
 def test_every_kernel_compiles_for_sm90_and_its_cubin_takes_the_plan(tmp_path):
     pytest.importorskip("elftools")
+    from kpair.harness import load_plan
     from kpair.plan import Plan, Target, TargetRegion, check_plan
     from kpair.snapshot import Param
 
@@ -581,6 +582,26 @@ def test_every_kernel_compiles_for_sm90_and_its_cubin_takes_the_plan(tmp_path):
         target = Target({r["name"]: TargetRegion(r["size"], r["role"]) for r in regions})
         check_plan(plan, target, [[Param(o, s, "bytes") for o, s in k["layout"]]
                                   for k in compiled])
+        # kpair pair's own reading of the plan on an sm_90 range: each cubin's format,
+        # architecture, kernel symbol and .nv.info layout.
+        _, codes, layouts = load_plan(path, range_manifest(regions))
+        assert [f for _, f in codes] == ["cubin"] * len(work.launches)
+        assert [[(q.offset, q.size) for q in lay] for lay in layouts] == \
+            [[tuple(x) for x in k["layout"]] for k in compiled]
+
+
+def range_manifest(regions: list[dict]):
+    """A CUDA sm_90 manifest holding ``regions`` (roles as given), for pair-time checks."""
+    from kpair.snapshot import BlobRef, CodeObject, Kernarg, Launch, Manifest, Region
+
+    def blob(n):
+        return BlobRef("blobs/x.zst", n, "0" * 64)
+
+    return Manifest(backend="cuda", arch="sm_90", code=CodeObject(blob(10), "cubin", "k"),
+                    launch=Launch(), kernarg=Kernarg(blob(8), ()),
+                    regions=tuple(Region(r["name"], int(r["address"], 16), r["size"],
+                                         blob(r["size"]), blob(r["size"]), role=r["role"])
+                                  for r in regions))
 
 
 if __name__ == "__main__":   # the interpreter run, in its own process (TRITON_INTERPRET=1)
