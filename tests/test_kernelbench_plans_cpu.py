@@ -442,6 +442,26 @@ def test_one_run_and_no_self_check_when_asked(tmp_path, monkeypatch):
     assert (tmp_path / "work" / "p19.plan" / "opt.plan.json").exists()
 
 
+def test_problems_a_timed_out_capture_never_reached_are_left_for_the_next_call(
+        tmp_path, monkeypatch):
+    calls: list = []
+    real = fake_kpair(calls)
+
+    def timed_out(*args, timeout):
+        got = real(*args, timeout=timeout)
+        if args[0] == "capture":   # the child got through the first problem only
+            io = Path(json.loads(Path(args[-1]).read_text())["io"])
+            io.write_text(json.dumps(json.loads(io.read_text())[:1]))
+            return {**got, "exit_code": 124, "stderr": "timed out after 300 s"}
+        return got
+
+    monkeypatch.setattr(kp, "kpair_cmd", timed_out)
+    assert kp.main(driver_args(tmp_path, "--only", "19,20")) == 0
+    rows = [json.loads(x) for x in (tmp_path / "OUT" / "results.jsonl").read_text()
+            .splitlines()]
+    assert [(r["key"], r["outcome"]) for r in rows] == [("level1/19_ReLU", "pass")]
+
+
 def test_an_unknown_problem_is_a_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "kernelbench_plans.py"),
                            *driver_args(tmp_path, "--only", "3_Batched")],
