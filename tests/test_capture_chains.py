@@ -289,3 +289,39 @@ def test_a_range_stores_inputs_made_before_it_as_chains(tmp_path, store_bytes):
                                             hashlib.sha256(b"\x01" * SIZE).hexdigest()}
     assert all(list((w.out / "blobs").glob(f"{d}.*")) for d in r["chain_pre"].values())
     assert r["stored_bytes"] < 4 * SIZE
+
+
+def test_a_dispatch_stores_a_region_an_earlier_launch_made_as_its_chain(tmp_path):
+    from kpair.capture.filters import Filter
+    from test_capture_cpu import MIB, SEG, HostArgs, add_launch, make_session
+
+    log = WriterLog()
+    session, driver = make_session(tmp_path, filter=Filter(None, 2, 1), writers=log)
+    live = LiveBlocks(session.blocks, log, driver.address_range)
+    # launch 1 (not captured): fills a's block alone; launch 2 (captured) reads a and b
+    setup = HostArgs(("c_uint64", SEG), ("c_uint64", SEG), ("c_uint64", SEG), ("c_int32", 7))
+    args = HostArgs(("c_uint64", SEG), ("c_uint64", SEG + 4096 + 64),
+                    ("c_uint64", SEG + 64 * MIB), ("c_int32", 1024))
+    for corr, a in ((1, setup), (2, args)):
+        launch, kernel = add_launch(a)
+        session.launch_enter(launch, kernel, corr)
+        log.feed(launch, kernel, live, guess=True)     # as the tracer does, after the session
+        if corr == 1:
+            driver.write(SEG, b"\x07" * 4096)
+        else:
+            driver.write(SEG + 64 * MIB, b"\xAA" * 1024)
+        session.launch_exit(corr, 0)
+    summary = session.close(exit_status=0)
+    (d,) = [x for x in summary["dispatches"] if x["status"] == "captured"]
+    assert d["regenerated"] == 1 and list(d["chain_pre"]) == ["arg0"]
+    snap = Snapshot.open(tmp_path / "cap" / d["snapshot"])
+    m = snap.manifest
+    a0 = m.regions[0]
+    assert a0.regen is not None and a0.pre_blob is None and a0.post_blob is None
+    assert a0.regen.sha256 == hashlib.sha256(b"\x07" * 4096).hexdigest()
+    (op,) = a0.regen.ops
+    assert op.code.kernel_name == "kp_add" and op.launch.grid == (4, 1, 1)
+    assert [p.kind for p in op.kernarg.params] == ["pointer"] * 3 + ["bytes"]
+    assert snap.read_blob(op.kernarg.blob)[:8] == SEG.to_bytes(8, "little")
+    assert [r.regen is None for r in m.regions] == [False, True, True]   # host data: bytes
+    assert snap.post(2) == b"\xAA" * 1024
