@@ -134,6 +134,8 @@ def test_an_updated_region_takes_one_discovery_fill(harnesses, in_place, monkeyp
         "ref's output in it depends on what it held (read and written)"
     assert run.audit.not_tested["x"].startswith("ref reads it")
     assert "y" in run.audit._in_place
+    if in_place:   # an input's fill changed y: told by a compare on the device, nothing read
+        assert "fetch" not in calls["trust:poison"] and "read" not in calls["trust:poison"]
     r, run, calls, _ = _run(harnesses["axpbyz"], in_place, monkeypatch)
     assert r["status"] == "pass", r.get("correctness")
     assert set(run.audit.armor.plan) == {"z"}
@@ -141,6 +143,8 @@ def test_an_updated_region_takes_one_discovery_fill(harnesses, in_place, monkeyp
     # first candidate is judged under those proven poisons: opt's three runs, no control again
     assert calls["trust:poison"]["launch"] == 1 + 1 + 2 + 2
     assert calls["opt"]["launch"] == 3
+    if in_place:
+        assert "fetch" not in calls["trust:poison"] and "read" not in calls["trust:poison"]
     assert r["trust"]["poisoned_outputs"]["passed"] is True
 
 

@@ -374,11 +374,13 @@ class Replay:
 
     def run(self, kernel: Kernel, launch: Launch | None = None, *,
             state: dict[str, bytes | int] | None = None,
-            hooks: LaunchHooks | None = None) -> dict[str, bytes]:
+            hooks: LaunchHooks | None = None, read: bool = True) -> dict[str, bytes]:
         """Restore pre-state, launch once, and return every region's bytes afterwards.
 
         ``state`` replaces the pre-state of the regions it names for this launch only: bytes
         (a mutated input) or an int (the region filled with that 32-bit word, on the device).
+        ``read`` False: nothing is read back, {} is returned (the caller asks ``equals`` or
+        ``read_back`` for what it needs).
         """
         self.device.restore()
         fills = {}
@@ -396,7 +398,7 @@ class Replay:
         if hooks is not None:
             self.device.synchronize()
             hooks.after()
-        return self.read_back(fills=fills)
+        return self.read_back(fills=fills) if read else {}
 
     def _prepare_timed(self, state: dict[str, bytes] | None,
                        patches: Sequence[tuple[str, Patch]],

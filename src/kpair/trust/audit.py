@@ -158,10 +158,10 @@ class Audit:
     # ---------------------------------------------------------------- phases
 
     def _launch(self, kernel: Kernel, launch: Launch, *, poison: bool,
-                state: dict[str, bytes | int] | None = None, again: bool = False
-                ) -> dict[str, bytes]:
+                state: dict[str, bytes | int] | None = None, again: bool = False,
+                read: bool = True) -> dict[str, bytes]:
         """One launch on ``state`` (the pre-state where None), poisoned or only guarded;
-        ``again``: the poison of the launch before."""
+        ``again``: the poison of the launch before; ``read`` False: nothing read back."""
         a = self.armor
         a.pending = []   # compares armed for a timed launch (``_with_launch``) never carry over
         if not poison:
@@ -170,7 +170,7 @@ class Audit:
             hooks = a.poisoned_state_again if again else a.poisoned
         else:                                    # the planned regions hold their pre-state
             hooks = a.poisoned_again if again else a.poisoned_pre
-        return self.replay.run(kernel, launch, state=state, hooks=hooks)
+        return self.replay.run(kernel, launch, state=state, hooks=hooks, read=read)
 
     def _violations(self, role: str, label: str | None = None) -> list[dict]:
         extra = {"role": role} if label is None else {"role": role, "run": label}
@@ -267,11 +267,15 @@ class Audit:
             hint = self.hints.get(name)
             granule = dtype_size(hint) if hint in DTYPES else 4
             for fill in (x, x ^ FILL_FLIP):
-                filled.append(self._ref(ref, launch, "discovery", {name: fill}))
+                self._launch(ref, launch, poison=False, state={name: fill}, read=False)
                 if self.armor.last:
                     why, out_of_bounds = "ref writes out of bounds when it is filled", True
                     break
-                why = trust.ref_reads(name, self.policy, normal, filled[-1])
+                why = self._changed_elsewhere(name, normal)
+                if not why:   # unchanged elsewhere, or only a read back can tell
+                    filled.append(r.read_back(fills={name: fill}))
+                    why = trust.ref_reads(name, self.policy, normal, filled[-1]) \
+                        if why is None else ""
                 if why:  # an input: one fill shows it, the second would add nothing
                     break
                 if trust.none_kept(name, self.policy, normal, filled[-1], granule):
@@ -302,6 +306,27 @@ class Audit:
                 self.control = f"ref fails under poison ({why}): poison not applied"
                 self.armor.plan = {}
         self.found["noop"] = trust.noop(self._bytes_changed(), list(self.armor.plan))
+
+    def _changed_elsewhere(self, name: str, normal: dict[str, bytes]) -> str | None:
+        """``ref_reads`` after a discovery fill of ``name``, decided where the memory is
+        (each other region compared with ref's normal answer there, in order: nothing read
+        back to learn that an input's fill changed an output): why ``name`` is an input, ""
+        if no other region changed, or None where a compare cannot tell (no device copies, a
+        tolerance over a region, an answer held nowhere): then it is read back."""
+        r = self.replay
+        if not r.device.compares_in_place:
+            return None
+        for k, want in normal.items():
+            if k == name:
+                continue
+            if self.policy.for_region(k):
+                return None
+            equal = r.equals({k: want})
+            if equal is None:
+                return None
+            if not equal:
+                return trust.reads_because(k)
+        return ""
 
     def _prove_poison(self) -> str | None:
         """ref under each poison that launches on the pre-state take (``control_launches``),

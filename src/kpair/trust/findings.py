@@ -136,6 +136,11 @@ def noop(changed: dict[str, int], poisoned: Sequence[str]) -> Finding:
 # ------------------------------------------------------------------ poison
 
 
+def reads_because(changed: str) -> str:
+    """Why a region is an input of ref: filling it changed region ``changed``."""
+    return f"ref reads it: its prior content changes region {changed}"
+
+
 def ref_reads(name: str, policy: Policy, normal: dict[str, bytes], post: dict[str, bytes]
               ) -> str:
     """Why region ``name`` is an input of ref ("" if it is not): ``post`` is ref's post-state
@@ -148,7 +153,7 @@ def ref_reads(name: str, policy: Policy, normal: dict[str, bytes], post: dict[st
         # Only whether it changed: a byte-exact region is one memcmp, never a diff report.
         same = want == post[k] if not tols else check_region(k, want, post[k], tols).passed
         if not same:
-            return f"ref reads it: its prior content changes region {k}"
+            return reads_because(k)
     return ""
 
 
