@@ -753,7 +753,10 @@ def run(args) -> int:
                 row["outcome"] = "not captured"
                 row["capture"] = {k: st.get(k) for k in ("status", "reason") if k in st}
             else:
-                row.update(judge_problem(e, rec, snap, work, args, deadline))
+                try:
+                    row.update(judge_problem(e, rec, snap, work, args, deadline))
+                except Exception as ex:  # noqa: BLE001 - recorded; the batch goes on
+                    row.update(outcome="driver error", error=f"{type(ex).__name__}: {ex}"[:2000])
             append(results_path, row)
             print(f"kernelbench_plans: {e.key}: {row['outcome']} "
                   f"{(row.get('runs') or [{}])[0].get('speedup')}", flush=True)
