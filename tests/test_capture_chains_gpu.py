@@ -1,8 +1,9 @@
 """Regenerable regions in CUDA capture (issue 48) on a real GPU: inputs made by seeded
 torch.randn/rand/zeros (and an in-place scale) are stored as the kernels that made them, not
-their bytes; the range replays byte-exact from a snapshot whose stored bytes are under 1% of
-its region bytes; ``--store-bytes`` stores them as bytes. Skips cleanly without PyTorch with
-CUDA, cuda-bindings or CUPTI (the CPU half is tests/test_capture_chains.py)."""
+their bytes; the range replays byte-exact from a snapshot whose stored bytes (the code
+objects and the output's post-state) are under 1% of its 2 GiB of region bytes;
+``--store-bytes`` stores them as bytes. Skips cleanly without PyTorch with CUDA,
+cuda-bindings or CUPTI (the CPU half is tests/test_capture_chains.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-#: x: 1 GiB of randn scaled in place, w: rand, y: zeros (the declared output, written by the
+#: x: 2 GiB of randn scaled in place, w: rand, y: zeros (the declared output, written by the
 #: range). A small matmul first, so cuBLAS's handle and workspace exist before the range.
 PROGRAM = """
 import json, torch, kpair
 torch.manual_seed(0)
-x = torch.randn(32768, 8192, device="cuda")
+x = torch.randn(65536, 8192, device="cuda")
 x.mul_(0.5)
 w = torch.rand(8192, 32, device="cuda")
-y = torch.zeros(32768, 32, device="cuda")
+y = torch.zeros(65536, 32, device="cuda")
 torch.relu(torch.ones(64, 64, device="cuda") @ torch.ones(64, 64, device="cuda"))
 torch.cuda.synchronize()
 with kpair.mark("mm", outputs=[y]):
@@ -57,8 +58,8 @@ def _capture(tmp_path, *options: str):
     from kpair.snapshot import Snapshot
 
     out = tmp_path / "cap"
-    proc = kpair("capture", "-o", str(out), "--range", "mm", *options, "--", sys.executable,
-                 "-c", PROGRAM)
+    proc = kpair("capture", "-o", str(out), "--range", "mm", "--max-region-bytes", "4GiB",
+                 *options, "--", sys.executable, "-c", PROGRAM)
     assert proc.returncode == 0, proc.stderr
     tensors = json.loads(proc.stdout.strip().splitlines()[-1])
     (r,) = json.loads((out / "capture.json").read_text())["ranges"]
