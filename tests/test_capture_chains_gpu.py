@@ -20,10 +20,10 @@ pytestmark = pytest.mark.gpu
 PROGRAM = """
 import json, torch, kpair
 torch.manual_seed(0)
-x = torch.randn(65536, 8192, device="cuda")
+x = torch.randn(ROWS, 8192, device="cuda")
 x.mul_(0.5)
 w = torch.rand(8192, 32, device="cuda")
-y = torch.zeros(65536, 32, device="cuda")
+y = torch.zeros(ROWS, 32, device="cuda")
 torch.relu(torch.ones(64, 64, device="cuda") @ torch.ones(64, 64, device="cuda"))
 torch.cuda.synchronize()
 with kpair.mark("mm", outputs=[y]):
@@ -54,12 +54,12 @@ def kpair(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def _capture(tmp_path, *options: str):
+def _capture(tmp_path, *options: str, rows: int = 65536):
     from kpair.snapshot import Snapshot
 
     out = tmp_path / "cap"
     proc = kpair("capture", "-o", str(out), "--range", "mm", "--max-region-bytes", "4GiB",
-                 *options, "--", sys.executable, "-c", PROGRAM)
+                 *options, "--", sys.executable, "-c", PROGRAM.replace("ROWS", str(rows)))
     assert proc.returncode == 0, proc.stderr
     tensors = json.loads(proc.stdout.strip().splitlines()[-1])
     (r,) = json.loads((out / "capture.json").read_text())["ranges"]
@@ -92,6 +92,6 @@ def test_inputs_made_on_the_gpu_are_stored_as_chains_and_replay_byte_exact(gpu, 
 
 
 def test_store_bytes_stores_every_region_as_bytes(gpu, tmp_path):
-    r, _, snap, _ = _capture(tmp_path, "--store-bytes")
+    r, _, snap, _ = _capture(tmp_path, "--store-bytes", rows=4096)
     assert r["regenerated"] == 0
     assert all(reg.regen is None for reg in snap.manifest.regions)
