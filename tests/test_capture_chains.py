@@ -325,3 +325,16 @@ def test_a_dispatch_stores_a_region_an_earlier_launch_made_as_its_chain(tmp_path
     assert snap.read_blob(op.kernarg.blob)[:8] == SEG.to_bytes(8, "little")
     assert [r.regen is None for r in m.regions] == [False, True, True]   # host data: bytes
     assert snap.post(2) == b"\xAA" * 1024
+
+
+def test_a_block_written_too_often_is_no_longer_followed():
+    from kpair.capture.writers import MAX_WRITES
+
+    log = WriterLog()
+    log.launch(_kernel("rand", X), {X}, guess=True)
+    for _ in range(MAX_WRITES):
+        log.launch(_kernel("step_", X), {X}, guess=True)
+    assert log.chain(X) is None and log.writers(X) == []
+    log.appeared(X)
+    log.launch(_kernel("rand", X), {X}, guess=True)
+    assert [r.kernel_name for r in log.chain(X)] == ["rand"]

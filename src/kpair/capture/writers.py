@@ -33,7 +33,12 @@ from dataclasses import dataclass, field
 from .launches import KernargError, LaunchInfo, kernarg_bytes
 from .regions import Block, BlockTable, pointer_words
 
-__all__ = ["Chain", "LaunchRecord", "LiveBlocks", "WriterLog"]
+__all__ = ["MAX_WRITES", "Chain", "LaunchRecord", "LiveBlocks", "WriterLog"]
+
+#: A block written more often than this since it appeared is no longer followed (host data
+#: until it appears again): its chain would be long to store and to run, and the log of a
+#: long program (a training loop) must not grow without end.
+MAX_WRITES = 256
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,12 @@ class WriterLog:
                              key=repr))
         entry = _Write(self._seq, record, written, reads)
         for k in written:
-            self._block(k).writes.append(entry)
+            b = self._block(k)
+            if b.host:
+                continue   # not followed until it appears again
+            b.writes.append(entry)
+            if len(b.writes) > MAX_WRITES:
+                b.writes, b.host = [], True
 
     def unseen(self) -> None:
         """A launch whose arguments could not be read: it may have written any block, so no
