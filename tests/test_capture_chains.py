@@ -338,3 +338,69 @@ def test_a_block_written_too_often_is_no_longer_followed():
     log.appeared(X)
     log.launch(_kernel("rand", X), {X}, guess=True)
     assert [r.kernel_name for r in log.chain(X)] == ["rand"]
+
+
+def test_the_tracer_feeds_launches_and_memsets_to_its_writer_log(tmp_path):
+    """The tracer's callbacks, driven by hand: a launch filling a's block and a memset of b's
+    block before the captured dispatch; both regions come out as chains, the kernel's code
+    object found through its module handle."""
+    import ctypes
+    import threading
+
+    from kpair.capture import cupti
+    from kpair.capture.filters import Filter
+    from kpair.capture.modules import ModuleRegistry
+    from kpair.capture.regions import allocator_blocks
+    from kpair.capture.session import CaptureSession
+    from kpair.capture.tracer import Tracer
+    from test_capture_cpu import CUBIN, MIB, SEG, FakeKernelDriver, HostArgs, torch_snapshot
+
+    tracer = Tracer.__new__(Tracer)
+    tracer.driver = FakeKernelDriver({SEG: 2 * MIB, SEG + 64 * MIB: 20 * MIB})
+    tracer.registry, tracer.errors, tracer._kernels = ModuleRegistry(), [], {}
+    tracer._tls, tracer._lock = threading.local(), threading.RLock()
+    tracer.registry.add(42, CUBIN)
+    tracer.registry.bind(0xC0DE, 42)
+    blocks = BlockTable(allocator_blocks(torch_snapshot()))
+    tracer.writers = WriterLog()
+    tracer.live = LiveBlocks(lambda: blocks, tracer.writers, tracer.driver.address_range)
+    tracer.session = CaptureSession(tmp_path / "cap", Filter(None, 2, 1),
+                                    driver=tracer.driver, registry=tracer.registry,
+                                    blocks=lambda: blocks, writers=tracer.writers)
+    ok = ctypes.c_int(0)
+    keep = []
+
+    def launch(corr, *pointers):
+        args = HostArgs(*[("c_uint64", p) for p in pointers], ("c_int32", 5))
+        p = cupti.LaunchKernelParams(0xF00, 1, 1, 1, 32, 1, 1, 0, 0, args.address, None)
+        data = cupti.CallbackData(callbackSite=cupti.API_ENTER,
+                                  functionParams=ctypes.addressof(p),
+                                  functionReturnValue=ctypes.addressof(ok), correlationId=corr)
+        keep.append((args, p, data))
+        tracer._on_callback(None, cupti.DOMAIN_DRIVER_API, 307, ctypes.addressof(data))
+        return data
+
+    def done(data):
+        data.callbackSite = cupti.API_EXIT
+        tracer._on_callback(None, cupti.DOMAIN_DRIVER_API, 307, ctypes.addressof(data))
+
+    done(launch(1, SEG, SEG, SEG))                    # fills a (its block alone)
+    tracer.driver.write(SEG, b"\x05" * 4096)
+    memset = cupti.DataParams(SEG + 4096, 3, 8192, 0)  # cuMemsetD8Async over b's block
+    data = cupti.CallbackData(callbackSite=cupti.API_ENTER,
+                              functionParams=ctypes.addressof(memset))
+    tracer._on_callback(None, cupti.DOMAIN_DRIVER_API, 216, ctypes.addressof(data))
+    tracer.driver.write(SEG + 4096, b"\x03" * 8192)
+    captured = launch(2, SEG, SEG + 4096, SEG + 64 * MIB)
+    tracer.driver.write(SEG + 64 * MIB, b"\x08" * 1024)
+    done(captured)
+    assert tracer.errors == []
+    summary = tracer.session.close()
+    (d,) = [x for x in summary["dispatches"] if x["status"] == "captured"]
+    assert d["regenerated"] == 2, d
+    m = Snapshot.open(tmp_path / "cap" / d["snapshot"]).manifest
+    a, b, c = m.regions
+    assert a.regen.ops[0].code.kernel_name == "kp_add" and a.regen.ops[0].code.format == "cubin"
+    assert (b.regen.ops[0].kind, b.regen.ops[0].value, b.regen.ops[0].size) == ("memset", 3,
+                                                                                 8192)
+    assert c.regen is None
