@@ -200,7 +200,7 @@ def _capture_dir(made: dict, tmp_path: Path) -> Path:
 def test_confirmed_chains_stay_and_their_bytes_leave_the_pool(made, tmp_path):
     out = _capture_dir(made, tmp_path)
     tally = verify_capture(out, lambda: open_device("host"))
-    assert tally == {"verified": 3, "stored_as_bytes": 0}
+    assert tally == {"verified": 3, "stored_as_bytes": 0, "devices": 1}
     doc = json.loads((out / "capture.json").read_text())
     (rec,) = doc["ranges"]
     assert rec["regenerated"] == 3 and "chain_pre" not in rec and rec["stored_bytes"] == 100
@@ -209,11 +209,31 @@ def test_confirmed_chains_stay_and_their_bytes_leave_the_pool(made, tmp_path):
     assert all(isinstance(r.regen, Regen) for r in m.regions if r.name in "abc")
 
 
+@pytest.mark.parametrize("budget, devices", [(8 << 30, 1), (1, 2)])
+def test_one_device_confirms_snapshots_in_turn_up_to_a_budget(made, tmp_path, budget,
+                                                               devices):
+    out = _capture_dir(made, tmp_path)
+    shutil.copytree(out / "snap", out / "snap2")
+    doc = json.loads((out / "capture.json").read_text())
+    doc["ranges"].append({**doc["ranges"][0], "name": "again", "snapshot": "snap2"})
+    (out / "capture.json").write_text(json.dumps(doc))
+    opened = []
+
+    def factory():
+        opened.append(1)
+        return open_device("host")
+
+    tally = verify_capture(out, factory, budget=budget)
+    assert tally == {"verified": 6, "stored_as_bytes": 0, "devices": devices}
+    assert len(opened) == devices
+
+
 def test_a_chain_that_does_not_make_its_bytes_is_stored_as_bytes(made, tmp_path):
     out = _capture_dir(made, tmp_path)
     _tamper_seed(out / "snap")   # a's chain now makes other bytes; c's reads a
     tally = verify_capture(out, lambda: open_device("host"))
-    assert tally == {"verified": 1, "stored_as_bytes": 2}
+    # a mismatch closes the device (its state unknown): the second attempt opens another
+    assert tally == {"verified": 1, "stored_as_bytes": 2, "devices": 2}
     snap = Snapshot.open(out / "snap")
     snap.verify()
     kinds = {r.name: r.regen is not None for r in snap.manifest.regions}

@@ -196,6 +196,22 @@ def _diverged(device: Device, kernels, steps, address: int, r, delta: int
 _REGION_FIELD = re.compile(r"^regions\[(\d+)\]")
 
 
+def _confirm(out: Path, rec: dict, doc: dict, pending: dict[str, str], shared: _Shared,
+             tally: dict) -> list[str]:
+    """``verify_chains`` on one record of capture.json, the record and totals updated;
+    returns the digests of the captured bytes it no longer needs."""
+    rewritten, added = verify_chains(out / rec["snapshot"], out / "blobs", pending, shared)
+    tally["stored_as_bytes"] += len(rewritten)
+    tally["verified"] += len(pending) - len(rewritten)
+    rec["regenerated"] = len(pending) - len(rewritten)
+    rec["stored_bytes"] = rec.get("stored_bytes", 0) + added
+    totals = doc.get("totals") or {}
+    if "stored_bytes" in totals:
+        totals["stored_bytes"] += added
+    del rec["chain_pre"]
+    return list(pending.values())
+
+
 def _closure(m, index: set[int]) -> set[str]:
     """The regions ``index`` and every chain reading one of them, transitively: what goes
     back to bytes when those chains fail (a chain reads only regenerable regions)."""
@@ -268,32 +284,76 @@ def _link_pending(root: Path, pool: Path, name: str, digest: str | None, size: i
                     "none" if pooled.suffix == ".raw" else "zstd"), pooled.stat().st_size)
 
 
-def verify_capture(out: str | os.PathLike, device_factory: Callable[[], Device]) -> dict:
+class _Shared:
+    """One device for the confirmation of many snapshots (a device is slow to open): each
+    use maps its snapshot anew on it; a fresh device once ``budget`` bytes were mapped on
+    this one, and after any error (its state is then unknown)."""
+
+    def __init__(self, factory: Callable[[], Device], budget: int):
+        self.factory, self.budget = factory, budget
+        self.device: Device | None = None
+        self.mapped = 0
+        self.opened = 0
+
+    def __call__(self) -> _Shared:
+        return self
+
+    def __enter__(self) -> Device:
+        if self.device is not None and self.mapped > self.budget:
+            self.close()
+        if self.device is None:
+            self.device = self.factory()
+            self.device.__enter__()
+            self.mapped, self.opened = 0, self.opened + 1
+        return _Charged(self.device, self)
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is not None:
+            self.close()
+
+    def close(self) -> None:
+        device, self.device = self.device, None
+        if device is not None:
+            device.__exit__(None, None, None)
+
+
+class _Charged:
+    """The shared device, counting the bytes each ``map`` places on it."""
+
+    def __init__(self, device: Device, owner: _Shared):
+        self._device, self._owner = device, owner
+
+    def __getattr__(self, name: str):
+        return getattr(self._device, name)
+
+    def map(self, ranges, *, relocate: bool = False):
+        self._owner.mapped += sum(hi - lo for lo, hi in ranges)
+        return self._device.map(ranges, relocate=relocate)
+
+
+def verify_capture(out: str | os.PathLike, device_factory: Callable[[], Device], *,
+                   budget: int = 8 << 30) -> dict:
     """Confirm every chain a ``kpair capture`` into ``out`` stored (``capture.json``'s
     ``chain_pre``, per dispatch or range): ``verify_chains`` on each such snapshot; then
     ``capture.json`` says how many regions are regenerated, and the captured bytes of the
-    chains that held are dropped from the pool (nothing links them). Returns
-    {"verified": chains that held, "stored_as_bytes": regions rewritten}."""
+    chains that held are dropped from the pool (nothing links them). One device serves the
+    snapshots in turn until ``budget`` bytes were placed on it (then a fresh one). Returns
+    {"verified": chains that held, "stored_as_bytes": regions rewritten, "devices":
+    devices opened}."""
     out = Path(out)
     path = out / "capture.json"
     doc = json.loads(path.read_text())
     tally = {"verified": 0, "stored_as_bytes": 0}
     dropped: set[str] = set()
-    for rec in [*doc.get("dispatches", []), *doc.get("ranges", [])]:
-        pending = rec.get("chain_pre")
-        if not pending or not rec.get("snapshot"):
-            continue
-        rewritten, added = verify_chains(out / rec["snapshot"], out / "blobs", pending,
-                                         device_factory)
-        tally["stored_as_bytes"] += len(rewritten)
-        tally["verified"] += len(pending) - len(rewritten)
-        rec["regenerated"] = len(pending) - len(rewritten)
-        rec["stored_bytes"] = rec.get("stored_bytes", 0) + added
-        totals = doc.get("totals") or {}
-        if "stored_bytes" in totals:
-            totals["stored_bytes"] += added
-        del rec["chain_pre"]
-        dropped.update(pending.values())
+    shared = _Shared(device_factory, budget)
+    try:
+        for rec in [*doc.get("dispatches", []), *doc.get("ranges", [])]:
+            pending = rec.get("chain_pre")
+            if pending and rec.get("snapshot"):
+                dropped.update(_confirm(out, rec, doc, pending, shared, tally))
+    finally:
+        shared.close()
+    tally["devices"] = shared.opened
     for digest in dropped:
         for pooled in (out / "blobs").glob(f"{digest}.*"):
             if pooled.stat().st_nlink == 1:   # no snapshot links it: a verified chain's bytes
