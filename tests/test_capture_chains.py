@@ -424,3 +424,20 @@ def test_the_tracer_feeds_launches_and_memsets_to_its_writer_log(tmp_path):
     assert (b.regen.ops[0].kind, b.regen.ops[0].value, b.regen.ops[0].size) == ("memset", 3,
                                                                                  8192)
     assert c.regen is None
+
+
+def test_without_a_device_the_chains_stay_unconfirmed(made, tmp_path):
+    from kpair.errors import BackendUnavailable
+    from kpair.regen import NoDevice
+
+    out = _capture_dir(made, tmp_path)
+    before = (out / "snap" / "snapshot.json").read_text()
+
+    def factory():
+        raise BackendUnavailable("no CUDA driver here")
+
+    with pytest.raises(NoDevice, match="no CUDA driver here"):
+        verify_capture(out, factory)
+    assert (out / "snap" / "snapshot.json").read_text() == before
+    (rec,) = json.loads((out / "capture.json").read_text())["ranges"]
+    assert len(rec["chain_pre"]) == 3 and len(list((out / "blobs").iterdir())) == 3

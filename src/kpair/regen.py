@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .backends import Device, Kernel
 from .elfabi import check_params
-from .errors import AbiMismatch, KpairError, SnapshotFormatError
+from .errors import AbiMismatch, BackendUnavailable, KpairError, SnapshotFormatError
 from .placement import patch_pointers, span_of
 from .snapshot import SCALAR_FORMATS, BlobRef, Op, Param, Snapshot, write_json_atomic
 from .snapshot.store import BLOBS, MANIFEST
@@ -231,11 +231,12 @@ def verify_chains(root: str | os.PathLike, pool: str | os.PathLike, pending: dic
     replay does. A region whose chain does not make its captured sha256 (or cannot run) is
     stored as bytes instead, with every chain that reads it: its captured bytes wait in the
     capture's ``pool`` under their sha256 (``pending``: region name -> sha256), are linked
-    into the snapshot and the manifest is rewritten. Returns the regions rewritten and the
-    bytes their blobs add to the snapshot."""
+    into the snapshot and the manifest is rewritten. An error that is not kpair's (the
+    device's) is tried once more on a fresh device; again, every chain goes to bytes.
+    Returns the regions rewritten and the bytes their blobs add to the snapshot."""
     root, pool = Path(root), Path(pool)
     rewritten: list[str] = []
-    added = 0
+    added, retried = 0, False
     while True:
         snap = Snapshot.open(root)
         m = snap.manifest
@@ -248,7 +249,12 @@ def verify_chains(root: str | os.PathLike, pool: str | os.PathLike, pending: dic
                 delta = dev.map(ranges, relocate=True).delta
                 regenerate(dev, snap, [r.address + delta for r in m.regions])
             return rewritten, added
-        except KpairError as e:
+        except NoDevice:
+            raise   # nothing was tried: the chains stay as they are
+        except Exception as e:  # any failure: the chains are not confirmed
+            if not isinstance(e, KpairError) and not retried:
+                retried = True   # the device itself (a shared one is closed): once more
+                continue
             at = _REGION_FIELD.match(getattr(e, "field", None) or "")
             failed = {int(at.group(1))} if at and m.regions[int(at.group(1))].regen \
                 else {i for i, r in enumerate(m.regions) if r.regen is not None}
@@ -284,6 +290,11 @@ def _link_pending(root: Path, pool: Path, name: str, digest: str | None, size: i
                     "none" if pooled.suffix == ".raw" else "zstd"), pooled.stat().st_size)
 
 
+class NoDevice(BackendUnavailable):
+    """No device to confirm chains on (opening one failed): they stay, unconfirmed."""
+
+
+
 class _Shared:
     """One device for the confirmation of many snapshots (a device is slow to open): each
     use maps its snapshot anew on it; a fresh device once ``budget`` bytes were mapped on
@@ -302,8 +313,12 @@ class _Shared:
         if self.device is not None and self.mapped > self.budget:
             self.close()
         if self.device is None:
-            self.device = self.factory()
-            self.device.__enter__()
+            try:
+                self.device = self.factory()
+                self.device.__enter__()
+            except Exception as e:
+                self.device = None
+                raise NoDevice(f"no device to regenerate the chains on: {e}") from None
             self.mapped, self.opened = 0, self.opened + 1
         return _Charged(self.device, self)
 
@@ -351,12 +366,14 @@ def verify_capture(out: str | os.PathLike, device_factory: Callable[[], Device],
             pending = rec.get("chain_pre")
             if pending and rec.get("snapshot"):
                 dropped.update(_confirm(out, rec, doc, pending, shared, tally))
-    finally:
+    finally:   # what was confirmed stays confirmed, whatever stopped the rest
         shared.close()
+        waiting = {d for rec in [*doc.get("dispatches", []), *doc.get("ranges", [])]
+                   for d in (rec.get("chain_pre") or {}).values()}
+        for digest in dropped - waiting:
+            for pooled in (out / "blobs").glob(f"{digest}.*"):
+                if pooled.stat().st_nlink == 1:   # no snapshot links it: a verified chain's
+                    pooled.unlink()
+        write_json_atomic(path, doc)
     tally["devices"] = shared.opened
-    for digest in dropped:
-        for pooled in (out / "blobs").glob(f"{digest}.*"):
-            if pooled.stat().st_nlink == 1:   # no snapshot links it: a verified chain's bytes
-                pooled.unlink()
-    write_json_atomic(path, doc)
     return tally
