@@ -441,3 +441,60 @@ def test_without_a_device_the_chains_stay_unconfirmed(made, tmp_path):
     assert (out / "snap" / "snapshot.json").read_text() == before
     (rec,) = json.loads((out / "capture.json").read_text())["ranges"]
     assert len(rec["chain_pre"]) == 3 and len(list((out / "blobs").iterdir())) == 3
+
+
+# ------------------------------------------------------------------ the command line
+
+
+@pytest.mark.parametrize("options, verified", [((), True), (("--no-verify-chains",), False),
+                                               (("--store-bytes",), False)])
+def test_kpair_capture_verifies_stored_chains_unless_told_not_to(monkeypatch, tmp_path, capsys,
+                                                                 options, verified):
+    import kpair.cli.capture as cli
+    import kpair.regen as regen
+    from kpair.capture.workflow import CaptureOutcome
+    from kpair.cli import main
+
+    out = tmp_path / "o"
+    out.mkdir()
+    summary = {"ranges": [{"name": "r", "snapshot": "r", "chain_pre": {"x": "ab"}}]}
+    (out / "capture.json").write_text(json.dumps(summary))
+    seen = {}
+
+    def capture_program(command, out_, **kw):
+        seen.update(kw)
+        return CaptureOutcome(out_, 0, summary)
+
+    def verify(out_, factory):
+        seen["verified"] = out_
+        return {"verified": 1, "stored_as_bytes": 0, "devices": 1}
+
+    monkeypatch.setattr(cli, "capture_program", capture_program)
+    monkeypatch.setattr(regen, "verify_capture", verify)
+    code = main(["capture", "-o", str(out), "--range", "r", *options, "--", "python", "p.py"])
+    assert code == 0
+    assert seen["store_bytes"] == ("--store-bytes" in options)
+    assert ("verified" in seen) == verified
+    err = capsys.readouterr().err
+    assert ("1 regenerable region(s) verified" in err) == verified
+
+
+def test_kpair_capture_without_a_device_to_verify_on_says_so_in_one_line(monkeypatch, tmp_path,
+                                                                         capsys):
+    import kpair.cli.capture as cli
+    import kpair.regen as regen
+    from kpair.capture.workflow import CaptureOutcome
+    from kpair.cli import main
+    from kpair.regen import NoDevice
+
+    summary = {"dispatches": [{"snapshot": "d", "chain_pre": {"x": "ab"}}]}
+    monkeypatch.setattr(cli, "capture_program",
+                        lambda command, out, **kw: CaptureOutcome(out, 3, summary))
+
+    def verify(out, factory):
+        raise NoDevice("no device to regenerate the chains on: no driver")
+
+    monkeypatch.setattr(regen, "verify_capture", verify)
+    assert main(["capture", "-o", str(tmp_path / "o"), "--", "python", "p.py"]) == 3
+    err = capsys.readouterr().err
+    assert "could not be verified here" in err and "Traceback" not in err
