@@ -9,7 +9,7 @@
 # $OUT/env.txt (date, GPU name, UUID, driver, memory, Python, nvcc, torch). Then each step runs
 # `bash -c COMMAND` with OUT exported, its output in $OUT/NAME.log, killed after SECONDS; a
 # step's failure does not stop the next one. $OUT/steps.json lists each step's exit status
-# and seconds. Examples:
+# and seconds; everything else comes back packed in $OUT/back.tgz. Examples:
 #   'tests:300:python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu'
 #   'trust:150:ROUNDS=3 TESTS=none bash benchmarks/gpu_issue44.sh'
 set -u
@@ -46,3 +46,10 @@ for step in "$@"; do
   sep=","
 done
 echo "]" >> "$OUT/steps.json"
+# At most 8 files come back, 16 MiB each: every log and result (no snapshot blobs, nothing
+# over 4 MiB) travels in one back.tgz beside env.txt and steps.json.
+(cd "$OUT" && find . -type f ! -name env.txt ! -name steps.json ! -name back.tgz \
+   ! -path '*/blobs/*' -size -4M -print0 | tar -czf back.tgz --null -T - \
+   && find . -mindepth 1 -maxdepth 1 ! -name env.txt ! -name steps.json ! -name back.tgz \
+   -exec rm -rf {} +)
+ls -la "$OUT"
