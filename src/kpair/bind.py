@@ -27,7 +27,10 @@ refused.
 
 The plan's launches are SNAP2's operations as captured: their code objects (stored beside
 the plan), geometry, and each kernarg as a raw blob whose pointer words into SNAP2's
-regions and scratch are relocations to what they are bound to (``kpair.plan``). A pointer
+regions and scratch are relocations to what they are bound to (``kpair.plan``). A memset
+or device-to-device copy of SNAP2 is a plan memset or copy launch on the bound buffers:
+``check_plan`` refuses one that writes SNAP's live-in (a region bound by identity that SNAP
+only reads) or reaches past a buffer. A pointer
 into a SNAP2 region that is not a whole pointer-sized parameter (a field of a struct passed
 by value) cannot be relocated: refused.
 """
@@ -43,7 +46,17 @@ from pathlib import Path
 
 from ._util import make_dirs, write_bytes_atomic, write_text_atomic
 from .errors import KpairError
-from .plan import FILENAME, Plan, PlanLaunch, Relocation, Scratch, holder, pointer_word
+from .plan import (
+    FILENAME,
+    Plan,
+    PlanLaunch,
+    RegionArg,
+    Relocation,
+    Scratch,
+    ScratchArg,
+    holder,
+    pointer_word,
+)
 
 #: Code object file extensions (as a harness names them).
 _EXT = {"elf-so": ".so", "cubin": ".cubin", "fatbin": ".fatbin", "ptx": ".ptx",
@@ -268,16 +281,19 @@ def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch],
     spans = sorted((r.address, r.end, r.name) for r in (*m2.regions, *m2.scratch_regions))
     code: dict[str, bytes] = {}
     launches = []
+    first = next((i for i, op in enumerate(m2.operations) if op.kind == "kernel"), None)
+    if first is None:
+        raise BindError("SNAP2 launches no kernel (a plan launches at least one)")
     for i, op in enumerate(m2.operations):
-        if op.kind != "kernel":
-            raise BindError(f"SNAP2 operation {i} is a {op.kind}, and a plan holds kernel "
-                            "launches only")
-        field_ = "code_object.blob" if i == 0 else f"ops[{i}].code_object.blob"
+        if op.kind != "kernel":   # a memset or a copy: its addresses bound like pointers
+            launches.append(_data_launch(i, op, spans, bindings))
+            continue
+        field_ = "code_object.blob" if i == first else f"ops[{i}].code_object.blob"
         image = cand.read_blob(op.code.blob, field_)
         rel = f"code/{hashlib.sha256(image).hexdigest()[:16]}{_EXT[op.code.format]}"
         code[rel] = image
-        blob = cand.kernarg() if i == 0 else cand.read_blob(op.kernarg.blob,
-                                                            f"ops[{i}].kernarg.blob")
+        blob = cand.kernarg() if i == first else cand.read_blob(op.kernarg.blob,
+                                                                f"ops[{i}].kernarg.blob")
         relocations = _relocations(i, op, blob, spans, bindings)
         launches.append(PlanLaunch(
             code=rel, kernel=op.code.kernel_name, grid=op.launch.grid, block=op.launch.block,
@@ -285,6 +301,30 @@ def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch],
             attributes=tuple(op.launch.attributes),
             kernarg=blob, params=tuple(op.kernarg.params), relocations=tuple(relocations)))
     return launches, code
+
+
+def _data_launch(i: int, op, spans: Sequence[tuple[int, int, str]],
+                 bindings: dict[str, Binding]) -> PlanLaunch:
+    """SNAP2's memset or copy ``op`` as a plan launch on what its buffers are bound to."""
+
+    def bound(address: int, role: str) -> RegionArg | ScratchArg:
+        hit = next((s for s in spans if s[0] <= address and address + op.size <= s[1]), None)
+        if hit is None:
+            raise BindError(f"SNAP2 operation {i} ({op.kind}) {role} "
+                            f"{_show((address, op.size))} lies inside no region or scratch "
+                            "region of SNAP2")
+        lo, _, name = hit
+        b = bindings[name]
+        if b.to == "scratch":
+            return ScratchArg(b.name, b.offset + address - lo)
+        return RegionArg(b.name, b.offset + address - lo,
+                         "write" if role == "dst" else "read")
+
+    dst = bound(op.dst, "dst")
+    if op.kind == "memset":
+        return PlanLaunch(kind="memset", dst=dst, value=op.value,
+                          element_size=op.element_size, count=op.size // op.element_size)
+    return PlanLaunch(kind="copy", dst=dst, src=bound(op.src, "src"), size=op.size)
 
 
 def _relocations(i: int, op, blob: bytes, spans: Sequence[tuple[int, int, str]],

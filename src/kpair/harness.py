@@ -119,7 +119,7 @@ class Harness:
         """The opt as people read it: its kernel, or a plan's kernels in order."""
         if self.plan is None:
             return self.opt.kernel
-        return " ; ".join(dict.fromkeys(launch.kernel for launch in self.plan.launches))
+        return " ; ".join(dict.fromkeys(launch.label for launch in self.plan.launches))
 
     @property
     def info(self) -> dict:
@@ -361,6 +361,11 @@ def load_plan(path: Path, manifest, *, what: str = "plan") -> tuple:
     code, layouts, packed = [], [], []
     images: dict[str, tuple[bytes, str]] = {}
     for i, launch in enumerate(plan.launches):
+        if launch.data:   # a memset or a copy: no code object (check_plan checks it)
+            code.append((b"", ""))
+            layouts.append(None)
+            packed.append(())
+            continue
         if launch.code not in images:
             file = path.parent / launch.code
             image = _read_binary(file, f"{what} launch {i} code object")
@@ -604,8 +609,11 @@ def _create(src: Snapshot, out: Path, *, ref=None, opt=None, ref_kernel=None,
         if not plan_path.is_file():
             raise InputError(f"--plan {plan_path}: no such file")
         plan_obj, plan_code, _ = load_plan(plan_path, m)
-        first = plan_obj.launches[0]
-        opt_image, opt_fmt, opt_name = plan_code[0][0], plan_code[0][1], first.kernel
+        k = next((i for i, x in enumerate(plan_obj.launches) if not x.data), None)
+        if k is None:
+            raise PlanError("a plan launches at least one kernel", path=plan_path)
+        first = plan_obj.launches[k]
+        opt_image, opt_fmt, opt_name = plan_code[k][0], plan_code[k][1], first.kernel
     else:
         opt_image = _read_binary(opt, "--opt")
         opt_fmt = _format_of(opt_image, "--opt", opt)
@@ -631,12 +639,14 @@ def _create(src: Snapshot, out: Path, *, ref=None, opt=None, ref_kernel=None,
             make_dirs(out / PLAN_DIR)
             write_bytes_atomic(out / rel, plan_path.read_bytes(), replace=False)
             for launch in plan_obj.launches:
+                if launch.data:
+                    continue
                 dest = out / PLAN_DIR / launch.code
                 if not dest.exists():
                     make_dirs(dest.parent)
                     write_bytes_atomic(dest, (plan_path.parent / launch.code).read_bytes(),
                                        replace=False)
-            opt_side = SideSpec(f"{PLAN_DIR}/{plan_obj.launches[0].code}", opt_name, opt_fmt)
+            opt_side = SideSpec(f"{PLAN_DIR}/{first.code}", opt_name, opt_fmt)
         else:
             rel = ""
             opt_side = SideSpec("opt" + EXTENSIONS[opt_fmt], opt_name, opt_fmt, opt_launch or {})

@@ -144,10 +144,22 @@ class Scratch(Record):
 class PlanLaunch(Record, omit_defaults=True):
     """One launch: the code object (a file beside the plan), the kernel, its geometry and
     either one binding per parameter, in the kernel's order (``args``), or a raw kernarg
-    with its layout and relocations (``kernarg``, ``params``, ``relocations``)."""
+    with its layout and relocations (``kernarg``, ``params``, ``relocations``).
 
-    code: str
-    kernel: KernelName
+    ``kind`` "memset" instead sets ``count`` elements of ``element_size`` bytes (1, 2 or 4)
+    at ``dst`` to ``value``; ``kind`` "copy" copies ``size`` bytes from ``src`` to ``dst``
+    (device to device). ``dst`` and ``src`` bind a region or scratch buffer as a pointer
+    parameter does (``bytes``, if given, must be the length); no code object, no kernel."""
+
+    code: str = ""
+    kernel: str = ""
+    kind: Literal["kernel", "memset", "copy"] = "kernel"
+    dst: RegionArg | ScratchArg | None = None
+    src: RegionArg | ScratchArg | None = None
+    value: Count = 0
+    element_size: Literal[1, 2, 4] = 1
+    count: Count = 0
+    size: Count = 0
     args: tuple[Arg, ...] = ()
     grid: Dim3 = (1, 1, 1)
     block: Dim3 = (1, 1, 1)
@@ -160,6 +172,14 @@ class PlanLaunch(Record, omit_defaults=True):
     relocations: tuple[Relocation, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.kind != "kernel":
+            self._check_data()
+            return
+        if not self.kernel or len(self.kernel) > 4096:
+            raise Invalid("a kernel launch names its kernel (1 to 4096 characters)", "kernel")
+        for name in ("dst", "src"):
+            if getattr(self, name) is not None:
+                raise Invalid(f"{name} goes with a memset or copy launch", name)
         p = self.code
         if not p or p.startswith("/") or "\\" in p or ".." in p.split("/"):
             raise Invalid(f"must be a relative path beside the plan, got {p!r}", "code")
@@ -188,10 +208,47 @@ class PlanLaunch(Record, omit_defaults=True):
                 raise Invalid(f"byte {r.offset} is relocated twice", f"relocations[{i}]")
             seen.add(r.offset)
 
+    def _check_data(self) -> None:
+        if self.code or self.kernel or self.args or self.kernarg is not None \
+                or self.params or self.relocations:
+            raise Invalid(f"a {self.kind} launch has no code object, kernel or kernarg",
+                          "kind")
+        if self.dst is None:
+            raise Invalid(f"a {self.kind} launch names its destination", "dst")
+        if self.kind == "memset":
+            if self.src is not None or self.size:
+                raise Invalid("a memset has no src or size (count elements of "
+                              "element_size bytes)", "src")
+            if self.count <= 0:
+                raise Invalid("a memset sets at least one element", "count")
+            if self.value >= 1 << (8 * self.element_size):
+                raise Invalid(f"{self.value} does not fit {self.element_size} byte(s)",
+                              "value")
+            return
+        if self.src is None:
+            raise Invalid("a copy names its source", "src")
+        if self.size <= 0 or self.count or self.value:
+            raise Invalid("a copy moves size > 0 bytes (no count or value)", "size")
+
     @property
     def raw(self) -> bool:
         """Whether the launch carries a raw kernarg (else it binds ``args``)."""
         return self.kernarg is not None
+
+    @property
+    def data(self) -> bool:
+        """Whether the launch is a memset or a copy (no kernel)."""
+        return self.kind != "kernel"
+
+    @property
+    def length(self) -> int:
+        """Bytes a memset or copy writes at ``dst`` (and a copy reads at ``src``)."""
+        return self.count * self.element_size if self.kind == "memset" else self.size
+
+    @property
+    def label(self) -> str:
+        """The kernel, or "memset" / "copy"."""
+        return self.kernel if self.kind == "kernel" else self.kind
 
 
 class Plan(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
@@ -260,8 +317,14 @@ def check_plan(plan: Plan, target: Target,
     if clash:
         raise PlanError(f"scratch buffer {clash[0]!r} is named like a region of the range: "
                         "one name, one buffer")
+    if all(launch.data for launch in plan.launches):
+        raise PlanError("a plan launches at least one kernel (its memsets and copies go "
+                        "beside one)")
     written: set[str] = set()
     for i, (launch, layout) in enumerate(zip(plan.launches, layouts, strict=True)):
+        if launch.data:
+            written |= _check_data(i, launch, target, scratch)
+            continue
         if launch.raw:
             written |= _check_raw(i, launch, layout, target, scratch)
             continue
@@ -313,6 +376,32 @@ def _check_raw(i: int, launch: PlanLaunch, layout: Sequence[Param] | None, targe
         arg = (RegionArg(r.name, r.offset_in_region, r.access) if r.bind == "region"
                else ScratchArg(r.name, r.offset_in_region))
         written |= _check_target(arg, where, target, scratch)
+    return written
+
+
+def _check_data(i: int, launch: PlanLaunch, target: Target,
+                scratch: Mapping[str, Scratch]) -> set[str]:
+    """Check a memset or copy launch: inside its buffers, never writing a live-in region
+    nor reading where it writes; the regions it writes."""
+    at = f"launch {i} ({launch.kind})"
+    n = launch.length
+    ends = []
+    for role, arg, access in (("dst", launch.dst, "write"), ("src", launch.src, "read")):
+        if arg is None:
+            continue
+        if arg.bytes is not None and arg.bytes != n:
+            raise PlanError(f"{at} {role}: binds {arg.bytes} bytes, the {launch.kind} "
+                            f"moves {n}")
+        bound = (RegionArg(arg.name, arg.offset, access, n) if isinstance(arg, RegionArg)
+                 else ScratchArg(arg.name, arg.offset, n))
+        ends.append((type(arg), arg.name, arg.offset))
+        if role == "dst":
+            written = _check_target(bound, f"{at} {role}", target, scratch)
+        else:
+            _check_target(bound, f"{at} {role}", target, scratch)
+    if len(ends) == 2 and ends[0][:2] == ends[1][:2] \
+            and abs(ends[0][2] - ends[1][2]) < n:
+        raise PlanError(f"{at}: source and destination overlap in {ends[0][1]!r}")
     return written
 
 

@@ -41,7 +41,7 @@ from .formats import Record
 from .placement import patch_pointers, span_of
 from .plan import kernarg as plan_kernarg
 from .policy.mutation import Patch
-from .program import Program, ProgramDevice, Step, data_step
+from .program import CopyStep, MemsetStep, Program, ProgramDevice, Step, data_step
 from .regen import regenerate
 from .snapshot import Launch, Param, Snapshot, require_complete
 
@@ -228,6 +228,14 @@ class Replay:
         addresses.update({name: a for name, a, _ in self.scratch if name in declared})
         steps, loaded = [], {}
         for launch, (image, fmt), layout in zip(plan.launches, images, layouts, strict=True):
+            if launch.data:   # a memset or a copy on the bound buffers
+                dst = addresses[launch.dst.name] + launch.dst.offset
+                steps.append(
+                    MemsetStep(dst, launch.length, launch.value, launch.element_size)
+                    if launch.kind == "memset" else
+                    CopyStep(dst, addresses[launch.src.name] + launch.src.offset,
+                             launch.length))
+                continue
             key = (launch.code, launch.kernel)
             if key not in loaded:
                 loaded[key] = self.device.load(image, launch.kernel, fmt=fmt)
@@ -235,7 +243,7 @@ class Replay:
                                                   launch.dynamic_shared_bytes,
                                                   launch.attributes),
                               plan_kernarg(launch, layout, addresses), tuple(layout)))
-        name = " ; ".join(dict.fromkeys(launch.kernel for launch in plan.launches))
+        name = " ; ".join(dict.fromkeys(launch.label for launch in plan.launches))
         return Program(name, steps, [(a, n) for nm, a, n in self.scratch if nm in declared])
 
     def address_of(self, name: str) -> int:
