@@ -662,3 +662,121 @@ def test_tracer_routes_cupti_callbacks_and_marks_to_a_range_session(monkeypatch)
     with kpair.mark("m"):
         t._on_callback(None, cupti.DOMAIN_NVTX, cupti.NVTX_PUSH_A, ctypes.addressof(nvtx))
     assert len(rec.events) == 4 and not t.errors
+
+
+# ---------------------------------------------------------------- issue 47, first GPU run
+
+
+def _second_pass(w: World, name: str, outputs=(), *, temp: int = T, out: int = Y,
+                 zero: int | None = None) -> None:
+    """The same forward a second time, as PyTorch runs it after a warm-up pass: the caching
+    allocator hands out again the blocks the warm-up freed (``temp``, ``out``), which still
+    hold what the warm-up wrote there, so every kernel writes the bytes already in place.
+    k1(x, w, temp); k2(temp, out); ``zero``: a memset of a block already zero (Inductor
+    zeroing a buffer before an atomic reduction); temp freed inside the range."""
+    s = w.session
+    w.states[temp] = w.states[out] = "inactive"       # freed after the warm-up
+    if zero is not None:
+        w.driver.poke(zero, bytes(SIZE))
+    s.range_begin(name, THREAD, "mark")
+    w.states[temp] = w.states[out] = "active_allocated"   # handed out again
+    if zero is not None:
+        s.memory_op(MemoryOp("cuMemsetD32Async", "memset", zero, 0, SIZE, 0, 4, 0x51))
+    w.launch("k1", [X, W, temp])
+    w.launch("k2", [temp, out])
+    w.states[temp] = "inactive"
+    s.range_end(name, THREAD, list(outputs))
+
+
+def test_a_second_pass_writing_what_the_warm_up_left_still_writes_its_blocks(tmp_path):
+    # The H100 run's MLP and softmax: every region came out "in" (pre-state == post-state).
+    w = World(tmp_path)
+    before = bytes(w.driver.mem[SEG])
+    _second_pass(w, "fwd", outputs=[(Y + 0x10, 0xC0)])   # the tensor inside its block
+    assert bytes(w.driver.mem[SEG]) == before             # no byte changed
+    w.session.close(0)
+    snap = Snapshot.open(w.out / "fwd")
+    m = snap.manifest
+    assert {r.address: r.role for r in m.regions} == {X: "in", W: "in", Y: "out"}
+    assert [(s.address, s.size) for s in m.scratch_regions] == [(T, SIZE)]
+    (o,) = m.output_spans   # the declared tensor's bytes, not the allocator block
+    assert (m.region(o.region).address, o.offset, o.size) == (Y, 0x10, 0xC0)
+    assert json.loads((w.out / "fwd" / "snapshot.json").read_text())["outputs"] == [
+        {"region": o.region, "offset": 0x10, "size": 0xC0}]
+    snap.verify()
+    (r,) = w.summary()["ranges"]
+    assert r["roles"] == {"in": 2, "out": 1, "scratch": 1}
+
+
+def test_without_declared_outputs_a_block_handed_out_inside_the_range_is_inout(tmp_path):
+    w = World(tmp_path)
+    _second_pass(w, "fwd")
+    m = Snapshot.open(w.out / "fwd").manifest
+    assert {r.address: r.role for r in m.regions} == {X: "in", W: "in", Y: "inout"}
+    assert m.output_spans == () and "outputs" not in json.loads(
+        (w.out / "fwd" / "snapshot.json").read_text())
+
+
+def test_a_memset_writing_zeros_over_zeros_still_writes(tmp_path):
+    w = World(tmp_path)
+    _second_pass(w, "fwd", outputs=[(Y, SIZE)], zero=C)
+    m = Snapshot.open(w.out / "fwd").manifest
+    # c: memset first, no declared output -> scratch, never a live-in region
+    assert {r.address: r.role for r in m.regions} == {X: "in", W: "in", Y: "out"}
+    assert sorted(s.address for s in m.scratch_regions) == sorted([C, T])
+
+
+def test_a_declared_output_whose_bytes_did_not_change_is_out(tmp_path):
+    w = World(tmp_path)   # every block live before the range: nothing is fresh
+    s = w.session
+    s.range_begin("fwd", THREAD, "mark")
+    w.launch("k1", [X, Y])            # writes into y what y already holds
+    s.range_end("fwd", THREAD, [(Y, SIZE)])
+    m = Snapshot.open(w.out / "fwd").manifest
+    assert {r.address: r.role for r in m.regions} == {X: "in", Y: "out"}
+    assert [(o.offset, o.size) for o in m.output_spans] == [(0, SIZE)]
+
+
+def test_an_eager_and_a_compiled_pass_name_the_same_inputs(tmp_path):
+    # The H100 run's KernelBench pairs: the compiled range "read" a weight-sized and a
+    # bias-sized buffer SNAP had no region for ("op1.arg1: no counterpart"). They are the
+    # compiled forward's own buffers, made inside its range and holding its warm-up's bytes:
+    # written (scratch), so every live-in region of the compiled range is one of eager's.
+    w = World(tmp_path, ranges=["eager", "compiled"])
+    _second_pass(w, "eager", outputs=[(Y, SIZE)])
+    _second_pass(w, "compiled", outputs=[(Y, SIZE)], temp=C, zero=T)
+    w.session.close(0)
+    eager = Snapshot.open(w.out / "eager").manifest
+    compiled = Snapshot.open(w.out / "compiled").manifest
+    inputs = [r for r in compiled.regions if r.role == "in"]
+    assert {r.address for r in inputs} == {X, W}
+    assert all(any(e.address <= r.address and r.end <= e.end and e.role == "in"
+                   for e in eager.regions) for r in inputs)
+    assert sorted(s.address for s in compiled.scratch_regions) == sorted([C, T])
+    assert [compiled.region(o.region).address for o in compiled.output_spans] == [Y]
+
+
+def test_outputs_must_lie_in_an_out_region():
+    from kpair.snapshot import BlobRef, LaunchAttribute, OutputSpan  # noqa: F401
+    from kpair.snapshot.model import Invalid
+
+    blob = BlobRef("blobs/" + "0" * 64 + ".zst", SIZE, "0" * 64)
+    code = CodeObject(BlobRef("blobs/" + "1" * 64 + ".zst", 8, "1" * 64), "cubin", "k")
+    kernarg = Kernarg(BlobRef("blobs/" + "2" * 64 + ".zst", 8, "2" * 64), ())
+    from kpair.snapshot import Launch, Op
+
+    op = Op(code, Launch(), kernarg)
+
+    def manifest(role, span):
+        return Manifest(backend="cuda", arch="sm_90", code=code, launch=Launch(),
+                        kernarg=kernarg, ops=(op,), scratch=(),
+                        regions=(Region("y", Y, SIZE, blob, blob, role=role),),
+                        outputs=(OutputSpan(*span),))
+
+    assert manifest("out", ("y", 0x10, SIZE - 0x10)).output_spans[0].offset == 0x10
+    with pytest.raises(Invalid, match="reach past the end"):
+        manifest("out", ("y", 0x10, SIZE))
+    with pytest.raises(Invalid, match="role is 'in'"):
+        manifest("in", ("y", 0, 8))
+    with pytest.raises(Invalid, match="no region"):
+        manifest("out", ("z", 0, 8))

@@ -16,10 +16,15 @@ memsets and copies. While a chosen range is open (the first occurrence of its na
   not named before are read, before the operation is issued.
 
 At the range's end the context is synchronised once more and every region read (its
-post-state). Roles: a region whose bytes did not change is ``in``; a changed one still
-allocated at the end (the PyTorch allocator's snapshot then, or memory outside it) is ``out``
-when it holds a declared output (``kpair.mark(..., outputs=)``), else ``inout``; a changed one
-whose allocator block was freed before the end is scratch (its size only).
+post-state). A region is written when its bytes changed, a memset or copy of the range wrote
+it, it holds a declared output, or the allocator handed it out inside the range (no live
+block held it when the range began: a second pass of the same forward finds its outputs'
+blocks already holding what it writes, so unchanged bytes prove nothing). Roles: a region
+not written is ``in``; a written one still allocated at the end (the PyTorch allocator's
+snapshot then, or memory outside it) is ``out`` when it holds a declared output
+(``kpair.mark(..., outputs=)``; the manifest's ``outputs`` gives each declared tensor's span
+inside its region), else ``inout``; a written one whose allocator block was freed before the
+end is scratch (its size only).
 
 A range is refused, with the reason in ``capture.json`` (``ranges[]``, status ``refused``),
 when an operation cannot be replayed from the snapshot: a host-to-device copy (its source is
@@ -54,6 +59,7 @@ from ..snapshot import (
     Launch,
     Manifest,
     Op,
+    OutputSpan,
     Param,
     Region,
     ScratchRegion,
@@ -115,6 +121,11 @@ class _Recording:
     streams: Counter = field(default_factory=Counter)
     left_out: Counter = field(default_factory=Counter)
     upto: int = 0   # the writer log's seq when the range began
+    #: the allocator's blocks when the range began: memory no live block held then was
+    #: handed out inside the range (written by it, whatever its bytes)
+    begin: BlockTable = field(default_factory=BlockTable)
+    #: [dst, dst + size) of every memset and copy of the range: bytes it certainly writes
+    writes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def stored(self) -> int:
@@ -188,6 +199,33 @@ def allocated(table: BlockTable, lo: int, hi: int) -> bool:
     return not known
 
 
+def _overlapping(table: BlockTable, lo: int, hi: int) -> list:
+    i = max(bisect.bisect_right(table._starts, lo) - 1, 0)
+    out = []
+    for b in table.blocks[i:]:
+        if b.start >= hi:
+            break
+        if b.end > lo:
+            out.append(b)
+    return out
+
+
+def fresh(begin: BlockTable, end: BlockTable, lo: int, hi: int) -> bool:
+    """Whether [lo, hi) was handed out by the allocator inside the range: no block live when
+    the range began held any of it, and the allocator knew it then (a free block) or knows
+    it at the end (a segment it made inside the range). Such memory held nothing of the
+    program's when the range began: the range writes it, even where it writes the bytes a
+    warm-up run left there (the caching allocator hands the same blocks out again, so an
+    identical second pass finds its outputs already in place). Without an allocator table
+    (memory outside PyTorch's allocator) nothing is fresh."""
+    if not begin.blocks:
+        return False
+    before = _overlapping(begin, lo, hi)
+    if any(not b.state or b.state.startswith("active") for b in before):
+        return False
+    return bool(before) or bool(_overlapping(end, lo, hi))
+
+
 def written_first(rec: _Recording, lo: int, hi: int) -> bool:
     """Whether the first operation of the range to name any byte of [lo, hi) is a memset or
     a device-to-device copy that writes all of it (and does not read it): the range wrote
@@ -241,7 +279,8 @@ class RangeSession(CaptureSession):
                 if self.occurrences[name] == self.nth and record["status"] == "waiting":
                     record.update(status="capturing", source=source)
                     rec = _Recording(name, self.nth, thread, source, record, time.monotonic(),
-                                     upto=self.writers.seq if self.writers is not None else 0)
+                                     upto=self.writers.seq if self.writers is not None else 0,
+                                     begin=self.blocks())
                     self.active.append(rec)
             self.stacks.setdefault(thread, []).append((name, rec))
 
@@ -356,6 +395,7 @@ class RangeSession(CaptureSession):
         else:
             op.update(value=mop.value, element_size=mop.element_size)
         rec.ops.append(op)
+        rec.writes.append((mop.dst, mop.dst + mop.size))
         rec.streams[mop.stream] += 1
 
     def _kernel_op(self, rec: _Recording, launch: LaunchInfo, k: KernelInfo) -> dict:
@@ -453,25 +493,37 @@ class RangeSession(CaptureSession):
         kept, scratch, roles = [], [], Counter()
         declared_hit = [False] * len(rec.outputs)
         undeclared = []
+        spans_out: list[tuple[str, int, int]] = []
         for (lo, hi, rname), post in zip(spans, posts, strict=True):
             pre = rec.bytes_of(lo, hi)
-            if pre == post:
+            hits = [i for i, (a, n) in enumerate(rec.outputs) if a < hi and lo < a + n]
+            made = fresh(rec.begin, table, lo, hi)
+            # Written: its bytes changed, a memset or copy of the range wrote it, the
+            # allocator handed it out inside the range, or it holds a declared output. The
+            # bytes alone do not tell: a range run a second time on the same tensors finds
+            # its outputs' blocks already holding what it writes there.
+            written = pre != post or made or bool(hits) or any(
+                a < hi and lo < z for a, z in rec.writes)
+            if not written:
                 role = "in"
             elif not allocated(table, lo, hi):
                 scratch.append(ScratchRegion(rname, lo, hi - lo))
                 roles["scratch"] += 1
                 continue
             else:
-                hits = [i for i, (a, n) in enumerate(rec.outputs) if a < hi and lo < a + n]
                 for i in hits:
                     declared_hit[i] = True
+                    a, n = rec.outputs[i]
+                    start = max(a, lo)
+                    spans_out.append((rname, start - lo, min(a + n, hi) - start))
                 role = "out" if hits else "inout"
                 if role == "inout" and rec.outputs:
                     # Issue 47's rule: with declared outputs only they are live-out. A
-                    # region written before it is read (a memset or copy covering it is
-                    # the first operation to name it) is scratch; one capture cannot tell
-                    # stays inout, judged as updated in place, and is named in the notes.
-                    if written_first(rec, lo, hi):
+                    # region written before it is read (handed out inside the range, or a
+                    # memset or copy covering it is the first operation to name it) is
+                    # scratch; one capture cannot tell stays inout, judged as updated in
+                    # place, and is named in the notes.
+                    if made or written_first(rec, lo, hi):
                         scratch.append(ScratchRegion(rname, lo, hi - lo))
                         roles["scratch"] += 1
                         continue
@@ -526,7 +578,9 @@ class RangeSession(CaptureSession):
         manifest = Manifest(backend="cuda", arch=env.get("arch", "unknown"), code=first.code,
                             launch=first.launch, kernarg=first.kernarg, regions=tuple(regions),
                             environment=env, provenance=provenance, ops=tuple(ops),
-                            scratch=tuple(scratch))
+                            scratch=tuple(scratch),
+                            **({"outputs": tuple(OutputSpan(*o) for o in spans_out)}
+                               if spans_out else {}))
         writer.finish(manifest)
         region_bytes = sum(r.size for r in regions)
         rec.record.update({

@@ -18,6 +18,7 @@ from .model import (
     Manifest,
     OmittedRegion,
     Op,
+    OutputSpan,
     Param,
     Regen,
     Region,
@@ -30,7 +31,7 @@ __all__ = [
     "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION",
     "SCHEMA_VERSIONS",
     "BlobRef", "ChainOp", "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
-    "Manifest", "OmittedRegion", "Op", "Param", "Regen", "Region", "ScratchRegion",
+    "Manifest", "OmittedRegion", "Op", "OutputSpan", "Param", "Regen", "Region", "ScratchRegion",
     "Snapshot", "SnapshotWriter", "describe_left_out", "detect_format", "left_out",
     "require_complete", "sha256", "write_json_atomic",
 ]

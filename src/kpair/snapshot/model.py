@@ -341,6 +341,17 @@ class ScratchRegion(Record):
         return self.address + self.size
 
 
+class OutputSpan(Record):
+    """A range's declared output (``kpair.mark(..., outputs=)``): ``size`` bytes at
+    ``offset`` into region ``region`` (role ``out``). The region is the allocator block that
+    holds the tensor; the span is the tensor's own bytes, what a judge compares and what
+    binds two ranges' outputs (their blocks may differ in size)."""
+
+    region: RegionName
+    offset: Count
+    size: Positive
+
+
 class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     """``snapshot.json``: everything about one dispatch except the bytes (those are blobs)."""
 
@@ -361,10 +372,14 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     # top-level code object, launch and kernarg, so a reader of one dispatch sees the first.
     ops: tuple[Op, ...] | msgspec.UnsetType = msgspec.UNSET
     scratch: tuple[ScratchRegion, ...] | msgspec.UnsetType = msgspec.UNSET
+    #: A range's declared outputs as spans of its ``out`` regions (written only for one
+    #: that declares any).
+    outputs: tuple[OutputSpan, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         _coerce(self, "regions", tuple)
         self._check_chains()
+        self._check_outputs()
         if self.ops is not msgspec.UNSET:
             _coerce(self, "ops", tuple)
             if not self.ops:
@@ -405,6 +420,29 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
         for a, b in zip(ordered, ordered[1:], strict=False):
             if b.address < a.end:
                 raise Invalid(f"regions {a.name!r} and {b.name!r} overlap", "regions")
+
+    def _check_outputs(self) -> None:
+        """Each declared output lies inside one region of role ``out``."""
+        if self.outputs is msgspec.UNSET:
+            return
+        _coerce(self, "outputs", tuple)
+        regions = {r.name: r for r in self.regions}
+        for i, o in enumerate(self.outputs):
+            r = regions.get(o.region)
+            if r is None:
+                raise Invalid(f"names {o.region!r}, which is no region of this snapshot",
+                              f"outputs[{i}].region")
+            if r.role != "out":
+                raise Invalid(f"region {o.region!r} holds a declared output but its role "
+                              f"is {r.role!r}, not 'out'", f"outputs[{i}].region")
+            if o.offset + o.size > r.size:
+                raise Invalid(f"{o.size} bytes at offset {o.offset} reach past the end of "
+                              f"region {o.region!r} ({r.size} bytes)", f"outputs[{i}].size")
+
+    @property
+    def output_spans(self) -> tuple[OutputSpan, ...]:
+        """The declared outputs (none: an empty tuple)."""
+        return () if self.outputs is msgspec.UNSET else self.outputs
 
     def _check_chains(self) -> None:
         """Regenerable regions need v2 (a record built in code gets it), and each chain reads
