@@ -1,0 +1,108 @@
+"""``kpair pair SNAP --opt-capture SNAP2`` where SNAP2 holds memsets (as Inductor zeroes a
+buffer before an atomic reduction): each becomes a plan memset launch on what its region is
+bound to, the candidate passes; a memset into memory SNAP only reads is refused at pair time.
+
+A host range records calls only, so SNAP2's memsets are added to its recorded operations
+(``snapshot.json``): one zeroing its output before the fused call (its pre-state is zero:
+the post-state stays true), one zeroing its scratch row after it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CSRC, run_json
+from kpair.bind import bind_capture
+from kpair.pipeline import RunOptions
+from kpair.record import Recorder
+from kpair.snapshot import Snapshot
+from kpair.toolchain import compile_shared
+
+N = 32
+
+
+def _kpair(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("optcap-data")
+    lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
+    rng = np.random.default_rng(3)
+    x = {"a": rng.standard_normal((N, N), dtype=np.float32),
+         "b": rng.standard_normal((N, N), dtype=np.float32),
+         "bias": rng.standard_normal(N, dtype=np.float32),
+         "out": np.zeros((N, N), np.float32), "out2": np.zeros((N, N), np.float32),
+         "row": np.zeros(N, np.float32)}
+    with Recorder(d / "ref", names={k: x[k] for k in ("a", "b", "bias", "out")},
+                  outputs=[x["out"]]) as r:
+        r.call(lib, "kp_matmul", [x["a"], x["b"], x["out"], np.int32(N)])
+        r.call(lib, "kp_bias", [x["out"], x["bias"], np.int32(N)])
+        r.call(lib, "kp_relu", [x["out"], np.int32(N)])
+    ref = r.snapshot
+    with Recorder(d / "cand", names={k: x[k] for k in ("a", "b", "bias", "out2", "row")},
+                  outputs=[x["out2"]], scratch=[x["row"]]) as r:
+        r.call(lib, "kp_fused", [np.int32(N), x["bias"], x["a"], x["b"], x["out2"],
+                                 x["row"]])
+    np.testing.assert_array_equal(x["out"], x["out2"])
+    return {"dir": d, "ref": ref, "cand": r.snapshot}
+
+
+def _with_memsets(lab: dict, name: str, first: str = "out2") -> Snapshot:
+    """SNAP2 copied to ``name`` with a memset of region ``first`` (to 0) before its call and
+    one of its scratch row after it."""
+    import shutil
+
+    root = lab["dir"] / name
+    shutil.copytree(lab["cand"].root, root)
+    doc = json.loads((root / "snapshot.json").read_text())
+    where = {r["name"]: r for r in doc["regions"]}
+    row = doc["scratch"][0]
+    target = where[first]
+    doc["ops"] = [{"kind": "memset", "dst": target["address"], "size": target["size"],
+                   "value": 0, "element_size": 4},
+                  *doc["ops"],
+                  {"kind": "memset", "dst": row["address"], "size": row["size"], "value": 0,
+                   "element_size": 1}]
+    (root / "snapshot.json").write_text(json.dumps(doc))
+    return Snapshot.open(root)
+
+
+def test_memsets_are_bound_to_what_their_regions_are_bound_to(lab):
+    bound = bind_capture(lab["ref"], _with_memsets(lab, "bind"))
+    kinds = [x.kind for x in bound.plan.launches]
+    assert kinds == ["memset", "kernel", "memset"]
+    zero, _, scratch = bound.plan.launches
+    assert (zero.dst.name, zero.dst.offset, zero.dst.access) == ("out", 0, "write")
+    assert (zero.count, zero.element_size, zero.value) == (N * N, 4, 0)
+    assert (type(scratch.dst).__name__, scratch.dst.name, scratch.count) == \
+        ("ScratchArg", "row", N * 4)
+
+
+def test_a_candidate_with_memsets_is_bound_and_passes(lab):
+    cand = _with_memsets(lab, "pass")
+    out = lab["dir"] / "H"
+    proc = _kpair("pair", str(lab["ref"].root), "--opt-capture", str(cand.root), "-o",
+                  str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["plan_launches"] == 3
+    r = run_json(out, RunOptions(time_cap_s=2.0, max_blocks=32, timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
+    assert r["replay"]["plan_launches"] == 3
+    assert all(t["passed"] is not False for t in r["trust"].values())
+
+
+def test_a_memset_into_memory_ref_only_reads_is_refused(lab, tmp_path):
+    cand = _with_memsets(lab, "live-in", first="bias")
+    proc = _kpair("pair", str(lab["ref"].root), "--opt-capture", str(cand.root), "-o",
+                  str(tmp_path / "H"))
+    assert proc.returncode == 3, proc.stderr
+    assert "launch 0 (memset) dst: region 'bias' is live-in" in proc.stderr
+    assert not Path(tmp_path / "H").exists()
