@@ -780,3 +780,16 @@ def test_outputs_must_lie_in_an_out_region():
         manifest("in", ("y", 0, 8))
     with pytest.raises(Invalid, match="no region"):
         manifest("out", ("z", 0, 8))
+
+
+def test_range_capture_gpu_shows_every_region_and_who_names_it(tmp_path):
+    w = World(tmp_path)
+    _second_pass(w, "fwd", outputs=[(Y + 0x10, 0xC0)], zero=C)
+    proc = _bench("--show", str(w.out / "fwd"))
+    assert proc.returncode == 0, proc.stderr
+    rows = {int(r["address"], 16): r for r in json.loads(proc.stdout)[str(w.out / "fwd")]}
+    assert {a: r["role"] for a, r in rows.items()} == {
+        X: "in", W: "in", Y: "out", T: "scratch", C: "scratch"}
+    assert rows[C]["named_by"] == ["op0.dst"] and rows[X]["named_by"] == ["op1.arg0"]
+    assert rows[T]["named_by"] == ["op1.arg2", "op2.arg0"]
+    assert rows[Y]["outputs"] == [[0x10, 0xC0]] and rows[Y]["size"] == SIZE
