@@ -72,19 +72,27 @@ def kpair(*args: str) -> subprocess.CompletedProcess:
 
 
 def _capture(tmp_path, name: str, program: str) -> tuple[dict, dict, object]:
+    rs, tensors, snaps = _capture_all(tmp_path, [name], program)
+    return rs[0], tensors, snaps[0]
+
+
+def _capture_all(tmp_path, names: list[str], program: str) -> tuple[list, dict, list]:
     from kpair.snapshot import Snapshot
 
     out = tmp_path / "cap"
-    proc = kpair("capture", "-o", str(out), "--range", name, "--", sys.executable, "-c",
-                 program)
+    proc = kpair("capture", "-o", str(out), *[a for n in names for a in ("--range", n)], "--",
+                 sys.executable, "-c", program)
     assert proc.returncode == 0, proc.stderr
     tensors = json.loads(proc.stdout.strip().splitlines()[-1])
     summary = json.loads((out / "capture.json").read_text())
-    (r,) = summary["ranges"]
-    assert r["status"] == "captured", (r, proc.stderr)
-    snap = Snapshot.open(out / r["snapshot"])
-    snap.verify()
-    return r, tensors, snap
+    ranges = {r["name"]: r for r in summary["ranges"]}
+    snaps = []
+    for n in names:
+        assert ranges[n]["status"] == "captured", (ranges[n], proc.stderr)
+        snap = Snapshot.open(out / ranges[n]["snapshot"])
+        snap.verify()
+        snaps.append(snap)
+    return [ranges[n] for n in names], tensors, snaps
 
 
 def _role_of(manifest, address: int) -> str | None:
@@ -112,6 +120,8 @@ def test_a_marked_matmul_bias_relu_range_replays_byte_exact(gpu, tmp_path):
     assert r["source"] == "mark" and r["kernels"] >= 2 and m.is_range
     assert {_role_of(m, t[k][0]) for k in ("x", "w", "b")} == {"in"}
     assert _role_of(m, t["y"][0]) == "out"           # declared through m.outputs(y)
+    (o,) = m.output_spans                            # the tensor's bytes, not its block
+    assert (m.region(o.region).address + o.offset, o.size) == tuple(t["y"])
     report = _replay(snap.root)
     assert report["status"] == "byte-exact", report
     assert report["ops"] == len(m.operations)
@@ -138,3 +148,54 @@ def test_a_host_to_device_copy_inside_a_range_refuses_it(gpu, tmp_path):
     (r,) = json.loads((out / "capture.json").read_text())["ranges"]
     assert r["status"] == "refused" and "host-to-device copy" in r["reason"], r
     assert "range 'r' not captured" in proc.stderr
+
+
+#: KernelBench level2/1_Conv2D_ReLU_BiasAdd, small, as benchmarks/kernelbench_ranges.py runs
+#: it: both forwards run before their ranges (compile), then each marked, output declared.
+CONV = """
+import json, torch, kpair
+torch.manual_seed(0)
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(64, 128, 3)
+        self.bias = torch.nn.Parameter(torch.randn(128, 1, 1) * 0.02)
+    def forward(self, x):
+        return torch.relu(self.conv(x)) + self.bias
+model = Model().cuda()
+x = torch.randn(8, 64, 34, 34, device="cuda")
+compiled = torch.compile(model)
+with torch.no_grad():
+    for fn in (model, compiled, compiled):
+        fn(x)
+    torch.cuda.synchronize()
+    with kpair.mark("eager") as m:
+        y = model(x)
+        m.outputs(y)
+        torch.cuda.synchronize()
+    with kpair.mark("compiled") as m:
+        z = compiled(x)
+        m.outputs(z)
+        torch.cuda.synchronize()
+named = dict(x=x, weight=model.conv.weight, conv_bias=model.conv.bias, bias=model.bias,
+             y=y, z=z)
+print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in named.items()}))
+"""
+
+
+def test_eager_and_compiled_conv_ranges_name_the_same_live_in_memory(gpu, tmp_path):
+    # The first H100 run: the compiled range "read" a weight-sized and a bias-sized buffer no
+    # region of the eager range held. Every live-in region of the compiled range must be
+    # memory the eager one names too (what bind needs), and the model's weights and input
+    # are live-in in both.
+    _, t, (eager, compiled) = _capture_all(tmp_path, ["eager", "compiled"], CONV)
+    me, mc = eager.manifest, compiled.manifest
+    for k in ("x", "weight", "conv_bias", "bias"):
+        assert _role_of(me, t[k][0]) == "in", (k, me.regions)
+        assert _role_of(mc, t[k][0]) == "in", (k, mc.regions)
+    for r in mc.regions:
+        if r.role == "in":
+            assert any(o.address <= r.address and r.end <= o.end for o in me.regions), r
+    for m, k in ((me, "y"), (mc, "z")):
+        (o,) = m.output_spans
+        assert (m.region(o.region).address + o.offset, o.size) == tuple(t[k])
