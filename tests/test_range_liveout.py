@@ -61,3 +61,17 @@ def test_without_declared_outputs_every_written_region_is_live_out(libs, tmp_pat
     m = _record(libs, tmp_path / "s", x, []).manifest
     assert {r.name: r.role for r in m.regions}["tmp"] == "inout"
     assert m.scratch_regions == ()
+
+
+def test_a_declared_output_already_holding_its_result_is_out_with_its_span(libs, tmp_path):
+    # A second pass: the first recording copied its results back into the arrays, so the
+    # range writes into `out` what it already holds. Declared, it is still the output.
+    x = _arrays()
+    _record(libs, tmp_path / "first", x, [x["out"]])
+    before = x["out"].copy()
+    m = _record(libs, tmp_path / "second", x, [x["out"]]).manifest
+    np.testing.assert_array_equal(x["out"], before)
+    assert {r.name: r.role for r in m.regions}["out"] == "out"
+    assert [(o.region, o.offset, o.size) for o in m.output_spans] == [
+        ("out", 0, x["out"].nbytes)]
+    assert _record(libs, tmp_path / "none", _arrays(), []).manifest.output_spans == ()

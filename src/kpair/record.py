@@ -69,6 +69,7 @@ from .snapshot import (
     Launch,
     Manifest,
     Op,
+    OutputSpan,
     Param,
     Region,
     ScratchRegion,
@@ -341,7 +342,7 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     used = {where[i][0] for i in range(in_range, len(flat)) if i in where}
     ids = {"scratch": {id(a) for a in scratch}, "outputs": {id(a) for a in outputs}}
     taken: set[str] = set()
-    spare, outs = [], []
+    spare, outs, out_spans = [], [], {}
     for k, reg in enumerate(regions):
         members = [flat[i] for i in reg["members"]]
         given = [arg_names[i] for i in reg["members"] if arg_names[i]]
@@ -357,6 +358,10 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
             spare.append(k)
         if any(id(a) in ids["outputs"] for a in members):
             outs.append(k)
+            # each declared array's own bytes inside the region (several views: each)
+            out_spans[str(k)] = sorted({(where[i][1], flat[i].nbytes)
+                                        for i in reg["members"]
+                                        if id(flat[i]) in ids["outputs"] and flat[i].nbytes})
     seen = {id(a) for a in flat if isinstance(a, np.ndarray)}
     for what in ("scratch", "outputs"):
         if ids[what] - seen:
@@ -374,7 +379,8 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
                "regions": regions, "labels": labels,
                "names": [arg_names[i] or f"arg{labels[i].rsplit(' ', 1)[1]}"
                          for i in range(len(flat))],
-               "backend": backend, "range": {"scratch": spare, "outputs": outs},
+               "backend": backend, "range": {"scratch": spare, "outputs": outs,
+                                             "output_spans": out_spans},
                "provenance": {"recorded_by": f"kpair {__version__} record_range",
                               "libraries": list(images), "command": list(sys.argv),
                               "time": utc_now(), "process": PROCESS,
@@ -520,7 +526,7 @@ def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, byte
                       " / ".join(dict.fromkeys(op["symbol"] for op in ops)))
         clobbered = _clobbered(dev, steps, regions, starts, base, pres, ranged,
                                scratch | set(request.get("setup_only") or ()))
-        out, spare, clobbered_posts = [], [], {}
+        out, spare, clobbered_posts, spans_out = [], [], {}, []
         for k, (reg, start) in enumerate(zip(regions, starts, strict=True)):
             if k in clobbered:
                 clobbered_posts[reg["name"]] = dev.read(base + start, len(reg["data"]))
@@ -532,8 +538,12 @@ def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, byte
             post, pre = dev.read(base + start, len(reg["data"])), pres[k]
             role = None
             if ranged:
-                role = "in" if post == pre else \
-                    "out" if k in ranged["outputs"] else "inout"
+                # A declared output is written whatever its bytes (a call may write there
+                # what the array already held).
+                role = "out" if k in ranged["outputs"] else "in" if post == pre else "inout"
+                if role == "out":
+                    spans_out += [OutputSpan(reg["name"], o, n) for o, n in
+                                  (ranged.get("output_spans") or {}).get(str(k), ())]
             if k in chains:
                 calls, reads, digests = chains[k]
                 regen = writer.chain([_chain_op(setup_steps[c]) for c in calls],
@@ -552,6 +562,8 @@ def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, byte
                   Kernarg(writer.put(kernarg), tuple(params)))
                for op, fmt, _, kernarg, params in steps]
     extra = {"ops": tuple(records), "scratch": tuple(spare)} if ranged else {}
+    if spans_out:
+        extra["outputs"] = tuple(spans_out)
     manifest = Manifest(
         backend=backend, arch=dev_arch, code=records[0].code, launch=records[0].launch,
         kernarg=records[0].kernarg, regions=tuple(out), environment=env,
