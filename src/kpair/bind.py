@@ -11,9 +11,14 @@ runs on SNAP's regions. Each region of SNAP2 is bound, in this order:
    refused by ``check_plan``). A region both write that is no declared output of either
    (a library's workspace, a running statistic), the same memory exactly, is bound there
    whatever SNAP2 found in it: the plan starts from SNAP's pre-state, as ref does.
-2. **outputs**: SNAP2's written regions left are bound to SNAP's live-out regions left
-   through the declared outputs (role ``out``: by name, or the one declared output of
-   each), or, when neither declares one, the one live-out of each; sizes must be equal.
+2. **outputs**: where both ranges declare their outputs as spans (``Manifest.outputs``:
+   the tensor inside its allocator block), the k-th span of SNAP2 is bound to the k-th of
+   SNAP (by name where both name the same regions), equal in size (the blocks around them
+   may differ): SNAP2's pointers, memsets and copies into the block are moved relative to
+   the output's start, and one outside the span is refused. Otherwise SNAP2's written
+   regions left are bound to SNAP's live-out regions left through the declared outputs
+   (role ``out``: by name, or the one declared output of each), or, when neither declares
+   one, the one live-out of each; sizes must be equal.
    SNAP2's other written regions, once its outputs are declared, are written-then-dead:
    plan scratch of their size, poisoned before every execution.
 3. SNAP2's scratch regions become plan scratch of their size.
@@ -81,11 +86,30 @@ class Binding:
     offset: int
     access: str
     why: str
+    #: A region bound by its declared outputs: the (offset, size) spans of SNAP2's region
+    #: that are bound; its byte ``k`` inside one is byte ``offset + k`` of ``name``
+    #: (``offset`` may be negative: the blocks around the outputs differ), and nothing
+    #: outside them may be addressed.
+    spans: tuple[tuple[int, int], ...] = ()
 
     def describe(self) -> str:
-        where = (f"{self.name}" + (f"+{self.offset}" if self.offset else "")
-                 if self.to == "region" else f"scratch {self.name}")
+        if self.spans:
+            where = ", ".join(f"[{a}, +{n}) at {self.name}+{self.offset + a}"
+                              for a, n in self.spans)
+        else:
+            where = (f"{self.name}" + (f"+{self.offset}" if self.offset else "")
+                     if self.to == "region" else f"scratch {self.name}")
         return f"{self.region} -> {where} ({self.why})"
+
+    def locate(self, k: int, n: int, what: str) -> int:
+        """Where SNAP2's ``n`` bytes at byte ``k`` of this region land in ``name``;
+        BindError for bytes outside the bound spans."""
+        if self.spans and not any(a <= k and k + n <= a + m for a, m in self.spans):
+            raise BindError(f"{what} addresses byte {k} of {self.region!r}, outside its "
+                            "declared output(s) " + ", ".join(f"[{a}, +{m})"
+                                                            for a, m in self.spans)
+                            + ": only the outputs are bound")
+        return self.offset + k
 
 
 @dataclass(frozen=True)
@@ -208,7 +232,9 @@ def bind_capture(ref, cand) -> BoundCapture:
     declared2 = [r for r in left_written if r.role == "out"]
     declared1 = [r for r in outs1 if r.role == "out"]
     pairs: list[tuple] = []
-    if declared2:
+    if m1.output_spans and m2.output_spans:
+        _bind_spans(m1, m2, left_written, outs1, bindings, bound_ref, refusals)
+    elif declared2:
         by_name = {r.name: r for r in declared1}
         rest1 = list(declared1)
         for r2 in declared2:
@@ -275,6 +301,54 @@ def bind_capture(ref, cand) -> BoundCapture:
     return BoundCapture(plan, code, tuple(bindings.values()))
 
 
+def _bind_spans(m1, m2, left_written, outs1, bindings: dict[str, Binding],
+                bound_ref: set[str], refusals: list[str]) -> None:
+    """Both ranges declare their outputs as spans (the tensors inside their allocator
+    blocks): the k-th of SNAP2 is bound to the k-th of SNAP, equal in size; SNAP2's other
+    written regions become plan scratch."""
+    o1s, o2s = m1.output_spans, m2.output_spans
+    if len(o1s) != len(o2s):
+        refusals.append(f"outputs: no counterpart (SNAP2 declares {len(o2s)} output(s), SNAP "
+                        f"{len(o1s)})")
+        return
+    left = {r.name: r for r in left_written}
+    free1 = {r.name for r in outs1}
+    placed: dict[str, tuple[str, int, tuple[tuple[int, int], ...]]] = {}
+    names1, names2 = [o.region for o in o1s], [o.region for o in o2s]
+    if sorted(names1) == sorted(names2) and len(set(names1)) == len(names1):
+        o1s = tuple(o1s[names1.index(n)] for n in names2)   # the same names: by name
+    for k, (o2, o1) in enumerate(zip(o2s, o1s, strict=True)):
+        if o2.size != o1.size:
+            refusals.append(f"{o2.region}: different size (SNAP2's output is {o2.size} "
+                            f"bytes, SNAP's {o1.region!r} is {o1.size})"
+                            + (f", declared output {k} of each" if len(o2s) > 1 else ""))
+            continue
+        if o2.region not in left or o1.region not in free1:
+            refusals.append(f"{o2.region}: declared output {k} of SNAP2 (in "
+                            f"{o2.region!r}) or of SNAP (in {o1.region!r}) lies in a region "
+                            "already bound by identity")
+            continue
+        delta = o1.offset - o2.offset
+        prev = placed.get(o2.region)
+        if prev is not None and prev[:2] != (o1.region, delta):
+            refusals.append(f"{o2.region}: holds declared outputs that SNAP holds apart "
+                            "(another region or another distance): one region, one place")
+            continue
+        placed[o2.region] = (o1.region, delta,
+                             (prev[2] if prev else ()) + ((o2.offset, o2.size),))
+    for name, (to, delta, spans) in placed.items():
+        if spans == ((0, left[name].size),):
+            spans = ()   # the whole region: nothing outside the output to refuse
+        bindings[name] = Binding(name, "region", to, delta,
+                                 "readwrite" if left[name].role == "inout" else "write",
+                                 "declared output", spans)
+        bound_ref.add(to)
+    for r2 in left_written:
+        if r2.name not in placed:
+            bindings[r2.name] = Binding(r2.name, "scratch", r2.name, 0, "readwrite",
+                                        "written, not a declared output")
+
+
 def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch], dict]:
     """SNAP2's operations as raw-kernarg launches, every pointer word into a SNAP2 region
     or scratch region relocated to its binding."""
@@ -315,10 +389,10 @@ def _data_launch(i: int, op, spans: Sequence[tuple[int, int, str]],
                             "region of SNAP2")
         lo, _, name = hit
         b = bindings[name]
+        at = b.locate(address - lo, op.size, f"SNAP2 operation {i} ({op.kind}) {role}")
         if b.to == "scratch":
-            return ScratchArg(b.name, b.offset + address - lo)
-        return RegionArg(b.name, b.offset + address - lo,
-                         "write" if role == "dst" else "read")
+            return ScratchArg(b.name, at)
+        return RegionArg(b.name, at, "write" if role == "dst" else "read")
 
     dst = bound(op.dst, "dst")
     if op.kind == "memset":
@@ -342,8 +416,10 @@ def _relocations(i: int, op, blob: bytes, spans: Sequence[tuple[int, int, str]],
                             "(a scalar parameter, or across parameters): it cannot be "
                             "relocated")
         b = bindings[name]
+        where = b.locate(value - lo, 1, f"SNAP2 operation {i} ({op.code.kernel_name}) "
+                                        f"kernarg byte {at}")
         out.append(Relocation(offset=at, bind="region" if b.to == "region" else "scratch",
-                              name=b.name, offset_in_region=b.offset + value - lo,
+                              name=b.name, offset_in_region=where,
                               access=b.access if b.to == "region" else "read"))
     return out
 
