@@ -174,9 +174,11 @@ def replay(snapshot: Path, runs: int) -> dict:
 def region_table(snapshot: Path) -> list[dict]:
     """Every region and scratch region of a range snapshot: name, address, size, role
     (``scratch`` for scratch), the declared output spans in it (``outputs``: [offset,
-    size]) and which operations name it (``named_by``): a kernel by each 8-byte kernarg
-    word inside the region (``op3.arg1``, ``op3.arg0.w16`` for a word 16 bytes into a
-    parameter), a memset or copy by its destination and source (``op2.dst``)."""
+    size]), why capture counts it written (``written``: changed, allocated inside,
+    declared output, memset/copy) and which operations name it (``named_by``): a kernel
+    by each 8-byte kernarg word inside the region (``op3.arg1``, ``op3.arg0.w16`` for a
+    word 16 bytes into a parameter), a memset or copy by its destination and source
+    (``op2.dst``)."""
     from kpair.snapshot import Snapshot
 
     snap = Snapshot.open(snapshot)
@@ -210,8 +212,11 @@ def region_table(snapshot: Path) -> list[dict]:
     for o in m.output_spans:
         row = next(r for r in rows if r["name"] == o.region)
         row.setdefault("outputs", []).append([o.offset, o.size])
+    written = m.provenance.get("written") if isinstance(m.provenance, dict) else None
     for row in rows:
         del row["end"]
+        if isinstance(written, dict) and row["name"] in written:
+            row["written"] = written[row["name"]]
     return rows
 
 

@@ -793,3 +793,5 @@ def test_range_capture_gpu_shows_every_region_and_who_names_it(tmp_path):
     assert rows[C]["named_by"] == ["op0.dst"] and rows[X]["named_by"] == ["op1.arg0"]
     assert rows[T]["named_by"] == ["op1.arg2", "op2.arg0"]
     assert rows[Y]["outputs"] == [[0x10, 0xC0]] and rows[Y]["size"] == SIZE
+    assert rows[Y]["written"] == ["allocated inside", "declared output"]
+    assert rows[C]["written"] == ["memset/copy"] and "written" not in rows[X]

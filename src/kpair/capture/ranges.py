@@ -494,6 +494,7 @@ class RangeSession(CaptureSession):
         declared_hit = [False] * len(rec.outputs)
         undeclared = []
         spans_out: list[tuple[str, int, int]] = []
+        written_by: dict[str, list[str]] = {}
         for (lo, hi, rname), post in zip(spans, posts, strict=True):
             pre = rec.bytes_of(lo, hi)
             hits = [i for i, (a, n) in enumerate(rec.outputs) if a < hi and lo < a + n]
@@ -502,8 +503,13 @@ class RangeSession(CaptureSession):
             # allocator handed it out inside the range, or it holds a declared output. The
             # bytes alone do not tell: a range run a second time on the same tensors finds
             # its outputs' blocks already holding what it writes there.
-            written = pre != post or made or bool(hits) or any(
-                a < hi and lo < z for a, z in rec.writes)
+            why = [w for w, yes in (
+                ("changed", pre != post), ("allocated inside", made),
+                ("declared output", bool(hits)),
+                ("memset/copy", any(a < hi and lo < z for a, z in rec.writes))) if yes]
+            written = bool(why)
+            if why:
+                written_by[rname] = why
             if not written:
                 role = "in"
             elif not allocated(table, lo, hi):
@@ -574,6 +580,7 @@ class RangeSession(CaptureSession):
                         else {})} for op in rec.ops],
             "streams": [hex(s) for s in rec.streams],
             "declared_outputs": [{"address": hex(a), "size": n} for a, n in rec.outputs],
+            "written": written_by,
             "left_out": dict(rec.left_out), "notes": notes}
         manifest = Manifest(backend="cuda", arch=env.get("arch", "unknown"), code=first.code,
                             launch=first.launch, kernarg=first.kernarg, regions=tuple(regions),
