@@ -795,3 +795,25 @@ def test_range_capture_gpu_shows_every_region_and_who_names_it(tmp_path):
     assert rows[Y]["outputs"] == [[0x10, 0xC0]] and rows[Y]["size"] == SIZE
     assert rows[Y]["written"] == ["allocated inside", "declared output"]
     assert rows[C]["written"] == ["memset/copy"] and "written" not in rows[X]
+
+
+def test_a_library_kernels_struct_parameter_names_every_pointer_in_it(tmp_path):
+    # cuBLAS/cuDNN kernels take one parameter block by value: every 8-byte word in it that
+    # points into an allocator block (at its start or inside it) names that block.
+    w = World(tmp_path)
+    blob = struct.pack("<iiQQQdQ", 3, 4, X, 0x1234, W + 0x40, 1.5, Y + 0x20)
+    values = ctypes.create_string_buffer(blob, len(blob))
+    array = (ctypes.c_void_p * 1)(ctypes.addressof(values))
+    w.keep.append((values, array))
+    info = LaunchInfo("cuLaunchKernelEx", 0x77, (1, 1, 1), (64, 1, 1), 0, 0x51,
+                      ctypes.addressof(array), 0)
+    s = w.session
+    s.range_begin("fwd", THREAD, "mark")
+    s.launch_enter(info, KernelInfo(0x77, "gemm", "gemm", [(0, len(blob))], "test"), 1)
+    s.launch_exit(1, 0)
+    w.driver.poke(Y, b"\x33" * SIZE)
+    s.range_end("fwd", THREAD, [(Y + 0x20, 0x40)])
+    m = Snapshot.open(w.out / "fwd").manifest
+    assert {(r.name, r.address, r.role) for r in m.regions} == {
+        ("op0.arg0.w8", X, "in"), ("op0.arg0.w24", W, "in"), ("op0.arg0.w40", Y, "out")}
+    assert [(o.offset, o.size) for o in m.output_spans] == [(0x20, 0x40)]
