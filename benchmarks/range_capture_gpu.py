@@ -19,8 +19,9 @@ Each captured range is replayed by ``kpair replay --json --runs N``. Prints one 
 (kernels, memsets, copies, streams), regions and roles, region/scratch/stored bytes, the
 replay verdict and the seconds capture and replay took, and ``region_table``: every region
 and scratch region (name, address, size, role, the declared output spans in it, and which
-operations name it: ``op3.arg1`` for a kernel's parameter, ``op2.dst``/``op2.src``); the
-tensors' own addresses as each program printed them (``tensors``); and per pair of ranges
+operations name it: ``op3.arg1`` for a kernel's parameter, ``op2.dst``/``op2.src``), and
+``tensors``: which region holds each tensor the program printed (its addresses are under
+``programs``); and per pair of ranges
 (eager, compiled) whether ``kpair.bind.bind_capture`` binds them (``binds``) or why not.
 Exit status 0 when every range was captured and replayed byte-exact, 1 otherwise; a machine
 without CUDA, PyTorch or CUPTI gets one line on stderr and the exit code of kpair's
@@ -220,6 +221,19 @@ def region_table(snapshot: Path) -> list[dict]:
     return rows
 
 
+def tensor_regions(table, tensors: dict) -> dict:
+    """Per tensor the program printed, the region of the range that holds its first byte
+    ("name (role)"), or null where the range names no memory of it."""
+    if not isinstance(table, list):
+        return {}
+    out = {}
+    for k, (address, _) in tensors.items():
+        row = next((r for r in table if int(r["address"], 16) <= address
+                    < int(r["address"], 16) + r["size"]), None)
+        out[k] = None if row is None else f"{row['name']} ({row['role']})"
+    return out
+
+
 def tensors_of(stdout: str) -> dict:
     """The ``TENSORS {...}`` line a program printed: {name: [address, bytes]}."""
     for line in reversed(stdout.splitlines()):
@@ -311,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                     entry["region_table"] = region_table(snapshots[rname])
                 except Exception as e:  # noqa: BLE001 - evidence, not a reason to stop
                     entry["region_table"] = {"error": f"{type(e).__name__}: {e}"}
+                entry["tensors"] = tensor_regions(entry["region_table"], tensors)
                 entry["replay"] = replay(args.out / name / r["snapshot"], args.runs)
                 ok &= entry["replay"]["status"] == "byte-exact"
             else:
