@@ -140,7 +140,9 @@ def test_changed_input_bytes_are_refused(small, tmp_path):
     assert not (tmp_path / "H").exists()
 
 
-def test_size_mismatch_is_refused(lab, tmp_path):
+def test_a_region_partly_ref_s_is_bound_by_the_overlap(lab, tmp_path):
+    """ref reads a view of ``big``; the candidate names all of ``big`` (its region is
+    larger) and points at the view's start: bound by the overlap, whose bytes agree."""
     n = 16
     x = _arrays(n, seed=2)
     big = np.zeros(n * n + n, np.float32)
@@ -148,7 +150,25 @@ def test_size_mismatch_is_refused(lab, tmp_path):
     x["a"] = big[:n * n].reshape(n, n)   # ref reads a view of big ...
     ref = _record_ref(lab["lib"], x, tmp_path / "r", n)
     cand = _record_fused(lab["lib"], x, tmp_path / "c", n, a=big)   # ... the candidate all
-    with pytest.raises(BindError, match=r"a: different size \(SNAP2 reads .*SNAP's 'a'"):
+    assert cand.manifest.region("a").size > ref.manifest.region("a").size
+    bound = bind_capture(ref, cand)
+    (b,) = [b for b in bound.bindings if b.region == "a"]
+    assert (b.name, b.offset, b.spans, b.access) == ("a", 0, ((0, n * n * 4),), "read")
+    assert "where they overlap" in b.why
+
+
+def test_a_pointer_outside_the_overlap_is_refused(lab, tmp_path):
+    """ref reads ``big`` from its second row on; the candidate points at ``big``'s start,
+    memory ref never held: refused, naming the overlap."""
+    n = 16
+    x = _arrays(n, seed=2)
+    big = np.zeros(n * n + n, np.float32)
+    big[n:] = x["a"].ravel()
+    x["a"] = big[n:].reshape(n, n)
+    ref = _record_ref(lab["lib"], x, tmp_path / "r", n)
+    cand = _record_fused(lab["lib"], x, tmp_path / "c", n, a=big)
+    with pytest.raises(BindError, match=r"kernarg byte 16 addresses byte 0 of 'a', outside "
+                                        rf"the bytes of it that are bound, \[64, \+{n * n * 4}\)"):
         bind_capture(ref, cand)
 
 

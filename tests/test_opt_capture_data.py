@@ -184,6 +184,6 @@ def test_a_memset_of_the_whole_block_is_refused(blocks, tmp_path):
                           "value": 0, "element_size": 4})
     (tmp_path / "c" / "snapshot.json").write_text(json.dumps(doc))
     with pytest.raises(BindError, match=r"SNAP2 operation 0 \(memset\) dst addresses byte 0 "
-                                        r"of 'blk', outside its declared output\(s\) "
+                                        r"of 'blk', outside the bytes of it that are bound, "
                                         rf"\[0, \+{N * N * 4}\)"):
         bind_capture(blocks["ref"], Snapshot.open(tmp_path / "c"))

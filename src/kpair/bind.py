@@ -8,9 +8,12 @@ runs on SNAP's regions. Each region of SNAP2 is bound, in this order:
 1. **by identity**: the same memory as a SNAP region (SNAP2's address range lies inside it)
    holding the same pre-state bytes. A live-in region is read there; a written one is
    updated there, which SNAP must write too (a plan that writes SNAP's live-in is
-   refused by ``check_plan``). A region both write that is no declared output of either
-   (a library's workspace, a running statistic), the same memory exactly, is bound there
-   whatever SNAP2 found in it: the plan starts from SNAP's pre-state, as ref does.
+   refused by ``check_plan``). A region SNAP2 only reads that partly overlaps one SNAP
+   region is bound by the overlap where the bytes there agree: SNAP2's pointers, memsets
+   and copies into it must land inside the overlap (else refused). A region both write
+   that is no declared output of either (a library's workspace, a running statistic), the
+   same memory exactly, is bound there whatever SNAP2 found in it: the plan starts from
+   SNAP's pre-state, as ref does.
 2. **outputs**: where both ranges declare their outputs as spans (``Manifest.outputs``:
    the tensor inside its allocator block), the k-th span of SNAP2 is bound to the k-th of
    SNAP (by name where both name the same regions), equal in size (the blocks around them
@@ -105,10 +108,10 @@ class Binding:
         """Where SNAP2's ``n`` bytes at byte ``k`` of this region land in ``name``;
         BindError for bytes outside the bound spans."""
         if self.spans and not any(a <= k and k + n <= a + m for a, m in self.spans):
-            raise BindError(f"{what} addresses byte {k} of {self.region!r}, outside its "
-                            "declared output(s) " + ", ".join(f"[{a}, +{m})"
-                                                            for a, m in self.spans)
-                            + ": only the outputs are bound")
+            raise BindError(f"{what} addresses byte {k} of {self.region!r}, outside the "
+                            "bytes of it that are bound, " + ", ".join(
+                                f"[{a}, +{m})" for a, m in self.spans)
+                            + f" ({self.why})")
         return self.offset + k
 
 
@@ -220,8 +223,20 @@ def bind_capture(ref, cand) -> BoundCapture:
         if writes:
             left_written.append(r2)
             continue
-        over = next((r for r in m1.regions if s1[r.name][0] < lo2 + n2
-                     and lo2 < s1[r.name][0] + s1[r.name][1]), None)
+        overs = [r for r in m1.regions if s1[r.name][0] < lo2 + n2
+                 and lo2 < s1[r.name][0] + s1[r.name][1]]
+        over = overs[0] if overs else None
+        if len(overs) == 1:   # partly SNAP's: bound by the overlap where its bytes agree
+            i, _ = regions1[over.name]
+            lo1, n1 = s1[over.name]
+            a, b = max(lo1, lo2), min(lo1 + n1, lo2 + n2)
+            mine, theirs = pre(cand, j), pre(ref, i)
+            if mine is not None and theirs is not None \
+                    and mine[a - lo2:b - lo2] == theirs[a - lo1:b - lo1]:
+                bindings[r2.name] = Binding(
+                    r2.name, "region", over.name, lo2 - lo1, "read",
+                    "same memory, same bytes where they overlap", ((a - lo2, b - a),))
+                continue
         if over is not None:
             refusals.append(f"{r2.name}: different size (SNAP2 reads {_show((lo2, n2))}, "
                             f"SNAP's {over.name!r} is {_show(s1[over.name])})")
