@@ -742,18 +742,27 @@ def test_an_eager_and_a_compiled_pass_name_the_same_inputs(tmp_path):
     # bias-sized buffer SNAP had no region for ("op1.arg1: no counterpart"). They are the
     # compiled forward's own buffers, made inside its range and holding its warm-up's bytes:
     # written (scratch), so every live-in region of the compiled range is one of eager's.
+    from kpair.bind import bind_capture
+
     w = World(tmp_path, ranges=["eager", "compiled"])
+    Z, B = SEG + 0x200, SEG + 0x600           # the compiled forward's own output, buffer
+    w.states[Z] = w.states[B] = "active_allocated"
     _second_pass(w, "eager", outputs=[(Y, SIZE)])
-    _second_pass(w, "compiled", outputs=[(Y, SIZE)], temp=C, zero=T)
+    _second_pass(w, "compiled", outputs=[(Z, SIZE)], out=Z, temp=B, zero=T)
     w.session.close(0)
-    eager = Snapshot.open(w.out / "eager").manifest
-    compiled = Snapshot.open(w.out / "compiled").manifest
-    inputs = [r for r in compiled.regions if r.role == "in"]
+    eager, compiled = (Snapshot.open(w.out / n) for n in ("eager", "compiled"))
+    me, mc = eager.manifest, compiled.manifest
+    inputs = [r for r in mc.regions if r.role == "in"]
     assert {r.address for r in inputs} == {X, W}
     assert all(any(e.address <= r.address and r.end <= e.end and e.role == "in"
-                   for e in eager.regions) for r in inputs)
-    assert sorted(s.address for s in compiled.scratch_regions) == sorted([C, T])
-    assert [compiled.region(o.region).address for o in compiled.output_spans] == [Y]
+                   for e in me.regions) for r in inputs)
+    assert sorted(s.address for s in mc.scratch_regions) == sorted([B, T])
+    assert [mc.region(o.region).address for o in mc.output_spans] == [Z]
+    bound = {b.region: (b.to, b.why) for b in bind_capture(eager, compiled).bindings}
+    names = {r.address: r.name for r in (*mc.regions, *mc.scratch_regions)}
+    assert bound[names[Z]] == ("region", "declared output")
+    assert {bound[names[a]][0] for a in (X, W)} == {"region"}
+    assert {bound[names[a]][0] for a in (B, T)} == {"scratch"}
 
 
 def test_outputs_must_lie_in_an_out_region():
