@@ -191,6 +191,27 @@ def test_a_timed_execution_counts_its_memsets_and_copies():
     assert window >= t - 1e-6   # a window on a CPU-like clock covers what the timer counts
 
 
+class _Sequenced(_Slow):
+    """A stream device (as CUDA is): one timed sequence, one event pair around all."""
+
+    def timed_sequence(self, steps):
+        self.log.append(steps)
+        return 0.5
+
+
+def test_a_stream_device_times_every_step_in_one_sequence():
+    inner = _Sequenced()
+    kernel = object()
+    launch = Launch((2, 1, 1), (32, 1, 1))
+    step = Step(kernel, launch, b"k", ())
+    program = Program("p", [MemsetStep(0x1000, 64, 0xAB, 1), step,
+                            CopyStep(0x2000, 0x1000, 64)], [])
+    assert ProgramDevice(inner).timed_launch(program, launch, b"", ()) == 0.5
+    assert inner.log == [[("memset", 0x1000, 64, 0xABABABAB),
+                          ("kernel", kernel, launch, b"k", ()),
+                          ("copy", 0x2000, 0x1000, 64)]]
+
+
 # ------------------------------------------------------------------- judged end to end (host)
 
 

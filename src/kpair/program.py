@@ -9,10 +9,12 @@ kernel:
 
 - ``launch``: scratch poisoned (a fresh random word each execution), then every step in
   order, each waiting for the one before (``synchronize``);
-- ``timed_launch``: scratch poisoned outside the timing, then the sum of every step's
-  time: a kernel step's own timed launch (on the host: each executor's CPU time), a memset
-  or device-to-device copy (``MemsetStep``, ``CopyStep``: a range's captured ones, a
-  plan's) by the wall clock from the step before it finished to its own end (the device
+- ``timed_launch``: scratch poisoned outside the timing; on a device with
+  ``timed_sequence`` (CUDA) one event pair around every step enqueued in order on its
+  stream, memsets and copies included; elsewhere the sum of every step's time: a kernel
+  step's own timed launch (on the host: each executor's CPU time), a memset or
+  device-to-device copy (``MemsetStep``, ``CopyStep``: a range's captured ones, a plan's)
+  by the wall clock from the step before it finished to its own end (the device
   synchronized on both sides). Every step counts: a candidate doing its work in a copy is
   not timed as free, and ref's range and opt's plan are timed alike;
 - ``refused_calls``, ``code_digest``, ``unload``: over every step's kernel.
@@ -165,6 +167,12 @@ class ProgramDevice:
         if not isinstance(kernel, Program):
             return self._inner.timed_launch(kernel, launch, kernarg, params)
         self._poison(kernel)
+        sequence = getattr(self._inner, "timed_sequence", None)
+        if sequence is not None and len(kernel.steps) > 1:   # one event pair, one stream
+            return sequence([
+                ("kernel", s.kernel, s.launch, s.kernarg, s.params) if isinstance(s, Step)
+                else ("memset", s.address, s.size, s.word) if isinstance(s, MemsetStep)
+                else ("copy", s.dst, s.src, s.size) for s in kernel.steps])
         total = 0.0
         for i, s in enumerate(kernel.steps):
             if i:

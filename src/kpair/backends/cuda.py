@@ -402,6 +402,29 @@ class CudaDevice(DeviceChecks, StreamDevice):
         ready = self._prepare(kernel, launch, kernarg, params)
         return self._timed(lambda: self._launch(kernel, ready), f" after launching {kernel.name}")
 
+    def copy(self, dst: int, src: int, size: int) -> None:
+        """``size`` bytes from ``src`` to ``dst`` on the replay stream (a range's or a plan's
+        copy step), waited for."""
+        self.drv("cuMemcpyDtoDAsync", dst, src, size, self.stream)
+        self.drv("cuStreamSynchronize", self.stream, context=" after a copy")
+
+    def timed_sequence(self, steps: Sequence[tuple]) -> float:
+        """Seconds between one event pair around ``steps``, enqueued in order on the replay
+        stream (``kpair.program``): ("kernel", kernel, launch, kernarg, params),
+        ("memset", address, size, word) or ("copy", dst, src, size)."""
+        ready = [self._prepare(*s[1:]) if s[0] == "kernel" else None for s in steps]
+
+        def enqueue() -> None:
+            for s, r in zip(steps, ready, strict=True):
+                if s[0] == "kernel":
+                    self._launch(s[1], r)
+                elif s[0] == "memset":
+                    self.fill(s[1], s[2], s[3])
+                else:
+                    self.drv("cuMemcpyDtoDAsync", s[1], s[2], s[3], self.stream)
+
+        return self._timed(enqueue, " after a timed sequence")
+
     # ------------------------------------------------------------------ memory renewal
 
     def _spacer(self) -> object | None:
