@@ -55,7 +55,7 @@ def plan_candidate(path: str | Path, *, label: str | None = None) -> Candidate:
                          f"plan {path}: not a regular file")
     plan = Plan.read(path)
     return Candidate(image=path.read_bytes(), format="plan", binary=path,
-                     kernel=" ; ".join(dict.fromkeys(x.kernel for x in plan.launches)),
+                     kernel=" ; ".join(dict.fromkeys(x.label for x in plan.launches)),
                      label=label or str(path))
 
 
