@@ -277,3 +277,35 @@ def test_a_plan_whose_memset_writes_a_live_in_region_is_refused(lab, tmp_path):
     assert "launch 0 (memset) dst: region 'bias' is live-in" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1   # one line, no traceback
     assert not (tmp_path / "H").exists()
+
+
+def test_cuda_times_every_step_in_one_event_pair_on_its_stream():
+    """On the fake CUDA driver of test_cuda_cpu: a memset, a kernel and a copy are enqueued
+    between one pair of event records, and the copy moves the bytes on the device."""
+    from kpair.backends.cuda import CudaDevice
+    from test_cuda_cpu import MemoryDriver
+
+    drv = MemoryDriver()
+    dev = CudaDevice(drv)
+    try:
+        lo = 0x7F12_4020_0000
+        dev.map([(lo, lo + 4096)])
+        k = dev.load(b"cubin", "axpy", fmt="cubin")
+        params = (Param(0, 8, "pointer"), Param(8, 8, "pointer"), Param(16, 4, "f32"),
+                  Param(20, 4, "i32"))
+        launch = Launch((1, 1, 1), (32, 1, 1))
+        program = Program("p", [MemsetStep(lo, 64, 7, 4), Step(k, launch, bytes(24), params),
+                                CopyStep(lo + 1024, lo, 64)], [])
+        start = len(drv.calls)
+        t = ProgramDevice(dev).timed_launch(program, launch, b"", ())
+        names = [c[0] for c in drv.calls[start:]]
+        timed = names[names.index("cuEventRecord"):
+                      len(names) - names[::-1].index("cuEventRecord")]
+        assert [n for n in timed if n in ("cuEventRecord", "cuMemsetD32Async",
+                                          "cuLaunchKernelEx", "cuMemcpyDtoDAsync")] == [
+            "cuEventRecord", "cuMemsetD32Async", "cuLaunchKernelEx", "cuMemcpyDtoDAsync",
+            "cuEventRecord"]
+        assert t == pytest.approx(0.25e-3)   # the fake's one elapsed time: one event pair
+        assert dev.read(lo + 1024, 64) == (7).to_bytes(4, "little") * 16
+    finally:
+        dev.close()
