@@ -261,3 +261,49 @@ def test_holds_pointers_finds_what_patch_pointers_would_shift():
         for chunk in (1, 3, 1 << 17):
             assert holds_pointers(bytes(data), base, lo, hi, chunk=chunk) == want
     assert seen == {True, False}
+
+
+def test_findings_redrawn_after_every_stage_judge_each_run_once(harnesses, tmp_path,
+                                                                 monkeypatch):
+    """The findings are redrawn after every stage of a candidate (``Run.failure``) from the
+    same runs. Each run's whole-region work (opt_determinism's verdict against the first run,
+    the poison it left, the bias sign tests of each declared float range) is done once per
+    run: on the CUDA demo's softmax (32 MiB, cosine) redoing it cost about 5 s a stage, and
+    the run passed its 70 s --timeout in trust:ref."""
+    import kpair.trust.findings as findings_mod
+    from kpair.policy import Policy, Tolerance
+
+    snap = harnesses["axpbyz"].parent / "axpbyz"
+    policy = Policy((Tolerance("z", 0, 4 * N, "float32", "cosine", min_cosine=0.9999),))
+    root = create_harness(snap, tmp_path / "h-cos", opt=harnesses["axpbyz"].parent / "k.so",
+                          policy=policy).root
+    work = {"check": [], "poison_left": [], "bias_stats": []}
+    for name in work:
+        real = getattr(findings_mod, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            work[_name].append(a)
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(findings_mod, name, counted)
+    redrawn = {}
+
+    def inspect(run):
+        audit = run.audit
+        runs = audit.opt_runs + audit.diff_runs
+        assert len(audit.opt_runs) == 3 and runs
+        first = {k: len(v) for k, v in work.items()}
+        for _ in range(3):   # as after three more stages: the cache key moved each time
+            audit._cache = None
+            audit.findings()
+        redrawn.update({k: len(v) - first[k] for k, v in work.items()})
+        redrawn["before"] = first
+
+    r, run, _, _ = _run(root, True, monkeypatch, inspect)
+    assert r["status"] == "pass", r.get("correctness")
+    assert r["trust"]["bias"]["passed"] is True and r["trust"]["opt_determinism"]["passed"]
+    first = redrawn.pop("before")
+    # Each run's own work was done (z is poisoned and a declared float range) ...
+    assert first["poison_left"] >= 3 and first["bias_stats"] >= 3 and first["check"] >= 2
+    # ... and none of it again when the findings are redrawn.
+    assert redrawn == {"check": 0, "poison_left": 0, "bias_stats": 0}, redrawn

@@ -1044,8 +1044,7 @@ class Audit:
             f["opt_determinism"] = trust.opt_determinism(self.policy, self.opt_runs,
                                                          self.hints)
             f["bias"] = trust.bias([(r.label, [
-                dict(trust.bias_stats(t, r.expected[t.region], r.post[t.region],
-                                      self.policy.max_bias),
+                dict(r.bias_stats(t, self.policy.max_bias),
                      criterion_passed=_range_passed(r.verdict, t))
                 for t in self.policy.tolerances if t.dtype in FLOAT_DTYPES]) for r in runs],
                 timed=self.timed_bias)
