@@ -196,7 +196,7 @@ def judge_problem(p: dict, cap: Path, work: Path, args, deadline: float) -> dict
         return row
     runs = []
     for i in (1, 2):
-        out = harness / f"r{i}.json"
+        out = work / f"p{p['number']}.r{i}.json"   # beside the harness: it holds only its own files
         run = kpair_cmd("run", str(harness), "-o", str(out), "--json", "-q",
                         timeout=deadline - time.monotonic())
         result = json.loads(out.read_text()) if out.exists() else None
