@@ -29,7 +29,7 @@ DATA = Path(__file__).parent / "data"
 PROGRAM = """
 import torch, kpair
 torch.manual_seed(0)
-x = torch.randn(256, 512, device="cuda")
+x = torch.randn(512, 512, device="cuda")
 w = torch.randn(512, {cols}, device="cuda")
 b = torch.randn({cols}, device="cuda")
 def f(x, w, b):
