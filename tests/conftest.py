@@ -113,3 +113,19 @@ def file_state(*paths: Path) -> dict[str, str | None]:
             out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() \
                 if stat.S_ISREG(mode) else oct(stat.S_IFMT(mode))
     return out
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """Skips unless capture can run: PyTorch with a CUDA device, cuda-bindings and CUPTI."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cuda.bindings.driver")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    from kpair.capture.cupti import find_cupti
+    from kpair.errors import BackendUnavailable
+
+    try:
+        find_cupti()
+    except BackendUnavailable as e:
+        pytest.skip(str(e))

@@ -51,21 +51,6 @@ print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in dict(x=x, acc=acc, out
 """
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("cuda.bindings.driver")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA device")
-    from kpair.capture.cupti import find_cupti
-    from kpair.errors import BackendUnavailable
-
-    try:
-        find_cupti()
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-
-
 def kpair(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
                           text=True, timeout=600)

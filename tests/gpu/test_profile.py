@@ -33,21 +33,6 @@ print("done", float(c[0, 0]), float(s), float(x[0]))
 """
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("cuda.bindings.driver")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA device")
-    from kpair.capture.cupti import find_cupti
-    from kpair.errors import BackendUnavailable
-
-    try:
-        find_cupti()
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-
-
 def kpair(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
                           text=True, timeout=600, cwd=cwd)
