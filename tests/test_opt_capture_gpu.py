@@ -69,17 +69,8 @@ def cuda():
 
 
 @pytest.fixture(scope="module")
-def torch_gpu(cuda):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA device")
-    from kpair.capture.cupti import find_cupti
-    from kpair.errors import BackendUnavailable
-
-    try:
-        find_cupti()
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
+def torch_gpu(cuda, gpu):
+    """An sm_90 device (``cuda``) that capture can run on (conftest's ``gpu``)."""
 
 
 @pytest.mark.parametrize("body,cols", [("torch.relu(x * w + b)", 512),
