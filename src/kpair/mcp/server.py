@@ -28,7 +28,8 @@ def _sdk():
 
 INSTRUCTIONS = """kpair judges GPU (or host) kernels on real captured dispatches.
 Loop: list_operators -> describe_operator (launch, regions ref reads/writes, policy, ref's
-code as Triton/PTX/SASS/asm, ref's time, speed of light) -> submit_candidate (any form; the
+code as Triton/PTX/SASS/asm, ref's time, speed of light; a range's live-in, live-out and
+scratch regions and its operations) -> submit_candidate (any form, or a launch plan; the
 verdict is kpair's: PASS with a speedup and CI, or FAIL naming the trust check; quick by
 default, full=true for the full measurement) -> publish a passing, faster candidate into a
 release (it is measured in full again first). Every submission is recorded in attempts.jsonl."""
@@ -60,7 +61,10 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
         """One operator: launch, kernarg parameters (offset, size), regions with sizes and
         whether ref reads or writes them, the validation policy, ref's code (Triton source,
         PTX, SASS, AMDGPU assembly where available), ref's measured time and its speed of
-        light. measure=True measures ref once (it also sets the session up)."""
+        light; for a range, 'range': its live-in, live-out (with declared output spans) and
+        scratch regions (name, address, offset, size, role, dtype where recorded) and its
+        operations (kind, kernel). measure=True measures ref once (it also sets the session
+        up)."""
         return ws.describe(operator, measure=measure, code=include_code, max_chars=max_chars)
 
     @tool
@@ -69,7 +73,8 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
                          ptxas_options: list[str] | None = None,
                          config: dict[str, Any] | None = None,
                          launch_override: dict[str, Any] | None = None,
-                         label: str | None = None, full: bool = False) -> dict[str, Any]:
+                         label: str | None = None, full: bool = False,
+                         objects: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """Judge a candidate against ref in the operator's persistent session with every
         trust check (a cheat fails either way), recorded in attempts.jsonl. By default a
         quick, exploratory measurement (one replicate, few ABBA blocks, a short time cap, no
@@ -79,10 +84,17 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
         code: the candidate's text (base64 for form=binary), or path: a file on the server.
         ptxas_options (ptx), config (triton: num_warps, num_stages, maxnreg, constants),
         launch_override (grid, block, dynamic_shared_bytes) are optional. The parameter list
-        must match ref's (offsets and sizes), or nothing runs."""
+        must match ref's (offsets and sizes), or nothing runs. form=plan: code is the JSON
+        text of opt.plan.json (launches of kernels with their own signatures, each parameter
+        bound to a region of the range, a declared scratch buffer or a typed scalar) and
+        objects maps each code object a launch names to {"form": binary|c|cuda|ptx|triton,
+        "code" or "path"} (triton: also constants, num_warps, num_stages, signature); the
+        plan is checked against the range and each code object's own parameter layout, and
+        a bad one is refused naming the launch and the parameter before anything runs."""
         return ws.submit(operator, form, code=code, path=path, kernel=kernel,
                          ptxas_options=ptxas_options, config=config,
-                         launch_override=launch_override, label=label, full=full)
+                         launch_override=launch_override, label=label, full=full,
+                         objects=objects)
 
     @tool
     def publish(operator: str, attempt: int, release: str, level: int | None = None,

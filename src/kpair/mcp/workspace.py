@@ -50,9 +50,11 @@ from ..optimize.workbench import (
 )
 from ..options import RunOptions
 from ..release import add_operator
+from ..scale.evaluate import plan_candidate
 from ..session import Session, result_line, taken_numbers
 from ..snapshot import Snapshot
 from .build import build_candidate, recompiled_ptx, triton_facts
+from .plans import OBJECT_FORMS, build_plan, discard, range_facts
 
 #: What ``submit`` accepts as ``form``, and what each means.
 FORMS = {
@@ -63,6 +65,12 @@ FORMS = {
               "compiled with the captured config unless 'config' overrides it",
     "amdgpu-asm": "kpair asm's code.s of ref, edited (assembled back with LLVM)",
     "binary": "a code object (.so, cubin, fatbin, PTX or hsaco): base64 in 'code' or a 'path'",
+    "plan": "a launch plan (the JSON text of opt.plan.json in 'code', or its 'path'): kernels "
+            "with their own signatures bound to the range's regions, scratch and scalars; "
+            "'objects' gives each code object a launch names as {\"form\": one of "
+            + ", ".join(OBJECT_FORMS) + ", \"code\" or \"path\"} (triton: also "
+            "constants, num_warps, num_stages, signature); checked before anything runs; "
+            "the only form a range of several operations takes",
 }
 QUICK_NOTE = (" [quick measurement: exploratory; full=true, or publish, runs the full "
               "replicated one]")
@@ -190,6 +198,9 @@ class Workspace:
                                     work=state.work) | {
                 "operator": operator, "evaluations": str(state.out),
                 "forms": FORMS}
+            m = state.harness.snapshot.manifest
+            if m.is_range:
+                out["range"] = range_facts(m)
             if state.harness.backend == "cuda":
                 try:
                     out["triton"] = triton_facts(state.harness)
@@ -220,9 +231,13 @@ class Workspace:
         """ref against itself through the session: ref's time (and the setup paid once)."""
         h = state.harness
         session, mode = self.session(state, full=False)
-        judged = session.judge(Candidate(h.binary(h.ref), h.ref.kernel,
-                                         label="ref (baseline measurement)",
-                                         strategy="mcp:baseline", params={"judged": mode}))
+        if h.snapshot.manifest.is_range:   # a range is paired with a plan: its own
+            base = replace(plan_candidate(h.root / h.spec.plan),
+                           label="ref (baseline measurement)")
+        else:
+            base = Candidate(h.binary(h.ref), h.ref.kernel, label="ref (baseline measurement)")
+        judged = session.judge(replace(base, strategy="mcp:baseline",
+                                       params={"judged": mode}))
         state.taken, result = judged.attempt, judged.result
         if result.speed is not None:
             state.ref_s = result.speed.debug_only.get("ref_median_us", 0) * 1e-6 or None
@@ -235,7 +250,7 @@ class Workspace:
                path: str | None = None, kernel: str | None = None,
                ptxas_options: list[str] | None = None, config: dict | None = None,
                launch_override: dict | None = None, label: str | None = None,
-               full: bool = False) -> dict:
+               full: bool = False, objects: dict | None = None) -> dict:
         """Build a candidate of ``form`` (``FORMS``), refuse an ABI mismatch before anything
         launches, and judge it in the operator's quick session (``full``: the full one): the
         verdict as ``kpair evaluate --jsonl`` prints it, which measurement gave it, build
@@ -244,8 +259,17 @@ class Workspace:
             raise UsageError(f"form must be one of {', '.join(FORMS)}, not {form!r}")
         if (code is None) == (path is None) and form != "binary":
             raise UsageError("give the candidate as 'code' (its text) or 'path', one of them")
+        if objects is not None and form != "plan":
+            raise UsageError("'objects' go with form 'plan'")
         with self.lock:
             state = self.state(operator)
+            if form == "plan":
+                return self._submit_plan(state, code=code, path=path, objects=objects,
+                                         ptxas_options=ptxas_options, label=label, full=full)
+            if state.harness.snapshot.manifest.is_range:
+                raise UsageError(f"operator {operator} is a range of "
+                                 f"{len(state.harness.snapshot.manifest.operations)} "
+                                 "operations: submit a launch plan (form 'plan')")
             started = time.monotonic()
             built = build_candidate(state.harness, form, code=code, path=path,
                                     kernel=kernel, ptxas_options=ptxas_options or [],
@@ -270,6 +294,44 @@ class Workspace:
                     "sol": result.sol.summary() if result.sol else None,
                     "candidate": str(keep), "build": built.build, "build_s": round(build_s, 3),
                     "judge_s": result.wall_s}
+
+    def _submit_plan(self, state: OperatorState, *, code: str | None, path: str | None,
+                     objects: dict | None, ptxas_options: list[str] | None,
+                     label: str | None, full: bool) -> dict:
+        """A launch plan built (``kpair.mcp.plans.build_plan``) into
+        ``candidates/NNNN.plan/``, checked against the operator's range before anything
+        runs, then judged like any candidate."""
+        started = time.monotonic()
+        pending = state.work / "candidates" / f"pending-{os.getpid()}-{time.time_ns()}"
+        try:
+            plan_file, notes = build_plan(state.harness, pending, text=code, path=path,
+                                          objects=objects, ptxas_options=ptxas_options)
+        except BaseException:
+            discard(pending)
+            raise
+        build_s = time.monotonic() - started
+        session, mode = self.session(state, full=full)
+        try:
+            cand = plan_candidate(plan_file, label=label or "plan candidate")
+            judged = session.judge(replace(cand, strategy="mcp:plan",
+                                           params={"judged": mode, "build": notes}))
+        except BaseException:
+            discard(pending)
+            raise
+        n, result = judged.attempt, judged.result
+        state.taken = n
+        keep = state.work / "candidates" / f"{n:04d}.plan"
+        if keep.exists():
+            discard(keep)
+        pending.rename(keep)
+        state.candidates[n] = replace(judged, image=b"", binary=keep / plan_file.name)
+        line = result_line(n, result, session.result_file(n))
+        return {**line, "attempt": n, "judged": mode,
+                "summary": line["summary"] + (QUICK_NOTE if mode == "quick" else ""),
+                "exit_code": result.exit_code,
+                "sol": result.sol.summary() if result.sol else None,
+                "candidate": str(keep / plan_file.name), "build": "; ".join(notes) or None,
+                "build_s": round(build_s, 3), "judge_s": result.wall_s}
 
     # ------------------------------------------------------------------ publish
 

@@ -196,16 +196,20 @@ def base_harness(op: Operator, work: Path, *, policy: Path | None = None) -> Har
 
 
 def pair_harness(base: Harness, winner: Candidate, out: Path) -> Harness:
-    """``out``: the harness of base's ref and ``winner`` (its ``binary``, kernel and launch)
-    on base's snapshot, policy and measure settings — what ``release add`` publishes."""
+    """``out``: the harness of base's ref and ``winner`` (its ``binary``, kernel and launch;
+    or, format ``plan``, its opt.plan.json) on base's snapshot, policy and measure settings
+    — what ``release add`` publishes."""
     if out.exists():
         shutil.rmtree(out)
     spec = base.spec
-    return create_harness(base.root / spec.snapshot, out, ref=base.root / spec.ref.binary,
-                          opt=winner.binary, ref_kernel=spec.ref.kernel,
-                          opt_kernel=winner.kernel, policy=base.root / spec.policy,
-                          opt_launch=winner.launch_override or None,
-                          measure=dict(spec.measure) or None)
+    # A range's ref is its captured operations; a launch plan names its own kernels.
+    ref = {} if base.snapshot.manifest.is_range else \
+        {"ref": base.root / spec.ref.binary, "ref_kernel": spec.ref.kernel}
+    opt = {"plan": winner.binary} if winner.format == "plan" else \
+        {"opt": winner.binary, "opt_kernel": winner.kernel,
+         "opt_launch": winner.launch_override or None}
+    return create_harness(base.root / spec.snapshot, out, policy=base.root / spec.policy,
+                          measure=dict(spec.measure) or None, **ref, **opt)
 
 
 # --------------------------------------------------------------------------- measuring
