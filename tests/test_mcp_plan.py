@@ -181,3 +181,39 @@ def test_plan_inputs_are_checked(lab):
         assert message in str(e.value), (kwargs, str(e.value))
     with pytest.raises(KpairError, match="submit a launch plan"):
         ws.submit("range", "c", code=(CSRC / "range_ops.c").read_text())
+
+
+def test_a_range_snapshot_is_described_and_its_first_plan_pairs_it(lab, tmp_path):
+    """A recorded range in the work directory, no harness: described from the snapshot,
+    and the first plan submitted makes its base harness and is judged on it."""
+    import shutil
+
+    root = tmp_path / "w"
+    shutil.copytree(lab["dir"] / "snap", root / "rng")
+    ws = Workspace(root, QUICK, quick=QUICK)
+    try:
+        assert [(r["operator"], r["kind"]) for r in ws.list()] == [("rng", "snapshot")]
+        desc = ws.describe("rng")
+        assert desc["ref_time_us"] is None and "launch plan" in desc["ref_time_note"]
+        assert [o["kernel"] for o in desc["range"]["ops"]] == \
+            ["kp_matmul", "kp_bias", "kp_relu"]
+        assert [r["name"] for r in desc["range"]["live_out"]] == ["out"]
+        with pytest.raises(KpairError, match="parameter 0"):
+            ws.submit("rng", "plan", code=_plan(args=_fused_args(
+                n={"bind": "scalar", "kind": "i64", "value": N})),
+                objects={"ops.so": {"form": "binary", "path": str(lab["lib"])}})
+        assert not (root / "mcp" / "rng" / "base").exists()   # a refused plan pairs nothing
+        done = ws.submit("rng", "plan", code=_plan(),
+                         objects={"ops.so": {"form": "binary", "path": str(lab["lib"])}})
+        assert done["status"] == "pass", done["summary"]
+        assert (root / "mcp" / "rng" / "base" / "harness.json").is_file()
+        again = ws.describe("rng", code=False)
+        assert again["ref_time_us"] > 0 and again["range"]["name"] == "mm_bias_relu"
+    finally:
+        ws.close()
+    # A new server on the same directory finds the base harness.
+    ws = Workspace(root, QUICK, quick=QUICK)
+    try:
+        assert ws.state("rng").harness is not None
+    finally:
+        ws.close()

@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ..candidate import Candidate
@@ -39,7 +40,7 @@ from ..capture.profiler import run_profile
 from ..capture.workflow import capture_program
 from ..describe import describe_operator
 from ..errors import KpairError, UsageError
-from ..harness import Harness
+from ..harness import Harness, create_harness
 from ..optimize.workbench import (
     Operator,
     base_harness,
@@ -49,6 +50,7 @@ from ..optimize.workbench import (
     suffix,
 )
 from ..options import RunOptions
+from ..policy import Policy
 from ..release import add_operator
 from ..scale.evaluate import plan_candidate
 from ..session import Session, result_line, taken_numbers
@@ -83,9 +85,11 @@ class OperatorState:
     made on first use, sharing ``evaluations/``) and candidates."""
 
     name: str
-    harness: Harness
+    #: None for a range snapshot until its first launch plan (``base/`` is made with it).
+    harness: Harness | None
     work: Path
     level: int = 1
+    snapshot: Path | None = None  # a range snapshot's directory, while harness is None
     sessions: dict[str, Any] = field(default_factory=dict)
     candidates: dict[int, Candidate] = field(default_factory=dict)  # judged, kept on file
     ref_s: float | None = None
@@ -165,7 +169,12 @@ class Workspace:
             op = self._find(operator)
             work = self.root / "mcp" / operator
             work.mkdir(parents=True, exist_ok=True)
-            state = OperatorState(operator, base_harness(op, work), work, op.level)
+            if op.kind == "snapshot" and Snapshot.open(op.snapshot).manifest.is_range \
+                    and not (work / "base" / "harness.json").is_file():
+                # A range is paired with a launch plan: its first one makes base/.
+                state = OperatorState(operator, None, work, op.level, snapshot=op.snapshot)
+            else:
+                state = OperatorState(operator, base_harness(op, work), work, op.level)
             state.taken = taken_numbers(state.out)
             self._states[operator] = state
             return state
@@ -191,6 +200,8 @@ class Workspace:
 
         with self.lock:
             state = self.state(operator)
+            if state.harness is None:
+                return self._describe_range(state)
             if measure and state.ref_s is None:
                 self._measure_ref(state)
             out = describe_operator(state.harness, code=code, max_chars=max_chars,
@@ -210,6 +221,21 @@ class Workspace:
                 if code:
                     self._fill_ptx(state, out["code"], out["triton"], max_chars)
             return out
+
+    def _describe_range(self, state: OperatorState) -> dict:
+        """A range snapshot before its first plan: what the snapshot says (no harness, no
+        session yet: ref is measured once a plan is judged)."""
+        m = Snapshot.open(state.snapshot).manifest
+        policy = Policy.byte_exact()
+        return {"operator": state.name, "backend": m.backend, "arch": m.arch,
+                "complete": m.complete, "kernel": m.code.kernel_name,
+                "regions": [{"name": r.name, "address": hex(r.address), "size": r.size,
+                             "dtype": r.dtype, "role": r.role} for r in m.regions],
+                "policy": policy.to_json(), "policy_text": [policy.mode],
+                "ref_time_us": None,
+                "ref_time_note": "a range is judged against a launch plan: ref is measured "
+                                 "when the first plan is submitted (form 'plan')",
+                "range": range_facts(m), "evaluations": str(state.out), "forms": FORMS}
 
     def _fill_ptx(self, state: OperatorState, code: dict, triton: dict,
                   max_chars: int) -> None:
@@ -266,9 +292,10 @@ class Workspace:
             if form == "plan":
                 return self._submit_plan(state, code=code, path=path, objects=objects,
                                          ptxas_options=ptxas_options, label=label, full=full)
-            if state.harness.snapshot.manifest.is_range:
-                raise UsageError(f"operator {operator} is a range of "
-                                 f"{len(state.harness.snapshot.manifest.operations)} "
+            m = state.harness.snapshot.manifest if state.harness is not None else \
+                Snapshot.open(state.snapshot).manifest
+            if m.is_range:
+                raise UsageError(f"operator {operator} is a range of {len(m.operations)} "
                                  "operations: submit a launch plan (form 'plan')")
             started = time.monotonic()
             built = build_candidate(state.harness, form, code=code, path=path,
@@ -303,9 +330,16 @@ class Workspace:
         runs, then judged like any candidate."""
         started = time.monotonic()
         pending = state.work / "candidates" / f"pending-{os.getpid()}-{time.time_ns()}"
+        target = state.harness
+        if target is None:   # a range snapshot's first plan: checked on the snapshot
+            snap = Snapshot.open(state.snapshot)
+            target = SimpleNamespace(backend=snap.manifest.backend, snapshot=snap)
         try:
-            plan_file, notes = build_plan(state.harness, pending, text=code, path=path,
+            plan_file, notes = build_plan(target, pending, text=code, path=path,
                                           objects=objects, ptxas_options=ptxas_options)
+            if state.harness is None:   # ... and pairs the range: base/
+                state.harness = create_harness(state.snapshot, state.work / "base",
+                                               plan=plan_file)
         except BaseException:
             discard(pending)
             raise
