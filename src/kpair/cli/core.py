@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .base import Command, parse_launch
+from .base import Command, integer, number, parse_launch
 
 
 class Pair(Command):
@@ -33,6 +33,18 @@ class Pair(Command):
         p.add_argument("--opt-kernel", help="kernel name in opt (default: ref's)")
         p.add_argument("--policy", type=Path,
                        help="validation_policy.json (default: byte-exact)")
+        p.add_argument("--propose-policy", action="store_true",
+                       help="instead of --policy's tolerances: run ref and opt on the captured "
+                       "input and on mutated inputs, and write the tightest allclose policy "
+                       "every run passes with a margin of 4 (regions that never differ stay "
+                       "byte-exact); refused (exit 4) over the ceiling, naming the region")
+        p.add_argument("--max-atol", type=number(0, 1e6, low_open=False),
+                       metavar="A", help="--propose-policy's ceiling on atol (default 1e-2, "
+                       "KernelBench's)")
+        p.add_argument("--max-rtol", type=number(0, 1e6, low_open=False),
+                       metavar="R", help="--propose-policy's ceiling on rtol (default 1e-2)")
+        p.add_argument("--propose-runs", type=integer(1, 64), metavar="N",
+                       help="--propose-policy's mutated inputs, 1 to 64 (default 8)")
         p.add_argument("--opt-launch", help='JSON launch override for opt, e.g. '
                        '\'{"grid": [64, 1, 1], "block": [256, 1, 1]}\'')
         p.add_argument("-o", "--out", type=Path, required=True,
@@ -42,20 +54,35 @@ class Pair(Command):
                        "planned differential runs) instead of lines")
 
     def run(self, args: argparse.Namespace) -> int:
+        from ..errors import UsageError
         from ..harness import create_harness
 
+        tuning = (args.max_atol, args.max_rtol, args.propose_runs)
+        if not args.propose_policy and any(x is not None for x in tuning):
+            raise UsageError("--max-atol/--max-rtol/--propose-runs go with --propose-policy")
         launch = None
         if args.opt_launch:
             launch = parse_launch(args.opt_launch, _snapshot_backend(args.snapshot))
         if args.ref_kernel and not args.ref and args.snapshot.exists():
             _check_captured_kernel(args.snapshot, args.ref_kernel)
-        h = create_harness(args.snapshot, args.out, ref=args.ref, opt=args.opt,
-                           ref_kernel=args.ref_kernel, opt_kernel=args.opt_kernel,
-                           policy=args.policy, opt_launch=launch, plan=args.plan,
-                           opt_capture=args.opt_capture)
+        pair = {"ref": args.ref, "opt": args.opt, "ref_kernel": args.ref_kernel,
+                "opt_kernel": args.opt_kernel, "policy": args.policy, "opt_launch": launch,
+                "plan": args.plan, "opt_capture": args.opt_capture}
+        proposal = None
+        if args.propose_policy:
+            from ..policy.propose import CEILING
+            from ..propose import pair_with_proposal
+
+            atol, rtol, runs = (d if x is None else x for x, d in zip(
+                tuning, (*CEILING, 8), strict=True))
+            h, proposal = pair_with_proposal(args.snapshot, args.out, runs=runs,
+                                             ceiling=(atol, rtol), **pair)
+        else:
+            h = create_harness(args.snapshot, args.out, **pair)
         mutations, source = h.planned_mutations()
         if args.json:
-            print(json.dumps({"harness": str(h.root), "backend": h.backend,
+            extra = {"proposal": proposal.to_json()} if proposal is not None else {}
+            print(json.dumps({"harness": str(h.root), "backend": h.backend, **extra,
                               "policy": h.policy.mode, "ref": h.spec.ref.to_json(),
                               "opt": h.spec.opt.to_json(), **h.kind, "differential": {
                                   "source": source,
@@ -70,6 +97,9 @@ class Pair(Command):
               f"opt {opt_what})")
         if args.opt_capture is not None:   # the note lists every binding
             print(h.plan.note)
+        if proposal is not None:
+            for line in proposal.notes or (h.policy.note,):
+                print(f"proposed policy: {line}")
         if mutations:
             print(f"differential runs ({source}): " + "; ".join(m.describe() for m in mutations))
         else:
