@@ -30,3 +30,14 @@ void kp_fused_scaled(int32_t n, const float *bias, const float *a, const float *
             out[i * n + j] = v > 0.0f ? v : 0.0f;
         }
 }
+
+/* kp_matmul's layout (a, b, c, n), reassociated as kp_fused_reassoc: one dispatch's
+   same-layout candidate. */
+void kp_matmul_reassoc(const float *a, const float *b, float *c, int32_t n) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k = 0; k < n; k++) s[k & 3] += a[i * n + k] * b[k * n + j];
+            c[i * n + j] = (s[0] + s[2]) + (s[1] + s[3]);
+        }
+}
