@@ -195,3 +195,20 @@ def test_one_dispatch_with_a_same_layout_opt(lab, matmul_libs, tmp_path):
     assert [t.region for t in h.policy.tolerances] == ["c"]
     r = run_json(h.root, RunOptions(time_cap_s=1.0, max_blocks=32, timeout_s=300))
     assert r["status"] == "pass", r.get("correctness") or r.get("error")
+
+
+def test_policy_propose_on_an_existing_harness(lab, tmp_path):
+    from kpair.harness import create_harness
+
+    h = create_harness(lab["snap"], tmp_path / "H", plan=_plan(lab, "kp_fused_reassoc"))
+    proc = _kpair("policy", "propose", str(h.root), "--runs", "2", "--json",
+                  "-o", str(tmp_path / "p.json"))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["regions"][0]["region"] == "out" and doc["out"] == str(tmp_path / "p.json")
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved == doc["policy"] and saved["tolerances"][0]["criterion"] == "allclose"
+    proc = _kpair("policy", "propose", str(h.root), "--runs", "2", "--max-rtol", "0",
+                  "--max-atol", "1e-9", "--json")
+    assert proc.returncode == 4 and json.loads(proc.stdout)["exit_code"] == 4
+    assert "region 'out'" in json.loads(proc.stdout)["error"]["message"]
