@@ -217,3 +217,37 @@ def test_a_range_snapshot_is_described_and_its_first_plan_pairs_it(lab, tmp_path
         assert ws.state("rng").harness is not None
     finally:
         ws.close()
+
+
+def test_the_server_tool_takes_a_plan_as_text_or_object(lab):
+    """Through the SDK's server (in process): the plan's JSON text (which the SDK reads as
+    an object) and the object itself are judged alike; a bad plan is a tool error."""
+    pytest.importorskip("mcp", reason="the MCP SDK is not installed: pip install 'kpair[mcp]'")
+    import anyio
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from kpair.mcp.server import build_server
+
+    server = build_server(lab["ws"])
+    objects = {"ops.so": {"form": "binary", "path": str(lab["lib"])}}
+
+    async def calls():
+        out = []
+        for code in (_plan(), json.loads(_plan())):
+            r = await server.call_tool("submit_candidate", {
+                "operator": "range", "form": "plan", "code": code, "objects": objects})
+            out.append(r)
+        try:
+            await server.call_tool("submit_candidate", {
+                "operator": "range", "form": "plan", "objects": objects,
+                "code": _plan(args=_fused_args(b={"bind": "region", "name": "bb"}))})
+        except ToolError as e:
+            out.append(str(e))
+        return out
+
+    *judged, refused = anyio.run(calls)
+    for r in judged:
+        assert not r.is_error, r.content[0].text
+        data = r.structured_content or json.loads(r.content[0].text)
+        assert data["status"] == "pass" and data["judged"] == "quick", data["summary"]
+    assert isinstance(refused, str) and "kpair:" in refused and "no region 'bb'" in refused

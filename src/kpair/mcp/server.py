@@ -9,6 +9,7 @@ tool error (and its traceback goes to stderr, never to the stdio channel).
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 from ..errors import BackendUnavailable, KpairError
@@ -68,7 +69,7 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
         return ws.describe(operator, measure=measure, code=include_code, max_chars=max_chars)
 
     @tool
-    def submit_candidate(operator: str, form: str, code: str | None = None,
+    def submit_candidate(operator: str, form: str, code: str | dict[str, Any] | None = None,
                          path: str | None = None, kernel: str | None = None,
                          ptxas_options: list[str] | None = None,
                          config: dict[str, Any] | None = None,
@@ -84,13 +85,16 @@ def build_server(ws: Workspace, *, host: str = "127.0.0.1", port: int = 8000):
         code: the candidate's text (base64 for form=binary), or path: a file on the server.
         ptxas_options (ptx), config (triton: num_warps, num_stages, maxnreg, constants),
         launch_override (grid, block, dynamic_shared_bytes) are optional. The parameter list
-        must match ref's (offsets and sizes), or nothing runs. form=plan: code is the JSON
-        text of opt.plan.json (launches of kernels with their own signatures, each parameter
-        bound to a region of the range, a declared scratch buffer or a typed scalar) and
+        must match ref's (offsets and sizes), or nothing runs. form=plan: code is
+        opt.plan.json (its JSON text or the object: launches of kernels with their own
+        signatures, each parameter bound to a region of the range, a declared scratch buffer
+        or a typed scalar) and
         objects maps each code object a launch names to {"form": binary|c|cuda|ptx|triton,
         "code" or "path"} (triton: also constants, num_warps, num_stages, signature); the
         plan is checked against the range and each code object's own parameter layout, and
         a bad one is refused naming the launch and the parameter before anything runs."""
+        if isinstance(code, dict):   # the SDK reads a JSON object's text as the object
+            code = json.dumps(code)
         return ws.submit(operator, form, code=code, path=path, kernel=kernel,
                          ptxas_options=ptxas_options, config=config,
                          launch_override=launch_override, label=label, full=full,
