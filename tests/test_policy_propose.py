@@ -212,3 +212,30 @@ def test_policy_propose_on_an_existing_harness(lab, tmp_path):
                   "--max-atol", "1e-9", "--json")
     assert proc.returncode == 4 and json.loads(proc.stdout)["exit_code"] == 4
     assert "region 'out'" in json.loads(proc.stdout)["error"]["message"]
+
+
+def test_captured_candidate_gets_its_policy(lab, tmp_path):
+    """``--opt-capture``: the candidate range is bound once; the harness made again under the
+    proposed policy keeps the bound plan (its note lists the bindings)."""
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))
+    bias = rng.standard_normal(N, dtype=np.float32)
+    out, out2, row = np.zeros((N, N), np.float32), np.zeros((N, N), np.float32), \
+        np.zeros(N, np.float32)
+    with Recorder(tmp_path / "ref", names={"a": a, "b": b, "bias": bias, "out": out},
+                  outputs=[out]) as r:
+        r.call(lab["ops"], "kp_matmul", [a, b, out, np.int32(N)])
+        r.call(lab["ops"], "kp_bias", [out, bias, np.int32(N)])
+        r.call(lab["ops"], "kp_relu", [out, np.int32(N)])
+    with Recorder(tmp_path / "cand", names={"a": a, "b": b, "bias": bias, "out2": out2,
+                                            "row": row}, outputs=[out2], scratch=[row]) as r:
+        r.call(lab["cand"], "kp_fused_reassoc", [np.int32(N), bias, a, b, out2, row])
+    assert not np.array_equal(out, out2)   # it really rounds differently
+    proc = _kpair("pair", str(tmp_path / "ref"), "--opt-capture", str(tmp_path / "cand"),
+                  "--propose-policy", "--propose-runs", "2", "-o", str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr
+    h = Harness.open(tmp_path / "H")
+    assert [t.region for t in h.policy.tolerances] == ["out"]
+    assert "out2 -> out (declared output)" in h.plan.note, h.plan.note
+    r = run_json(h.root, RunOptions(time_cap_s=1.0, max_blocks=32, timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
