@@ -143,6 +143,9 @@ BAD = [
      "past the end of region 'bias'"),
     ("an undeclared scratch", _plan(args=_fused_args(row={"bind": "scratch", "name": "r2"})),
      "scratch buffer 'r2' is not declared"),
+    ("scratch too small", _plan(row=16, args=_fused_args(
+        row={"bind": "scratch", "name": "row", "bytes": N * 4})),
+     "past the end of scratch buffer 'row' (16 bytes)"),
     ("no writer of the output", _plan(args=_fused_args(
         out={"bind": "region", "name": "out"})), "no launch of the plan binds for writing"),
     ("a missing kernel", _plan("kp_nope"), "kp_nope"),
