@@ -36,6 +36,8 @@ CEILING = (1e-2, 1e-2)
 MARGIN = 4.0
 #: Grid steps per decade of rtol.
 STEPS = 4
+#: Elements decoded at a time (float64 copies of ref's and opt's: 64 MiB each).
+CHUNK = 1 << 23
 
 
 class ToleranceOverCeiling(KpairError):
@@ -101,8 +103,21 @@ class _Range:
         self.need = np.full(self.grid.size, -np.inf)
 
     def add(self, label: str, want: bytes, got: bytes) -> None:
-        w = decode(np.frombuffer(want, np.uint8)[self.start:self.end].copy(), self.dtype)
-        g = decode(np.frombuffer(got, np.uint8)[self.start:self.end].copy(), self.dtype)
+        es = dtype_size(self.dtype)
+        n = (self.end - self.start) // es
+        w8, g8 = np.frombuffer(want, np.uint8), np.frombuffer(got, np.uint8)
+        nz = 0
+        for lo in range(0, n, CHUNK):   # float64 copies of one chunk at a time
+            at = self.start + lo * es
+            hi = at + min(CHUNK, n - lo) * es
+            nz += self._chunk(label, at, decode(w8[at:hi].copy(), self.dtype),
+                              decode(g8[at:hi].copy(), self.dtype))
+        if nz:
+            self.runs_differing += 1
+            self.elements_differing = max(self.elements_differing, nz)
+
+    def _chunk(self, label: str, at: int, w: np.ndarray, g: np.ndarray) -> int:
+        """Fold in the elements from byte ``at`` on; how many of them differ."""
         es = dtype_size(self.dtype)
         with np.errstate(all="ignore"):
             wn, gn = np.isnan(w), np.isnan(g)
@@ -114,22 +129,21 @@ class _Range:
             d = np.abs(g[fin] - w[fin])
         if bad.any() and self.special is None:
             i = int(np.flatnonzero(bad)[0])
-            self.special = (label, self.start + i * es, float(w[i]), float(g[i]))
+            self.special = (label, at + i * es, float(w[i]), float(g[i]))
         nz = int(np.count_nonzero(d))
         if not nz:
-            return
-        self.runs_differing += 1
-        self.elements_differing = max(self.elements_differing, nz)
+            return 0
         k = int(np.argmax(d))
         if d[k] > self.max_abs:
             idx = int(np.flatnonzero(fin)[k])
             self.max_abs = float(d[k])
-            self.worst = (label, self.start + idx * es, float(w[idx]), float(g[idx]))
+            self.worst = (label, at + idx * es, float(w[idx]), float(g[idx]))
         with np.errstate(all="ignore"):
             rel = np.where(aw > 0, d / aw, np.where(d > 0, np.inf, 0.0))
         self.max_rel = max(self.max_rel, float(rel.max(initial=0.0)))
         for i, r in enumerate(self.grid):
             self.need[i] = max(self.need[i], float((d - r * aw).max(initial=0.0)))
+        return nz
 
     @property
     def differs(self) -> bool:
