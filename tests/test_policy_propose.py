@@ -239,3 +239,22 @@ def test_captured_candidate_gets_its_policy(lab, tmp_path):
     assert "out2 -> out (declared output)" in h.plan.note, h.plan.note
     r = run_json(h.root, RunOptions(time_cap_s=1.0, max_blocks=32, timeout_s=300))
     assert r["status"] == "pass", r.get("correctness") or r.get("error")
+
+
+def test_a_smaller_margin_where_only_that_fits_under_the_ceiling():
+    want = np.linspace(1.0, 2.0, 64).astype(np.float32)
+    got = want * np.float32(1.004)   # 4e-3 relative: x4 would be 1.6e-2, over 1e-2
+    obs = Observed([RegionSpec("y", 256, "float32", True)])
+    obs.add("run 1", {"y": _f32(want)}, {"y": _f32(got)})
+    p = propose(obs)
+    (tol,) = p.policy.tolerances
+    assert tol.atol <= 1e-2 and tol.rtol <= 1e-2
+    w, g = want.astype(np.float64), got.astype(np.float64)
+    assert np.all(np.abs(g - w) <= tol.atol + tol.rtol * w)   # every element still passes
+    assert 1 <= p.details[0]["margin"] < 4 and "the ceiling allows no more" in p.notes[0]
+    # Over the ceiling altogether: refused, naming the region and the measured error.
+    obs = Observed([RegionSpec("y", 256, "float32", True)])
+    obs.add("run 1", {"y": _f32(want)}, {"y": _f32(want * np.float32(1.03))})
+    with pytest.raises(ToleranceOverCeiling, match=r"region 'y'\[0:256\) as float32: max "
+                       r"\|opt-ref\| 0\.06.*over the ceiling \(atol 0\.01, rtol 0\.01\)"):
+        propose(obs)
