@@ -51,7 +51,8 @@ class Pair(Command):
                        help="harness directory (new or empty)")
         p.add_argument("--json", action="store_true",
                        help="print one JSON document (the harness, its kernels, the "
-                       "planned differential runs) instead of lines")
+                       "planned differential runs; with --propose-policy the proposal: "
+                       "policy, notes, measured errors per region) instead of lines")
 
     def run(self, args: argparse.Namespace) -> int:
         from ..errors import UsageError
