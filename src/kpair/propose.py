@@ -19,7 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from . import progress
+from .backends import open_device
+from .harness import Harness, create_harness
 from .policy.propose import CEILING, MARGIN, Observed, Proposal, RegionSpec, propose
+from .replay import Replay
 
 
 def propose_policy(root: str | os.PathLike, *, runs: int = 8, margin: float = MARGIN,
@@ -27,11 +31,6 @@ def propose_policy(root: str | os.PathLike, *, runs: int = 8, margin: float = MA
                    device_options: dict | None = None) -> Proposal:
     """The tightest policy under which the harness at ``root``'s opt passes against its ref
     on the captured input and ``runs`` mutated inputs (see the module doc)."""
-    from . import progress
-    from .backends import open_device
-    from .harness import Harness
-    from .replay import Replay
-
     h = Harness.open(root)
     m = h.snapshot.manifest
     spans: dict[str, list[tuple[int, int]]] = {}
@@ -93,8 +92,6 @@ def pair_with_proposal(snapshot: str | os.PathLike, out: str | os.PathLike, *,
     harness is made with ``policy`` (default byte-exact), measured (``propose_policy``), then
     made again in the same place with the proposed policy. (harness, proposal); on a refusal
     nothing is left at ``out`` (an empty directory the caller had stays, empty)."""
-    from .harness import create_harness
-
     out = Path(out)
     existed = out.exists()
     h = create_harness(snapshot, out, policy=policy, **pair)
