@@ -14,7 +14,7 @@ import pytest
 
 from conftest import CSRC
 from kpair.backends import open_device
-from kpair.capture.chains import Candidate, chain_regions
+from kpair.capture.chains import PendingRegion, chain_regions
 from kpair.capture.modules import Found
 from kpair.capture.ranges import MemoryOp
 from kpair.capture.regions import Block, BlockTable
@@ -146,7 +146,7 @@ def test_a_region_is_stored_as_its_chain_only_when_every_link_can_be_recorded(mo
     log.launch(_kernel("add", X, Y, Z), {X, Y, Z}, guess=True)
     log.launch(_kernel("scale", W), {W}, guess=True)   # in place on W
     pre = {k: bytes([i]) * N_ for i, k in enumerate((X, Y, Z, W))}
-    cands = [Candidate(f"r{i}", k, pre[k]) for i, k in enumerate((X, Y, Z, W))]
+    cands = [PendingRegion(f"r{i}", k, pre[k]) for i, k in enumerate((X, Y, Z, W))]
     writer = Writer()
     got = chain_regions(log, log.seq, cands, _blocks(*SPANS), Registry({"rand", "full", "add"}),
                         writer.chain)
@@ -161,7 +161,7 @@ def test_a_region_is_stored_as_its_chain_only_when_every_link_can_be_recorded(mo
                         Writer().chain)
     assert set(got) == {"r0"}
     # A region that is not exactly one block (a merged extent) is never a chain.
-    got = chain_regions(log, log.seq, [Candidate("big", X, bytes(2 * N_))],
+    got = chain_regions(log, log.seq, [PendingRegion("big", X, bytes(2 * N_))],
                         _blocks(*SPANS), Registry({"rand"}), Writer().chain)
     assert got == {}
     assert chain_regions(None, 0, cands, _blocks(*SPANS), Registry(set()), Writer().chain) == {}

@@ -27,11 +27,11 @@ from .modules import ModuleRegistry
 from .regions import BlockTable
 from .writers import LaunchRecord, WriterLog
 
-__all__ = ["Candidate", "chain_regions"]
+__all__ = ["PendingRegion", "chain_regions"]
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PendingRegion:
     """A region about to be stored: its name, captured address and pre-state bytes."""
 
     name: str
@@ -47,7 +47,7 @@ def _handles(code: str) -> tuple[int, ...]:
     return tuple(int(h, 16) for h in code.split(",") if h)
 
 
-def _op(record: LaunchRecord, registry: ModuleRegistry, allowed: Sequence[Candidate]
+def _op(record: LaunchRecord, registry: ModuleRegistry, allowed: Sequence[PendingRegion]
         ) -> ChainOp | Op | None:
     """The chain operation for ``record`` (None: its code object is unknown)."""
     if record.kind == "memset":
@@ -77,7 +77,7 @@ def _op(record: LaunchRecord, registry: ModuleRegistry, allowed: Sequence[Candid
                           record.attributes), record.kernarg, tuple(params))
 
 
-def chain_regions(log: WriterLog | None, upto: int, candidates: Sequence[Candidate],
+def chain_regions(log: WriterLog | None, upto: int, candidates: Sequence[PendingRegion],
                   table: BlockTable, registry: ModuleRegistry,
                   chain: Callable[..., Regen]) -> dict[str, Regen]:
     """Region name -> its ``Regen`` (``chain`` is the snapshot writer's ``chain``) for every

@@ -65,7 +65,7 @@ from ..snapshot import (
     ScratchRegion,
     detect_format,
 )
-from .chains import Candidate, chain_regions
+from .chains import PendingRegion, chain_regions
 from .filters import Filter
 from .launches import KernargError, LaunchInfo, kernarg_bytes
 from .regions import BlockTable, PointerWord, plan_regions, pointer_params, pointer_words
@@ -537,7 +537,7 @@ class RangeSession(CaptureSession):
             roles[role] += 1
             kept.append((rname, lo, hi, pre, post, role))
         chains = chain_regions(self.writers, rec.upto,
-                               [Candidate(n, lo, pre) for n, lo, _, pre, _, _ in kept],
+                               [PendingRegion(n, lo, pre) for n, lo, _, pre, _, _ in kept],
                                table, self.registry, writer.chain)
         regions = [Region(n, lo, hi - lo, None, None if post == pre else writer.put(post),
                           role=role, regen=chains[n]) if n in chains else

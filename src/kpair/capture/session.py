@@ -41,7 +41,7 @@ from ..snapshot import (
     write_json_atomic,
 )
 from .blobpool import BlobPool
-from .chains import Candidate, chain_regions
+from .chains import PendingRegion, chain_regions
 from .filters import Filter
 from .launches import KernargError, LaunchInfo, kernarg_bytes
 from .modules import ModuleRegistry
@@ -255,7 +255,7 @@ class CaptureSession:
         name = f"{p.index:04d}_{short_name(p.kernel.demangled)}"
         writer = self.pool.writer(self.out / name)
         chains = chain_regions(self.writers, p.upto,
-                               [Candidate(r.name, r.start, pre)
+                               [PendingRegion(r.name, r.start, pre)
                                 for r, pre in zip(p.regions, p.pre, strict=True)],
                                p.table or BlockTable(), self.registry, writer.chain)
         regions = tuple(
