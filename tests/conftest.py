@@ -129,3 +129,20 @@ def gpu():
         find_cupti()
     except BackendUnavailable as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    """Skips unless the CUDA backend opens an sm_90 device (tests/data's kernels are built
+    for sm_90)."""
+    pytest.importorskip("cuda.bindings.driver")
+    from kpair.backends import open_device
+    from kpair.errors import KpairError
+
+    try:
+        with open_device("cuda") as dev:
+            arch = dev.arch()
+    except KpairError as e:
+        pytest.skip(str(e))
+    if not arch.startswith("sm_90"):
+        pytest.skip(f"tests/data's kernels are built for sm_90, this GPU is {arch}")

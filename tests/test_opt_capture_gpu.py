@@ -54,21 +54,6 @@ def kpair(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def cuda():
-    pytest.importorskip("cuda.bindings.driver")
-    from kpair.backends import open_device
-    from kpair.errors import KpairError
-
-    try:
-        with open_device("cuda") as dev:
-            arch = dev.arch()
-    except KpairError as e:
-        pytest.skip(str(e))
-    if not arch.startswith("sm_90"):
-        pytest.skip(f"tests/data's kernels are built for sm_90, this GPU is {arch}")
-
-
-@pytest.fixture(scope="module")
 def torch_gpu(cuda, gpu):
     """An sm_90 device (``cuda``) that capture can run on (conftest's ``gpu``)."""
 

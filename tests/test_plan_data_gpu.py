@@ -16,21 +16,6 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.fixture(scope="module")
-def cuda():
-    pytest.importorskip("cuda.bindings.driver")
-    from kpair.backends import open_device
-    from kpair.errors import KpairError
-
-    try:
-        with open_device("cuda") as dev:
-            arch = dev.arch()
-    except KpairError as e:
-        pytest.skip(str(e))
-    if not arch.startswith("sm_90"):
-        pytest.skip(f"tests/data's kernels are built for sm_90, this GPU is {arch}")
-
-
 def test_a_plan_with_a_memset_and_a_copy_passes_on_cuda(cuda, tmp_path):
     """kp_add writes a scratch buffer, a copy moves it to c, after a memset of c."""
     from kpair.harness import create_harness

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from test_opt_capture_gpu import PROGRAM, cuda, kpair, torch_gpu  # noqa: F401 (fixtures)
+from test_opt_capture_gpu import PROGRAM, kpair, torch_gpu  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.gpu
 
