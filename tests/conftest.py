@@ -10,10 +10,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kpair.record import record_call
+from kpair.record import Recorder, record_call
 from kpair.toolchain import compile_shared
 
 CSRC = Path(__file__).parent / "csrc"
+
+
+def mlp_arrays(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """a, b (n x n), bias (n) from ``seed``, and a zeroed out (n x n): the host range's arrays."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32)
+    return {"a": a, "b": b, "bias": bias, "out": np.zeros((n, n), np.float32)}
+
+
+def record_mlp_range(lib: Path, out: Path, x: dict, n: int, **recorder):
+    """The host range of tests/csrc/range_ops.c: out = relu(a @ b + bias), three calls over
+    ``x``'s arrays, ``out`` declared; its Snapshot."""
+    with Recorder(out, names={k: x[k] for k in ("a", "b", "bias", "out")},
+                  outputs=[x["out"]], **recorder) as r:
+        r.call(lib, "kp_matmul", [x["a"], x["b"], x["out"], np.int32(n)])
+        r.call(lib, "kp_bias", [x["out"], x["bias"], np.int32(n)])
+        r.call(lib, "kp_relu", [x["out"], np.int32(n)])
+    return r.snapshot
 
 
 @pytest.fixture(scope="session")

@@ -12,15 +12,13 @@ import base64
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import CSRC
+from conftest import CSRC, mlp_arrays, record_mlp_range
 from kpair.errors import KpairError
 from kpair.harness import create_harness
 from kpair.mcp.workspace import Workspace
 from kpair.pipeline import RunOptions
-from kpair.record import Recorder
 from kpair.session import read_attempts
 from kpair.toolchain import compile_shared
 
@@ -51,16 +49,7 @@ def _plan(kernel: str = "kp_fused", args: list[dict] | None = None, row: int = N
 def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("mcpplan")
     lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((N, N), dtype=np.float32)
-    b = rng.standard_normal((N, N), dtype=np.float32)
-    bias = rng.standard_normal(N, dtype=np.float32)
-    c = np.zeros((N, N), np.float32)
-    with Recorder(d / "snap", names={"a": a, "b": b, "bias": bias, "out": c}, outputs=[c],
-                  provenance={"range": "mm_bias_relu"}) as r:
-        r.call(lib, "kp_matmul", [a, b, c, np.int32(N)])
-        r.call(lib, "kp_bias", [c, bias, np.int32(N)])
-        r.call(lib, "kp_relu", [c, np.int32(N)])
+    record_mlp_range(lib, d / "snap", mlp_arrays(N), N, provenance={"range": "mm_bias_relu"})
     (d / "first").mkdir()
     (d / "first" / "ops.so").write_bytes(lib.read_bytes())
     (d / "first" / "opt.plan.json").write_text(_plan())

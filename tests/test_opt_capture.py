@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC, run_json
+from conftest import CSRC, record_mlp_range, run_json
 from kpair.bind import BindError, bind_capture
 from kpair.errors import AbiMismatch, SymbolNotFound
 from kpair.harness import fatbin_members, load_plan
@@ -45,12 +45,7 @@ def _arrays(n: int, seed: int = 0) -> dict:
 
 
 def _record_ref(lib: Path, x: dict, out: Path, n: int) -> Snapshot:
-    with Recorder(out, names={k: x[k] for k in ("a", "b", "bias", "out")},
-                  outputs=[x["out"]]) as r:
-        r.call(lib, "kp_matmul", [x["a"], x["b"], x["out"], np.int32(n)])
-        r.call(lib, "kp_bias", [x["out"], x["bias"], np.int32(n)])
-        r.call(lib, "kp_relu", [x["out"], np.int32(n)])
-    return r.snapshot
+    return record_mlp_range(lib, out, x, n)
 
 
 def _record_fused(lib: Path, x: dict, out: Path, n: int, *, a=None, outputs=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC, run_json
+from conftest import CSRC, record_mlp_range, run_json
 from kpair.bind import BindError, bind_capture
 from kpair.pipeline import RunOptions
 from kpair.record import Recorder
@@ -41,12 +41,7 @@ def lab(tmp_path_factory) -> dict:
          "bias": rng.standard_normal(N, dtype=np.float32),
          "out": np.zeros((N, N), np.float32), "out2": np.zeros((N, N), np.float32),
          "row": np.zeros(N, np.float32)}
-    with Recorder(d / "ref", names={k: x[k] for k in ("a", "b", "bias", "out")},
-                  outputs=[x["out"]]) as r:
-        r.call(lib, "kp_matmul", [x["a"], x["b"], x["out"], np.int32(N)])
-        r.call(lib, "kp_bias", [x["out"], x["bias"], np.int32(N)])
-        r.call(lib, "kp_relu", [x["out"], np.int32(N)])
-    ref = r.snapshot
+    ref = record_mlp_range(lib, d / "ref", x, N)
     with Recorder(d / "cand", names={k: x[k] for k in ("a", "b", "bias", "out2", "row")},
                   outputs=[x["out2"]], scratch=[x["row"]]) as r:
         r.call(lib, "kp_fused", [np.int32(N), x["bias"], x["a"], x["b"], x["out2"],

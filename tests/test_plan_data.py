@@ -13,16 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import CSRC, run_json
+from conftest import CSRC, mlp_arrays, record_mlp_range, run_json
 from kpair.backends import Device
 from kpair.errors import FormatError
 from kpair.pipeline import RunOptions
 from kpair.plan import Plan, PlanError, Target, TargetRegion, check_plan
 from kpair.program import CopyStep, MemsetStep, Program, ProgramDevice, Step
-from kpair.record import Recorder
 from kpair.snapshot import Launch, Param
 from kpair.toolchain import compile_shared
 
@@ -219,16 +217,7 @@ def test_a_stream_device_times_every_step_in_one_sequence():
 def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("plandata")
     lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((N, N), dtype=np.float32)
-    b = rng.standard_normal((N, N), dtype=np.float32)
-    bias = rng.standard_normal(N, dtype=np.float32)
-    out = np.zeros((N, N), np.float32)
-    with Recorder(d / "snap", names={"a": a, "b": b, "bias": bias, "out": out},
-                  outputs=[out]) as r:
-        r.call(lib, "kp_matmul", [a, b, out, np.int32(N)])
-        r.call(lib, "kp_bias", [out, bias, np.int32(N)])
-        r.call(lib, "kp_relu", [out, np.int32(N)])
+    record_mlp_range(lib, d / "snap", mlp_arrays(N), N)
     return {"dir": d, "lib": lib, "snap": d / "snap"}
 
 

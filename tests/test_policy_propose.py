@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC, run_json
+from conftest import CSRC, mlp_arrays, record_mlp_range, run_json
 from kpair.harness import Harness
 from kpair.pipeline import RunOptions
 from kpair.policy.propose import Observed, RegionSpec, ToleranceOverCeiling, propose
@@ -30,16 +30,7 @@ def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("propose")
     ops = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
     cand = compile_shared(CSRC / "propose_ops.c", d / "cand.so", flags=("-O2", "-g"))
-    rng = np.random.default_rng(3)
-    a = rng.standard_normal((N, N), dtype=np.float32)
-    b = rng.standard_normal((N, N), dtype=np.float32)
-    bias = rng.standard_normal(N, dtype=np.float32)
-    out = np.zeros((N, N), np.float32)
-    with Recorder(d / "snap", names={"a": a, "b": b, "bias": bias, "out": out},
-                  outputs=[out]) as r:
-        r.call(ops, "kp_matmul", [a, b, out, np.int32(N)])
-        r.call(ops, "kp_bias", [out, bias, np.int32(N)])
-        r.call(ops, "kp_relu", [out, np.int32(N)])
+    record_mlp_range(ops, d / "snap", mlp_arrays(N, seed=3), N)
     return {"dir": d, "ops": ops, "cand": cand, "snap": d / "snap"}
 
 
