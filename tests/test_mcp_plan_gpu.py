@@ -35,22 +35,12 @@ def tri_add(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    pytest.importorskip("cuda.bindings.driver")
-    from kpair.backends import open_device
-    from kpair.errors import KpairError
+def ws(cuda, tmp_path_factory):
     from kpair.mcp.workspace import Workspace
     from kpair.pipeline import RunOptions
     from kpair.record import record_call
     from kpair.snapshot import Launch
 
-    try:
-        with open_device("cuda") as dev:
-            arch = dev.arch()
-    except KpairError as e:
-        pytest.skip(str(e))
-    if not arch.startswith("sm_90"):
-        pytest.skip(f"tests/data's kernels are built for sm_90, this GPU is {arch}")
     d = tmp_path_factory.mktemp("mcpgpu")
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(N, dtype=np.float32) for _ in range(2))
