@@ -217,10 +217,10 @@ def test_a_tampered_seed_is_refused_by_name_before_any_launch(lab, tmp_path):
     assert "region 'a'" in msg and "operation 0 (kp_fill_seeded)" in msg
     assert "regions[0].regen.ops[0]" in msg
     assert "kp_rowdot" not in counting.launched   # neither ref nor opt ran
-    # The CLI: the isolated replay says so in one line (its worker's error: exit 5).
+    # The CLI: the isolated replay says so in one line, exit 3 (a bad snapshot).
     proc = subprocess.run([sys.executable, "-m", "kpair", "replay", str(root)],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("error")
     assert "region 'a'" in proc.stdout and "kp_fill_seeded" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -246,10 +246,7 @@ def test_a_missing_link_is_refused(lab, two, tmp_path):
     root = tmp_path / "no-fill"
     shutil.copytree(two, root)
 
-    def drop_fill(o):
-        chain = o["regions"][0]["regen"]
-        del chain["ops"][0], chain["digests"][0]
-    _edit(root, drop_fill)
+    _edit(root, _drop_fill)
     with open_device("host") as dev:
         counting = Counting(dev)
         with pytest.raises(SnapshotFormatError) as e:
@@ -403,3 +400,33 @@ def test_inspect_names_what_made_each_region(lab, capsys):
     assert "unchanged (in), made by kp_fill_seeded" in out
     assert "unchanged (in), made by kp_axpby" in out
     assert "written (out)\n" in out and "6.0 MiB (stored" in out
+
+
+def _drop_fill(o: dict) -> None:
+    """g's chain without its first operation (the fill) nor that operation's digest: a
+    well-formed chain that makes other bytes."""
+    chain = o["regions"][0]["regen"]
+    del chain["ops"][0], chain["digests"][0]
+
+
+@pytest.mark.parametrize("fault", ["seed", "link"])
+def test_kpair_replay_of_a_tampered_chain_exits_3_as_one_json_document(lab, two, tmp_path,
+                                                                        fault):
+    """The worker refuses the chain before ref runs; the CLI exits with the bad-snapshot code
+    (3, as for any tampered snapshot), the one JSON document naming region and operation."""
+    if fault == "seed":
+        root, region, op = _copy(lab, tmp_path), "a", "operation 0 (kp_fill_seeded)"
+        _tamper_seed(root)
+    else:
+        root, region, op = tmp_path / "no-fill", "g", "operation 0 (kp_scale)"
+        shutil.copytree(two, root)
+        _edit(root, _drop_fill)
+    proc = subprocess.run([sys.executable, "-m", "kpair", "replay", str(root), "--runs", "2",
+                           "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)   # exactly one document: anything more fails to parse
+    assert doc["status"] == "error" and doc["exit_code"] == 3
+    assert doc["error"].startswith("SnapshotFormatError")
+    assert f"region {region!r}" in doc["error"] and op in doc["error"]
+    assert "refused before any launch of ref or opt" in doc["error"]
+    assert "Traceback" not in proc.stdout + proc.stderr

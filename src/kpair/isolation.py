@@ -730,7 +730,7 @@ def _reproduce(root: Path, runs: int):
             return reproduce(device, snapshot, runs)
     except KpairError as e:
         return Reproduction(snapshot=str(root), kernel="", runs=runs, status="error",
-                            error=f"{type(e).__name__}: {e}")
+                            error=f"{type(e).__name__}: {e}", exit_code=e.exit_code)
 
 
 

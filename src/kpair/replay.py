@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Annotated, Protocol
 
+import msgspec
 import numpy as np
 
 from .backends import Device, Kernel, Mapping
@@ -459,7 +460,10 @@ class Replay:
 class Reproduction(Record, omit_defaults=True, kw_only=True):
     """Whether a captured dispatch replays to its captured post-state (``kpair replay``):
     ``status`` is "byte-exact" (every run equals it), "nondeterministic" (runs differ from
-    each other), "mismatch" (runs agree, but not with the capture) or "error"."""
+    each other), "mismatch" (runs agree, but not with the capture) or "error".
+    ``exit_code``: for an "error", the exit code of what went wrong where kpair knows it
+    (3: the snapshot is bad, e.g. a chain that does not regenerate; 4: backend or ABI;
+    5: a runtime failure); None: a runtime failure (5)."""
 
     snapshot: str
     kernel: str
@@ -470,6 +474,7 @@ class Reproduction(Record, omit_defaults=True, kw_only=True):
     ops: int | None = None   # a range: how many operations were replayed as one
     replay: dict | None = None
     error: str | None = None
+    exit_code: Annotated[int, msgspec.Meta(ge=2, le=5)] | None = None
 
 
 def reproduce(device: Device, snapshot: Snapshot, runs: int) -> Reproduction:

@@ -9,7 +9,8 @@ from pathlib import Path
 from ..errors import InputError, UsageError
 from .base import MAX_RUNS, SECONDS, Command, integer
 
-#: Exit status per outcome: reproduced, not reproduced, no verdict (a runtime failure).
+#: Exit status per outcome: reproduced, not reproduced, no verdict (a runtime failure; an
+#: error the worker names, such as a bad snapshot, exits with its own code instead).
 EXIT = {"byte-exact": 0, "nondeterministic": 1, "mismatch": 1, "error": 5}
 
 
@@ -62,4 +63,8 @@ class ReplayCmd(Command):
             if rep.error:
                 line += f"; {rep.error}"
             print(line)
+        if rep.status == "error" and rep.exit_code is not None:
+            # What the worker refused, as every verb exits for it: a snapshot whose chain
+            # does not regenerate is a bad input file (3), an ABI mismatch 4.
+            return rep.exit_code
         return EXIT[rep.status]
