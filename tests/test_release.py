@@ -109,9 +109,9 @@ def test_an_index_written_by_kpair_0_1_reads_and_writes_back_unchanged(tmp_path)
                                                "76_Gemm_Add_ReLU"]
     assert idx.refused[0].name == "21_Sigmoid" and idx.refused[0].harness is None
     assert idx.operators[1].correctness.tolerances[0].threshold == {"min_cosine": 0.9999}
-    # Read as v3: the same publication, not verified yet, no ref identity recorded.
+    # Read as v4: the same publication, not verified yet, no ref identity recorded.
     v1 = json.loads(fixture.read_text())
-    assert json.loads(encode(idx)) == {**v1, "schema_version": 3, "verifications": []}
+    assert json.loads(encode(idx)) == {**v1, "schema_version": 4, "verifications": []}
     assert all(r.ref_identity is None and r.verifications == [] for r in idx.operators)
     # Its summary is what today's arithmetic makes of its rows (a geomean to the last ulp or
     # so: kpair 0.1 took numpy's log and mean, whose bits vary with the CPU and version).
@@ -137,15 +137,15 @@ def test_a_v1_index_is_read_by_the_v1_rules(tmp_path):
     with pytest.raises(FormatError) as e:
         release.load_index(tmp_path)
     assert e.value.field == "operators[0].ref_identity"
-    (tmp_path / "index.json").write_text(json.dumps({**v1, "schema_version": 4}))
-    with pytest.raises(FormatError, match="reads 1, 2 and 3") as e:
+    (tmp_path / "index.json").write_text(json.dumps({**v1, "schema_version": 5}))
+    with pytest.raises(FormatError, match="reads 1, 2, 3 and 4") as e:
         release.load_index(tmp_path)
     assert e.value.field == "schema_version"
 
 
 @pytest.mark.parametrize("mutate, field", [
     (lambda i: i.update(schema="other"), "schema"),
-    (lambda i: i.update(schema_version=4), "schema_version"),
+    (lambda i: i.update(schema_version=5), "schema_version"),
     (lambda i: i.update(schema_version=1), "verifications"),  # v1 has no verifications
     (lambda i: i["verifications"].append({"run": 1}), "verifications[0].when"),
     (lambda i: i.update(operators={}), "operators"),
@@ -174,7 +174,7 @@ def test_a_v2_index_reads_as_v3_without_region_and_stored_bytes(tmp_path):
     v2 = {**idx, "schema_version": 2}
     (tmp_path / "index.json").write_text(json.dumps(v2))
     got = release.load_index(tmp_path)
-    assert got.schema_version == 3 and got.operators[0].region_bytes is None
+    assert got.schema_version == 4 and got.operators[0].region_bytes is None
     assert json.loads(encode(got)) == idx
     v2["operators"][0]["stored_bytes"] = 10  # a v3 field in a v2 file
     (tmp_path / "index.json").write_text(json.dumps(v2))

@@ -13,8 +13,12 @@ the index. ``classify`` (pure) says whether a re-run reproduced the published nu
 ``RefIdentity`` (the ref code object's sha256, kernel name and launch) tells a re-capture
 with another ref apart: a "different operator", never a changed speedup.
 
-The JSON is the contract of ``docs/format.md`` (schema ``kpair.release_index`` v3; a v1
-index, as kpair 0.1 wrote it, and a v2 one read too and are upgraded in memory).
+A release made by the tournament (``kpair.release.tournament``) has rows that name the
+winning ``producer``, every producer's judged candidate (``entrants``) and, for an operator
+not published, the ``exclusion`` reason from a fixed set.
+
+The JSON is the contract of ``docs/format.md`` (schema ``kpair.release_index`` v4; a v1
+index, as kpair 0.1 wrote it, and v2 and v3 ones read too and are upgraded in memory).
 """
 
 from __future__ import annotations
@@ -38,14 +42,17 @@ from ..result import Result
 from ..sol import SpeedOfLight
 
 SCHEMA = "kpair.release_index"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions ``Index.read`` reads (v1: no verification records, no ref identity; v2: no
-#: region and stored bytes per row).
-READS = (1, 2, 3)
+#: region and stored bytes per row; v3: no tournament fields: producer, entrants, exclusion).
+READS = (1, 2, 3, 4)
+_V4_ROW_FIELDS = ("producer", "exclusion", "entrants")
 #: Row fields each older version lacks: a file of that version that holds one is refused.
 _NEWER_ROW_FIELDS = {1: ("ref_identity", "verifications", "region_bytes", "stored_bytes",
-                         "range", "plan_launches"),
-                     2: ("region_bytes", "stored_bytes", "range", "plan_launches")}
+                         "range", "plan_launches", *_V4_ROW_FIELDS),
+                     2: ("region_bytes", "stored_bytes", "range", "plan_launches",
+                         *_V4_ROW_FIELDS),
+                     3: _V4_ROW_FIELDS}
 INDEX = "index.json"
 HARNESS, PROVENANCE, EXCLUDED = "harness", "provenance", "excluded"
 #: ``level<N>/<op>/devices/<d>/``: results of ``verify --each`` on devices other than the first.
@@ -73,6 +80,20 @@ Outcome = Literal["reproduced", "not reproduced", "different operator", "error",
                   "no published figure"]
 OUTCOMES = ("reproduced", "not reproduced", "different operator", "error",
             "no published figure")
+#: Who made a tournament entrant's candidate (``kpair.release.tournament``).
+Producer = Literal["inductor-default", "max-autotune", "coordinate-descent", "kpair-search",
+                   "plan", "retune"]
+PRODUCERS = ("inductor-default", "max-autotune", "coordinate-descent", "kpair-search", "plan",
+             "retune")
+#: The producers that are Inductor's own choices (Inductor's best is the best correct of them).
+INDUCTOR_PRODUCERS = ("inductor-default", "max-autotune", "coordinate-descent")
+#: Why the tournament did not publish an operator (one of these, plus the detail).
+ExclusionReason = Literal["no-candidate-faster", "wrong-under-every-candidate", "did-not-fit",
+                          "nondeterministic-ref", "capture-failed"]
+EXCLUSION_REASONS = ("no-candidate-faster", "wrong-under-every-candidate", "did-not-fit",
+                     "nondeterministic-ref", "capture-failed")
+#: What became of one entrant: judged (pass, fail, error) or refused at pairing.
+EntrantStatus = Literal["pass", "fail", "error", "refused"]
 Level = Annotated[int, msgspec.Meta(ge=1)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -338,6 +359,24 @@ class VerifyRun(Record, kw_only=True):
     rate: float | None
 
 
+class EntrantRow(Record, kw_only=True, omit_defaults=True):
+    """One tournament entrant of an operator, as judged: its ``producer``, the candidate
+    (its file or folder name), the verdict (``refused``: the pair itself was refused, e.g. a
+    region that could not be bound), and on a pass the Harness speedup with its reported
+    interval and whether that interval lies above 1.0 (``faster``). ``winner``: the one
+    published."""
+
+    producer: Producer
+    candidate: str
+    status: EntrantStatus
+    reason: str | None = None
+    speedup: float | None = None
+    ci95: tuple[float, float] | None = None
+    faster: bool | None = None
+    winner: bool = False
+    note: str | None = None
+
+
 class Row(Record, omit_defaults=True):
     """One operator: a published harness, or a pair ``release add`` refused. ``per_device``
     (absent unless the release was verified on several devices with ``--each``) holds every
@@ -349,7 +388,9 @@ class Row(Record, omit_defaults=True):
     its blob files on disk (absent where the harness could not be opened, and in older rows).
     ``range`` (a range harness: its name and operation count) and ``plan_launches`` (an opt
     that is a launch plan) say what was paired; ``kernels`` then name the range and the
-    plan's kernels in order."""
+    plan's kernels in order. A tournament's row (v4) names the winning ``producer``, lists
+    every ``entrants`` judged, in the order they were judged, and on an operator it did not
+    publish (refused by the optimizer) the ``exclusion`` reason, ``reason`` the detail."""
 
     level: Level
     name: str
@@ -376,6 +417,9 @@ class Row(Record, omit_defaults=True):
     stored_bytes: Count | None = None
     range: RangeRef | None = None
     plan_launches: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    producer: Producer | None = None
+    exclusion: ExclusionReason | None = None
+    entrants: list[EntrantRow] = []
 
     def __post_init__(self) -> None:
         try:
@@ -408,8 +452,9 @@ class Counts(Record):
     by_level: dict[str, int]
 
 
-class Exclusion(Record):
-    """A row kept out of both geometric means, and where it came from."""
+class Exclusion(Record, omit_defaults=True):
+    """A row kept out of both geometric means, and where it came from; ``exclusion``: the
+    tournament's reason, where it made the row."""
 
     level: Level
     name: str
@@ -417,6 +462,7 @@ class Exclusion(Record):
     reason: str | None
     where: Literal["published, fails verification", "refused by release add",
                    "refused by the optimizer: no winner"]
+    exclusion: ExclusionReason | None = None
 
 
 class Summary(Record, omit_defaults=True):
@@ -435,11 +481,11 @@ class Summary(Record, omit_defaults=True):
 
 
 class Index(Record, kw_only=True):
-    """``index.json`` (schema ``kpair.release_index`` v3): the publication (``operators``,
+    """``index.json`` (schema ``kpair.release_index`` v4): the publication (``operators``,
     ``refused``, ``summary``) and every verify run since (``verifications``, oldest first)."""
 
     schema: Literal["kpair.release_index"] = SCHEMA
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     kpair_version: str = __version__
     updated: str
     layout: str = LAYOUT
@@ -450,8 +496,9 @@ class Index(Record, kw_only=True):
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> Index:
-        """The strict reader of every version: a v1 index comes back as v3, unverified; a
-        v2 one as v3 without region and stored bytes."""
+        """The strict reader of every version: a v1 index comes back as v4, unverified; a
+        v2 one as v4 without region and stored bytes; a v3 one as v4 without tournament
+        fields."""
         path = Path(path)
         try:
             data = path.read_bytes()
@@ -467,10 +514,11 @@ class Index(Record, kw_only=True):
             raise FormatError(f"schema_version {obj.get('schema_version')!r} is not supported "
                               f"(this kpair reads {reads})",
                               path=path, field="schema_version")
-        if isinstance(obj, dict) and obj.get("schema_version") == 2:
-            check_version(obj, SCHEMA, 2, path=path)
+        if isinstance(obj, dict) and obj.get("schema_version") in (2, 3):
+            version = obj["schema_version"]
+            check_version(obj, SCHEMA, version, path=path)
             idx = convert({**obj, "schema_version": SCHEMA_VERSION}, cls, path=path)
-            _refuse_newer_fields(idx, 2, path)
+            _refuse_newer_fields(idx, version, path)
             return idx
         check_version(obj, SCHEMA, SCHEMA_VERSION, path=path)
         return convert(obj, cls, path=path)
@@ -498,7 +546,7 @@ class IndexV1(Record, kw_only=True):
     summary: Summary
 
     def upgrade(self, path: object = None) -> Index:
-        """The same index as v3: no verification yet, no ref identity recorded."""
+        """The same index as v4: no verification yet, no ref identity recorded."""
         _refuse_newer_fields(self, 1, path)
         return Index(kpair_version=self.kpair_version, updated=self.updated,
                      layout=self.layout, operators=self.operators, refused=self.refused,
@@ -857,7 +905,8 @@ def summarize(operators: list[Row], refused: list[Row]) -> Summary:
     lo, hi = SLOT_BIAS_BAND
     excluded = [Exclusion(level=r.level, name=r.name, status=r.status, reason=r.reason,
                           where=WHERE_PUBLISHED if published else
-                          WHERE_NO_WINNER if r.refused_by == "optimizer" else WHERE_REFUSED)
+                          WHERE_NO_WINNER if r.refused_by == "optimizer" else WHERE_REFUSED,
+                          exclusion=r.exclusion)
                 for rows, published in ((operators, True), (refused, False))
                 # A refused pass (correct, not faster) is excluded as well.
                 for r in rows if (r.status != "pass" or not published)
@@ -923,7 +972,9 @@ def build_index(operators: list[Row], refused: list[Row],
 
 __all__ = ["BASELINE_FILE", "Baseline", "BaselineEntry", "BaselineRecord", "BaselineSummary",
            "CorrectnessMode", "Counts", "DEVICES", "DIRECTOR_NOTE", "DeviceRun", "Director",
-           "Exclusion", "FormatError", "HarnessSpeed", "INDEX", "Index", "IndexV1", "Kernels",
+           "EXCLUSION_REASONS", "EntrantRow", "EntrantStatus", "ExclusionReason",
+           "INDUCTOR_PRODUCERS", "PRODUCERS", "Producer", "Exclusion",
+           "FormatError", "HarnessSpeed", "INDEX", "Index", "IndexV1", "Kernels",
            "OUTCOMES", "Outcome", "Paths", "RangeRef", "RefIdentity", "Row", "SLOT_BIAS_BAND",
            "Summary",
            "ToleranceRow", "Verification", "VerifyRun", "baseline_summaries", "build_index",
