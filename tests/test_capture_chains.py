@@ -14,6 +14,7 @@ import pytest
 
 from conftest import CSRC
 from kpair.backends import open_device
+from kpair.backends.base import digest64
 from kpair.capture.chains import PendingRegion, chain_regions
 from kpair.capture.modules import Found
 from kpair.capture.ranges import MemoryOp
@@ -133,8 +134,9 @@ class Writer:
     def __init__(self):
         self.calls = []
 
-    def chain(self, ops, sha256, size, *, reads=(), digests=()):
+    def chain(self, ops, sha256, size, *, reads=(), digests=(), digest64=None, digests64=()):
         self.calls.append((ops, sha256, size, tuple(reads)))
+        self.digest64s = {**getattr(self, "digest64s", {}), sha256: digest64}
         return ("regen", sha256, tuple(reads))
 
 
@@ -153,6 +155,8 @@ def test_a_region_is_stored_as_its_chain_only_when_every_link_can_be_recorded(mo
     # W's code object ("mystery") is unknown: W stays bytes; Z reads only X and Y.
     assert set(got) == {"r0", "r1", "r2"}
     assert got["r2"] == ("regen", hashlib.sha256(pre[Z]).hexdigest(), ("r0", "r1"))
+    # Beside each sha256, the digest64 a replay checks on the device, of the same bytes.
+    assert writer.digest64s[hashlib.sha256(pre[Z]).hexdigest()] == f"{digest64(pre[Z]):016x}"
     (ops, _, size, _), = [c for c in writer.calls if c[3]]
     assert size == N_ and ops[0].kernel_name == "add" and ops[0].launch.grid == (4, 1, 1)
     assert [p.kind for p in ops[0].params] == ["pointer", "pointer", "pointer", "bytes"]

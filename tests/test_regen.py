@@ -17,6 +17,7 @@ import pytest
 from conftest import CSRC
 from kpair import release
 from kpair.backends import open_device
+from kpair.backends.base import digest64
 from kpair.cli import main as kpair
 from kpair.errors import SnapshotFormatError, UsageError
 from kpair.formats import convert
@@ -241,6 +242,61 @@ def two(lab, tmp_path_factory) -> Path:
     return d / "s"
 
 
+class Digesting(Counting):
+    """Counts ``digest`` calls too: a region checked where its memory is."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.digested = []
+
+    def digest(self, address, size, key=0):
+        self.digested.append(size)
+        return self.inner.digest(address, size, key)
+
+
+def test_chains_record_digest64_and_replay_checks_by_it_on_the_device(lab, tmp_path):
+    snap = Snapshot.open(lab["snap"])
+    a = snap.manifest.region("a").regen
+    want = _splitmix(SEED, N).tobytes()
+    assert a.digest64 == f"{digest64(want):016x}" == a.digests64[-1]
+    assert len(snap.manifest.region("c").regen.digests64) == 1
+    with open_device("host") as dev:
+        d = Digesting(dev)
+        replay = Replay(d, Snapshot.open(lab["snap"]))
+        assert replay.pre["a"] == want
+    assert d.digested == [N * 4] * 3   # a, b and c, each checked once by its digest64
+
+    # The recorded digest64 wrong (the sha256 right): the digest is what is checked.
+    root = _copy(lab, tmp_path, "bad-digest")
+
+    def wrong(o):
+        chain = o["regions"][0]["regen"]
+        chain["digest64"] = chain["digests64"][-1] = "0123456789abcdef"
+    _edit(root, wrong)
+    with open_device("host") as dev, pytest.raises(SnapshotFormatError) as e:
+        Replay(Counting(dev), Snapshot.open(root))
+    msg = str(e.value)
+    assert "region 'a' does not regenerate to its digest64 0123456789abcdef" in msg
+    assert "operation 0 (kp_fill_seeded)" in msg and "digest64 after it" in msg
+
+    # A snapshot written before digest64 existed: checked by its sha256, read back.
+    root = _copy(lab, tmp_path, "older")
+
+    def older(o):
+        for r in o["regions"]:
+            if "regen" in r:
+                del r["regen"]["digest64"], r["regen"]["digests64"]
+    _edit(root, older)
+    with open_device("host") as dev:
+        d = Digesting(dev)
+        assert reproduce(d, Snapshot.open(root), 2).status == "byte-exact"
+    assert d.digested == []
+    _tamper_seed(root)
+    with open_device("host") as dev, pytest.raises(SnapshotFormatError,
+                                                    match=r"its sha256 .*operation 0"):
+        Replay(dev, Snapshot.open(root))
+
+
 def test_a_missing_link_is_refused(lab, two, tmp_path):
     # The fill removed from g's chain (with its digest): refused at the scale, by name.
     root = tmp_path / "no-fill"
@@ -406,7 +462,7 @@ def _drop_fill(o: dict) -> None:
     """g's chain without its first operation (the fill) nor that operation's digest: a
     well-formed chain that makes other bytes."""
     chain = o["regions"][0]["regen"]
-    del chain["ops"][0], chain["digests"][0]
+    del chain["ops"][0], chain["digests"][0], chain["digests64"][0]
 
 
 @pytest.mark.parametrize("fault", ["seed", "link"])

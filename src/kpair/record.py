@@ -77,6 +77,7 @@ from .snapshot import (
     SnapshotWriter,
     detect_format,
 )
+from .snapshot.digest import digest64, hex64
 
 #: numpy dtype → kernarg kind for scalar arguments.
 _SCALAR_KINDS = {
@@ -506,7 +507,7 @@ def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, byte
         for reg, start in zip(regions, starts, strict=True):
             dev.write(base + start, reg["data"])
         pres = [reg["data"] for reg in regions]
-        chains: dict[int, tuple[list[int], list[int], list[str]]] = {}
+        chains: dict[int, tuple[list[int], list[int], list[str], list[str]]] = {}
         if setup_steps:
             spans = [(base + start, len(reg["data"])) for reg, start in zip(regions, starts,
                                                                               strict=True)]
@@ -545,11 +546,12 @@ def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, byte
                     spans_out += [OutputSpan(reg["name"], o, n) for o, n in
                                   (ranged.get("output_spans") or {}).get(str(k), ())]
             if k in chains:
-                calls, reads, digests = chains[k]
+                calls, reads, digests, digests64 = chains[k]
                 regen = writer.chain([_chain_op(setup_steps[c]) for c in calls],
                                      digests[-1], len(pre),
                                      reads=[regions[q]["name"] for q in reads],
-                                     digests=digests)
+                                     digests=digests, digest64=digests64[-1],
+                                     digests64=digests64)
                 out.append(Region(reg["name"], base + start, len(pre), None,
                                   None if post == pre else writer.put(post), reg["dtype"],
                                   role, regen))
@@ -641,12 +643,12 @@ def _candidate_chains(effects: list[tuple[set[int], set[int]]], count: int,
 
 
 def _verified_chains(dev, steps, spans, pres, effects, found
-                     ) -> dict[int, tuple[list[int], list[int], list[str]]]:
+                     ) -> dict[int, tuple[list[int], list[int], list[str], list[str]]]:
     """The candidates whose chain, run again on the zero-filled region after the regions it
     reads (themselves verified first), makes exactly the region's bytes: (calls, reads, the
-    region's sha256 after each call). The others get their bytes back and are stored as
-    bytes; a chain reading one of those is dropped too."""
-    done: dict[int, tuple[list[int], list[int], list[str]]] = {}
+    region's sha256 after each call, its digest64 after each call). The others get their
+    bytes back and are stored as bytes; a chain reading one of those is dropped too."""
+    done: dict[int, tuple[list[int], list[int], list[str], list[str]]] = {}
     pending = dict(found)
     while pending:
         ready = [k for k, (_, reads) in pending.items() if all(q in done for q in reads)]
@@ -656,14 +658,16 @@ def _verified_chains(dev, steps, spans, pres, effects, found
             calls, reads = pending.pop(k)
             address, size = spans[k]
             dev.fill(address, size, 0)
-            digests = []
+            digests, digests64 = [], []
             for c in calls:
                 op, _, kernel, kernarg, params = steps[c]
                 dev.launch(kernel, op["launch"], kernarg, params)
                 dev.synchronize()
-                digests.append(hashlib.sha256(dev.read(address, size)).hexdigest())
+                data = dev.read(address, size)
+                digests.append(hashlib.sha256(data).hexdigest())
+                digests64.append(hex64(digest64(data)))
             if digests[-1] == hashlib.sha256(pres[k]).hexdigest():
-                done[k] = (calls, reads, digests)
+                done[k] = (calls, reads, digests, digests64)
             else:
                 dev.write(address, pres[k])
     return done

@@ -8,15 +8,20 @@ region (a seeded generator, a fill, an elementwise kernel over other regenerable
 order where each chain's ``reads`` come first: the region is zero-filled, each operation is
 loaded from the snapshot's own blobs and launched with its kernarg relocated the way a replay
 relocates region pointers (every 8-byte word pointing into the captured span shifted by the
-placement's delta), and the region is read back and checked against its sha256.
+placement's delta), and the region is checked: by ``digest64`` computed on the device
+(``Device.digest``: on a GPU one pass of the check kernel where the memory is, nothing
+copied to the host for it) where capture recorded one (``Regen.digest64``), else read back
+and checked against its sha256 (older snapshots; capture's own confirmation,
+``verify_chains``, always checks the sha256).
 
 Everything is checked before the first chain runs: every chain's code objects and kernargs
 are present and match their digests (a missing one is refused by field name), every pointer
 parameter points into the region itself or a region its chain reads. A region that does not
-regenerate to its sha256 is refused (``SnapshotFormatError``, exit 3) with its name and the
-operation that diverged (from the per-operation digests capture recorded; the chain is run
-again from zero to find it), and is never used: ``Replay`` calls this before it stages any
-pre-state, so neither ref nor opt has launched. Nothing else is needed: no program, framework
+regenerate to its digest is refused (``SnapshotFormatError``, exit 3) with its name and the
+operation that diverged (from the per-operation digests capture recorded, ``digests64`` on
+the device where present, else ``digests``; the chain is run again from zero to find it),
+and is never used: ``Replay`` calls this before it stages any pre-state, so neither ref nor
+opt has launched. Nothing else is needed: no program, framework
 or model, only the snapshot and a device of its backend.
 """
 
@@ -36,6 +41,7 @@ from .elfabi import check_params
 from .errors import AbiMismatch, BackendUnavailable, KpairError, SnapshotFormatError
 from .placement import patch_pointers, span_of
 from .snapshot import SCALAR_FORMATS, BlobRef, Op, Param, Snapshot, write_json_atomic
+from .snapshot.digest import hex64
 from .snapshot.store import BLOBS, MANIFEST
 
 __all__ = ["regenerate", "verify_capture", "verify_chains"]
@@ -45,11 +51,14 @@ def _fail(snapshot: Snapshot, message: str, field: str) -> SnapshotFormatError:
     return SnapshotFormatError(message, path=snapshot.root / MANIFEST, field=field)
 
 
-def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int]) -> dict[str, bytes]:
+def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int], *,
+               by_digest: bool = True) -> dict[str, bytes]:
     """Make every regenerable region of ``snapshot`` at its placed address (``addresses[i]``
     for ``regions[i]``, already mapped on ``device``), check it, and return region name ->
     its bytes (also kept in ``snapshot.regenerated``; a Snapshot whose chains were all made
-    already returns those bytes without running them again). Empty without chains."""
+    already returns those bytes without running them again). Empty without chains.
+    ``by_digest``: check a region whose chain records ``digest64`` by ``Device.digest`` (on
+    the device); False (capture's confirmation): by the sha256 of the bytes read back."""
     m = snapshot.manifest
     order = m.regen_order()
     if all(m.regions[i].name in snapshot.regenerated for i in order):
@@ -92,14 +101,23 @@ def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int]) -> 
     made: dict[str, bytes] = {}
     for i in order:
         r, address = m.regions[i], addresses[i]
-        data = _run(device, kernels, steps[i], address, r.size, delta)
-        if hashlib.sha256(data).hexdigest() != r.regen.sha256:
-            j, why = _diverged(device, kernels, steps[i], address, r, delta)
+        on_device = by_digest and r.regen.digest64 is not None
+        _run(device, kernels, steps[i], address, r.size, delta)
+        if on_device:
+            good = hex64(device.digest(address, r.size, 0)) == r.regen.digest64
+            what = f"digest64 {r.regen.digest64}"
+        else:
+            data = device.read(address, r.size)
+            good = hashlib.sha256(data).hexdigest() == r.regen.sha256
+            what = f"sha256 {r.regen.sha256[:16]}..."
+        if not good:
+            j, why = _diverged(device, kernels, steps[i], address, r, delta, on_device)
             op = r.regen.ops[j]
-            raise _fail(snapshot, f"region {r.name!r} does not regenerate to its sha256 "
-                        f"{r.regen.sha256[:16]}...: its chain diverged at operation {j} "
-                        f"({op.label}) {why}; refused before any launch of ref "
-                        "or opt", f"regions[{i}].regen.ops[{j}]")
+            raise _fail(snapshot, f"region {r.name!r} does not regenerate to its {what}: "
+                        f"its chain diverged at operation {j} ({op.label}) {why}; refused "
+                        "before any launch of ref or opt", f"regions[{i}].regen.ops[{j}]")
+        if on_device:   # checked where it is; the replay stages its pre-state from these
+            data = device.read(address, r.size)
         made[r.name] = data
         snapshot.regenerated[r.name] = data
     return made
@@ -164,27 +182,36 @@ def _launch(device: Device, kernels, op: Op, kernarg: bytes | None, delta: int) 
     device.synchronize()
 
 
-def _run(device: Device, kernels, steps, address: int, size: int, delta: int) -> bytes:
+def _run(device: Device, kernels, steps, address: int, size: int, delta: int) -> None:
     device.fill(address, size, 0)
     for op, kernarg, _ in steps:
         _launch(device, kernels, op, kernarg, delta)
-    return device.read(address, size)
 
 
-def _diverged(device: Device, kernels, steps, address: int, r, delta: int
-              ) -> tuple[int, str]:
+def _diverged(device: Device, kernels, steps, address: int, r, delta: int,
+              on_device: bool = False) -> tuple[int, str]:
     """The first operation after which the region's digest differs from the recorded one
-    (the chain run again from zero), and what was seen."""
-    digests = r.regen.digests
+    (the chain run again from zero), and what was seen: by ``digests64`` on the device where
+    ``on_device`` and they are recorded, else by the sha256 ``digests``."""
+    if on_device and r.regen.digests64:
+        digests, kind = r.regen.digests64, "digest64"
+
+        def digest() -> str:
+            return hex64(device.digest(address, r.size, 0))
+    else:
+        digests, kind = r.regen.digests, "sha256"
+
+        def digest() -> str:
+            return hashlib.sha256(device.read(address, r.size)).hexdigest()
     if not digests:
         return len(steps) - 1, ("(no per-operation digests recorded: the last operation "
                                 "named)")
     device.fill(address, r.size, 0)
     for j, (op, kernarg, _) in enumerate(steps):
         _launch(device, kernels, op, kernarg, delta)
-        got = hashlib.sha256(device.read(address, r.size)).hexdigest()
+        got = digest()
         if got != digests[j]:
-            return j, (f"(the region's sha256 after it is {got[:16]}..., recorded "
+            return j, (f"(the region's {kind} after it is {got[:16]}..., recorded "
                        f"{digests[j][:16]}...)")
     return len(steps) - 1, "(every operation matched when run again: the chain is not " \
         "deterministic)"
@@ -247,7 +274,8 @@ def verify_chains(root: str | os.PathLike, pool: str | os.PathLike, pending: dic
                 ranges = [(r.address, r.end) for r in m.regions]
                 ranges += [(s.address, s.end) for s in m.scratch_regions]
                 delta = dev.map(ranges, relocate=True).delta
-                regenerate(dev, snap, [r.address + delta for r in m.regions])
+                regenerate(dev, snap, [r.address + delta for r in m.regions],
+                           by_digest=False)
             return rewritten, added
         except NoDevice:
             raise   # nothing was tried: the chains stay as they are

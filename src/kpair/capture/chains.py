@@ -4,7 +4,8 @@ A capture session (one dispatch, or a range) is about to store a region's pre-st
 the tracer's ``WriterLog`` holds a chain for the allocator block the region is (the region
 is exactly one block), and every operation of that chain can be recorded (its code object
 is among the module images the tracer saw), the region is stored as that chain plus the
-captured pre-state's sha256 instead of its bytes (``kpair.snapshot.SnapshotWriter.chain``).
+captured pre-state's sha256 and ``digest64`` (a replay checks the region by it on the GPU)
+instead of its bytes (``kpair.snapshot.SnapshotWriter.chain``).
 A chain may read only other regions of the same snapshot that are themselves stored as
 chains; a region whose chain cannot be recorded drops the chains that read it.
 
@@ -17,12 +18,12 @@ wait in the capture's pool (``pending``), and are dropped once verified.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..snapshot import ChainOp, Launch, Op, Param, Regen, detect_format
+from ..snapshot.store import state_digest
 from .modules import ModuleRegistry
 from .regions import BlockTable
 from .writers import LaunchRecord, WriterLog
@@ -107,6 +108,8 @@ def chain_regions(log: WriterLog | None, upto: int, candidates: Sequence[Pending
     out = {}
     for key, built in ops.items():
         c = by_key[key]
-        out[c.name] = chain(built, hashlib.sha256(c.pre).hexdigest(), len(c.pre),
-                            reads=[by_key[k].name for k in found[key].reads])
+        d = state_digest(c.pre)   # sha256 and digest64 side by side, over the one copy
+        out[c.name] = chain(built, d.sha256, len(c.pre),
+                            reads=[by_key[k].name for k in found[key].reads],
+                            digest64=d.digest64)
     return out

@@ -23,6 +23,7 @@ from .model import (
     Regen,
     Region,
     ScratchRegion,
+    StateDigest,
     detect_format,
 )
 from .store import ChainOp, Snapshot, SnapshotWriter, sha256, write_json_atomic
@@ -32,6 +33,6 @@ __all__ = [
     "SCHEMA_VERSIONS",
     "BlobRef", "ChainOp", "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
     "Manifest", "OmittedRegion", "Op", "OutputSpan", "Param", "Regen", "Region", "ScratchRegion",
-    "Snapshot", "SnapshotWriter", "describe_left_out", "detect_format", "left_out",
+    "Snapshot", "StateDigest", "SnapshotWriter", "describe_left_out", "detect_format", "left_out",
     "require_complete", "sha256", "write_json_atomic",
 ]

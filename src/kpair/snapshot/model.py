@@ -50,6 +50,10 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 Dim3 = tuple[Positive, Positive, Positive]
 Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$",
                                      description="sha256 of the raw bytes, lowercase hex")]
+Digest64 = Annotated[str, msgspec.Meta(
+    pattern="^[0-9a-f]{16}$",
+    description="digest64 (kpair.backends.base, key 0) of the raw bytes, 16 lowercase hex "
+                "digits: what a device computes where the memory is")]
 RegionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")]
 ParamKind = Literal[PARAM_KINDS]  # type: ignore[valid-type]
 DtypeHint = Literal[DTYPE_HINTS]  # type: ignore[valid-type]
@@ -245,17 +249,32 @@ class Regen(Record, omit_defaults=True):
     ``size`` bytes of digest ``sha256``. ``digests[j]`` (when recorded) is the region's sha256
     after ``ops[j]``, so a replay that diverges names the operation. ``reads`` names the other
     regions the operations read: each is itself regenerable in the same snapshot, and is
-    regenerated first. Operations that read nothing (seeded generators, fills) root a chain."""
+    regenerated first. Operations that read nothing (seeded generators, fills) root a chain.
+    ``digest64`` (optional) is the same bytes' ``digest64`` (key 0), and ``digests64[j]`` the
+    region's after ``ops[j]``: a replay checks the region by them on the device, where its
+    memory is, instead of reading it back (older snapshots without them: by sha256)."""
 
     ops: tuple[Op, ...]
     sha256: Sha256
     size: Positive
     reads: tuple[RegionName, ...] = ()
     digests: tuple[Sha256, ...] = ()
+    digest64: Digest64 | None = None
+    digests64: tuple[Digest64, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("ops", "reads", "digests"):
+        for name in ("ops", "reads", "digests", "digests64"):
             _coerce(self, name, tuple)
+        if self.digests64:
+            if self.digest64 is None:
+                raise Invalid("per-operation digests64 need the region's digest64",
+                              "digest64")
+            if len(self.digests64) != len(self.ops):
+                raise Invalid(f"{len(self.digests64)} digests64 for {len(self.ops)} "
+                              "operations", "digests64")
+            if self.digests64[-1] != self.digest64:
+                raise Invalid("the last operation's digest64 must be the region's digest64",
+                              "digests64")
         if not self.ops:
             raise Invalid("a chain has at least one operation", "ops")
         if self.digests:
@@ -269,14 +288,29 @@ class Regen(Record, omit_defaults=True):
             raise Invalid("a region is named twice", "reads")
 
 
+_HOLDS = {"regen": "chain makes", "post_digest": "digests are of"}
+
+
+class StateDigest(Record):
+    """A region's post-state kept as digests only, no bytes (schema v2, ``Region.post_digest``):
+    ``size`` bytes of sha256 ``sha256`` and ``digest64`` (key 0). A replay reproduces it by
+    ``digest64`` computed on the device; what needs the bytes refuses it, naming it."""
+
+    size: Positive
+    sha256: Sha256
+    digest64: Digest64
+
+
 class Region(Record, omit_defaults=True):
     """A memory region the kernel can reach: captured ``address``, ``size``, pre/post state.
 
     The pre-state is a blob (``pre``) or, from schema v2, a chain of operations that
     regenerates it (``regen``); exactly one of the two. ``post`` may be left out only beside
-    ``regen``: the region is unchanged (its post-state is its pre-state). The properties
-    ``pre`` and ``post`` give the pre- and post-state's reference (a ``BlobRef``, or the
-    ``Regen``: both have ``size`` and ``sha256``)."""
+    ``regen``: the region is unchanged (its post-state is its pre-state). From schema v2 the
+    post-state may instead be kept as digests only (``post_digest``, a ``StateDigest``: a
+    written region larger than capture's ``--post-digest-over``). The properties ``pre`` and
+    ``post`` give the pre- and post-state's reference (a ``BlobRef``, the ``Regen`` or the
+    ``StateDigest``: each has ``size`` and ``sha256``)."""
 
     name: RegionName
     address: Address
@@ -288,6 +322,7 @@ class Region(Record, omit_defaults=True):
     #: output) or "inout" (written, updated in place). None: not said (a single dispatch).
     role: Role | None = None
     regen: Regen | None = None
+    post_digest: StateDigest | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, "address", Address)
@@ -296,12 +331,15 @@ class Region(Record, omit_defaults=True):
         if (self.pre_blob is None) == (self.regen is None):
             raise Invalid("a region's pre-state is a blob (pre) or a chain (regen), exactly "
                           "one of them", "pre" if self.pre_blob is None else "regen")
-        if self.post_blob is None and self.regen is None:
+        if self.post_blob is not None and self.post_digest is not None:
+            raise Invalid("a region's post-state is a blob (post) or digests (post_digest), "
+                          "not both", "post_digest")
+        if self.post_blob is None and self.post_digest is None and self.regen is None:
             raise Invalid("a region without a chain needs its post-state blob", "post")
         for key, ref in (("pre", self.pre_blob), ("post", self.post_blob),
-                         ("regen", self.regen)):
+                         ("regen", self.regen), ("post_digest", self.post_digest)):
             if ref is not None and ref.size != self.size:
-                raise Invalid(f"{'chain makes' if key == 'regen' else 'blob holds'} "
+                raise Invalid(f"{_HOLDS.get(key, 'blob holds')} "
                               f"{ref.size} bytes, region is {self.size}", f"{key}.size")
 
     @property
@@ -310,9 +348,16 @@ class Region(Record, omit_defaults=True):
         return self.pre_blob if self.pre_blob is not None else self.regen
 
     @property
-    def post(self) -> BlobRef | Regen:
-        """The post-state: its blob, or (left out) the pre-state's reference."""
-        return self.post_blob if self.post_blob is not None else self.pre
+    def post(self) -> BlobRef | Regen | StateDigest:
+        """The post-state: its blob, its digests, or (left out) the pre-state's reference."""
+        if self.post_blob is not None:
+            return self.post_blob
+        return self.post_digest if self.post_digest is not None else self.pre
+
+    @property
+    def post_is_digest(self) -> bool:
+        """The post-state was kept as digests only: no bytes of it are stored."""
+        return self.post_digest is not None
 
     @property
     def regenerable(self) -> bool:
@@ -445,14 +490,16 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
         return () if self.outputs is msgspec.UNSET else self.outputs
 
     def _check_chains(self) -> None:
-        """Regenerable regions need v2 (a record built in code gets it), and each chain reads
-        only regenerable regions of this snapshot, never itself, with no cycle."""
+        """Regenerable regions and digest post-states need v2 (a record built in code gets
+        it), and each chain reads only regenerable regions of this snapshot, never itself,
+        with no cycle."""
         chains = {r.name: (i, r.regen) for i, r in enumerate(self.regions)
                   if r.regen is not None}
+        if (chains or any(r.post_digest is not None for r in self.regions)) \
+                and self.schema_version < 2:
+            msgspec.structs.force_setattr(self, "schema_version", 2)
         if not chains:
             return
-        if self.schema_version < 2:
-            msgspec.structs.force_setattr(self, "schema_version", 2)
         names = {r.name for r in self.regions}
         for name, (i, regen) in chains.items():
             for k, other in enumerate(regen.reads):
@@ -520,9 +567,11 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
                       path=path, error=SnapshotFormatError)
         if version == 1:
             for i, r in enumerate(obj.get("regions") or ()):
-                if isinstance(r, dict) and "regen" in r:
-                    raise SnapshotFormatError("a regenerable region needs schema_version 2",
-                                              path=path, field=f"regions[{i}].regen")
+                for key, what in (("regen", "a regenerable region"),
+                                  ("post_digest", "a post-state kept as digests")):
+                    if isinstance(r, dict) and key in r:
+                        raise SnapshotFormatError(f"{what} needs schema_version 2",
+                                                  path=path, field=f"regions[{i}].{key}")
         return convert(obj, cls, path=path, error=SnapshotFormatError)
 
 

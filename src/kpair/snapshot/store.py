@@ -45,7 +45,8 @@ from typing import NamedTuple
 from .. import progress
 from .._util import human_bytes, threaded_map, write_text_atomic
 from ..errors import SnapshotFormatError, UsageError
-from .model import BlobRef, CodeObject, Kernarg, Launch, Manifest, Op, Param, Regen
+from .digest import digest64, hex64
+from .model import BlobRef, CodeObject, Kernarg, Launch, Manifest, Op, Param, Regen, StateDigest
 
 MANIFEST = "snapshot.json"
 BLOBS = "blobs"
@@ -488,13 +489,15 @@ class SnapshotWriter:
         return BlobRef(f"{BLOBS}/{blob.path.name}", len(view), blob.digest, blob.compression)
 
     def chain(self, ops: Sequence[ChainOp | Op], sha256: str, size: int, *,
-              reads: Sequence[str] = (), digests: Sequence[str] = ()) -> Regen:
+              reads: Sequence[str] = (), digests: Sequence[str] = (),
+              digest64: str | None = None, digests64: Sequence[str] = ()) -> Regen:
         """A region's pre-state as the chain ``ops`` (each a ``ChainOp``: code object image
         and format, kernel name, launch, kernarg bytes as launched, parameter layout, whose
         code object and kernarg are stored here as blobs; or an ``Op`` already built, such as
         a memset); ``sha256`` and ``size`` are the region's, ``reads`` the other regions the
-        chain reads, ``digests`` the region's sha256 after each op. Put it in
-        ``Region(..., regen=...)`` in place of a pre blob."""
+        chain reads, ``digests`` the region's sha256 after each op; ``digest64`` and
+        ``digests64`` the same as ``digest64`` (``hex64``; a replay checks by them on the
+        device). Put it in ``Region(..., regen=...)`` in place of a pre blob."""
         records = []
         for op in ops:
             if isinstance(op, Op):
@@ -502,11 +505,32 @@ class SnapshotWriter:
                 continue
             records.append(Op(CodeObject(self.put(op.image), op.format, op.kernel_name),
                               op.launch, Kernarg(self.put(op.kernarg), tuple(op.params))))
-        return Regen(tuple(records), sha256, size, tuple(reads), tuple(digests))
+        return Regen(tuple(records), sha256, size, tuple(reads), tuple(digests), digest64,
+                     tuple(digests64))
+
+    def digest(self, data: bytes | bytearray | memoryview) -> StateDigest:
+        """``data`` kept as digests only (``Region(..., post_digest=...)``): its size, sha256
+        and digest64, computed side by side a piece at a time; nothing is stored."""
+        return state_digest(data)
 
     def finish(self, manifest: Manifest) -> Snapshot:
         write_json_atomic(self.root / MANIFEST, manifest.to_json())
         return Snapshot.open(self.root)
+
+
+def state_digest(data: bytes | bytearray | memoryview) -> StateDigest:
+    """The ``StateDigest`` of ``data``: its sha256 (on its own thread) and digest64 (here),
+    side by side over the one buffer."""
+    view = _bytes_view(data)
+    hasher = _Hasher(view, CHUNK)
+    hasher.start()
+    try:
+        d64 = hex64(digest64(view))
+    except BaseException:
+        hasher.stop = True
+        hasher.join()
+        raise
+    return StateDigest(len(view), hasher.result(), d64)
 
 
 class Snapshot:
@@ -622,8 +646,21 @@ class Snapshot:
             return self._made(index)
         return self.read_blob(r.pre_blob, f"regions[{index}].pre")
 
-    def post(self, index: int) -> bytes:
+    def digest_post_error(self, index: int) -> SnapshotFormatError:
+        """What a reader that needs the bytes of a post-state kept as digests says."""
         r = self.manifest.regions[index]
+        return SnapshotFormatError(
+            f"region {r.name!r}'s post-state was kept as a digest (sha256 "
+            f"{r.post_digest.sha256[:16]}..., no bytes: capture's --post-digest-over), so "
+            "what needs its bytes cannot run on this snapshot; `kpair replay` checks it by "
+            "digest. Capture again with --store-bytes (or a larger --post-digest-over) to "
+            "keep the bytes", path=self.root / MANIFEST, field=f"regions[{index}].post_digest")
+
+    def post(self, index: int) -> bytes:
+        """The post-state's bytes; refused (``digest_post_error``) for one kept as digests."""
+        r = self.manifest.regions[index]
+        if r.post_digest is not None:
+            raise self.digest_post_error(index)
         if r.post_blob is None:
             return self.pre(index)
         return self.read_blob(r.post_blob, f"regions[{index}].post")
@@ -635,10 +672,11 @@ class Snapshot:
             return None
         return self.pre(index)
 
-    def regions_data(self) -> list[tuple[bytes, bytes]]:
+    def regions_data(self) -> list[tuple[bytes, bytes | None]]:
         """Every region's (pre, post) bytes, verified as ``pre`` and ``post`` verify them,
         the blobs decompressed and hashed on several threads (``threaded_map``). A blob named
-        twice (an input's unchanged pre- and post-state) is read once: both get one object."""
+        twice (an input's unchanged pre- and post-state) is read once: both get one object.
+        A post-state kept as digests (``Region.post_digest``) is None."""
         m = self.manifest
         blobs: dict[tuple, tuple[BlobRef, str]] = {}
         for i, r in enumerate(m.regions):
@@ -654,8 +692,8 @@ class Snapshot:
         def state(i: int, ref: BlobRef | None) -> bytes:
             return self._made(i) if ref is None else data[_identity(ref)]
 
-        return [(state(i, r.pre_blob), state(i, r.post_blob if r.post_blob is not None
-                                             else r.pre_blob))
+        return [(state(i, r.pre_blob), None if r.post_digest is not None else
+                 state(i, r.post_blob if r.post_blob is not None else r.pre_blob))
                 for i, r in enumerate(m.regions)]
 
     def blob_fields(self) -> list[tuple[BlobRef, str]]:

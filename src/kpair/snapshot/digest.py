@@ -1,0 +1,55 @@
+"""``digest64`` of host bytes, a piece at a time: what a snapshot records beside a sha256 so
+that a device can check a region where its memory is.
+
+The digest is ``kpair.backends.base.digest64`` (key 0 here): the sum mod 2**64 of
+splitmix64's finalizer over every 8-byte little-endian word ``w[i]`` xor ``key + i *
+golden``, the bytes zero-padded to a multiple of 16. Order-free, so a GPU computes it in one
+pass over the region (the cuda backend's ``kp_diff``, ``Device.digest``), and so can this
+module, over pieces of ``CHUNK`` bytes, each word keeping its index: a region of several GiB
+costs a few pieces of host memory, never a second copy of it. Not cryptographic: it stands for
+the bytes against a replay that diverged (a chain, a kernel), not against someone choosing
+bytes to match it; the sha256 beside it is the snapshot's identity of the bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["CHUNK", "digest64", "hex64"]
+
+#: Bytes digested at a time (a multiple of 16).
+CHUNK = 8 << 20
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _words(raw: np.ndarray, first: int, key: int) -> int:
+    """The digest's sum over ``raw`` (uint64 words), the first of them word ``first``."""
+    with np.errstate(over="ignore"):
+        x = raw ^ (np.uint64(key % 2**64)
+                   + (np.arange(raw.size, dtype=np.uint64) + np.uint64(first)) * _GOLDEN)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        return int(x.sum(dtype=np.uint64))
+
+
+def digest64(data: bytes | bytearray | memoryview, key: int = 0, *, chunk: int = CHUNK) -> int:
+    """``kpair.backends.base.digest64(data, key)``, computed ``chunk`` bytes at a time."""
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    if chunk <= 0 or chunk % 16:
+        raise ValueError(f"chunk must be a positive multiple of 16, not {chunk}")
+    n = len(view)
+    total = 0
+    for at in range(0, n, chunk):
+        piece = view[at:at + chunk]
+        if len(piece) % 16:   # the last piece, zero-padded as the digest pads the whole
+            piece = bytes(piece) + bytes(-len(piece) % 16)
+        total = (total + _words(np.frombuffer(piece, np.uint64), at // 8, key)) % 2**64
+    return total
+
+
+def hex64(value: int) -> str:
+    """A 64-bit digest as the snapshot spells it: 16 lowercase hex digits."""
+    return f"{value % 2**64:016x}"
