@@ -3,28 +3,47 @@
 
     python benchmarks/kernelbench_ranges.py run --kernelbench PATH -o OUT [--level 2]
         [--start N] [--count N] [--budget-mib 64] [--deadline S] [--runs 3]
-        [--atol 1e-2] [--rtol 1e-2] [--sizes SIZES.json]
+        [--atol 1e-2] [--rtol 1e-2] [--sizes SIZES.json] [--jobs N] [--time-cap 2]
+        [--timed-batch N] [--work DIR] [--inductor-cache DIR] [--keep]
 
 ``PATH`` is a copy of the public KernelBench repository (never committed; nothing of it reaches
 OUT). Problems are taken in order; each is scaled (``kernelbench.scale_source``: ``batch_size``,
 ``M``, ``N``, ``K`` divided by a power of two) until the bytes it holds, by the CPU sizes
 probe (``benchmarks/results/kernelbench_sizes_cpu.json``), fit ``--budget-mib``.
 
-One ``kpair capture --range ...`` runs this file's ``child`` over the whole batch in one
-process: per problem the model and inputs are made on the GPU (seeded), the eager forward and
-the compiled forward run once uncaptured (compile, autotune), then each once inside a range
-marked with ``kpair.mark`` (``<n>.eager``, ``<n>.compiled``). Then per problem:
+Per problem, five stages (``kb_pipeline``: the scheduler):
 
-- ``kpair replay`` of both ranges (byte-exact, nondeterministic, mismatch);
-- ``kpair pair EAGER --opt-capture COMPILED --policy P``: the compiled range bound to the eager
-  one (same inputs and weights by identity, the one output by declaration), under a policy
-  of ``allclose`` with KernelBench's own tolerances (atol = rtol = 1e-2) on the output;
-- ``kpair run`` twice: the verdict, the speedup and its re-run interval, and whether the second
-  run's speedup lands inside the first's interval.
+- capture: one ``kpair capture --range p<n>.eager --range p<n>.compiled`` of this file's
+  ``child`` in a fresh process: the model and inputs made on the GPU (seeded), the eager
+  forward and the compiled forward run uncaptured (compile, autotune), then each once inside
+  a range marked with ``kpair.mark``, its output declared. Every capture shares one
+  ``TORCHINDUCTOR_CACHE_DIR`` (``--inductor-cache``);
+- replay: ``kpair replay`` of both ranges (byte-exact, nondeterministic, mismatch);
+- pair: ``kpair pair EAGER --opt-capture COMPILED --policy P``: the compiled range bound to
+  the eager one (same inputs and weights by identity, the one output by declaration), under a
+  policy of ``allclose`` with KernelBench's own tolerances (atol = rtol = 1e-2) on the output;
+- run and rerun: two full ``kpair run`` calls (every trust check; ``--time-cap`` seconds of
+  timing for the A/B measurement and as much for the identical-binary control): the verdict,
+  the speedup and its re-run interval, and whether the second run's speedup lands inside the
+  first's interval. A first run that does not pass is not run again.
 
-Every problem's record is appended to ``OUT/results.jsonl`` as it is decided (a call resumes
-from it) and ``OUT/summary.json`` is rewritten after each: counts, geomean, byte-exact share of
-the deterministic ranges. Snapshots and harnesses live in ``--work`` and are deleted per batch.
+Capture, replay and pair run ``--jobs`` at a time (default: half the CPUs, bounded by
+``--gpu-mem-gib`` at a CUDA context plus three times the problem's bytes a job); the two
+timed runs run one at a time with the GPU to themselves: a readers-writer gate
+(``kb_pipeline.Gate``) that a capture's program holds shared from its first CUDA call to its
+exit, replay and pair while they run, a timed run exclusive. Timed runs wait in a queue and
+go in phases of ``--timed-batch`` (default ``--jobs``). No stage starts that is not expected
+to end before ``--deadline`` (estimates follow the stages' measured seconds); each stage's
+record is kept in ``WORK/p<n>/state.json``, so a second call finishes a half-done problem
+from its first missing stage and skips decided ones.
+
+Every problem's record is appended to ``OUT/results.jsonl`` as it is decided, with
+``breakdown``: capture_s (and inside it the program's import_s, gate_wait_s, setup_s,
+compile_s, ranges_s), replay_s, pair_s, run_s, rerun_s; each run's own ``stage_s``,
+``stopped_by`` and ``blocks``. ``OUT/summary.json`` is rewritten after each: counts, geomean,
+byte-exact share of the deterministic ranges; ``OUT/schedule.json`` at the end: every stage's
+start and end, the estimates, the problems left. Exit status 0: every problem decided; 3:
+some left for the next call.
 """
 
 from __future__ import annotations
@@ -35,12 +54,13 @@ import json
 import math
 import os
 import shutil
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kb_pipeline  # noqa: E402  (the scheduler: jobs pool, timed stages alone, resume)
 import kernelbench as kb  # noqa: E402  (the problem loader, scaler and sizes probe)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,27 +88,40 @@ def choose_scale(entry: dict | None, budget: int) -> int:
 
 def child(plan_path: Path) -> int:
     """Run every problem of the plan: eager and compiled forwards, each once uncaptured and
-    once inside its range. Writes ``marks.json`` as it goes (ok, error, output shape)."""
+    once inside its range. Writes ``marks.json`` as it goes (ok, error, output shape, and the
+    seconds of the torch import, the wait for the GPU gate, the model's setup, the compile
+    with its first calls, and the two ranges)."""
     import gc
 
+    t0 = time.monotonic()
     import torch
 
     import kpair
 
+    import_s = round(time.monotonic() - t0, 3)
+    gate_wait_s = kb_pipeline.hold_gate_from_env()   # no CUDA call before this
     plan = json.loads(plan_path.read_text())
     marks, marks_path = [], Path(plan["marks"])
     for p in plan["problems"]:
-        mark = {"number": p["number"], "ok": False}
+        mark = {"number": p["number"], "ok": False, "import_s": import_s,
+                "gate_wait_s": gate_wait_s}
+        import_s = gate_wait_s = 0.0   # paid once per process
         model = inputs = compiled = out = ref_out = None
         try:
+            t1 = time.monotonic()
             module = kb.module_from_source(p["source"], f"kb_{p['module']}", p["file"])
             model, inputs = kb.instantiate(module, torch, "cuda")
             compiled = torch.compile(model)
             eager_name, compiled_name = range_names(p["number"])
             with torch.no_grad():
-                for fn in (model, compiled, compiled):
+                model(*inputs)
+                torch.cuda.synchronize()
+                t2 = time.monotonic()
+                for fn in (compiled, compiled):
                     fn(*inputs)
                 torch.cuda.synchronize()
+                t3 = time.monotonic()
+                mark.update(setup_s=round(t2 - t1, 3), compile_s=round(t3 - t2, 3))
                 with kpair.mark(eager_name) as m:
                     ref_out = model(*inputs)
                     m.outputs(ref_out)
@@ -97,7 +130,8 @@ def child(plan_path: Path) -> int:
                     out = compiled(*inputs)
                     m.outputs(out)
                     torch.cuda.synchronize()
-            mark.update(ok=True, output_shape=list(out.shape), output_dtype=str(out.dtype))
+            mark.update(ok=True, output_shape=list(out.shape), output_dtype=str(out.dtype),
+                        ranges_s=round(time.monotonic() - t3, 3))
         except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
             mark["error"] = f"{type(e).__name__}: {e}"[:2000]
         finally:
@@ -114,18 +148,12 @@ def child(plan_path: Path) -> int:
 
 # --------------------------------------------------------------------------- the driver
 
-def kpair_cmd(*args: str, timeout: float) -> dict:
-    """``kpair ARGS`` with its exit code, stdout, stderr and seconds (never raises)."""
-    t0 = time.monotonic()
-    try:
-        p = subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
-                           text=True, timeout=max(1.0, timeout))
-        code, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        code, out, err = 124, e.stdout or "", f"timed out after {timeout:.0f} s"
-        out = out.decode() if isinstance(out, bytes) else out
-    return {"exit_code": code, "stdout": out, "stderr": err[-4000:],
-            "s": round(time.monotonic() - t0, 3)}
+def kpair_cmd(*args: str, timeout: float, env: dict[str, str] | None = None) -> dict:
+    """``kpair ARGS`` (with ``env`` added) in its own process group, killed whole on a
+    timeout (exit code 124); its exit code, stdout, stderr (the last 4000 characters) and
+    seconds. Never raises."""
+    got = kb.kpair(*args, timeout=timeout, env=env)
+    return {**got, "stderr": got["stderr"][-4000:]}
 
 
 def json_of(run: dict) -> dict | None:
@@ -161,115 +189,284 @@ def speed_of(result: dict | None) -> dict:
             "slot_bias": speed.get("slot_bias")}
 
 
-def judge_problem(p: dict, cap: Path, work: Path, args, deadline: float) -> dict:
-    eager, compiled = (cap / n for n in range_names(p["number"]))
-    row: dict = {}
-    for label, snap in (("eager", eager), ("compiled", compiled)):
+# ---------------------------------------------------------------------------- the stages
+#
+# Per problem (``kb_pipeline.Job``, its folder ``WORK/p<n>``): capture (its own ``kpair
+# capture`` process: torch import, the model, ``torch.compile``, both ranges; the program takes
+# the GPU gate itself after its imports), replay (both ranges), pair, then the timed ``run``
+# and ``rerun`` with the GPU to themselves. Each stage's record is saved as it ends
+# (``state.json``), so a call cut short finishes a half-done problem next time.
+
+def _child_env(args) -> dict[str, str]:
+    return {kb_pipeline.GATE_ENV: str(Path(args.work) / "gate"),
+            "TORCHINDUCTOR_CACHE_DIR": str(Path(args.inductor_cache))}
+
+
+def stage_capture(job, timeout: float, args) -> dict:
+    """One ``kpair capture`` of the problem's two ranges in a fresh process."""
+    e, folder = job.data, job.folder
+    cap = folder / "cap"
+    shutil.rmtree(cap, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "marks.json").unlink(missing_ok=True)
+    plan = folder / "plan.json"
+    plan.write_text(json.dumps({"marks": str(folder / "marks.json"), "problems": [e]}))
+    ranges = [a for n in range_names(e["number"]) for a in ("--range", n)]
+    limit = min(args.capture_timeout, timeout)
+    cap_run = kpair_cmd("capture", *ranges, "-o", str(cap), "-q", "--", sys.executable,
+                        str(Path(__file__).resolve()), "child", str(plan), timeout=limit,
+                        env=_child_env(args))
+    marks = json.loads((folder / "marks.json").read_text()) \
+        if (folder / "marks.json").exists() else []
+    mark = marks[0] if marks else {}
+    rec = {"capture_s": cap_run["s"], "exit_code": cap_run["exit_code"], "program": mark,
+           "scale": e["scale"]}
+    if cap_run["exit_code"] == 124 and limit < args.capture_timeout:
+        return {**rec, "cut": True}   # the call's time ran out: captured again next call
+    if not mark.get("ok"):
+        rec["stop"] = "program failed" if mark else "program died"
+        if not mark:
+            rec["capture_stderr"] = cap_run["stderr"].strip()[-1500:]
+    return rec
+
+
+def stage_replay(job, timeout: float, args) -> dict:
+    """``kpair replay`` of both ranges: byte-exact, nondeterministic or mismatch."""
+    rec: dict = {}
+    t0 = time.monotonic()
+    for label, name in zip(("eager", "compiled"), range_names(job.data["number"]),
+                           strict=True):
+        snap = job.folder / "cap" / name
         if not (snap / "snapshot.json").exists():
-            row[f"{label}_replay"] = {"verdict": "not captured"}
+            rec[f"{label}_replay"] = {"verdict": "not captured"}
             continue
         manifest = json.loads((snap / "snapshot.json").read_text())
         rep = kpair_cmd("replay", str(snap), "--runs", str(args.runs), "--json", "-q",
-                        timeout=deadline - time.monotonic())
+                        timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        if rep["exit_code"] == 124:
+            return {"cut": True}
         verdict, detail = kb.verdict_of(rep)
-        row[f"{label}_replay"] = {
+        rec[f"{label}_replay"] = {
             "verdict": verdict, "detail": detail, "s": rep["s"],
             "ops": len(manifest.get("ops") or []) or 1,
             "region_bytes": sum(r["size"] for r in manifest["regions"]),
+            "stored_bytes": _stored_bytes(snap),
             "roles": sorted({r.get("role", "inout") for r in manifest["regions"]})}
-    if "not captured" in (row["eager_replay"]["verdict"], row["compiled_replay"]["verdict"]):
-        row["outcome"] = "not captured"
-        return row
-    policy = work / f"p{p['number']}.policy.json"
+    if "not captured" in (rec["eager_replay"]["verdict"], rec["compiled_replay"]["verdict"]):
+        rec["stop"] = "not captured"
+    rec["replay_s"] = round(time.monotonic() - t0, 3)
+    return rec
+
+
+def _stored_bytes(snap: Path) -> int:
+    return sum(f.stat().st_size for f in snap.rglob("*") if f.is_file())
+
+
+def stage_pair(job, timeout: float, args) -> dict:
+    """``kpair pair EAGER --opt-capture COMPILED --policy P``: the harness."""
+    eager, compiled = (job.folder / "cap" / n for n in range_names(job.data["number"]))
+    policy = job.folder / "policy.json"
     policy.write_text(json.dumps(output_policy(
         eager, args.atol, args.rtol, f"KernelBench's tolerance: atol={args.atol}, "
         f"rtol={args.rtol} on the forward's output")))
-    harness = work / f"p{p['number']}.harness"
+    harness = job.folder / "harness"
+    shutil.rmtree(harness, ignore_errors=True)
     pair = kpair_cmd("pair", str(eager), "--opt-capture", str(compiled), "--policy",
-                     str(policy), "-o", str(harness), "--json", "-q",
-                     timeout=deadline - time.monotonic())
-    row["pair"] = {"exit_code": pair["exit_code"], "s": pair["s"]}
+                     str(policy), "-o", str(harness), "--json", "-q", timeout=timeout)
+    rec = {"exit_code": pair["exit_code"], "pair_s": pair["s"]}
+    if pair["exit_code"] == 124:
+        return {"cut": True}
     if pair["exit_code"] != 0:
         doc = json_of(pair) or {}
-        row["pair"]["error"] = doc.get("error") or pair["stderr"].strip()[-600:]
-        row["outcome"] = "pair refused"
-        return row
-    runs = []
-    for i in (1, 2):
-        out = work / f"p{p['number']}.r{i}.json"   # beside the harness: it holds only its own files
-        run = kpair_cmd("run", str(harness), "-o", str(out), "--json", "-q",
-                        timeout=deadline - time.monotonic())
-        result = json.loads(out.read_text()) if out.exists() else None
-        runs.append({"exit_code": run["exit_code"], "s": run["s"], **speed_of(result),
-                     **({} if result else {"error": run["stderr"].strip()[-600:]})})
-    row["runs"] = runs
-    first, second = runs
-    ci = first.get("ci95")
-    if ci and second.get("speedup"):
-        row["rerun_inside"] = ci[0] <= second["speedup"] <= ci[1]
-    row["outcome"] = first.get("status") or f"run exit {first['exit_code']}"
+        rec.update(error=doc.get("error") or pair["stderr"].strip()[-600:],
+                   stop="pair refused")
+    return rec
+
+
+def run_args(args) -> list[str]:
+    """The ``kpair run`` options every timed run takes: the time cap of each measurement
+    (the A/B one, shared by its replicates, and the identical-binary control), every trust
+    check on."""
+    return ["--time-cap", str(args.time_cap)]
+
+
+def timed_run(harness: Path, out: Path, timeout: float, args) -> dict:
+    """One full ``kpair run`` of the harness; its verdict, speedup, interval and where its
+    seconds went (the run's own ``stage_s``; the rest is the worker's start)."""
+    out.unlink(missing_ok=True)
+    run = kpair_cmd("run", str(harness), "-o", str(out), "--json", "-q", *run_args(args),
+                    timeout=timeout)
+    if run["exit_code"] == 124:
+        return {"cut": True}
+    result = json.loads(out.read_text()) if out.exists() else None
+    rec = {"exit_code": run["exit_code"], "s": run["s"], **speed_of(result),
+           **({} if result else {"error": run["stderr"].strip()[-600:]})}
+    if result:
+        speed = result.get("speed") or {}
+        rec["stage_s"] = result.get("stage_s")
+        rec["stopped_by"] = speed.get("stopped_by")
+        rec["blocks"] = speed.get("blocks")
+    return rec
+
+
+def stage_run(job, timeout: float, args) -> dict:
+    rec = timed_run(job.folder / "harness", job.folder / "r1.json", timeout, args)
+    if not rec.get("cut") and rec.get("status") != "pass":
+        rec["stop"] = rec.get("status") or f"run exit {rec['exit_code']}"
+    return rec
+
+
+def stage_rerun(job, timeout: float, args) -> dict:
+    return timed_run(job.folder / "harness", job.folder / "r2.json", timeout, args)
+
+
+#: (name, function, expected seconds before any is measured, timed); the estimates are the
+#: first call's guesses from the H100 run of 17:37 (capture with compile 25-50 s a problem;
+#: a kpair run 9-50 s at the default 30 s time cap, about 8 s expected at --time-cap 2).
+STAGES = (("capture", stage_capture, 60.0, False), ("replay", stage_replay, 12.0, False),
+          ("pair", stage_pair, 10.0, False), ("run", stage_run, 10.0, True),
+          ("rerun", stage_rerun, 10.0, True))
+
+
+def make_stages(args, table=STAGES) -> list:
+    return [kb_pipeline.Stage(name, (lambda job, t, fn=fn: fn(job, t, args)), est, timed,
+                              gate_inside=name == "capture")
+            for name, fn, est, timed in table]
+
+
+def breakdown(state: dict) -> dict:
+    """Where a problem's seconds went: capture (and inside it the program's torch import,
+    compile and ranges), replay, pair, run and rerun."""
+    cap, prog = state.get("capture", {}), state.get("capture", {}).get("program", {})
+    return {"capture_s": cap.get("capture_s"), "import_s": prog.get("import_s"),
+            "gate_wait_s": prog.get("gate_wait_s"), "setup_s": prog.get("setup_s"),
+            "compile_s": prog.get("compile_s"), "ranges_s": prog.get("ranges_s"),
+            "replay_s": state.get("replay", {}).get("replay_s"),
+            "pair_s": state.get("pair", {}).get("pair_s"),
+            "run_s": state.get("run", {}).get("s"),
+            "rerun_s": state.get("rerun", {}).get("s")}
+
+
+def row_of(job) -> dict:
+    """The problem's line of results.jsonl, from its stage records."""
+    e, st = job.data, job.state
+    row = {"key": e["key"], "scale": e["scale"], "scaled": e["scaled"],
+           "program": st.get("capture", {}).get("program", {}),
+           "breakdown": breakdown(st)}
+    if "capture_stderr" in st.get("capture", {}):
+        row["capture_stderr"] = st["capture"]["capture_stderr"]
+    for label in ("eager", "compiled"):
+        if f"{label}_replay" in st.get("replay", {}):
+            row[f"{label}_replay"] = st["replay"][f"{label}_replay"]
+    if "pair" in st:
+        row["pair"] = {k: st["pair"][k] for k in ("exit_code", "pair_s", "error")
+                       if k in st["pair"]}
+    runs = [st[n] for n in ("run", "rerun") if n in st]
+    if runs:
+        row["runs"] = runs
+        ci = runs[0].get("ci95")
+        if ci and len(runs) == 2 and runs[1].get("speedup"):
+            row["rerun_inside"] = ci[0] <= runs[1]["speedup"] <= ci[1]
+    row["outcome"] = job.stopped or (runs[0].get("status") if runs else None) or "?"
+    errors = {n: r["error"] for n, r in st.items()
+              if isinstance(r, dict) and r.get("stop") == "driver error" and r.get("error")}
+    if errors:
+        row["driver_error"] = errors
     return row
+
+
+def entry_of(p, k: int) -> dict:
+    source, scaled = kb.scale_source(p.path.read_text(), k)
+    return {"number": p.number, "key": p.key, "file": str(p.path), "module": p.name,
+            "source": source, "scale": k, "scaled": scaled}
+
+
+def done_keys(results_path: Path) -> set[str]:
+    done = set()
+    if results_path.exists():
+        for line in results_path.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                done.add(json.loads(line)["key"])
+    return done
+
+
+def pick_jobs(args, todo_bytes: list[int]) -> int:
+    """``--jobs``, else half the CPUs bounded by ``--gpu-mem-gib`` at a CUDA context and
+    three times the largest problem's bytes a job."""
+    if args.jobs:
+        return args.jobs
+    return kb_pipeline.default_jobs(os.cpu_count(), gpu_bytes=int(args.gpu_mem_gib * 2**30),
+                                    per_job_bytes=3 * max(todo_bytes, default=0))
 
 
 def run(args) -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    args.inductor_cache = args.inductor_cache or str(work / "inductor-cache")
     sizes = {p["key"]: p for p in json.loads(Path(args.sizes).read_text())["problems"]} \
         if Path(args.sizes).exists() else {}
     problems = [p for p in kb.discover(Path(args.kernelbench), [args.level])
                 if p.number >= args.start][:args.count]
     results_path = out / "results.jsonl"
-    done = set()
-    if results_path.exists():
-        for line in results_path.read_text().splitlines():
-            with contextlib.suppress(ValueError, KeyError):
-                done.add(json.loads(line)["key"])
-    todo = [p for p in problems if p.key not in done]
-    deadline = time.monotonic() + args.deadline
+    done = done_keys(results_path)
     budget = args.budget_mib << 20
-    print(f"kernelbench_ranges: {len(todo)} of {len(problems)} problems to do", flush=True)
-    while todo and time.monotonic() < deadline - 60:
-        batch, todo = todo[:args.batch], todo[args.batch:]
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        entries = []
-        for p in batch:
-            k = choose_scale(sizes.get(p.key), budget)
-            source, scaled = kb.scale_source(p.path.read_text(), k)
-            entries.append({"number": p.number, "key": p.key, "file": str(p.path),
-                            "module": p.name, "source": source, "scale": k, "scaled": scaled})
-        plan = work / "plan.json"
-        plan.write_text(json.dumps({"marks": str(work / "marks.json"), "problems": entries}))
-        ranges = [a for e in entries for n in range_names(e["number"]) for a in ("--range", n)]
-        t0 = time.monotonic()
-        cap = kpair_cmd("capture", *ranges, "-o", str(work / "cap"), "-q", "--",
-                        sys.executable, str(Path(__file__).resolve()), "child", str(plan),
-                        timeout=min(args.capture_timeout, deadline - time.monotonic()))
-        capture_s = round(time.monotonic() - t0, 3)
-        marks = {m["number"]: m for m in json.loads((work / "marks.json").read_text())} \
-            if (work / "marks.json").exists() else {}
-        print(f"kernelbench_ranges: batch of {len(batch)} captured in {capture_s} s "
-              f"(exit {cap['exit_code']})", flush=True)
-        for e in entries:
-            if time.monotonic() > deadline - 20:
-                break
-            mark = marks.get(e["number"], {})
-            row = {"key": e["key"], "scale": e["scale"], "scaled": e["scaled"],
-                   "batch_capture_s": capture_s, "program": mark}
-            if not mark.get("ok"):
-                row["outcome"] = "program failed" if mark else "program died"
-                if not mark:
-                    row["capture_stderr"] = cap["stderr"].strip()[-1500:]
-            else:
-                row.update(judge_problem(e, work / "cap", work, args, deadline))
-            with open(results_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"kernelbench_ranges: {e['key']}: {row['outcome']} "
-                  f"{(row.get('runs') or [{}])[0].get('speedup')}", flush=True)
-            write_summary(results_path, out / "summary.json")
-        shutil.rmtree(work, ignore_errors=True)
-    write_summary(results_path, out / "summary.json")
-    return 0
+    jobs, nbytes = [], []
+    for p in problems:
+        if p.key in done:
+            continue
+        k = choose_scale(sizes.get(p.key), budget)
+        job = kb_pipeline.Job(p.key, work / f"p{p.number}", entry_of(p, k)).load()
+        if job.state.get("capture", {}).get("scale") not in (None, k):   # another scale
+            shutil.rmtree(job.folder, ignore_errors=True)
+            job.state = {}
+        nbytes.append(((sizes.get(p.key) or {}).get("state_bytes") or 0) // k)
+        jobs.append(job)
+    n_jobs = pick_jobs(args, nbytes)
+    t0 = time.monotonic()
+    print(f"kernelbench_ranges: {len(jobs)} of {len(problems)} problems to do "
+          f"({sum(j.started for j in jobs)} half done), {n_jobs} jobs, deadline "
+          f"{args.deadline:g} s", flush=True)
+
+    def finish(job) -> None:
+        row = row_of(job)
+        with open(results_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        b = row["breakdown"]
+        print(f"kernelbench_ranges: [{time.monotonic() - t0:.0f} s] {job.key}: "
+              f"{row['outcome']} {(row.get('runs') or [{}])[0].get('speedup')} (capture "
+              f"{b['capture_s']} s, compile {b['compile_s']} s, replay {b['replay_s']} s, "
+              f"pair {b['pair_s']} s, run {b['run_s']} s, rerun {b['rerun_s']} s)",
+              flush=True)
+        write_summary(results_path, out / "summary.json")
+        if not args.keep:
+            shutil.rmtree(job.folder, ignore_errors=True)
+
+    sched = kb_pipeline.Scheduler(
+        make_stages(args), jobs=n_jobs, deadline=t0 + args.deadline,
+        gate=kb_pipeline.Gate(work / "gate"), finish=finish, timed_batch=args.timed_batch,
+        say=lambda s: print(f"kernelbench_ranges: [{time.monotonic() - t0:.0f} s] {s}",
+                            flush=True))
+    sched.run(jobs)
+    write_schedule(out / "schedule.json", sched, t0, n_jobs)
+    if results_path.exists():
+        write_summary(results_path, out / "summary.json")
+    left = len(sched.left)
+    print(f"kernelbench_ranges: {len(jobs) - left} decided, {left} left for the next call, "
+          f"{time.monotonic() - t0:.0f} s", flush=True)
+    return 0 if not left else 3
+
+
+def write_schedule(path: Path, sched, t0: float, n_jobs: int) -> None:
+    """The call's stage log (seconds from its start) and the estimates it ended with."""
+    doc = {"jobs": n_jobs, "timed_batch": sched.timed_batch,
+           "estimates_s": {s.name: round(sched.est(s), 3) for s in sched.stages},
+           "left": [j.key for j in sched.left],
+           "log": [{**e, "start": round(e["start"] - t0, 3), "end": round(e["end"] - t0, 3)}
+                   for e in sched.log]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, path)
 
 
 def write_summary(results_path: Path, path: Path) -> dict:
@@ -303,6 +500,22 @@ def write_summary(results_path: Path, path: Path) -> dict:
     return summary
 
 
+def add_schedule_arguments(r: argparse.ArgumentParser, *, time_cap: float) -> None:
+    """The scheduler's options, shared with kernelbench_plans.py."""
+    r.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="untimed stages (capture, replay, pair) at a time (default: half the "
+                        "CPUs, bounded by --gpu-mem-gib)")
+    r.add_argument("--gpu-mem-gib", type=float, default=80.0,
+                   help="GPU memory the untimed jobs share (default 80: an H100)")
+    r.add_argument("--timed-batch", type=int, default=0, metavar="N",
+                   help="timed runs queued before the GPU is taken for them (default: --jobs)")
+    r.add_argument("--time-cap", type=float, default=time_cap, metavar="S",
+                   help=f"kpair run --time-cap of each timed run (default {time_cap:g})")
+    r.add_argument("--inductor-cache", default="",
+                   help="TORCHINDUCTOR_CACHE_DIR of every capture (default WORK/inductor-cache)")
+    r.add_argument("--keep", action="store_true", help="keep each problem's folder in --work")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kernelbench_ranges.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
@@ -311,22 +524,27 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="capture, replay, pair and run KernelBench problems")
     r.add_argument("--kernelbench", required=True)
     r.add_argument("-o", "--out", required=True)
-    r.add_argument("--work", default="/tmp/kb_ranges_work")
+    r.add_argument("--work", default="/tmp/kb_ranges_work",
+                   help="per problem folders (kept across calls until decided: resume)")
     r.add_argument("--sizes", default=str(SIZES))
     r.add_argument("--level", type=int, default=2)
     r.add_argument("--start", type=int, default=1)
     r.add_argument("--count", type=int, default=30)
-    r.add_argument("--batch", type=int, default=10)
     r.add_argument("--budget-mib", type=int, default=64)
     r.add_argument("--deadline", type=float, default=540)
     r.add_argument("--capture-timeout", type=float, default=300)
-    r.add_argument("--runs", type=int, default=3)
+    r.add_argument("--runs", type=int, default=3, help="kpair replay --runs")
     r.add_argument("--atol", type=float, default=1e-2)
     r.add_argument("--rtol", type=float, default=1e-2)
+    add_schedule_arguments(r, time_cap=2.0)
     args = ap.parse_args(argv)
     if args.verb == "child":
         return child(Path(args.plan))
-    return run(args)
+    previous = signal.signal(signal.SIGTERM, kb._terminated)
+    try:
+        return run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
