@@ -1,0 +1,737 @@
+"""A KernelBench-style harness of >= 4 GiB of regions, published on one machine as a release
+that packs into one small file, and re-verified from that file alone on another (issue 48).
+
+    python benchmarks/big_release.py publish -o OUTDIR [--backend cuda|host] [--gib 4]
+        [--deadline S] [--time-cap S] [--replicates N] [--work DIR] [--seed N]
+    python benchmarks/big_release.py verify RELEASE_TAR -o OUTDIR [--deadline S]
+        [--time-cap S] [--replicates N]
+
+The problem (KernelBench Level 2 style, written here, no KernelBench file needed):
+``y = hardtanh(x * scale + bias).sum(dim=1)`` over ``x`` of ``--gib`` GiB (rows x ``--cols``
+float32), ``scale`` and ``bias`` one value per column. On ``cuda`` it is a PyTorch module:
+``x`` from ``torch.randn`` under ``--seed``, ``scale`` and ``bias`` from ``nn.init.uniform_``
+(the module's initialisers), all made on the GPU, so ``kpair capture`` stores them as the
+kernels that made them (regenerable regions) and not as their bytes. On ``host`` the same
+forward is a few C functions built here, its inputs filled by a seeded generator in the
+Recorder's setup calls (so they regenerate too), at a small size (8 MiB by default).
+
+``publish`` runs, each step timed and bounded by ``--deadline``:
+
+1. capture: the eager forward (ref: multiply, add, hardtanh, row sum; two whole-size
+   intermediates as scratch) and the ``torch.compile`` forward (one fused reduction) of the
+   same module on the same tensors, as two ranges of one process (``kpair capture --range
+   eager --range compiled``; on host, two ``kpair.record.Recorder`` ranges over the same
+   arrays, the candidate one fused C function summing in eight lanes). Refused (exit 1) when
+   the eager range's regions are under ``--gib``.
+2. pair: ``kpair pair EAGER --opt-capture COMPILED --policy P``, P declared here: ``allclose``
+   with KernelBench's own tolerance (atol = rtol = 1e-2) on the forward's output, byte-exact
+   everywhere else.
+3. run: ``kpair run`` of the harness (its verdict, speedup and re-run interval).
+4. publish: ``kpair release add`` (a fresh judged run; published only on a pass whose
+   interval lies above 1.0), then ``kpair report --markdown-only``.
+5. pack: the release directory into ``OUTDIR/release.tar``, written through a temporary file
+   and a rename, refused (exit 1, no tar left) past ``--max-tar-mib`` (16).
+
+It prints one JSON document (also ``OUTDIR/publish.json``): region bytes, stored bytes (the
+published harness's blob files), release bytes on disk, the tar's bytes, seconds of each
+step, the run's and the publication's speedup and interval. A step whose output is already in
+``--work`` (default ``OUTDIR/work``) is not run again, so a call cut off by its deadline
+resumes.
+
+``verify`` unpacks the tar into a fresh directory (the machine "started afresh": nothing of
+the publish travels but the tar) and runs ``kpair verify`` there; its JSON (also
+``OUTDIR/verify.json``, beside the re-verified ``index.json``) says per operator whether the
+re-run's speedup lies inside the published interval, the re-run's speedup and interval, and
+the wall time. Exit status: publish 0 published and packed, 1 refused (regions too small,
+release add refused, tar too big), 2 usage, 3 a missing or unreadable tar, 5 a step failed or
+the deadline passed (the failing kpair step's own code where it has one); verify as
+``kpair verify`` (0 every operator passes, 1 some fail, 5 some could not be run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = "kpair.big-release"
+GIB = 1 << 30
+MIB = 1 << 20
+TAR = "release.tar"
+LEVEL, NAME = 2, "ScaleBiasHardtanhSum"
+#: KernelBench's own tolerance on the forward's output.
+ATOL = RTOL = 1e-2
+#: Columns per backend: the output (one float per row) stays small beside the input.
+COLS = {"cuda": 8192, "host": 1024}
+GIB_DEFAULT = {"cuda": 4.0, "host": 1 / 128}
+TIME_CAP = {"cuda": 10.0, "host": 1.0}
+
+
+class Stop(Exception):
+    """The publish or verify ends here: ``code`` its exit status, ``message`` one line."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+# --------------------------------------------------------------------------- the program
+
+#: The host forward (C, built with -ffp-contract=off): seeded inputs, the eager-like sequence
+#: and the fused candidate, which sums each row in eight lanes (so it rounds differently).
+HOST_SOURCE = r"""
+#include <stdint.h>
+
+static uint64_t splitmix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* a[i] uniform in [lo, hi): a pure function of (seed, i) */
+void bk_uniform(float *a, int64_t n, uint64_t seed, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++)
+        a[i] = lo + (hi - lo) * ((float)(splitmix64(seed + (uint64_t)i) >> 40)
+                                 * (1.0f / 16777216.0f));
+}
+
+void bk_mul_cols(float *out, const float *x, const float *s, int32_t rows, int32_t cols) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) out[r * cols + c] = x[r * cols + c] * s[c];
+}
+
+void bk_add_cols(float *out, const float *x, const float *b, int32_t rows, int32_t cols) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) out[r * cols + c] = x[r * cols + c] + b[c];
+}
+
+void bk_hardtanh(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] < -1.0f ? -1.0f : x[i] > 1.0f ? 1.0f : x[i];
+}
+
+void bk_rowsum(float *out, const float *x, int32_t rows, int32_t cols) {
+    for (int64_t r = 0; r < rows; r++) {
+        float s = 0.0f;
+        for (int64_t c = 0; c < cols; c++) s += x[r * cols + c];
+        out[r] = s;
+    }
+}
+
+void bk_fused(float *out, const float *x, const float *s, const float *b, int32_t rows,
+              int32_t cols) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * cols;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t c = 0;
+        for (; c + 8 <= cols; c += 8)
+            for (int k = 0; k < 8; k++) {
+                float v = row[c + k] * s[c + k] + b[c + k];
+                acc[k] += v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+            }
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++) t += acc[k];
+        for (; c < cols; c++) {
+            float v = row[c] * s[c] + b[c];
+            t += v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+        }
+        out[r] = t;
+    }
+}
+"""
+
+#: The CUDA program ``kpair capture`` runs (``program`` below): the module and its input made
+#: on the GPU under the seed, both forwards run once uncaptured (compile, autotune), then each
+#: once inside its ``kpair.mark`` range with its output declared.
+def program(rows: int, cols: int, seed: int, stats: Path) -> int:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    import kpair
+
+    class Model(nn.Module):
+        """KernelBench Level 2 style: x * scale + bias, Hardtanh, sum over the last dim."""
+
+        def __init__(self, features: int):
+            super().__init__()
+            self.scale = nn.Parameter(torch.empty(features))
+            self.bias = nn.Parameter(torch.empty(features))
+            nn.init.uniform_(self.scale, 0.5, 1.5)
+            nn.init.uniform_(self.bias, -0.5, 0.5)
+
+        def forward(self, x):
+            return F.hardtanh(x * self.scale + self.bias).sum(dim=1)
+
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Model(cols)
+        x = torch.randn(rows, cols)
+    compiled = torch.compile(model)
+    t0 = time.monotonic()
+    with torch.no_grad():
+        for fn in (model, compiled, compiled):
+            fn(x)
+        torch.cuda.synchronize()
+        warm_s = time.monotonic() - t0
+        with kpair.mark("eager") as m:
+            y = model(x)
+            m.outputs(y)
+            torch.cuda.synchronize()
+        with kpair.mark("compiled") as m:
+            y2 = compiled(x)
+            m.outputs(y2)
+            torch.cuda.synchronize()
+        diff = (y - y2).abs().max().item()
+    stats.write_text(json.dumps({
+        "x_bytes": x.nbytes, "output_bytes": y.nbytes, "rows": rows, "cols": cols,
+        "seed": seed, "warm_up_s": round(warm_s, 3), "max_abs_diff": diff,
+        "output_std": y.std().item(), "torch": torch.__version__}))
+    return 0
+
+
+def record_host(cap: Path, rows: int, cols: int, seed: int) -> dict:
+    """The host forward recorded as two ranges over the same arrays: ``cap/eager`` and
+    ``cap/compiled`` (their directories, as ``kpair capture`` names them)."""
+    import numpy as np
+
+    from kpair.record import Recorder
+    from kpair.toolchain import compile_shared
+
+    cap.mkdir(parents=True, exist_ok=True)
+    (cap / "program.c").write_text(HOST_SOURCE)
+    lib = compile_shared(cap / "program.c", cap / "program.so",
+                         flags=("-O2", "-g", "-ffp-contract=off"))
+    x = np.zeros((rows, cols), np.float32)
+    scale, bias = np.zeros(cols, np.float32), np.zeros(cols, np.float32)
+    t1, t2 = np.zeros_like(x), np.zeros_like(x)
+    y, y2 = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
+    R, C = np.int32(rows), np.int32(cols)
+
+    def setup(r: Recorder) -> None:
+        # Every input starts zeroed, so the setup calls are what write it (its chain).
+        for a in (x, scale, bias):
+            a[...] = 0
+        r.call(lib, "bk_uniform", [x, np.int64(x.size), np.uint64(seed), np.float32(-2.0),
+                                   np.float32(2.0)])
+        r.call(lib, "bk_uniform", [scale, np.int64(cols), np.uint64(seed + 1),
+                                   np.float32(0.5), np.float32(1.5)])
+        r.call(lib, "bk_uniform", [bias, np.int64(cols), np.uint64(seed + 2),
+                                   np.float32(-0.5), np.float32(0.5)])
+
+    inputs = {"x": x, "scale": scale, "bias": bias}
+    with Recorder(cap / "eager", names={**inputs, "y": y, "t1": t1, "t2": t2},
+                  outputs=[y], scratch=[t1, t2]) as r:
+        setup(r)
+        with r.range("eager"):
+            r.call(lib, "bk_mul_cols", [t1, x, scale, R, C])
+            r.call(lib, "bk_add_cols", [t2, t1, bias, R, C])
+            r.call(lib, "bk_hardtanh", [t1, t2, np.int64(x.size)])
+            r.call(lib, "bk_rowsum", [y, t1, R, C])
+    with Recorder(cap / "compiled", names={**inputs, "y": y2}, outputs=[y2]) as r:
+        setup(r)
+        with r.range("compiled"):
+            r.call(lib, "bk_fused", [y2, x, scale, bias, R, C])
+    return {"x_bytes": x.nbytes, "output_bytes": y.nbytes, "rows": rows, "cols": cols,
+            "seed": seed, "max_abs_diff": float(np.abs(y - y2).max()),
+            "output_std": float(y.std())}
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _kpair(*args: str, timeout: float) -> dict:
+    """``kpair ARGS`` with its exit code, stdout, stderr's tail and seconds (never raises)."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
+                           text=True, timeout=max(1.0, timeout))
+        code, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        code, err = 124, f"timed out after {timeout:.0f} s"
+    return {"exit_code": code, "stdout": out, "stderr": err[-3000:],
+            "s": round(time.monotonic() - t0, 3)}
+
+
+def _doc(run: dict) -> dict:
+    try:
+        doc = json.loads(run["stdout"])
+    except (TypeError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _why(run: dict) -> str:
+    """A failed kpair step's one-line reason: its JSON error, else stderr's last line."""
+    err = _doc(run).get("error")
+    if isinstance(err, dict):
+        err = err.get("message")
+    lines = [s for s in run["stderr"].strip().splitlines() if s.strip()]
+    return str(err or (lines[-1] if lines else f"exit {run['exit_code']}"))[:600]
+
+
+def _write_json(doc: dict, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()
+               and p.name != ".kpair-release.lock")
+
+
+def _device_line(backend: str) -> str:
+    if backend == "cuda":
+        try:
+            return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
+                                   "--format=csv,noheader"], capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "cuda (nvidia-smi unavailable)"
+    import platform
+    return f"host {platform.machine()} ({os.cpu_count()} CPUs)"
+
+
+def _tree() -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() or None
+
+
+def _speed(result: dict | None) -> dict:
+    """Verdict, speedup, reported interval and slot bias of a result.json or index row."""
+    if not result:
+        return {}
+    speed = result.get("speed") or result.get("harness") or {}
+    correctness = result.get("correctness")
+    label = correctness.get("summary") or correctness.get("mode") \
+        if isinstance(correctness, dict) else correctness
+    return {"status": result.get("status"), "correctness": label,
+            "speedup": speed.get("speedup"),
+            "ci95": speed.get("combined_ci95") or speed.get("ci95"),
+            "slot_bias": speed.get("slot_bias"), "blocks": speed.get("blocks")}
+
+
+def pack(release: Path, out: Path, limit: int) -> int:
+    """``release`` (a directory) as one tar at ``out``, written through a temporary file in
+    ``out``'s folder and one rename: ``out`` is either the whole tar or as it was. Refused
+    (Stop 1, the temporary removed, ``out`` untouched) when the tar would exceed ``limit``
+    bytes. Returns the tar's size."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with tarfile.open(tmp, "w") as tar:
+            for path in sorted(release.rglob("*")):
+                if path.name == ".kpair-release.lock" or not (path.is_file() or path.is_dir()):
+                    continue
+                tar.add(path, arcname=f"release/{path.relative_to(release)}", recursive=False)
+        size = tmp.stat().st_size
+        if size > limit:
+            raise Stop(1, f"the packed release is {size} bytes ({size / MIB:.2f} MiB), over "
+                          f"the limit of {limit} bytes ({limit / MIB:.2f} MiB): not written")
+        os.replace(tmp, out)
+        return size
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def unpack(tar_path: Path, into: Path) -> Path:
+    """Extract ``tar_path`` into the new directory ``into`` (files and folders only, nothing
+    outside it); the release directory inside."""
+    into.mkdir(parents=True)
+    try:
+        with tarfile.open(tar_path) as tar:
+            members = tar.getmembers()
+            bad = [m.name for m in members if not (m.isfile() or m.isdir())]
+            if bad:
+                raise Stop(3, f"{tar_path}: not a release tar: {bad[0]!r} is neither a file "
+                              "nor a folder")
+            tar.extractall(into, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise Stop(3, f"{tar_path}: cannot unpack the release: {e}") from e
+    release = into / "release"
+    if not (release / "index.json").is_file():
+        raise Stop(3, f"{tar_path}: no release/index.json inside: not a packed release")
+    return release
+
+
+# --------------------------------------------------------------------------- publish
+
+class Publish:
+    """One publish: its steps, the JSON document they fill, the deadline they share."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.backend = args, args.backend
+        self.out = Path(args.out)
+        self.work = Path(args.work) if args.work else self.out / "work"
+        self.deadline = time.monotonic() + args.deadline
+        self.gib = args.gib if args.gib is not None else GIB_DEFAULT[self.backend]
+        self.cols = args.cols or COLS[self.backend]
+        self.rows = args.rows or max(1, -(-int(self.gib * GIB) // (4 * self.cols)))
+        self.time_cap = args.time_cap if args.time_cap is not None else TIME_CAP[self.backend]
+        self.doc: dict = {
+            "schema": SCHEMA, "verb": "publish", "backend": self.backend,
+            "device": _device_line(self.backend), "tree": _tree(),
+            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "problem": {"forward": "hardtanh(x * scale + bias).sum(dim=1)",
+                        "rows": self.rows, "cols": self.cols, "requested_gib": self.gib,
+                        "seed": args.seed},
+            "operator": f"level{LEVEL}/{NAME}", "seconds": {}, "resumed": [],
+            "status": "running"}
+
+    def remaining(self, step: str, least: float = 5.0) -> float:
+        left = self.deadline - time.monotonic()
+        if left < least:
+            raise Stop(5, f"the deadline ({self.args.deadline:.0f} s) passed before {step} "
+                          f"({left:.0f} s left); run publish again with the same -o to resume")
+        return left
+
+    def step(self, name: str, run: dict) -> dict:
+        self.doc["seconds"][name] = run["s"]
+        if run["exit_code"] != 0:
+            self.doc["failed_step"] = {"step": name, "exit_code": run["exit_code"],
+                                       "stderr": run["stderr"][-1500:]}
+            code = run["exit_code"] if run["exit_code"] in (1, 2, 3, 4, 5) else 5
+            raise Stop(code, f"{name} failed (exit {run['exit_code']}): {_why(run)}")
+        return run
+
+    def run_options(self) -> list[str]:
+        extra = ["--time-cap", str(self.time_cap)]
+        if self.args.replicates:
+            extra += ["--replicates", str(self.args.replicates)]
+        return extra
+
+    # -- the steps
+
+    def capture(self) -> tuple[Path, Path]:
+        cap = self.work / "cap"
+        done = cap / "done.json"
+        if done.is_file():
+            self.doc["resumed"].append("capture")
+            info = json.loads(done.read_text())
+        else:
+            shutil.rmtree(cap, ignore_errors=True)
+            cap.mkdir(parents=True)
+            t0 = time.monotonic()
+            if self.backend == "host":
+                self.remaining("capture")
+                stats = record_host(cap, self.rows, self.cols, self.args.seed)
+                ranges = {"eager": "eager", "compiled": "compiled"}
+                records: list = []
+            else:
+                stats_path = cap / "program.json"
+                # Every region the eager range names, its two whole-size scratch blocks too,
+                # counts against --max-region-bytes.
+                limit = int(4 * self.gib * GIB) + GIB
+                run = self.step("capture", _kpair(
+                    "capture", "--range", "eager", "--range", "compiled",
+                    "--max-region-bytes", str(limit), "-o", str(cap / "out"), "-q", "--",
+                    sys.executable, str(Path(__file__).resolve()), "program",
+                    "--rows", str(self.rows), "--cols", str(self.cols),
+                    "--seed", str(self.args.seed), "--stats", str(stats_path),
+                    timeout=self.remaining("capture")))
+                self.doc["capture_stderr"] = run["stderr"][-1500:]
+                summary = json.loads((cap / "out" / "capture.json").read_text())
+                records = summary.get("ranges") or []
+                bad = [r for r in records if r.get("status") != "captured"]
+                if bad or len(records) != 2:
+                    raise Stop(5, "capture: ranges not captured: " + "; ".join(
+                        f"{r.get('name')}: {r.get('status')} ({r.get('reason')})"
+                        for r in bad) if bad else f"capture: {len(records)} range(s), not 2")
+                ranges = {r["name"]: f"out/{r['snapshot']}" for r in records}
+                stats = json.loads(stats_path.read_text()) if stats_path.is_file() else {}
+            info = {"ranges": ranges, "program": stats, "s": round(time.monotonic() - t0, 3),
+                    "records": [{k: r.get(k) for k in (
+                        "name", "ops", "kernels", "memsets", "copies", "roles",
+                        "region_bytes", "scratch_bytes", "state_bytes", "stored_bytes",
+                        "regenerated", "capture_s", "notes") if k in r} for r in records]}
+            _write_json(info, done)
+        self.doc["seconds"]["capture"] = info["s"]
+        self.doc["program"] = info["program"]
+        if info["records"]:
+            self.doc["capture_ranges"] = info["records"]
+        eager, compiled = (cap / info["ranges"][n] for n in ("eager", "compiled"))
+        self.doc["region_bytes"] = self.regions(eager)
+        want = int(self.gib * GIB)
+        if self.doc["region_bytes"] < want:
+            raise Stop(1, f"the eager range's regions are {self.doc['region_bytes']} bytes, "
+                          f"under the requested {self.gib:g} GiB ({want} bytes): not published")
+        return eager, compiled
+
+    def regions(self, snapshot: Path) -> int:
+        from kpair.snapshot import Snapshot
+
+        snap = Snapshot.open(snapshot)
+        m = snap.manifest
+        self.doc["regions"] = [
+            {"name": r.name, "bytes": r.size, "role": r.role,
+             "made_by": [op.label[:80] for op in r.regen.ops] if r.regen is not None else None}
+            for r in m.regions]
+        self.doc["scratch_bytes"] = sum(s.size for s in m.scratch_regions)
+        self.doc["regenerable_bytes"] = snap.regenerable_bytes()
+        self.doc["snapshot_stored_bytes"] = snap.stored_bytes()
+        return snap.region_bytes()
+
+    def policy(self, eager: Path) -> Path:
+        manifest = json.loads((eager / "snapshot.json").read_text())
+        tolerances = [{"region": r["name"], "range": [0, r["size"]], "dtype": "float32",
+                       "criterion": "allclose", "atol": ATOL, "rtol": RTOL}
+                      for r in manifest["regions"] if r.get("role") in ("out", "inout")]
+        if not tolerances:
+            raise Stop(5, f"{eager}: the eager range has no live-out region to judge")
+        policy = {"schema": "kpair.validation_policy", "schema_version": 1,
+                  "default": "byte-exact", "tolerances": tolerances,
+                  "note": f"KernelBench's own tolerance (atol={ATOL}, rtol={RTOL}) on the "
+                          "forward's output; every other byte exact"}
+        path = self.work / "policy.json"
+        _write_json(policy, path)
+        self.doc["policy"] = policy
+        return path
+
+    def pair(self, eager: Path, compiled: Path) -> Path:
+        harness = self.work / "harness"
+        policy = self.policy(eager)
+        if (harness / "harness.json").is_file():
+            self.doc["resumed"].append("pair")
+            return harness
+        shutil.rmtree(harness, ignore_errors=True)
+        run = self.step("pair", _kpair(
+            "pair", str(eager), "--opt-capture", str(compiled), "--policy", str(policy),
+            "-o", str(harness), "--json", "-q", timeout=self.remaining("pair")))
+        doc = _doc(run)
+        self.doc["pair"] = {k: doc.get(k) for k in ("range_ops", "plan_launches", "policy")}
+        return harness
+
+    def run(self, harness: Path) -> None:
+        out = self.work / "run.json"
+        if out.is_file():
+            self.doc["resumed"].append("run")
+        else:
+            run = _kpair("run", str(harness), "-o", str(self.work / ".run.json"), "--force",
+                         "--json", "-q", *self.run_options(),
+                         timeout=self.remaining("run"))
+            self.doc["seconds"]["run"] = run["s"]
+            if run["exit_code"] not in (0, 1):   # a fail verdict is a result, not a crash
+                self.step("run", run)
+            os.replace(self.work / ".run.json", out)
+        self.doc["run"] = _speed(json.loads(out.read_text()))
+
+    def publish(self, harness: Path) -> Path:
+        from kpair.release import load_index
+
+        release = self.work / "release"
+        key = f"level{LEVEL}/{NAME}"
+        rows = {f"level{r.level}/{r.name}": r for r in load_index(release).operators} \
+            if (release / "index.json").is_file() else {}
+        if key in rows:
+            self.doc["resumed"].append("publish")
+        else:
+            run = _kpair("release", "add", str(release), str(harness), "--level", str(LEVEL),
+                         "--name", NAME, "--json", "-q", *self.run_options(),
+                         timeout=self.remaining("publish"))
+            self.doc["seconds"]["publish"] = run["s"]
+            if run["exit_code"] not in (0, 1):
+                self.step("publish", run)
+            rows = {f"level{r.level}/{r.name}": r for r in load_index(release).operators}
+        row = rows.get(key)
+        if row is None:
+            excluded = release / "excluded" / f"level{LEVEL}" / NAME / "result.json"
+            self.doc["published"] = _speed(json.loads(excluded.read_text())) \
+                if excluded.is_file() else None
+            raise Stop(1, f"release add refused {key}: see {excluded}")
+        self.doc["published"] = {**_speed({"status": row.status,
+                                           "correctness": row.correctness.label,
+                                           "harness": _row_speed(row)}),
+                                 "region_bytes": row.region_bytes,
+                                 "stored_bytes": row.stored_bytes}
+        self.doc["stored_bytes"] = row.stored_bytes
+        report = _kpair("report", str(release), "--markdown-only",
+                        timeout=min(120.0, self.remaining("report")))
+        self.doc["seconds"]["report"] = report["s"]
+        return release
+
+    def main(self) -> int:
+        t0 = time.monotonic()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        tar = self.out / TAR
+        try:
+            if tar.exists() and not self.args.force:
+                raise Stop(2, f"{tar} exists: a finished publish (--force to publish again)")
+            eager, compiled = self.capture()
+            harness = self.pair(eager, compiled)
+            self.run(harness)
+            release = self.publish(harness)
+            self.doc["release_bytes"] = _tree_bytes(release)
+            t1 = time.monotonic()
+            self.doc["tar_bytes"] = pack(release, tar, int(self.args.max_tar_mib * MIB))
+            self.doc["seconds"]["pack"] = round(time.monotonic() - t1, 3)
+            self.doc["tar"] = str(tar)
+            self.doc["status"] = "published"
+            code = 0
+        except Stop as e:
+            self.doc["status"], self.doc["error"] = "refused" if e.code == 1 else "error", \
+                e.message
+            print(f"big_release publish: {e.message}", file=sys.stderr)
+            code = e.code
+        self.doc["wall_s"] = round(time.monotonic() - t0, 3)
+        _write_json(self.doc, self.out / "publish.json")
+        print(json.dumps(self.doc, indent=1))
+        return code
+
+
+def _row_speed(row) -> dict:
+    h = row.harness
+    return {"speedup": h.speedup, "ci95": list(h.ci95), "slot_bias": h.slot_bias,
+            "blocks": h.blocks} if h else {}
+
+
+# --------------------------------------------------------------------------- verify
+
+def verify(args: argparse.Namespace) -> int:
+    from kpair.release import load_index
+    from kpair.release.index import latest
+    from kpair.release.store import release_backend
+
+    t0 = time.monotonic()
+    tar_path, out = Path(args.tar), Path(args.out)
+    doc: dict = {"schema": SCHEMA, "verb": "verify", "tar": str(tar_path),
+                 "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                 "tree": _tree(), "status": "running"}
+    code = 0
+    try:
+        if not tar_path.is_file():
+            raise Stop(3, f"{tar_path}: no such release tar")
+        out.mkdir(parents=True, exist_ok=True)
+        doc["tar_bytes"] = tar_path.stat().st_size
+        fresh = Path(tempfile.mkdtemp(prefix="fresh-", dir=args.fresh_dir or out))
+        shutil.rmtree(fresh)   # unpack makes it: a directory nothing was ever in
+        release = unpack(tar_path, fresh)
+        doc["unpacked_into"] = str(fresh)
+        doc["unpack_s"] = round(time.monotonic() - t0, 3)
+        doc["device"] = _device_line(release_backend(release))
+        extra = []
+        if args.time_cap is not None:
+            extra += ["--time-cap", str(args.time_cap)]
+        if args.replicates:
+            extra += ["--replicates", str(args.replicates)]
+        run = _kpair("verify", str(release), "--json", "-q", *extra,
+                     timeout=args.deadline - (time.monotonic() - t0))
+        doc["verify_s"] = run["s"]
+        doc["verify_exit_code"] = run["exit_code"]
+        if run["exit_code"] not in (0, 1, 5) or not (release / "index.json").is_file():
+            raise Stop(run["exit_code"] if run["exit_code"] in (2, 3, 4) else 5,
+                       f"kpair verify failed (exit {run['exit_code']}): {_why(run)}")
+        index = load_index(release)
+        vrun = index.verifications[-1] if index.verifications else None
+        if vrun is None:
+            raise Stop(5, f"kpair verify recorded no verification: {_why(run)}")
+        operators = []
+        for row in index.operators:
+            v = latest(row, vrun.run)
+            operators.append({
+                "key": f"level{row.level}/{row.name}",
+                "published_speedup": row.harness.speedup if row.harness else None,
+                "published_ci95": list(v.published_ci95) if v and v.published_ci95 else None,
+                "verdict": v.verdict if v else None, "outcome": v.outcome if v else None,
+                "inside": v.inside if v else None,
+                "speedup": v.speedup if v else None,
+                "ci95": list(v.ci95) if v and v.ci95 else None,
+                "reason": v.reason if v else None,
+                "region_bytes": row.region_bytes, "stored_bytes": row.stored_bytes})
+        doc["operators"] = operators
+        doc["reproduced"], doc["compared"], doc["rate"] = vrun.reproduced, vrun.compared, \
+            vrun.rate
+        doc["inside"] = sum(bool(o["inside"]) for o in operators)
+        shutil.copyfile(release / "index.json", out / "index.json")
+        doc["status"] = "verified"
+        code = run["exit_code"]
+    except Stop as e:
+        doc["status"], doc["error"] = "error", e.message
+        print(f"big_release verify: {e.message}", file=sys.stderr)
+        code = e.code
+    doc["wall_s"] = round(time.monotonic() - t0, 3)
+    if out.is_dir():
+        _write_json(doc, out / "verify.json")
+    print(json.dumps(doc, indent=1))
+    return code
+
+
+# --------------------------------------------------------------------------- main
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive and finite, not {text!r}")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {text!r}")
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="big_release.py", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="verb", required=True)
+    p = sub.add_parser("publish", help="capture, pair, run, publish and pack the release")
+    p.add_argument("-o", "--out", required=True, help="output folder (release.tar, JSON)")
+    p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
+    p.add_argument("--gib", type=_positive, help="GiB of x (cuda: 4, host: 1/128)")
+    p.add_argument("--cols", type=_count, help="columns of x (cuda 8192, host 1024)")
+    p.add_argument("--rows", type=_count,
+                   help="rows of x (default: as many as --gib takes; fewer are refused)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deadline", type=_positive, default=540.0,
+                   help="seconds for the whole publish (default 540)")
+    p.add_argument("--time-cap", type=_positive,
+                   help="kpair's --time-cap of the run and of release add (cuda 10, host 1)")
+    p.add_argument("--replicates", type=_count, help="kpair's --replicates (default its own)")
+    p.add_argument("--max-tar-mib", type=_positive, default=16.0,
+                   help="refuse a packed release over this many MiB (default 16)")
+    p.add_argument("--work", help="working folder (default OUTDIR/work; resumed from)")
+    p.add_argument("--force", action="store_true", help="publish again over a release.tar")
+    v = sub.add_parser("verify", help="unpack a release tar afresh and kpair verify it")
+    v.add_argument("tar", help="the release.tar publish wrote")
+    v.add_argument("-o", "--out", required=True, help="output folder (verify.json)")
+    v.add_argument("--deadline", type=_positive, default=540.0)
+    v.add_argument("--time-cap", type=_positive, help="kpair verify's --time-cap")
+    v.add_argument("--replicates", type=_count, help="kpair verify's --replicates")
+    v.add_argument("--fresh-dir", help="where the fresh folder is made (default OUTDIR)")
+    c = sub.add_parser("program", help="(internal) the CUDA program kpair capture runs")
+    c.add_argument("--rows", type=_count, required=True)
+    c.add_argument("--cols", type=_count, required=True)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--stats", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.verb == "program":
+        return program(args.rows, args.cols, args.seed, args.stats)
+    if args.verb == "verify":
+        return verify(args)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"big_release publish: {args.out} is not a folder", file=sys.stderr)
+        return 2
+    return Publish(args).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
