@@ -5,6 +5,7 @@ forward (cuBLAS gemm, ATen elementwise, softmax and reduction kernels) captured 
 
     python benchmarks/kernelbench_plans.py run --kernelbench PATH -o OUT [--budget-mib 64]
         [--only KEY,KEY] [--count N] [--deadline S] [--time-cap S] [--atol 1e-2] [--rtol 1e-2]
+        [--runs 2] [--jobs N] [--timed-batch N] [--work DIR] [--keep]
 
 ``PATH`` is a copy of the public KernelBench repository (never committed; nothing of it
 reaches OUT). ``PROBLEMS`` is the table: per Level 1 problem a pure function of the
@@ -16,8 +17,10 @@ output, the scratch buffer or a typed scalar (sizes, strides, a slope), with its
 grid and warps. Each problem is scaled (``kernelbench.scale_source``) until its
 bytes by the CPU sizes probe fit ``--budget-mib`` (``kernelbench_ranges.choose_scale``).
 
-One ``kpair capture --range p<n> ...`` runs this file's ``child`` over every problem in one
-process. Per problem the child makes the model and inputs on the GPU (seeded), runs the eager
+Per problem one ``kpair capture --range p<n>`` runs this file's ``child`` in a fresh process
+(the problems' captures ``--jobs`` at a time, scheduled by ``kb_pipeline`` as
+``kernelbench_ranges.py`` does: the program takes the GPU gate after its imports). The child
+makes the model and inputs on the GPU (seeded), runs the eager
 forward twice uncaptured, then once inside ``kpair.mark("p<n>")`` declaring its output, and
 writes to ``io.json`` each input's and the output's address, bytes, shape, stride and dtype
 (and the scalar inputs and model attributes the launches need). It then compiles each
@@ -35,9 +38,14 @@ kernel asks for, or to a u64 0 when it asks none), runs ``kpair pair SNAP --plan
 --policy P`` (``allclose`` atol = rtol = 1e-2 on the range's live-out regions, read as
 float32, ``kernelbench_ranges.output_policy``) and ``kpair run`` twice (the verdict, the
 speedup, its re-run interval, and whether the second run lands inside the first's; a
-second run only after a first that passed; ``--runs 1``: one).
-Every problem's record is appended to ``OUT/results.jsonl`` as it is decided (a call
-resumes from it); ``OUT/summary.json`` is rewritten after each.
+second run only after a first that passed; ``--runs 1``: one), the timed runs one at a time
+with the GPU to themselves (``--time-cap`` seconds a measurement, every trust check on).
+Every problem's record is appended to ``OUT/results.jsonl`` as it is decided, with its
+``breakdown`` (capture_s, import_s, gate_wait_s, setup_s, compile_s, pair_s, run_s,
+rerun_s); a half-done problem's stages are kept in ``WORK/p<n>/state.json`` and a second call
+goes on from its first missing stage. ``OUT/summary.json`` is rewritten after each,
+``OUT/schedule.json`` written at the end. Exit status 0: every problem decided; 3: some left
+for the next call.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -56,13 +65,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import kb_pipeline  # noqa: E402  (the scheduler: jobs pool, timed stages alone, resume)
 import kernelbench as kb  # noqa: E402  (the problem loader and scaler)
 from kernelbench_ranges import (  # noqa: E402  (the Level 2 driver's helpers, shared)
+    add_schedule_arguments,
+    child_env,
     choose_scale,
+    done_keys,
     json_of,
     kpair_cmd,
+    make_stages,
     output_policy,
-    speed_of,
+    pick_jobs,
+    timed_run,
+    write_schedule,
 )
 
 ROOT = HERE.parent
@@ -546,18 +562,24 @@ def child(plan_path: Path) -> int:
     kernel compiled (and self-checked). Writes ``io.json`` after each problem."""
     import gc
 
+    t0 = time.monotonic()
     import torch
 
     import kpair
 
     plan = json.loads(plan_path.read_text())
     io_path, work = Path(plan["io"]), Path(plan["work"])
-    kernels = load_kernels()
+    kernels = load_kernels()   # imports triton
+    import_s = round(time.monotonic() - t0, 3)
+    gate_wait_s = kb_pipeline.hold_gate_from_env()   # no CUDA call before this
     major, minor = torch.cuda.get_device_capability()
     records = []
     for p in plan["problems"]:
         entry = BY_NAME[p["name"]]
-        rec: dict = {"number": p["number"], "ok": False}
+        rec: dict = {"number": p["number"], "ok": False, "import_s": import_s,
+                     "gate_wait_s": gate_wait_s}
+        import_s = gate_wait_s = 0.0   # paid once per process
+        t1 = time.monotonic()
         model = inputs = out = tensors = None
         try:
             module = kb.module_from_source(p["source"], f"kbp_{p['module']}", p["file"])
@@ -574,12 +596,15 @@ def child(plan_path: Path) -> int:
                   "output": _describe(out, torch),
                   "attrs": {a: getattr(model, a) for a in entry.attrs}}
             rec["io"] = io
+            rec["setup_s"] = round(time.monotonic() - t1, 3)
+            t2 = time.monotonic()
             launches = entry.launches(io)
             fns = [getattr(kernels, spec.kernel) for spec in launches.launches]
             dest = work / f"p{p['number']}.kernels"
             dest.mkdir(parents=True, exist_ok=True)
             rec["kernels"] = [compile_kernel(fn, spec, io, major * 10 + minor, dest)
                               for fn, spec in zip(fns, launches.launches, strict=True)]
+            rec["compile_s"] = round(time.monotonic() - t2, 3)
             rec["ok"] = True
             tensors = {f"in{i}": t for i, t in
                        enumerate(x for x in inputs if isinstance(x, torch.Tensor))}
@@ -609,56 +634,134 @@ def ref_kernels(manifest: dict) -> list[str]:
     return [(o.get("code_object") or {}).get("kernel_name") or o.get("kind", "?") for o in ops]
 
 
-def judge_problem(entry: Entry, rec: dict, snap: Path, work: Path, args,
-                  deadline: float) -> dict:
-    row: dict = {}
+def stage_capture(job, timeout: float, args) -> dict:
+    """One ``kpair capture --range p<n>`` of the problem in a fresh process (the eager
+    forward in its range, its Triton kernels compiled, self-checked)."""
+    e, folder = job.data, job.folder
+    cap = folder / "cap"
+    shutil.rmtree(cap, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "io.json").unlink(missing_ok=True)
+    plan = folder / "plan.json"
+    plan.write_text(json.dumps({"io": str(folder / "io.json"), "work": str(folder),
+                                "self_check": args.self_check, "problems": [e]}))
+    limit = min(args.capture_timeout, timeout)
+    cap_run = kpair_cmd("capture", "--range", range_name(e["number"]), "-o", str(cap), "-q",
+                        "--", sys.executable, str(Path(__file__).resolve()), "child",
+                        str(plan), timeout=limit, env=child_env(args))
+    recs = json.loads((folder / "io.json").read_text()) \
+        if (folder / "io.json").exists() else []
+    rec = recs[0] if recs else {}
+    out = {"capture_s": cap_run["s"], "exit_code": cap_run["exit_code"], "scale": e["scale"],
+           "program": {k: rec.get(k) for k in ("ok", "error", "self_check", "import_s",
+                                                "gate_wait_s", "setup_s", "compile_s")
+                       if k in rec},
+           "kernels": [{k: v for k, v in kernel.items() if k != "cubin"}
+                       for kernel in rec.get("kernels") or []]}
+    if cap_run["exit_code"] == 124 and limit < args.capture_timeout:
+        return {**out, "cut": True}   # the call's time ran out: captured again next call
+    snap = cap / range_name(e["number"])
+    if not rec.get("ok"):
+        out["stop"] = "program failed" if rec else "program died"
+        if not rec:
+            out["capture_stderr"] = cap_run["stderr"].strip()[-1500:]
+    elif not (snap / "snapshot.json").exists():
+        st = _ranges_status(cap).get(range_name(e["number"]), {})
+        out.update(stop="not captured",
+                   capture={k: st.get(k) for k in ("status", "reason") if k in st})
+    return out
+
+
+def stage_pair(job, timeout: float, args) -> dict:
+    """The plan written from the captured range and the child's kernels; ``kpair pair SNAP
+    --plan PLAN --policy P``."""
+    entry, folder = BY_NAME[job.data["name"]], job.folder
+    rec = json.loads((folder / "io.json").read_text())[0]
+    snap = folder / "cap" / range_name(entry.number)
     manifest = json.loads((snap / "snapshot.json").read_text())
-    row["ref"] = {"ops": len(manifest.get("ops") or []) or 1,
-                  "kernels": ref_kernels(manifest)[:12],
-                  "regions": [{"name": r["name"], "size": r["size"], "role": r.get("role")}
-                              for r in manifest["regions"]],
-                  "scratch": len(manifest.get("scratch") or [])}
+    row: dict = {"ref": {"ops": len(manifest.get("ops") or []) or 1,
+                         "kernels": ref_kernels(manifest)[:12],
+                         "regions": [{"name": r["name"], "size": r["size"],
+                                      "role": r.get("role")} for r in manifest["regions"]],
+                         "scratch": len(manifest.get("scratch") or [])}}
     try:
         launches = entry.launches(rec["io"])
-        plan_path = write_plan(work / f"p{entry.number}.plan", launches, rec["io"], manifest,
-                               rec["kernels"])
+        plan_path = write_plan(folder / "plan", launches, rec["io"], manifest, rec["kernels"])
     except PlanBuildError as e:
-        row.update(outcome="plan not built", plan_error=str(e))
-        return row
+        return {**row, "stop": "plan not built", "plan_error": str(e)}
     plan = json.loads(plan_path.read_text())
     row["plan"] = {"kernels": [s.kernel for s in launches.launches],
                    "launches": [{k: q[k] for k in ("grid", "block", "dynamic_shared_bytes")}
                                 for q in plan["launches"]],
                    "scratch": plan.get("scratch", []), "note": plan["note"]}
-    policy = work / f"p{entry.number}.policy.json"
+    policy = folder / "policy.json"
     policy.write_text(json.dumps(output_policy(
         snap, args.atol, args.rtol, f"KernelBench's tolerance: atol={args.atol}, "
         f"rtol={args.rtol} on the forward's output")))
-    harness = work / f"p{entry.number}.harness"
+    harness = folder / "harness"
+    shutil.rmtree(harness, ignore_errors=True)
     pair = kpair_cmd("pair", str(snap), "--plan", str(plan_path), "--policy", str(policy),
-                     "-o", str(harness), "--json", "-q", timeout=deadline - time.monotonic())
+                     "-o", str(harness), "--json", "-q", timeout=timeout)
+    if pair["exit_code"] == 124:
+        return {"cut": True}
     row["pair"] = {"exit_code": pair["exit_code"], "s": pair["s"]}
     if pair["exit_code"] != 0:
         doc = json_of(pair) or {}
         row["pair"]["error"] = doc.get("error") or pair["stderr"].strip()[-600:]
-        row["outcome"] = "pair refused"
-        return row
-    runs = []
-    for i in range(1, args.runs + 1):
-        out = harness / f"r{i}.json"
-        run = kpair_cmd("run", str(harness), "-o", str(out), "--json", "-q",
-                        "--time-cap", str(args.time_cap), timeout=deadline - time.monotonic())
-        result = json.loads(out.read_text()) if out.exists() else None
-        runs.append({"exit_code": run["exit_code"], "s": run["s"], **speed_of(result),
-                     **({} if result else {"error": run["stderr"].strip()[-600:]})})
-        if not result or result.get("status") != "pass":
-            break   # a failed or broken first run: no second
-    row["runs"] = runs
-    first = runs[0]
-    ci = first.get("ci95")
-    if len(runs) >= 2 and ci and runs[1].get("speedup"):
-        row["rerun_inside"] = ci[0] <= runs[1]["speedup"] <= ci[1]
-    row["outcome"] = first.get("status") or f"run exit {first['exit_code']}"
+        row["stop"] = "pair refused"
+    return row
+
+
+def stage_run(job, timeout: float, args) -> dict:
+    rec = timed_run(job.folder / "harness", job.folder / "r1.json", timeout, args,
+                    cmd=kpair_cmd)
+    if not rec.get("cut") and (rec.get("status") != "pass" or args.runs == 1):
+        rec["stop"] = rec.get("status") or f"run exit {rec['exit_code']}"
+    return rec
+
+
+def stage_rerun(job, timeout: float, args) -> dict:
+    return timed_run(job.folder / "harness", job.folder / "r2.json", timeout, args,
+                     cmd=kpair_cmd)
+
+
+#: (name, function, expected seconds before any is measured, timed).
+STAGES = (("capture", stage_capture, 45.0, False), ("pair", stage_pair, 10.0, False),
+          ("run", stage_run, 10.0, True), ("rerun", stage_rerun, 10.0, True))
+
+
+def row_of(job) -> dict:
+    e, st = job.data, job.state
+    cap = st.get("capture", {})
+    row = {"key": e["key"], "replaces": e["replaces"], "scale": e["scale"],
+           "scaled": e["scaled"], "program": cap.get("program", {}),
+           "kernels": cap.get("kernels", [])}
+    for k in ("capture_stderr", "capture"):
+        if k in cap:
+            row[k] = cap[k]
+    pair = st.get("pair", {})
+    row.update({k: pair[k] for k in ("ref", "plan", "plan_error", "pair") if k in pair})
+    runs = [st[n] for n in ("run", "rerun") if n in st]
+    if runs:
+        row["runs"] = runs
+        ci = runs[0].get("ci95")
+        if len(runs) == 2 and ci and runs[1].get("speedup"):
+            row["rerun_inside"] = ci[0] <= runs[1]["speedup"] <= ci[1]
+    prog = cap.get("program", {})
+    row["breakdown"] = {"capture_s": cap.get("capture_s"), "import_s": prog.get("import_s"),
+                        "gate_wait_s": prog.get("gate_wait_s"),
+                        "setup_s": prog.get("setup_s"), "compile_s": prog.get("compile_s"),
+                        "pair_s": pair.get("pair", {}).get("s"),
+                        "run_s": st.get("run", {}).get("s"),
+                        "rerun_s": st.get("rerun", {}).get("s")}
+    outcome = job.stopped
+    if runs and outcome in (None, runs[0].get("status")):
+        outcome = runs[0].get("status") or f"run exit {runs[0].get('exit_code')}"
+    row["outcome"] = outcome or "?"
+    errors = {n: r["error"] for n, r in st.items()
+              if isinstance(r, dict) and r.get("stop") == "driver error" and r.get("error")}
+    if errors:
+        row.update(outcome="driver error", error=errors)
     return row
 
 
@@ -686,86 +789,64 @@ def selected(args) -> list[Entry]:
 def run(args) -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    args.inductor_cache = args.inductor_cache or str(work / "inductor-cache")
     sizes = {p["key"]: p for p in json.loads(Path(args.sizes).read_text())["problems"]} \
         if Path(args.sizes).exists() else {}
     found = {p.name: p for p in kb.discover(Path(args.kernelbench), [1])}
     results_path = out / "results.jsonl"
-    done = set()
-    if results_path.exists():
-        for line in results_path.read_text().splitlines():
-            with contextlib.suppress(ValueError, KeyError):
-                done.add(json.loads(line)["key"])
+    done = done_keys(results_path)
     todo = [e for e in selected(args) if e.key not in done]
     for e in [e for e in todo if e.name not in found]:
         append(results_path, {"key": e.key, "replaces": e.replaces,
                               "outcome": "not in this KernelBench copy"})
-    todo = [e for e in todo if e.name in found]
-    deadline = time.monotonic() + args.deadline
     budget = args.budget_mib << 20
-    print(f"kernelbench_plans: {len(todo)} problems to do", flush=True)
-    while todo and time.monotonic() < deadline - 60:
-        batch, todo = todo[:args.batch], todo[args.batch:]
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        problems = []
-        for e in batch:
-            p = found[e.name]
-            k = choose_scale(sizes.get(e.key), budget)
-            source, scaled = kb.scale_source(p.path.read_text(), k)
-            problems.append({"number": e.number, "name": e.name, "file": str(p.path),
-                             "module": p.name, "source": source, "scale": k,
-                             "scaled": scaled})
-        plan = work / "plan.json"
-        plan.write_text(json.dumps({"io": str(work / "io.json"), "work": str(work),
-                                    "self_check": args.self_check, "problems": problems}))
-        ranges = [a for e in batch for a in ("--range", range_name(e.number))]
-        t0 = time.monotonic()
-        cap = kpair_cmd("capture", *ranges, "-o", str(work / "cap"), "-q", "--",
-                        sys.executable, str(Path(__file__).resolve()), "child", str(plan),
-                        timeout=min(args.capture_timeout, deadline - time.monotonic()))
-        capture_s = round(time.monotonic() - t0, 3)
-        recs = {r["number"]: r for r in json.loads((work / "io.json").read_text())} \
-            if (work / "io.json").exists() else {}
-        status = _ranges_status(work / "cap")
-        print(f"kernelbench_plans: batch of {len(batch)} captured in {capture_s} s "
-              f"(exit {cap['exit_code']})", flush=True)
-        for e, p in zip(batch, problems, strict=True):
-            if time.monotonic() > deadline - 20:
-                break
-            rec = recs.get(e.number, {})
-            if not rec and cap["exit_code"] == 124:
-                print(f"kernelbench_plans: {e.key}: the capture ran out of time before it; "
-                      "left for the next call", flush=True)
-                continue
-            row = {"key": e.key, "replaces": e.replaces, "scale": p["scale"],
-                   "scaled": p["scaled"], "batch_capture_s": capture_s,
-                   "program": {k: rec.get(k) for k in ("ok", "error", "self_check")
-                               if k in rec},
-                   "kernels": [{k: v for k, v in kernel.items() if k != "cubin"}
-                               for kernel in rec.get("kernels") or []]}
-            st = status.get(range_name(e.number), {})
-            snap = work / "cap" / range_name(e.number)
-            if not rec.get("ok"):
-                row["outcome"] = "program failed" if rec else "program died"
-                if not rec:
-                    row["capture_stderr"] = cap["stderr"].strip()[-1500:]
-            elif not (snap / "snapshot.json").exists():
-                row["outcome"] = "not captured"
-                row["capture"] = {k: st.get(k) for k in ("status", "reason") if k in st}
-            else:
-                try:
-                    row.update(judge_problem(e, rec, snap, work, args, deadline))
-                except Exception as ex:  # noqa: BLE001 - recorded; the batch goes on
-                    row.update(outcome="driver error", error=f"{type(ex).__name__}: {ex}"[:2000])
-            append(results_path, row)
-            print(f"kernelbench_plans: {e.key}: {row['outcome']} "
-                  f"{(row.get('runs') or [{}])[0].get('speedup')}", flush=True)
-            write_summary(results_path, out / "summary.json")
+    jobs, nbytes = [], []
+    for e in todo:
+        if e.name not in found:
+            continue
+        p = found[e.name]
+        k = choose_scale(sizes.get(e.key), budget)
+        source, scaled = kb.scale_source(p.path.read_text(), k)
+        job = kb_pipeline.Job(e.key, work / range_name(e.number), {
+            "number": e.number, "name": e.name, "key": e.key, "replaces": e.replaces,
+            "file": str(p.path), "module": p.name, "source": source, "scale": k,
+            "scaled": scaled}).load()
+        if job.state.get("capture", {}).get("scale") not in (None, k):   # another scale
+            shutil.rmtree(job.folder, ignore_errors=True)
+            job.state = {}
+        nbytes.append(((sizes.get(e.key) or {}).get("state_bytes") or 0) // k)
+        jobs.append(job)
+    n_jobs = pick_jobs(args, nbytes)
+    t0 = time.monotonic()
+    print(f"kernelbench_plans: {len(jobs)} problems to do ({sum(j.started for j in jobs)} "
+          f"half done), {n_jobs} jobs, deadline {args.deadline:g} s", flush=True)
+
+    def finish(job) -> None:
+        row = row_of(job)
+        append(results_path, row)
+        b = row["breakdown"]
+        print(f"kernelbench_plans: [{time.monotonic() - t0:.0f} s] {job.key}: "
+              f"{row['outcome']} {(row.get('runs') or [{}])[0].get('speedup')} (capture "
+              f"{b['capture_s']} s, pair {b['pair_s']} s, run {b['run_s']} s, rerun "
+              f"{b['rerun_s']} s)", flush=True)
+        write_summary(results_path, out / "summary.json")
         if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(job.folder, ignore_errors=True)
+
+    stages = make_stages(args, STAGES if args.runs == 2 else STAGES[:3])
+    sched = kb_pipeline.Scheduler(
+        stages, jobs=n_jobs, deadline=t0 + args.deadline, gate=kb_pipeline.Gate(work / "gate"),
+        finish=finish, timed_batch=args.timed_batch,
+        say=lambda s: print(f"kernelbench_plans: [{time.monotonic() - t0:.0f} s] {s}",
+                            flush=True))
+    sched.run(jobs)
+    write_schedule(out / "schedule.json", sched, t0, n_jobs)
     if results_path.exists():
         write_summary(results_path, out / "summary.json")
-    return 0
+    print(f"kernelbench_plans: {len(jobs) - len(sched.left)} decided, {len(sched.left)} left "
+          f"for the next call, {time.monotonic() - t0:.0f} s", flush=True)
+    return 0 if not sched.left else 3
 
 
 def append(path: Path, row: dict) -> None:
@@ -810,15 +891,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--kernelbench", required=True, help="a copy of the KernelBench repository")
     r.add_argument("-o", "--out", required=True, help="results folder (results.jsonl, "
                                                       "summary.json; resumed)")
-    r.add_argument("--work", default="/tmp/kb_plans_work")
+    r.add_argument("--work", default="/tmp/kb_plans_work",
+                   help="per problem folders (kept across calls until decided: resume)")
     r.add_argument("--sizes", default=str(SIZES))
     r.add_argument("--only", default="", help="comma-separated problem names or numbers")
     r.add_argument("--count", type=int, default=0, help="at most this many (0: all)")
-    r.add_argument("--batch", type=int, default=12, help="problems a capture process")
     r.add_argument("--budget-mib", type=int, default=64)
     r.add_argument("--deadline", type=float, default=540)
     r.add_argument("--capture-timeout", type=float, default=300)
-    r.add_argument("--time-cap", type=float, default=2.0, help="kpair run --time-cap")
     r.add_argument("--runs", type=int, choices=(1, 2), default=2,
                    help="kpair run calls a problem (2: the second checks the first's interval)")
     r.add_argument("--no-self-check", dest="self_check", action="store_false",
@@ -826,11 +906,15 @@ def main(argv: list[str] | None = None) -> int:
                         "it compiles each kernel a second time)")
     r.add_argument("--atol", type=float, default=1e-2)
     r.add_argument("--rtol", type=float, default=1e-2)
-    r.add_argument("--keep", action="store_true", help="keep the work folder")
+    add_schedule_arguments(r, time_cap=2.0)
     args = ap.parse_args(argv)
     if args.verb == "child":
         return child(Path(args.plan))
-    return run(args)
+    previous = signal.signal(signal.SIGTERM, kb._terminated)
+    try:
+        return run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ def speed_of(result: dict | None) -> dict:
 # and ``rerun`` with the GPU to themselves. Each stage's record is saved as it ends
 # (``state.json``), so a call cut short finishes a half-done problem next time.
 
-def _child_env(args) -> dict[str, str]:
+def child_env(args) -> dict[str, str]:
     return {kb_pipeline.GATE_ENV: str(Path(args.work) / "gate"),
             "TORCHINDUCTOR_CACHE_DIR": str(Path(args.inductor_cache))}
 
@@ -215,7 +215,7 @@ def stage_capture(job, timeout: float, args) -> dict:
     limit = min(args.capture_timeout, timeout)
     cap_run = kpair_cmd("capture", *ranges, "-o", str(cap), "-q", "--", sys.executable,
                         str(Path(__file__).resolve()), "child", str(plan), timeout=limit,
-                        env=_child_env(args))
+                        env=child_env(args))
     marks = json.loads((folder / "marks.json").read_text()) \
         if (folder / "marks.json").exists() else []
     mark = marks[0] if marks else {}
@@ -290,11 +290,12 @@ def run_args(args) -> list[str]:
     return ["--time-cap", str(args.time_cap)]
 
 
-def timed_run(harness: Path, out: Path, timeout: float, args) -> dict:
-    """One full ``kpair run`` of the harness; its verdict, speedup, interval and where its
-    seconds went (the run's own ``stage_s``; the rest is the worker's start)."""
+def timed_run(harness: Path, out: Path, timeout: float, args, cmd=None) -> dict:
+    """One full ``kpair run`` of the harness (through ``cmd``, default ``kpair_cmd``); its
+    verdict, speedup, interval and where its seconds went (the run's own ``stage_s``; the
+    rest is the worker's start)."""
     out.unlink(missing_ok=True)
-    run = kpair_cmd("run", str(harness), "-o", str(out), "--json", "-q", *run_args(args),
+    run = (cmd or kpair_cmd)("run", str(harness), "-o", str(out), "--json", "-q", *run_args(args),
                     timeout=timeout)
     if run["exit_code"] == 124:
         return {"cut": True}

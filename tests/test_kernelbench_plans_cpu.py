@@ -340,10 +340,11 @@ def fake_kpair(calls: list, *, pass_run: bool = True):
     """A stand-in for ``kpair_cmd``: capture runs nothing but writes what the child (io.json,
     a cubin) and a range capture (capture.json, snapshot.json) would; pair makes the harness;
     run writes a result."""
-    def call(*args, timeout):
+    def call(*args, timeout, env=None):
         calls.append(args)
         verb = args[0]
         if verb == "capture":
+            assert env and "KB_GPU_GATE" in env
             cap = Path(args[args.index("-o") + 1])
             plan = json.loads(Path(args[-1]).read_text())
             records, ranges = [], []
@@ -401,8 +402,8 @@ def test_the_driver_pairs_each_captured_range_with_its_plan(tmp_path, monkeypatc
     assert [(r["key"], r["outcome"]) for r in rows] == [
         ("level1/21_Sigmoid", "not in this KernelBench copy"),
         ("level1/19_ReLU", "pass"), ("level1/20_LeakyReLU", "pass")]
-    capture = next(c for c in calls if c[0] == "capture")
-    assert capture[capture.index("--range") + 1] == "p19" and "p20" in capture
+    captures = [c for c in calls if c[0] == "capture"]   # one process a problem
+    assert sorted(c[c.index("--range") + 1] for c in captures) == ["p19", "p20"]
     pairs = [c for c in calls if c[0] == "pair"]
     assert len(pairs) == 2 and all("--plan" in c and "--policy" in c for c in pairs)
     runs = [c for c in calls if c[0] == "run"]
@@ -412,6 +413,9 @@ def test_the_driver_pairs_each_captured_range_with_its_plan(tmp_path, monkeypatc
     assert "slope = 0.01 (f32)" in leaky["plan"]["note"]
     assert leaky["rerun_inside"] is True and leaky["ref"]["kernels"] == [
         "vectorized_elementwise_kernel"]
+    assert set(leaky["breakdown"]) == {"capture_s", "import_s", "gate_wait_s", "setup_s",
+                                       "compile_s", "pair_s", "run_s", "rerun_s"}
+    assert leaky["breakdown"]["run_s"] == 0.1
     summary = json.loads((tmp_path / "OUT" / "summary.json").read_text())
     assert summary["passed"] == 2 and summary["geomean_speedup_passed"] == 1.25
     assert summary["rerun_inside"] == 2
@@ -438,28 +442,32 @@ def test_one_run_and_no_self_check_when_asked(tmp_path, monkeypatch):
     (row,) = [json.loads(x) for x in (tmp_path / "OUT" / "results.jsonl").read_text()
               .splitlines()]
     assert row["outcome"] == "pass" and len(row["runs"]) == 1 and "rerun_inside" not in row
-    assert json.loads((tmp_path / "work" / "plan.json").read_text())["self_check"] is False
-    assert (tmp_path / "work" / "p19.plan" / "opt.plan.json").exists()
+    assert json.loads((tmp_path / "work" / "p19" / "plan.json").read_text())["self_check"] \
+        is False
+    assert (tmp_path / "work" / "p19" / "plan" / "opt.plan.json").exists()
 
 
-def test_problems_a_timed_out_capture_never_reached_are_left_for_the_next_call(
-        tmp_path, monkeypatch):
+def test_a_capture_the_deadline_cut_is_left_for_the_next_call(tmp_path, monkeypatch):
     calls: list = []
     real = fake_kpair(calls)
 
-    def timed_out(*args, timeout):
-        got = real(*args, timeout=timeout)
-        if args[0] == "capture":   # the child got through the first problem only
-            io = Path(json.loads(Path(args[-1]).read_text())["io"])
-            io.write_text(json.dumps(json.loads(io.read_text())[:1]))
-            return {**got, "exit_code": 124, "stderr": "timed out after 300 s"}
+    def cut(*args, timeout, env=None):
+        got = real(*args, timeout=timeout, env=env)
+        if args[0] == "capture" and "p20" in args:   # killed at the call's deadline
+            return {**got, "exit_code": 124, "stderr": "timed out after 100 s"}
         return got
 
-    monkeypatch.setattr(kp, "kpair_cmd", timed_out)
-    assert kp.main(driver_args(tmp_path, "--only", "19,20")) == 0
+    monkeypatch.setattr(kp, "kpair_cmd", cut)
+    # 100 s: under --capture-timeout, so a capture that times out was cut by the deadline
+    assert kp.main(driver_args(tmp_path, "--only", "19,20", "--deadline", "100")) == 3
     rows = [json.loads(x) for x in (tmp_path / "OUT" / "results.jsonl").read_text()
             .splitlines()]
     assert [(r["key"], r["outcome"]) for r in rows] == [("level1/19_ReLU", "pass")]
+    calls.clear()
+    monkeypatch.setattr(kp, "kpair_cmd", real)
+    assert kp.main(driver_args(tmp_path, "--only", "19,20")) == 0
+    assert [c[0] for c in calls] == ["capture", "pair", "run", "run"]
+    assert all("p20" in " ".join(map(str, c)) for c in calls)
 
 
 def test_an_unknown_problem_is_a_one_line_error(tmp_path):
