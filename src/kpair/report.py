@@ -17,6 +17,13 @@ the rows (``current``), so an index written by an older kpair renders the same w
 A "Reproduction" section lists, per operator, the published interval and every
 ``kpair verify`` re-run since (its point and interval, inside / compatible, the outcome),
 and each verify run's release-level reproduction rate.
+
+A release made by the tournament (``kpair.release.tournament``: rows with ``entrants``) gets
+a "Producers side by side" section: per operator, every producer's judged candidate against
+eager (the ref) with its interval, and the geometric means over the published operators of
+the winner against eager, Inductor's best choice against eager, and the winner against
+Inductor's best, with the run's wall time. ``producer_summary`` (pure) computes it, and
+``write_report`` writes it, with the summary, into ``report.json`` beside the report.
 """
 
 from __future__ import annotations
@@ -30,10 +37,19 @@ from pathlib import Path
 from . import __version__
 from ._util import make_dirs, write_text_atomic
 from .errors import BackendUnavailable, InputError
+from .measure import geomean
 from .release import SLOT_BIAS_BAND, Index, Row, load_index, summarize
-from .release.index import failed_verification, verification_reason
+from .release.index import (
+    EXCLUSION_REASONS,
+    PRODUCERS,
+    EntrantRow,
+    failed_verification,
+    verification_reason,
+)
+from .release.tournament import RunLog, inductor_best
 
-HTML_NAME, MD_NAME = "report.html", "report.md"
+HTML_NAME, MD_NAME, JSON_NAME = "report.html", "report.md", "report.json"
+REPORT_SCHEMA = "kpair.release_report"
 _BAR, _GEO, _DIRECTOR, _BAND, _OUT = "#3b6ea5", "#c0392b", "#333333", "#d8ecd5", "#e67e22"
 _VERIFIED = "#2e8b57"
 #: The interval bands: the point colours lightened (opaque, so overlaps do not mix).
@@ -255,6 +271,147 @@ _REPRO_HEAD = ("operator", "published [95% CI]", "verification", "when", "device
                "re-run [95% CI]", "inside", "compatible", "outcome")
 
 
+# --------------------------------------------------------------------------- producers
+
+
+def _gm(values: list[float]) -> float | None:
+    return geomean(values) if values else None
+
+
+def _figure(points: list[tuple[float, float, float]]) -> dict:
+    """The geometric mean of (point, lo, hi) triples, and the geometric means of their lows
+    and highs as its interval (each operator's bound taken at once: conservative)."""
+    return {"geomean": _gm([p for p, _, _ in points]),
+            "interval": [_gm([lo for _, lo, _ in points]), _gm([hi for _, _, hi in points])]
+            if points else None,
+            "operators": len(points)}
+
+
+def _by_producer(entrants: list[EntrantRow]) -> dict[str, EntrantRow]:
+    """One entrant per producer: the first, or a later one of that producer that passed with
+    a larger estimate."""
+    out: dict[str, EntrantRow] = {}
+    for e in entrants:
+        had = out.get(e.producer)
+        if had is None or (e.status == "pass" and (had.status != "pass"
+                                                    or (e.speedup or 0) > (had.speedup or 0))):
+            out[e.producer] = e
+    return out
+
+
+def _entrant_json(e: EntrantRow) -> dict:
+    return {"status": e.status, "speedup": e.speedup,
+            "ci95": list(e.ci95) if e.ci95 else None, "faster": e.faster,
+            "winner": e.winner, "reason": e.reason}
+
+
+def producer_summary(index: Index, run: RunLog | None = None) -> dict | None:
+    """The producers side by side (pure; None when no row was made by the tournament).
+
+    ``operators``: per operator with entrants, each producer's judged candidate against eager
+    (status, speedup, interval), the winner or the exclusion. ``summary``, over the published
+    operators that pass (``Index.passing``): the winner against eager; Inductor's best choice
+    (the best correct of its default, max-autotune and coordinate-descent candidates) against
+    eager, over those where one passed; the winner against Inductor's best, per operator the
+    ratio of estimates with the interval [winner lo / Inductor hi, winner hi / Inductor lo]
+    (1.0 exactly where Inductor's best is the winner), and how many operators have the
+    winner at least as fast within that interval (its upper end >= 1.0); the count of
+    exclusions by reason, wins by producer, and the run's wall time (``RunLog``)."""
+    index = current(index)
+    tournament = [r for r in (*index.operators, *index.refused) if r.entrants]
+    if not tournament:
+        return None
+    passing = {r.key for r in index.passing}
+    operators = []
+    for r in sorted(tournament, key=lambda r: (r.level, r.name)):
+        operators.append({
+            "operator": r.rel, "published": r.key in passing, "winner": r.producer,
+            "exclusion": r.exclusion,
+            "producers": {p: _entrant_json(e) for p, e in _by_producer(r.entrants).items()}})
+    published = [r for r in index.passing if r.entrants]
+    winner, inductor, ratio = [], [], []
+    at_least = 0
+    for r in published:
+        w = (r.harness.speedup, *r.harness.reported_ci95)
+        winner.append(w)
+        best = inductor_best(r.entrants)
+        if best is None or best.ci95 is None:
+            continue
+        i = (best.speedup, *best.ci95)
+        inductor.append(i)
+        same = best.winner   # Inductor's best is the published candidate itself
+        q = (1.0, 1.0, 1.0) if same else (w[0] / i[0], w[1] / i[2], w[2] / i[1])
+        ratio.append(q)
+        at_least += q[2] >= 1.0
+    excluded = {reason: sum(r.exclusion == reason for r in index.refused)
+                for reason in EXCLUSION_REASONS}
+    wins = {p: sum(r.producer == p for r in published) for p in PRODUCERS}
+    summary = {
+        "published": len(published), "excluded": {k: v for k, v in excluded.items() if v},
+        "wins": {k: v for k, v in wins.items() if v},
+        "winner_vs_eager": _figure(winner),
+        "inductor_best_vs_eager": {**_figure(inductor),
+                                   "missing": len(published) - len(inductor)},
+        "winner_vs_inductor_best": {**_figure(ratio), "at_least_within_interval": at_least},
+        "wall_s": run.wall_s if run and run.calls else None,
+        "calls": len(run.calls) if run else 0}
+    return {"summary": summary, "operators": operators}
+
+
+def _gx(fig: dict) -> str:
+    if fig["geomean"] is None:
+        return "— (no operator)"
+    lo, hi = fig["interval"]
+    return f"{fig['geomean']:.4f}x [{lo:.4f}, {hi:.4f}] over {fig['operators']}"
+
+
+def _producer_lines(p: dict) -> list[tuple[str, str]]:
+    s = p["summary"]
+    vs = s["winner_vs_inductor_best"]
+    ex = ", ".join(f"{n} {k}" for k, n in s["excluded"].items()) or "none"
+    wins = ", ".join(f"{k} {n}" for k, n in s["wins"].items()) or "none"
+    wall = f"{s['wall_s']:.0f} s in {s['calls']} call(s)" if s["wall_s"] is not None else "—"
+    return [("Winner against eager (geomean)", _gx(s["winner_vs_eager"])),
+            ("Inductor's best choice against eager", _gx(s["inductor_best_vs_eager"])
+             + (f"; {s['inductor_best_vs_eager']['missing']} published operator(s) where no "
+                "Inductor candidate passed" if s["inductor_best_vs_eager"]["missing"] else "")),
+            ("Winner against Inductor's best", _gx(vs) + f"; at least as fast within the "
+             f"interval on {vs['at_least_within_interval']} of {vs['operators']}"),
+            ("Published / wins by producer", f"{s['published']} published; {wins}"),
+            ("Excluded by reason", ex), ("Wall time of the run", wall)]
+
+
+def _producer_table(p: dict) -> tuple[list[str], list[list[str]]]:
+    seen = {k for o in p["operators"] for k in o["producers"]}
+    cols = [k for k in PRODUCERS if k in seen]
+    table = []
+    for o in p["operators"]:
+        cells = []
+        for k in cols:
+            e = o["producers"].get(k)
+            if e is None:
+                cells.append("—")
+            elif e["speedup"] is not None and e["ci95"]:
+                lo, hi = e["ci95"]
+                cells.append(f"{e['speedup']:.3f}x [{lo:.3f}, {hi:.3f}]"
+                             + (" (winner)" if e["winner"] else ""))
+            else:
+                cells.append(e["status"])
+        outcome = f"published: {o['winner']}" if o["published"] else \
+            f"excluded: {o['exclusion']}" if o["exclusion"] else "not passing"
+        table.append([o["operator"], outcome, *cells])
+    return cols, table
+
+
+_PRODUCERS_NOTE = ("Every producer's candidate for an operator judged by the same pair and "
+                   "run against eager (the ref): speedup t_eager / t_candidate with its "
+                   "reported interval, or its verdict (fail, error, refused: the pair itself "
+                   "was refused). Geometric means are over the published operators; an "
+                   "interval of a geometric mean is the geometric means of the operators' "
+                   "interval ends, and the ratio's interval combines both intervals "
+                   "conservatively (winner lo / Inductor hi, winner hi / Inductor lo).")
+
+
 # --------------------------------------------------------------------------- markdown
 
 
@@ -285,7 +442,7 @@ def _per_device(index: Index) -> tuple[list[int], list[tuple[str, list[str]]]]:
     return devices, table
 
 
-def render_markdown(index: Index) -> str:
+def render_markdown(index: Index, run: RunLog | None = None) -> str:
     index = current(index)
     lines = ["# kpair release report", "",
              f"Index updated {index.updated} (kpair {index.kpair_version}).", ""]
@@ -315,6 +472,14 @@ def render_markdown(index: Index) -> str:
                   "| operator | kpair | " + " | ".join(f"Inductor {m}" for m in modes) + " |",
                   "|---|---|" + "---|" * len(modes)]
         lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table]
+    producers = producer_summary(index, run)
+    if producers is not None:
+        cols, table = _producer_table(producers)
+        lines += ["", "## Producers side by side", "", _PRODUCERS_NOTE, ""]
+        lines += [f"- **{k}**: {v}" for k, v in _producer_lines(producers)]
+        lines += ["", "| operator | outcome | " + " | ".join(cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table]
     runs, table = _reproduction(index)
     lines += ["", "## Reproduction", "", _REPRO_NOTE, ""]
     if runs:
@@ -329,7 +494,8 @@ def render_markdown(index: Index) -> str:
     if excluded:
         lines += ["| level | operator | status | where | reason |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(_md_cell(v) for v in (
-            e.level, e.name, e.status, e.where, e.reason)) + " |"
+            e.level, e.name, e.status, e.where,
+            f"{e.exclusion}: {e.reason}" if e.exclusion else e.reason)) + " |"
             for e in excluded]
     else:
         lines.append("None.")
@@ -600,7 +766,22 @@ def _baselines_section(index: Index) -> str:
             f"{html.escape(_BASELINE_NOTE)}</p><ul>{lines}</ul><table>{head}{body}</table>")
 
 
-def render_html(index: Index) -> str:
+def _producers_section(index: Index, run: RunLog | None) -> str:
+    producers = producer_summary(index, run)
+    if producers is None:
+        return ""
+    cols, table = _producer_table(producers)
+    lines = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>"
+                    for k, v in _producer_lines(producers))
+    head = "<tr><th>operator</th><th>outcome</th>" + "".join(
+        f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>"
+    body = "".join("<tr>" + _cell(row[0]) + _cell(row[1]) + "".join(
+        _cell(c, "num") for c in row[2:]) + "</tr>" for row in table)
+    return (f"<h2>Producers side by side</h2><p class=\"note\">"
+            f"{html.escape(_PRODUCERS_NOTE)}</p><ul>{lines}</ul><table>{head}{body}</table>")
+
+
+def render_html(index: Index, run: RunLog | None = None) -> str:
     index = current(index)
     s, c = index.summary, index.summary.counts
     failed = _failed_line(index)
@@ -646,6 +827,7 @@ reported. Director: {html.escape(s.director_note)}.</p>
 <h2>Operators and correctness modes</h2>{_operators_table(index)}
 {_devices_table(index)}
 {_baselines_section(index)}
+{_producers_section(index, run)}
 {_reproduction_section(index)}
 <h2>Excluded operators (kept out of both geometric means)</h2>{_excluded_table(index)}
 </body></html>
@@ -663,10 +845,14 @@ def _excluded_counts(excluded) -> str:
 
 def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, *,
                  html_page: bool = True) -> dict[str, Path]:
-    """Write report.md (always) and report.html (needs matplotlib) for the release at ``root``.
+    """Write report.md and report.json (always) and report.html (needs matplotlib) for the
+    release at ``root``.
 
-    Returns the written paths by kind ("markdown", "html"). The markdown is written first, so
-    a machine without matplotlib still gets it before the error that names the install.
+    Returns the written paths by kind ("markdown", "json", "html"). The markdown and JSON
+    are written first, so a machine without matplotlib still gets them before the error that
+    names the install. report.json (schema ``kpair.release_report`` v1) holds the index's
+    summary as this kpair computes it and, for a tournament's release, ``producers``
+    (``producer_summary``; null otherwise).
     """
     root = Path(root)
     index = load_index(root)
@@ -674,10 +860,24 @@ def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, 
         raise InputError("no index.json here: not a release (make one with `kpair release "
                          "add` or `kpair demo`)", path=root)
     out = make_dirs(out if out is not None else root)
-    written = {"markdown": out / MD_NAME}
-    write_text_atomic(written["markdown"], render_markdown(index))
+    run = RunLog.load(root)
+    written = {"markdown": out / MD_NAME, "json": out / JSON_NAME}
+    write_text_atomic(written["markdown"], render_markdown(index, run))
+    write_text_atomic(written["json"], report_json(index, run))
     if html_page:
         written["html"] = out / HTML_NAME
-        write_text_atomic(written["html"], render_html(index))
+        write_text_atomic(written["html"], render_html(index, run))
     return written
+
+
+def report_json(index: Index, run: RunLog | None = None) -> str:
+    """report.json: the summary as this kpair computes it from the rows, and the producers
+    side by side (null unless the release was made by the tournament)."""
+    import json
+
+    index = current(index)
+    return json.dumps({"schema": REPORT_SCHEMA, "schema_version": 1,
+                       "kpair_version": __version__, "index_updated": index.updated,
+                       "summary": index.summary.to_json(),
+                       "producers": producer_summary(index, run)}, indent=1) + "\n"
 

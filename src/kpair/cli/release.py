@@ -15,7 +15,7 @@ from ..formats import encode
 from ..release import INDEX, add_operator, verify_release
 from ..release.index import latest
 from ..release.store import check_empty_release_dir, release_backend
-from ..report import HTML_NAME, MD_NAME, operator_label, write_report
+from ..report import HTML_NAME, JSON_NAME, MD_NAME, operator_label, write_report
 from .base import LEVEL, SECONDS, Command, check_device
 from .run import (
     add_pool_arguments,
@@ -271,22 +271,24 @@ class ReleaseCmd(Command):
 
 
 class Report(Command):
-    """Write report.html (self-contained; needs the report extra) and report.md for a release."""
+    """Write report.html (self-contained; needs the report extra), report.md and report.json
+    (the summary, and a tournament's producers side by side) for a release."""
 
     name = "report"
-    help = "write an HTML and markdown report of a release"
+    help = "write an HTML, markdown and JSON report of a release"
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("root", type=Path, help="release directory (with index.json)")
         p.add_argument("-o", "--out", type=Path, help="output directory (default: ROOT)")
         p.add_argument("--force", action="store_true",
-                       help="replace report.md / report.html already in --out (the release's "
+                       help="replace report.md / .json / .html already in --out (the release's "
                        "own report in ROOT is its latest and is replaced by each run)")
         p.add_argument("--markdown-only", action="store_true",
                        help="skip the HTML page (no matplotlib needed)")
         p.add_argument("--json", action="store_true",
-                       help='print {"markdown": PATH, "html": PATH} as one JSON document')
+                       help='print {"markdown": PATH, "json": PATH, "html": PATH} as one JSON '
+                       'document')
 
     def run(self, args: argparse.Namespace) -> int:
         import json
@@ -300,7 +302,7 @@ class Report(Command):
         # The release's own report (in ROOT) is its latest, rewritten each time; a report
         # written elsewhere is replaced only with --force, as every verb's outputs are.
         replace = args.out is None or args.force
-        for name in (MD_NAME, HTML_NAME):
+        for name in (MD_NAME, JSON_NAME, HTML_NAME):
             check_output(out / name, replace=replace)
         written = write_report(args.root, args.out, html_page=not args.markdown_only)
         if args.json:
