@@ -439,4 +439,22 @@ def _relocations(i: int, op, blob: bytes, spans: Sequence[tuple[int, int, str]],
     return out
 
 
-__all__ = ["BindError", "Binding", "BoundCapture", "bind_capture"]
+def identity_plan(snap) -> BoundCapture:
+    """The range of Snapshot ``snap`` as a plan on its own regions: every operation as
+    captured, each pointer word relocated to the region (or scratch region) it points
+    into. What an A/A harness of a range pairs with its ref (``kpair optimize --range``)."""
+    m = snap.manifest
+    written = {r.name for r in m.regions if _written(r)}
+    bindings = {r.name: Binding(r.name, "region", r.name, 0,
+                                "readwrite" if r.name in written else "read", "ref itself")
+                for r in m.regions}
+    bindings.update({s.name: Binding(s.name, "scratch", s.name, 0, "readwrite",
+                                     "scratch of ref") for s in m.scratch_regions})
+    launches, code = _launches(snap, m, bindings)
+    plan = Plan(launches=tuple(launches),
+                scratch=tuple(Scratch(s.name, s.size) for s in m.scratch_regions),
+                note=f"ref's own {len(launches)} operation(s) as a plan (kpair.bind)")
+    return BoundCapture(plan, code, tuple(bindings.values()))
+
+
+__all__ = ["BindError", "Binding", "BoundCapture", "bind_capture", "identity_plan"]

@@ -61,11 +61,10 @@ from ..snapshot import (
     Op,
     OutputSpan,
     Param,
-    Region,
     ScratchRegion,
     detect_format,
 )
-from .chains import PendingRegion, chain_regions
+from .chains import PendingRegion, chain_regions, stored_region
 from .filters import Filter
 from .launches import KernargError, LaunchInfo, kernarg_bytes
 from .regions import BlockTable, PointerWord, plan_regions, pointer_params, pointer_words
@@ -430,6 +429,9 @@ class RangeSession(CaptureSession):
                                launch.attributes),
               "module_id": found.module_id, "code_object_match": found.how,
               "kernarg_from": how}
+        meta = self.metadata(k.handle, k.name) if self.metadata is not None else None
+        if meta:   # a Triton launch: what kpair optimize --range retunes it from (no PTX)
+            op["triton"] = {key: v for key, v in meta.items() if key != "ptx"}
         rec.ops.append(op)
         rec.streams[launch.stream] += 1
         return op
@@ -539,9 +541,8 @@ class RangeSession(CaptureSession):
         chains = chain_regions(self.writers, rec.upto,
                                [PendingRegion(n, lo, pre) for n, lo, _, pre, _, _ in kept],
                                table, self.registry, writer.chain)
-        regions = [Region(n, lo, hi - lo, None, None if post == pre else writer.put(post),
-                          role=role, regen=chains[n]) if n in chains else
-                   Region(n, lo, hi - lo, writer.put(pre), writer.put(post), role=role)
+        regions = [stored_region(writer, n, lo, pre, post, chains.get(n), role=role,
+                                 post_digest_over=self.post_digest_over)
                    for n, lo, hi, pre, post, role in kept]
         pending = self.keep_pending(chains, {n: pre for n, _, _, pre, _, _ in kept})
         ops, codes = [], {}
@@ -577,7 +578,8 @@ class RangeSession(CaptureSession):
                      **({"kernel_demangled": op["demangled"], "module_id": op["module_id"],
                          "code_object_match": op["code_object_match"],
                          "kernarg_from": op["kernarg_from"]} if op["kind"] == "kernel"
-                        else {})} for op in rec.ops],
+                        else {}), **({"triton": op["triton"]} if op.get("triton") else {})}
+                    for op in rec.ops],
             "streams": [hex(s) for s in rec.streams],
             "declared_outputs": [{"address": hex(a), "size": n} for a, n in rec.outputs],
             "written": written_by,

@@ -12,7 +12,13 @@ from ..capture.child import strip_separator
 from ..errors import UsageError
 from ..optimize.baseline import MODES
 from ..optimize.program import OptimizeOptions
-from ..optimize.request import OptimizeTarget, measurement_options, optimize_release
+from ..optimize.request import (
+    OptimizeTarget,
+    RangeCandidate,
+    measurement_options,
+    optimize_range,
+    optimize_release,
+)
 from ..optimize.strategies import STRATEGIES
 from ..optimize.strategies.host_c import parse_flags, parse_variant
 from ..optimize.strategy import KernelSource
@@ -47,6 +53,15 @@ class Optimize(Command):
         src.add_argument("--harness", type=Path, action="append", default=[],
                          help="an existing harness: candidates are judged against its ref "
                          "(repeatable)")
+        src.add_argument("--range", type=Path, metavar="SNAP",
+                         help="a range snapshot (kpair capture --range) as ref, judged "
+                         "against its captured candidates (--opt-capture) and kpair's "
+                         "retunes of their Triton kernels; the best correct one is published")
+        src.add_argument("--opt-capture", action="append", default=[], metavar="NAME=SNAP",
+                         help="with --range: a capture of the same range made another way, "
+                         "named by its producer, e.g. inductor-default=compiled.snap, "
+                         "max-autotune=mat.snap (repeatable; one that cannot be bound is "
+                         "recorded with its reason)")
         p.add_argument("--level", type=LEVEL, help="release level for --harness/--snapshot "
                        "operators (default: 2 for fused kernels, else 1)")
         p.add_argument("--name", help="operator name (one --harness or --snapshot only)")
@@ -120,9 +135,19 @@ class Optimize(Command):
     def run(self, args: argparse.Namespace) -> int:
         if bool(args.source) != bool(args.kernel):
             raise UsageError("--source and --kernel go together")
+        if args.opt_capture and args.range is None:
+            raise UsageError("--opt-capture NAME=SNAP goes with --range SNAP (the range the "
+                             "captures are bound to)")
+        if args.range is not None and (strip_separator(args.program) or args.snapshot
+                                       or args.harness or args.inductor_baseline
+                                       or args.baseline_capture):
+            raise UsageError("--range judges one range against its captures: give no "
+                             "program, --snapshot, --harness or Inductor baseline with it "
+                             "(give Inductor's captures as --opt-capture NAME=SNAP)")
+        default = () if args.range is not None else tuple(STRATEGIES)
         options = measurement_options(
             OptimizeOptions(
-                strategies=tuple(args.strategy) if args.strategy else tuple(STRATEGIES),
+                strategies=tuple(args.strategy) if args.strategy else default,
                 source=KernelSource.given(args.source, args.kernel) if args.source else None,
                 variants=tuple(parse_variant(v) for v in args.variant),
                 flag_sets=tuple(parse_flags(f) for f in args.flags) if args.flags else None,
@@ -131,6 +156,12 @@ class Optimize(Command):
             timeout_s=args.timeout, prune_max_blocks=args.prune_max_blocks,
             prune_time_cap_s=args.prune_time_cap, rungs=args.rungs, time_cap_s=args.time_cap,
             min_blocks=args.min_blocks, max_blocks=args.max_blocks, seed=args.seed)
+        if args.range is not None:
+            summary = optimize_range(
+                args.range, [RangeCandidate.parse(t) for t in args.opt_capture], args.out,
+                options, level=args.level, name=args.name, prefix=args.prefix,
+                work=args.work)
+            return self._print(summary, args.json)
         target = OptimizeTarget(
             command=tuple(strip_separator(args.program)), snapshots=tuple(args.snapshot),
             harnesses=tuple(args.harness), top=args.top, kernel_filter=args.kernel_filter,
@@ -138,7 +169,11 @@ class Optimize(Command):
             inductor_baseline=args.inductor_baseline,
             baseline_captures=dict(_mode_dir(text) for text in args.baseline_capture))
         summary = optimize_release(args.out, target, options, work=args.work)
-        if not args.json:
+        return self._print(summary, args.json)
+
+    @staticmethod
+    def _print(summary, as_json: bool) -> int:
+        if not as_json:
             print(summary.line())
             return summary.exit_code
         print(summary.line(), file=sys.stderr)

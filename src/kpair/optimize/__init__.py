@@ -8,12 +8,22 @@
 ``search``     cheap first: prune in one session, confirm the best few, pick the winner
 ``director``   ``director_validation.json``: the optimizer's own measurement of its choice
 ``program``    the flow per operator: capture, harnesses, search, publish or refuse, report
-``request``    ``kpair optimize`` as one call: ``optimize_release(release, OptimizeTarget(...))``
+``request``    ``kpair optimize`` as one call: ``optimize_release(release, OptimizeTarget(...))``;
+               ``optimize_range(ref, [RangeCandidate(producer, snap), ...], release)`` for a
+               range and its captured candidates (``strategies.captured``)
+``ranges``     ``range_candidates.json``: every candidate of a range's search and its fate
 """
 
 from .director import DirectorValidation
 from .program import OptimizeOptions, optimize
-from .request import OptimizeSummary, OptimizeTarget, measurement_options, optimize_release
+from .request import (
+    OptimizeSummary,
+    OptimizeTarget,
+    RangeCandidate,
+    measurement_options,
+    optimize_range,
+    optimize_release,
+)
 from .search import SearchOutcome, search
 from .strategies import STRATEGIES
 from .strategy import Context, KernelSource, Strategy
@@ -25,7 +35,7 @@ from .workbench import (
 )
 
 __all__ = ["Context", "DirectorValidation", "KernelSource", "OptimizeOptions", "OptimizeSummary",
-           "OptimizeTarget", "Operator",
+           "OptimizeTarget", "Operator", "RangeCandidate", "optimize_range",
            "STRATEGIES", "SearchOutcome", "Strategy", "operator_from_harness",
            "operator_from_snapshot", "operators_from_capture", "optimize", "optimize_release",
            "measurement_options", "search"]

@@ -46,13 +46,17 @@ from ..release import add_operator, load_index, refuse_operator
 from ..report import write_report
 from ..result import Result, error_result
 from ..session import ATTEMPTS, Attempt, read_attempts
-from ..snapshot import sha256
+from ..snapshot import Snapshot, sha256
 from .baseline import FILE as BASELINE_FILE
 from .baseline import BaselineRecord
 from .director import FILE as DIRECTOR_FILE
 from .director import METHOD, DirectorValidation
+from .ranges import FILE as RANGE_FILE
+from .ranges import range_record
 from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
 from .strategies import STRATEGIES, HostC, TritonRetune
+from .strategies.captured import NAME as CAPTURED_NAME
+from .strategies.captured import CapturedRange, RangeCandidate, producer_of
 from .strategy import Context, KernelSource
 from .workbench import Operator, base_harness, finished_capture, pair_harness
 
@@ -83,6 +87,10 @@ class OptimizeOptions:
     #: Inductor's tuned configs by mode (``kpair.optimize.baseline.tuned_configs``): each
     #: operator's is measured beside the search, as the baseline to beat.
     inductor: dict[str, dict[str, dict]] | None = None
+    #: A range's captured candidates (``kpair optimize --range``): bound and judged first,
+    #: then kpair's retunes of their Triton launches (``strategies.captured``; at most
+    #: ``triton_limit`` configs a launch).
+    captures: tuple[RangeCandidate, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.strategies if s not in STRATEGIES]
@@ -91,6 +99,8 @@ class OptimizeOptions:
                              f"{', '.join(STRATEGIES)})")
 
     def make(self, name: str):
+        if name == CAPTURED_NAME:
+            return CapturedRange(self.captures, self.triton_limit)
         if name == "host-c":
             return HostC(self.flag_sets, native=self.native)
         if name == "triton":
@@ -115,6 +125,8 @@ class OperatorOutcome:
     status: str           # "published", "refused", "skipped"
     line: str
     sol: Any = None       # kpair.sol.SpeedOfLight of the run that decided it, when known
+    producer: str | None = None   # the published candidate's producer (strategy, or the
+                                  # name a range's captured candidate was given)
 
 
 #: ref at or above this fraction of its speed of light is near its limit: little to gain.
@@ -192,10 +204,11 @@ def _context(harness, work: Path, opts: OptimizeOptions) -> Context:
                    flag_sets=opts.flag_sets, arch=m.arch)
 
 
-def _candidates(harness, context: Context, opts: OptimizeOptions, log: Log):
-    """Every applicable strategy's candidates, built in ``WORK/builds/<strategy>``."""
-    for name in opts.strategies:
-        strategy = opts.make(name)
+def _candidates(harness, context: Context, opts: OptimizeOptions, log: Log, made=None):
+    """Every applicable strategy's candidates, built in ``WORK/builds/<strategy>``: a range's
+    captured candidates first, when given. ``made``: strategies made already, by name."""
+    for name in ((CAPTURED_NAME,) if opts.captures else ()) + tuple(opts.strategies):
+        strategy = (made or {}).get(name) or opts.make(name)
         why_not = strategy.applies(harness, context)
         if why_not:
             log(f"    {name}: not applicable ({why_not})")
@@ -279,7 +292,8 @@ def _record(outcome: SearchOutcome, search_dir: Path) -> SearchRecord:
         w = outcome.winner
         winner = {"binary": str(w.binary), "kernel": w.kernel,
                   "launch_override": w.launch_override, "label": w.label,
-                  "strategy": w.strategy}
+                  "strategy": w.strategy, "producer": producer_of(w) or w.strategy,
+                  **({"format": "plan"} if w.format == "plan" else {})}
     best = outcome.best
     best_result = None
     if best is not None:
@@ -295,7 +309,8 @@ def _winner(record: SearchRecord) -> Candidate:
     """The winner a finished search recorded (``search.json``), as the candidate it was."""
     w = record.winner
     return Candidate(kernel=w["kernel"], launch_override=w["launch_override"] or None,
-                     label=w["label"], binary=Path(w["binary"]), strategy=w["strategy"])
+                     label=w["label"], binary=Path(w["binary"]), strategy=w["strategy"],
+                     format=w.get("format", ""))
 
 
 def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOptions,
@@ -303,9 +318,16 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
     """Search one operator and publish its winner, or record why there is none."""
 
     work.mkdir(parents=True, exist_ok=True)
-    base = base_harness(op, work, policy=opts.policy)
     search_dir, prov = work / "search", work / "provenance"
     record_path = work / "search.json"
+    made, scratch = {}, ()
+    if opts.captures and op.snapshot is not None and not record_path.is_file():
+        # A range's captures are bound first: the A/A base declares their scratch buffers
+        # (a session places its harness's scratch once, for every candidate).
+        made[CAPTURED_NAME] = captured = opts.make(CAPTURED_NAME)
+        captured.bind(Snapshot.open(op.snapshot), work / "builds" / CAPTURED_NAME)
+        scratch = captured.scratch()
+    base = base_harness(op, work, policy=opts.policy, scratch=scratch)
     if record_path.is_file():
         record = read(record_path, SearchRecord)
         log("    search: finished earlier, reusing its outcome")
@@ -313,7 +335,7 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
         if search_dir.exists():
             shutil.rmtree(search_dir)  # an interrupted search: run it again
         context = _context(base, work, opts)
-        outcome = search(base.root, _candidates(base, context, opts, log), search_dir,
+        outcome = search(base.root, _candidates(base, context, opts, log, made), search_dir,
                          prune=opts.prune, rungs=opts.rungs, confirm=opts.confirm,
                          keep=opts.keep, baselines=_baselines(base, context, opts, log),
                          log=log)
@@ -321,6 +343,8 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
                          _director(outcome, opts) if outcome.winner else None)
         if outcome.baselines:
             BaselineRecord(entries=outcome.baselines).write(prov / BASELINE_FILE)
+        if opts.captures:
+            range_record(outcome).write(prov / RANGE_FILE)
         record = _record(outcome, search_dir)
         write(record_path, record)
     if record.winner is None:
@@ -332,6 +356,7 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
         return _with_sol(OperatorOutcome(op, "refused", f"excluded: {added.row.reason}"),
                          result.sol)
     w = _winner(record)
+    producer = record.winner.get("producer") or w.strategy
     pair = pair_harness(base, w, work / "pair")
     added = add_operator(release, pair.root, level=op.level, name=op.name, provenance=prov,
                          options=opts.publish)
@@ -340,7 +365,7 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
         lo, hi = h.reported_ci95
         return _with_sol(OperatorOutcome(op, "published", f"published ({w.strategy} "
                                          f"{w.label}): {h.speedup:.3f}x [{lo:.3f}, "
-                                         f"{hi:.3f}]"), added.row.sol)
+                                         f"{hi:.3f}]", producer=producer), added.row.sol)
     return _with_sol(OperatorOutcome(op, "refused",
                                      f"excluded by release add: {added.row.reason}"),
                      added.result.sol)

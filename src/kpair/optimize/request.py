@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._util import check_output_dir
 from ..capture.cudadrv import CudaDriver
 from ..capture.cupti import find_cupti
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from ..options import RunOptions
 from .baseline import MODES, capture_tuned, tuned_configs
 from .program import OperatorOutcome, OptimizeOptions, capture_top, optimize
 from .search import RUNG
+from .strategies.captured import RangeCandidate, check_candidates
 from .workbench import (
     operator_from_harness,
     operator_from_snapshot,
@@ -107,7 +108,8 @@ class OptimizeSummary:
             "exit_code": self.exit_code,
             "operators": [{"key": o.operator.key, "status": o.status, "line": o.line,
                            "snapshot": _str(o.operator.snapshot),
-                           "harness": _str(o.operator.harness)} for o in self.outcomes]}
+                           "harness": _str(o.operator.harness), "producer": o.producer}
+                          for o in self.outcomes]}
 
 
 def measurement_options(options: OptimizeOptions, *, timeout_s: float | None = None,
@@ -176,6 +178,30 @@ def optimize_release(release: str | os.PathLike, target: OptimizeTarget,
     return OptimizeSummary(release, work, tuple(optimize(operators, release, work, options)))
 
 
+def optimize_range(ref: str | os.PathLike, candidates: Sequence[RangeCandidate],
+                   release: str | os.PathLike, options: OptimizeOptions | None = None, *,
+                   level: int | None = None, name: str | None = None, prefix: str = "",
+                   work: str | os.PathLike | None = None, log: Log = _stderr
+                   ) -> OptimizeSummary:
+    """``kpair optimize --range``: the range snapshot ``ref`` against its captured
+    ``candidates`` (each bound to it, then kpair's retunes of their Triton launches; then
+    ``options.strategies`` that apply, none by default), judged on an A/A harness of ref's own
+    operations with the same prune, rungs and confirm; the best correct one published into
+    ``release`` (its producer in the outcome, ``provenance/range_candidates.json`` listing
+    every candidate), or the range refused with the reason. A candidate that cannot be bound
+    is recorded with its reason; the others go on."""
+    check_candidates(candidates)
+    ref = Path(ref)
+    if not (ref / "snapshot.json").is_file():
+        raise InputError("--range: " + ("not a snapshot directory (no snapshot.json)"
+                                         if ref.exists() else "no such snapshot directory"),
+                         path=ref)
+    options = replace(options or OptimizeOptions(strategies=()),
+                      captures=tuple(candidates))
+    target = OptimizeTarget(snapshots=(ref,), level=level, name=name, prefix=prefix)
+    return optimize_release(release, target, options, work=work, log=log)
+
+
 def _given_operators(target: OptimizeTarget) -> list:
     operators = []
     for path in target.snapshots:
@@ -194,5 +220,6 @@ def _str(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-__all__ = ["OptimizeSummary", "OptimizeTarget", "measurement_options", "optimize_release"]
+__all__ = ["OptimizeSummary", "OptimizeTarget", "RangeCandidate", "measurement_options",
+           "optimize_range", "optimize_release"]
 

@@ -23,13 +23,16 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..bind import identity_plan
 from ..candidate import Candidate
 from ..errors import KpairError
 from ..harness import EXTENSIONS, Harness, create_harness
 from ..options import RunOptions
+from ..plan import Scratch
 from ..release import INDEX
 from ..release.store import LOCK
 from ..snapshot import Snapshot, detect_format
@@ -71,9 +74,12 @@ def level_of(kernel: str) -> int:
 
 
 def operator_from_snapshot(path: str | os.PathLike, *, name: str | None = None) -> Operator:
+    """The operator of a snapshot: level 2 for a range of several operations (a fused
+    sequence, as KernelBench's Level 2) or a fused kernel, else level 1."""
     path = Path(path)
-    kernel = Snapshot.open(path).manifest.code.kernel_name
-    return Operator(level_of(kernel), name or operator_name(path.name), snapshot=path)
+    m = Snapshot.open(path).manifest
+    level = 2 if m.is_range and len(m.operations) > 1 else level_of(m.code.kernel_name)
+    return Operator(level, name or operator_name(path.name), snapshot=path)
 
 
 def captured_dispatches(capture: Path) -> list[dict]:
@@ -175,24 +181,59 @@ def _found(path: Path, name: str, kind: str) -> Operator:
 CAPTURED = "captured.bin"
 
 
-def base_harness(op: Operator, work: Path, *, policy: Path | None = None) -> Harness:
+def base_harness(op: Operator, work: Path, *, policy: Path | None = None,
+                 scratch: Sequence[Scratch] = ()) -> Harness:
     """The harness candidates are judged on: the operator's own, or an A/A pair of the
-    snapshot's captured code object (``WORK/base``, made once and reused; one that no longer
-    opens is made again)."""
+    snapshot's captured code object (a range: of its operations as a launch plan,
+    ``kpair.bind.identity_plan``, kept in ``WORK/base-plan``) — ``WORK/base``, made once and
+    reused; one that no longer opens is made again.
+
+    ``scratch``: buffers the candidates' plans declare (a session places the scratch of
+    its harness's plan once, for every candidate it judges): the A/A plan declares each of
+    them too, at the largest size asked for under its name; a base whose plan lacks one is
+    made again."""
     if op.harness is not None:
         return Harness.open(op.harness)
     base = work / "base"
     if (base / "harness.json").is_file():
         try:
-            return Harness.open(base)
+            h = Harness.open(base)
+            if _covers(h, scratch):
+                return h
         except KpairError:
-            shutil.rmtree(base)
+            pass
     if base.exists():
         shutil.rmtree(base)
     work.mkdir(parents=True, exist_ok=True)
+    snap = Snapshot.open(op.snapshot)
+    if snap.manifest.is_range:   # A/A: ref's own operations as a plan on its regions
+        aa = work / "base-plan"
+        if aa.exists():
+            shutil.rmtree(aa)
+        bound = identity_plan(snap)
+        bound = replace(bound, plan=bound.plan.replace(
+            scratch=merged_scratch((*bound.plan.scratch, *scratch))))
+        return create_harness(op.snapshot, base, plan=bound.write(aa), policy=policy)
     image = work / CAPTURED
-    image.write_bytes(Snapshot.open(op.snapshot).code_object())
+    image.write_bytes(snap.code_object())
     return create_harness(op.snapshot, base, opt=image, policy=policy)
+
+
+def merged_scratch(buffers: Sequence[Scratch]) -> tuple[Scratch, ...]:
+    """One buffer per name, in first-seen order: the largest size and alignment asked for."""
+    out: dict[str, Scratch] = {}
+    for b in buffers:
+        had = out.get(b.name)
+        out[b.name] = b if had is None else Scratch(b.name, max(had.size, b.size),
+                                                     max(had.align, b.align))
+    return tuple(out.values())
+
+
+def _covers(h: Harness, scratch: Sequence[Scratch]) -> bool:
+    """Whether harness ``h``'s plan declares every buffer of ``scratch``, large enough."""
+    have = {b.name: b for b in (h.plan.scratch if h.plan else ())}
+    return all(b.name in have and have[b.name].size >= b.size
+               and have[b.name].align >= b.align for b in scratch)
 
 
 def pair_harness(base: Harness, winner: Candidate, out: Path) -> Harness:
@@ -251,7 +292,7 @@ def suffix(candidate: Candidate) -> str:
 
 
 __all__ = ["CAPTURED", "Operator", "SKIP", "base_harness", "built", "captured_dispatches",
-           "find_operators", "finished_capture",
-           "kpair_output", "level_of", "operator_from_harness", "operator_from_snapshot",
+           "find_operators", "finished_capture", "kpair_output", "level_of", "merged_scratch",
+           "operator_from_harness", "operator_from_snapshot",
            "operator_name", "operators_from_capture", "pair_harness", "quick_options",
            "suffix"]

@@ -1,0 +1,269 @@
+"""``kpair optimize --range`` on the host backend: the range matmul + bias + ReLU
+(tests/csrc/range_ops.c, ``conftest.record_mlp_range``) as ref; as candidates, captures of
+the same range made other ways in this process over the same arrays — the fused function
+(fast), the same three calls again (unfused: ref's speed), a fused function that skips its
+work (wrong), and one over a copy of ``b`` (cannot be bound). The fastest correct one is
+published with its producer named; the wrong one is recorded as failed with its check, the
+unbound one as refused with the reason. Plus the CLI (``--json``: one document; exit codes)
+and the plan substitution kpair's Triton retunes use, on host ``.so`` plans."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CSRC, record_mlp_range
+from kpair.cli import main as kpair
+from kpair.errors import AbiMismatch, UsageError
+from kpair.harness import bind_snapshot, load_plan
+from kpair.optimize import OptimizeOptions, RangeCandidate, optimize_range
+from kpair.optimize.director import DirectorValidation
+from kpair.optimize.ranges import FILE as RANGE_FILE
+from kpair.optimize.ranges import RangeRecord
+from kpair.optimize.strategies.captured import (
+    RETUNE,
+    CapturedRange,
+    check_candidates,
+    substitute,
+    write_variant,
+)
+from kpair.optimize.strategy import Context
+from kpair.optimize.workbench import quick_options
+from kpair.options import RunOptions
+from kpair.plan import Plan
+from kpair.record import Recorder
+from kpair.release import load_index
+from kpair.session import Session
+from kpair.snapshot import Snapshot
+from kpair.toolchain import compile_shared
+
+N = 256
+#: Small budgets on a busy 2-core machine; the fused candidate is about twice ref's speed.
+FAST = RunOptions(time_cap_s=3.0, max_blocks=64, control=False, timeout_s=300, seed=3)
+OPTIONS = OptimizeOptions(strategies=(), prune=quick_options(FAST, max_blocks=16,
+                                                             time_cap_s=0.5),
+                          rungs=(), confirm=FAST, publish=FAST, keep=2)
+BUDGET = ["--timeout", "300", "--prune-max-blocks", "16", "--prune-time-cap", "0.5",
+          "--rungs", "0", "--time-cap", "3", "--max-blocks", "64", "--seed", "3"]
+
+
+def _arrays(n: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"a": rng.standard_normal((n, n), dtype=np.float32),
+            "b": rng.standard_normal((n, n), dtype=np.float32),
+            "bias": rng.standard_normal(n, dtype=np.float32),
+            "out": np.zeros((n, n), np.float32), "out2": np.zeros((n, n), np.float32),
+            "row": np.zeros(n, np.float32)}
+
+
+def _fused(lib: Path, x: dict, out: Path, n: int, fn: str = "kp_fused", b=None) -> Path:
+    """A capture of the range as one fused call ``fn`` writing ``out2`` (declared)."""
+    x["out2"][...] = 0
+    b = x["b"] if b is None else b
+    with Recorder(out, names={"a": x["a"], "b": b, "bias": x["bias"], "out2": x["out2"],
+                              "row": x["row"]}, outputs=[x["out2"]], scratch=[x["row"]]) as r:
+        r.call(lib, fn, [np.int32(n), x["bias"], x["a"], b, x["out2"], x["row"]])
+    return r.snapshot.root
+
+
+def _unfused(lib: Path, x: dict, out: Path, n: int) -> Path:
+    """The same three calls again, into ``out2``: correct, at ref's speed."""
+    x["out2"][...] = 0
+    with Recorder(out, names={"a": x["a"], "b": x["b"], "bias": x["bias"],
+                              "out2": x["out2"]}, outputs=[x["out2"]]) as r:
+        r.call(lib, "kp_matmul", [x["a"], x["b"], x["out2"], np.int32(n)])
+        r.call(lib, "kp_bias", [x["out2"], x["bias"], np.int32(n)])
+        r.call(lib, "kp_relu", [x["out2"], np.int32(n)])
+    return r.snapshot.root
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("optrange")
+    lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
+    x = _arrays(N)
+    ref = record_mlp_range(lib, d / "ref", x, N).root
+    caps = {"unfused": _unfused(lib, x, d / "unfused", N),
+            "inductor-default": _fused(lib, x, d / "fused", N),
+            "skips-work": _fused(lib, x, d / "skip", N, fn="kp_fused_skip"),
+            "other-b": _fused(lib, x, d / "otherb", N, b=x["b"].copy())}
+    np.testing.assert_array_equal(x["out"], x["out2"])   # the fused calls really ran
+    return {"dir": d, "lib": lib, "x": x, "ref": ref, "caps": caps}
+
+
+def test_publishes_the_fastest_correct_and_records_every_candidate(lab, tmp_path):
+    rel = tmp_path / "rel"
+    cands = [RangeCandidate(p, s) for p, s in lab["caps"].items()]
+    summary = optimize_range(lab["ref"], cands, rel, OPTIONS, name="mlp",
+                             work=tmp_path / "work", log=lambda s: None)
+    (o,) = summary.outcomes
+    assert (o.status, o.producer) == ("published", "inductor-default"), o.line
+    assert summary.exit_code == 0 and summary.published == 1
+    row = next(r for r in load_index(rel).operators if r.name == "mlp")
+    assert row.level == 2 and row.status == "pass" and row.plan_launches == 1
+    assert row.range.ops == 3 and row.kernels.opt == "kp_fused"
+    assert row.harness.reported_ci95[0] > 1.0
+    prov = rel / row.rel / "provenance"
+    record = RangeRecord.read(prov / RANGE_FILE)
+    by = {c.producer: c for c in record.candidates}
+    assert set(by) == set(lab["caps"])
+    assert record.winner == "inductor-default" and by["inductor-default"].winner
+    assert by["inductor-default"].status == "pass" and by["inductor-default"].step == "confirm"
+    assert by["skips-work"].status == "fail" and by["skips-work"].failed_check
+    assert by["other-b"].status == "refused"
+    assert "b: no counterpart" in by["other-b"].reason
+    assert by["unfused"].status == "pass" and not by["unfused"].winner
+    assert by["unfused"].speedup < by["inductor-default"].speedup
+    assert DirectorValidation.read(prov / "director_validation.json").label == \
+        "inductor-default"
+    # Resuming: the operator is in the release, nothing is judged again.
+    again = optimize_range(lab["ref"], cands, rel, OPTIONS, name="mlp",
+                           work=tmp_path / "work", log=lambda s: None)
+    assert [o.status for o in again.outcomes] == ["skipped"]
+
+
+def test_no_correct_candidate_refuses_the_range_with_the_reason(lab, tmp_path):
+    cands = [RangeCandidate("skips-work", lab["caps"]["skips-work"]),
+             RangeCandidate("other-b", lab["caps"]["other-b"])]
+    summary = optimize_range(lab["ref"], cands, tmp_path / "rel", OPTIONS, name="mlp",
+                             work=tmp_path / "work", log=lambda s: None)
+    (o,) = summary.outcomes
+    assert o.status == "refused" and o.producer is None
+    assert "none of 1 candidates passed" in o.line
+    (row,) = load_index(tmp_path / "rel").refused
+    assert row.name == "mlp" and row.refused_by == "optimizer"
+    record = RangeRecord.read(tmp_path / "work" / "ops" / "level2-mlp" / "provenance"
+                              / RANGE_FILE)
+    assert record.winner is None and "none of 1 candidates passed" in record.reason
+    assert [(c.producer, c.status) for c in record.candidates] == [
+        ("other-b", "refused"), ("skips-work", "fail")]
+
+
+def test_cli_json_is_one_document(lab, tmp_path, capsys):
+    caps = lab["caps"]
+    args = ["optimize", "--range", str(lab["ref"]), "--opt-capture",
+            f"inductor-default={caps['inductor-default']}", "--opt-capture",
+            f"skips-work={caps['skips-work']}", "--name", "mlp", "-o", str(tmp_path / "rel"),
+            "--json", *BUDGET]
+    code = kpair(args)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)   # exactly one document on stdout
+    assert doc["published"] == 1 and doc["exit_code"] == 0
+    (op,) = doc["operators"]
+    assert op["key"] == "level2/mlp" and op["producer"] == "inductor-default"
+    assert "kpair optimize: 1 published" in err
+
+
+@pytest.mark.parametrize("extra,code,message", [
+    (["--opt-capture", "x=y"], 2, "--opt-capture NAME=SNAP goes with --range"),
+    (["--range", "MISSING", "--opt-capture", "a=b"], 3, "no such snapshot directory"),
+    (["--range", "REF"], 2, "--range needs at least one --opt-capture"),
+    (["--range", "REF", "--opt-capture", "nameless"], 2, "give NAME=SNAP"),
+    (["--range", "REF", "--opt-capture", "a=x", "--opt-capture", "a=y"], 2,
+     "producer 'a' is given twice"),
+    (["--range", "REF", "--opt-capture", "a b=x"], 2, "give a short name"),
+    (["--range", "REF", "--opt-capture", "a=x", "--snapshot", "REF"], 2,
+     "give no program, --snapshot"),
+])
+def test_cli_usage_errors_are_one_line(lab, tmp_path, capsys, extra, code, message):
+    extra = [str(lab["ref"]) if a == "REF" else str(tmp_path / a) if a == "MISSING" else a
+             for a in extra]
+    assert kpair(["optimize", "-o", str(tmp_path / "rel"), *extra]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+    assert not (tmp_path / "rel").exists()
+
+
+def test_check_candidates():
+    with pytest.raises(UsageError, match="names kpair's own retunes"):
+        check_candidates([RangeCandidate(RETUNE, Path("x"))])
+
+
+# ------------------------------------------------------------ plan substitution (retunes)
+
+
+@pytest.fixture(scope="module")
+def bound(lab, tmp_path_factory) -> dict:
+    """The fused capture bound to ref's range; the same source built -O0 (same layout)."""
+    d = tmp_path_factory.mktemp("subst")
+    ref = Snapshot.open(lab["ref"])
+    path = bind_snapshot(ref, lab["caps"]["inductor-default"], d / "plan")
+    slow = compile_shared(CSRC / "range_ops.c", d / "ops_O0.so", flags=("-O0", "-g"))
+    return {"ref": ref, "path": path, "plan": Plan.read(path), "other": slow}
+
+
+def test_a_launch_substituted_keeps_the_kernarg_and_passes(bound, lab):
+    plan = bound["plan"]
+    variant = write_variant(bound["path"], plan, bound["other"].read_bytes(), ".so",
+                            "variant", 0, "kp_fused", "elf-so",
+                            {"block": [1, 1, 1]}, "the -O0 build")
+    got = Plan.read(variant)
+    (old,), (new,) = plan.launches, got.launches
+    assert new.code != old.code and (variant.parent / new.code).read_bytes() == \
+        bound["other"].read_bytes()
+    assert (new.kernarg, new.params, new.relocations) == (old.kernarg, old.params,
+                                                           old.relocations)
+    load_plan(variant, bound["ref"].manifest)   # the new code object's layout is checked
+    from kpair.optimize.strategies.captured import plan_candidate
+
+    with Session(_aa(lab, bound), RunOptions(
+            time_cap_s=0.5, min_blocks=4, max_blocks=16, control=False, timeout_s=300)) as s:
+        judged = s.judge(plan_candidate(variant, label="O0", strategy=RETUNE))
+    assert judged.result.status == "pass", judged.result.reason
+
+
+def _aa(lab, bound) -> Path:
+    from kpair.optimize.workbench import Operator, base_harness
+
+    op = Operator(2, "mlp", snapshot=lab["ref"])
+    work = bound["path"].parent.parent / "aa"
+    return base_harness(op, work, scratch=bound["plan"].scratch).root
+
+
+def test_a_substituted_launch_of_another_layout_is_refused(bound):
+    variant = write_variant(bound["path"], bound["plan"], bound["other"].read_bytes(), ".so",
+                            "wrong", 0, "kp_matmul", "elf-so", None, "another layout")
+    with pytest.raises(AbiMismatch, match=r"launch 0 \(kp_matmul\): the kernarg's layout"):
+        load_plan(variant, bound["ref"].manifest)
+
+
+def test_only_a_kernel_launch_can_be_substituted(bound):
+    from kpair.plan import PlanLaunch, RegionArg
+
+    memset = PlanLaunch(kind="memset", dst=RegionArg("out", 0, "write"), count=4)
+    plan = bound["plan"].replace(launches=(memset, *bound["plan"].launches))
+    with pytest.raises(UsageError, match="launch 0 is a memset"):
+        substitute(plan, 0, code="x.so", kernel="k", fmt="elf-so")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is not None,
+                    reason="Triton is installed: this checks the refusal without it")
+def test_a_triton_launch_without_triton_is_recorded_not_retuned(lab, tmp_path):
+    """A capture whose operation carries Triton metadata (as ``kpair capture --range``
+    records it) is retuned per launch; without Triton each such launch is one candidate
+    that was not built, with the reason — the bound capture itself goes on."""
+    cap = tmp_path / "cap"
+    import shutil
+
+    shutil.copytree(lab["caps"]["inductor-default"], cap)
+    doc = json.loads((cap / "snapshot.json").read_text())
+    source = "def kp_fused(x_ptr, xnumel, XBLOCK: tl.constexpr):\n    pass\n"
+    doc["provenance"]["ops"] = [{"kind": "kernel", "triton": {
+        "source": source, "function": "kp_fused", "launched_by": "triton.CompiledKernel",
+        "signature": {"x_ptr": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
+        "constants": {"XBLOCK": 128}, "metadata": {"num_warps": 4, "num_stages": 1}}}]
+    (cap / "snapshot.json").write_text(json.dumps(doc))
+    strategy = CapturedRange([RangeCandidate("compiled", cap)], limit=4)
+    from kpair.harness import Harness
+
+    h = Harness.open(_aa(lab, {"path": tmp_path / "p" / "x", "plan": Plan.read(
+        bind_snapshot(Snapshot.open(lab["ref"]), cap, tmp_path / "b"))}))
+    got = list(strategy.candidates(h, Context(work=tmp_path / "w")))
+    assert [c.label for c in got] == ["compiled", "compiled op0"]
+    assert got[0].build_error is None and got[0].format == "plan"
+    assert got[1].strategy == RETUNE and "pip install triton" in got[1].build_error
