@@ -29,8 +29,9 @@ Recorder's setup calls (so they regenerate too), at a small size (8 MiB by defau
 3. run: ``kpair run`` of the harness (its verdict, speedup and re-run interval).
 4. publish: ``kpair release add`` (a fresh judged run; published only on a pass whose
    interval lies above 1.0), then ``kpair report --markdown-only``.
-5. pack: the release directory into ``OUTDIR/release.tar``, written through a temporary file
-   and a rename, refused (exit 1, no tar left) past ``--max-tar-mib`` (16).
+5. pack: the release directory into one tar, ``OUTDIR/release.tar.zst`` (zstd; ``--tar
+   PATH`` names another, a plain tar unless it ends in ``.zst``), written through a temporary
+   file and a rename, refused (exit 1, no file left) past ``--max-tar-mib`` (16).
 
 It prints one JSON document (also ``OUTDIR/publish.json``): region bytes, stored bytes (the
 published harness's blob files), release bytes on disk, the tar's bytes, seconds of each
@@ -65,7 +66,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "kpair.big-release"
 GIB = 1 << 30
 MIB = 1 << 20
-TAR = "release.tar"
+TAR = "release.tar.zst"
+#: The zstd frame's first four bytes: a packed release is read as .tar.zst when it has them.
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 LEVEL, NAME = 2, "ScaleBiasHardtanhSum"
 #: KernelBench's own tolerance on the forward's output.
 ATOL = RTOL = 1e-2
@@ -325,17 +328,26 @@ def _speed(result: dict | None) -> dict:
 
 
 def pack(release: Path, out: Path, limit: int) -> int:
-    """``release`` (a directory) as one tar at ``out``, written through a temporary file in
-    ``out``'s folder and one rename: ``out`` is either the whole tar or as it was. Refused
-    (Stop 1, the temporary removed, ``out`` untouched) when the tar would exceed ``limit``
-    bytes. Returns the tar's size."""
+    """``release`` (a directory) as one tar at ``out`` (zstd-compressed when its name ends
+    in ``.zst``), written through a temporary file in ``out``'s folder and one rename:
+    ``out`` is either the whole file or as it was. Refused (Stop 1, the temporary removed,
+    ``out`` untouched) when it would exceed ``limit`` bytes. Returns its size."""
+    import zstandard
+
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        with tarfile.open(tmp, "w") as tar:
-            for path in sorted(release.rglob("*")):
-                if path.name == ".kpair-release.lock" or not (path.is_file() or path.is_dir()):
-                    continue
-                tar.add(path, arcname=f"release/{path.relative_to(release)}", recursive=False)
+        with open(tmp, "wb") as f:
+            sink = zstandard.ZstdCompressor(level=19).stream_writer(f, closefd=False) \
+                if out.name.endswith(".zst") else f
+            with tarfile.open(fileobj=sink, mode="w|") as tar:
+                for path in sorted(release.rglob("*")):
+                    if path.name == ".kpair-release.lock" or not (path.is_file()
+                                                                   or path.is_dir()):
+                        continue
+                    tar.add(path, arcname=f"release/{path.relative_to(release)}",
+                            recursive=False)
+            if sink is not f:
+                sink.close()
         size = tmp.stat().st_size
         if size > limit:
             raise Stop(1, f"the packed release is {size} bytes ({size / MIB:.2f} MiB), over "
@@ -347,19 +359,29 @@ def pack(release: Path, out: Path, limit: int) -> int:
 
 
 def unpack(tar_path: Path, into: Path) -> Path:
-    """Extract ``tar_path`` into the new directory ``into`` (files and folders only, nothing
-    outside it); the release directory inside."""
+    """Extract ``tar_path`` (a tar, or a zstd-compressed one) into the new directory ``into``
+    (files and folders only, nothing outside it); the release directory inside."""
+    import zstandard
+
     into.mkdir(parents=True)
+    plain = into / ".release.tar"
     try:
-        with tarfile.open(tar_path) as tar:
+        with open(tar_path, "rb") as f:
+            zstd = f.read(4) == ZSTD_MAGIC
+        if zstd:
+            with open(tar_path, "rb") as f, open(plain, "wb") as g:
+                zstandard.ZstdDecompressor().copy_stream(f, g)
+        with tarfile.open(plain if zstd else tar_path) as tar:
             members = tar.getmembers()
             bad = [m.name for m in members if not (m.isfile() or m.isdir())]
             if bad:
                 raise Stop(3, f"{tar_path}: not a release tar: {bad[0]!r} is neither a file "
                               "nor a folder")
             tar.extractall(into, filter="data")
-    except (tarfile.TarError, OSError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zstandard.ZstdError) as e:
         raise Stop(3, f"{tar_path}: cannot unpack the release: {e}") from e
+    finally:
+        plain.unlink(missing_ok=True)
     release = into / "release"
     if not (release / "index.json").is_file():
         raise Stop(3, f"{tar_path}: no release/index.json inside: not a packed release")
@@ -565,7 +587,7 @@ class Publish:
         t0 = time.monotonic()
         self.out.mkdir(parents=True, exist_ok=True)
         self.work.mkdir(parents=True, exist_ok=True)
-        tar = self.out / TAR
+        tar = Path(self.args.tar) if self.args.tar else self.out / TAR
         try:
             if tar.exists() and not self.args.force:
                 raise Stop(2, f"{tar} exists: a finished publish (--force to publish again)")
@@ -694,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="big_release.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("publish", help="capture, pair, run, publish and pack the release")
-    p.add_argument("-o", "--out", required=True, help="output folder (release.tar, JSON)")
+    p.add_argument("-o", "--out", required=True,
+                   help=f"output folder ({TAR}, publish.json)")
     p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
     p.add_argument("--gib", type=_positive, help="GiB of x (cuda: 4, host: 1/128)")
     p.add_argument("--cols", type=_count, help="columns of x (cuda 8192, host 1024)")
@@ -709,9 +732,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tar-mib", type=_positive, default=16.0,
                    help="refuse a packed release over this many MiB (default 16)")
     p.add_argument("--work", help="working folder (default OUTDIR/work; resumed from)")
-    p.add_argument("--force", action="store_true", help="publish again over a release.tar")
+    p.add_argument("--tar", help=f"the packed release (default OUTDIR/{TAR}; a name not "
+                   "ending in .zst: a plain tar)")
+    p.add_argument("--force", action="store_true", help="publish again over the packed release")
     v = sub.add_parser("verify", help="unpack a release tar afresh and kpair verify it")
-    v.add_argument("tar", help="the release.tar publish wrote")
+    v.add_argument("tar", help=f"the packed release publish wrote ({TAR} or a plain tar)")
     v.add_argument("-o", "--out", required=True, help="output folder (verify.json)")
     v.add_argument("--deadline", type=_positive, default=540.0)
     v.add_argument("--time-cap", type=_positive, help="kpair verify's --time-cap")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import io
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,15 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _tar(path: Path) -> tarfile.TarFile:
+    """The tar inside a .tar.zst, opened from memory."""
+    import zstandard
+
+    with open(path, "rb") as f:
+        data = zstandard.ZstdDecompressor().stream_reader(f).read()
+    return tarfile.open(fileobj=io.BytesIO(data))
+
+
 @pytest.fixture(scope="module")
 def published(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("publish")
@@ -67,10 +78,10 @@ def test_publish_packs_a_regenerable_release(published):
     assert doc["run"]["speedup"] > 1 and doc["published"]["speedup"] > 1
     assert set(doc["seconds"]) >= {"capture", "pair", "run", "publish", "pack"}
     # One tar, its size as reported, and no temporary left beside it.
-    tar = out / "release.tar"
+    tar = out / "release.tar.zst"
     assert tar.stat().st_size == doc["tar_bytes"] <= 16 << 20
-    assert sorted(p.name for p in out.iterdir()) == ["publish.json", "release.tar", "work"]
-    with tarfile.open(tar) as t:
+    assert sorted(p.name for p in out.iterdir()) == ["publish.json", "release.tar.zst", "work"]
+    with _tar(tar) as t:
         names = set(t.getnames())
     key = "release/level2/ScaleBiasHardtanhSum"
     assert {"release/index.json", f"{key}/harness/harness.json",
@@ -81,9 +92,9 @@ def test_publish_packs_a_regenerable_release(published):
 def test_verify_from_the_tar_alone(published, tmp_path):
     """The tar copied elsewhere, the publish folder moved out of the way: verify unpacks it
     afresh and says per operator what kpair verify found there."""
-    tar = tmp_path / "carried" / "release.tar"
+    tar = tmp_path / "carried" / "release.tar.zst"
     tar.parent.mkdir()
-    shutil.copyfile(published["out"] / "release.tar", tar)
+    shutil.copyfile(published["out"] / "release.tar.zst", tar)
     gone = published["out"].with_name(published["out"].name + ".away")
     published["out"].rename(gone)
     try:
@@ -114,14 +125,14 @@ def test_a_packed_release_over_the_limit_is_refused_and_the_old_tar_kept(publish
     """Publishing again into the same folder resumes every step from its work folder; the
     pack over --max-tar-mib is refused and leaves the earlier release.tar as it was."""
     out = published["out"]
-    before = _sha(out / "release.tar")
+    before = _sha(out / "release.tar.zst")
     code, doc, stderr = _script("publish", "--backend", "host", "-o", str(out), "--force",
                                 "--max-tar-mib", "0.01", *QUICK)
     assert code == 1, (stderr, doc)
     assert doc["resumed"] == ["capture", "pair", "run", "publish"]
     assert doc["status"] == "refused" and "over the limit" in doc["error"]
     assert stderr.count("\n") == 1 and "over the limit" in stderr and "Traceback" not in stderr
-    assert _sha(out / "release.tar") == before
+    assert _sha(out / "release.tar.zst") == before
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     # The JSON on disk says the same; put the published one back for other tests.
     assert json.loads((out / "publish.json").read_text())["status"] == "refused"
@@ -134,14 +145,18 @@ def test_regions_under_the_requested_size_are_refused(tmp_path):
     assert code == 1, (stderr, doc)
     assert doc["status"] == "refused" and doc["region_bytes"] < int(0.001 * (1 << 30))
     assert "under the requested" in stderr and stderr.count("\n") == 1
-    assert not (tmp_path / "release.tar").exists() and "pair" not in doc["seconds"]
+    assert not (tmp_path / "release.tar.zst").exists() and "pair" not in doc["seconds"]
 
 
 def test_an_existing_tar_needs_force(tmp_path):
-    (tmp_path / "release.tar").write_bytes(b"x")
+    (tmp_path / "release.tar.zst").write_bytes(b"x")
     code, doc, stderr = _script("publish", "--backend", "host", "-o", str(tmp_path))
     assert code == 2 and "--force" in stderr and doc["status"] == "error"
-    assert (tmp_path / "release.tar").read_bytes() == b"x"
+    assert (tmp_path / "release.tar.zst").read_bytes() == b"x"
+
+
+#: 16 KiB no compressor shrinks.
+BLOB = random.Random(0).randbytes(16 << 10)
 
 
 def test_pack_writes_the_whole_tar_or_nothing(tmp_path, monkeypatch):
@@ -149,8 +164,8 @@ def test_pack_writes_the_whole_tar_or_nothing(tmp_path, monkeypatch):
     rel = tmp_path / "rel"
     (rel / "level1" / "op").mkdir(parents=True)
     (rel / "index.json").write_text("{}")
-    (rel / "level1" / "op" / "blob").write_bytes(bytes(range(256)) * 64)
-    out = tmp_path / "release.tar"
+    (rel / "level1" / "op" / "blob").write_bytes(BLOB)
+    out = tmp_path / "release.tar.zst"
     out.write_bytes(b"the earlier tar")
 
     calls = []
@@ -166,7 +181,7 @@ def test_pack_writes_the_whole_tar_or_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space"):
         br.pack(rel, out, 1 << 20)
     assert out.read_bytes() == b"the earlier tar"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rel", "release.tar"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rel", "release.tar.zst"]
     monkeypatch.undo()
 
     with pytest.raises(br.Stop, match="over the limit") as e:
@@ -174,9 +189,16 @@ def test_pack_writes_the_whole_tar_or_nothing(tmp_path, monkeypatch):
     assert e.value.code == 1 and out.read_bytes() == b"the earlier tar"
     size = br.pack(rel, out, 1 << 20)
     assert size == out.stat().st_size
-    with tarfile.open(out) as t:
-        assert t.extractfile("release/level1/op/blob").read() == bytes(range(256)) * 64
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rel", "release.tar"]
+    with _tar(out) as t:
+        assert t.extractfile("release/level1/op/blob").read() == BLOB
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rel", "release.tar.zst"]
+    # A name without .zst: a plain tar; both unpack to the same release.
+    plain = br.pack(rel, tmp_path / "plain.tar", 1 << 20)
+    assert plain > size
+    for packed in (out, tmp_path / "plain.tar"):
+        got = br.unpack(packed, tmp_path / f"fresh-{packed.name}")
+        assert (got / "level1" / "op" / "blob").read_bytes() == BLOB
+        assert sorted(p.name for p in got.parent.iterdir()) == ["release"]
 
 
 def test_verify_refuses_what_is_not_a_release_tar(tmp_path):
