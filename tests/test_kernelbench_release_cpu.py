@@ -1,0 +1,187 @@
+"""benchmarks/kernelbench_release.py's orchestration on the CPU (no torch, no GPU): the capture
+step is a stand-in that records host ranges in this process (tests/csrc/range_ops.c: ref =
+matmul, bias, ReLU; candidates bound by --opt-capture), everything after it is the driver's
+own: the eager range's replay verdict (a real ``kpair replay``), the policy from
+kernelbench_ranges, the contests, the tournament, the release, the run log, the report. A
+second call skips the problems the release decided and captures only the one left."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CSRC, record_mlp_range
+from kpair.options import RunOptions
+from kpair.record import Recorder
+from kpair.release import load_index
+from kpair.release.tournament import RunLog
+from kpair.toolchain import compile_shared
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import kernelbench as kb  # noqa: E402
+import kernelbench_release as krel  # noqa: E402
+
+N = 128
+OPTIONS = RunOptions(time_cap_s=2.0, timeout_s=300)
+
+
+def _problem(level: int, name: str) -> kb.Problem:
+    return kb.Problem(level, int(name.split("_")[0]), name, Path(f"/nonexistent/{name}.py"))
+
+
+PROBLEMS = [_problem(2, "76_Gemm_Add_ReLU"), _problem(2, "77_Wrong"), _problem(1, "3_Big"),
+            _problem(1, "5_Cut"), _problem(1, "6_Nondet")]
+
+
+class StandIn:
+    """The capture step on host ranges: per problem what a GPU capture would hand over."""
+
+    def __init__(self, lib: Path):
+        self.lib, self.asked, self.calls = lib, [], 0
+
+    def _arrays(self) -> dict:
+        rng = np.random.default_rng(3)
+        return {"a": rng.standard_normal((N, N), dtype=np.float32),
+                "b": rng.standard_normal((N, N), dtype=np.float32),
+                "bias": rng.standard_normal(N, dtype=np.float32),
+                "out": np.zeros((N, N), np.float32), "out2": np.zeros((N, N), np.float32),
+                "row": np.zeros(N, np.float32)}
+
+    def _cand(self, x: dict, out: Path, calls: list, scratch: bool = False) -> Path:
+        x["out2"][...] = 0
+        names = {k: x[k] for k in ("a", "b", "bias", "out2")}
+        if scratch:
+            names["row"] = x["row"]
+        with Recorder(out, names=names, outputs=[x["out2"]],
+                      scratch=[x["row"]] if scratch else []) as r:
+            for fn, args in calls:
+                r.call(self.lib, fn, args)
+        return r.snapshot.root
+
+    def __call__(self, batch, work: Path, timeout: float) -> dict:
+        self.calls += 1
+        self.asked.append([p.key for p in batch])
+        out = {}
+        for p in batch:
+            if p.name == "3_Big":
+                out[p.key] = krel.Captured(did_not_fit="90.0 GiB at KernelBench's sizes")
+                continue
+            if p.name == "5_Cut":
+                first = sum(p.key in keys for keys in self.asked) == 1
+                out[p.key] = krel.Captured(cut=True) if first else \
+                    krel.Captured(failed="the captured program died (exit -9)")
+                continue
+            x, n, d = self._arrays(), np.int32(N), work / p.name
+            d.mkdir()
+            ref = record_mlp_range(self.lib, d / "eager", x, N).root
+            three = [("kp_matmul", [x["a"], x["b"], x["out2"], n]),
+                     ("kp_bias", [x["out2"], x["bias"], n]), ("kp_relu", [x["out2"], n])]
+            if p.name == "76_Gemm_Add_ReLU":
+                cands = {"inductor-default": self._cand(x, d / "twice", three + three),
+                         "max-autotune": self._cand(x, d / "no_bias", [three[0], three[2]]),
+                         "fused": self._cand(x, d / "fused", [(
+                             "kp_fused", [n, x["bias"], x["a"], x["b"], x["out2"], x["row"]])],
+                             scratch=True)}
+            elif p.name == "77_Wrong":
+                cands = {"inductor-default": self._cand(x, d / "no_relu", three[:2]),
+                         "coordinate-descent": self._cand(x, d / "no_bias",
+                                                          [three[0], three[2]])}
+            else:
+                cands = {"inductor-default": self._cand(x, d / "twice", three + three)}
+            out[p.key] = krel.Captured(ref=ref, candidates=cands, notes=["host stand-in"])
+        return out
+
+
+def _search(p, ref: Path, candidates: dict, work: Path, seconds: float) -> tuple:
+    """A stand-in for kpair's search: the fused capture, where the stand-in made one."""
+    fused = candidates.pop("fused", None)
+    if fused is None:
+        return None, "kpair-search: nothing found (stand-in)"
+    return krel.Entrant("kpair-search", fused, note="stand-in search"), None
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("kbrel")
+    return compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
+
+
+def _verdict(snap: Path) -> tuple[str, str | None]:
+    if "6_Nondet" in str(snap):
+        return "nondeterministic", '{"unstable": ["out"]}'
+    return krel.replay_verdict(snap, 2, 300)
+
+
+def test_orchestrate_publishes_excludes_and_resumes(lib, tmp_path):
+    rel, work = tmp_path / "rel", tmp_path / "work"
+    capture = StandIn(lib)
+    lines: list[str] = []
+    first = krel.orchestrate(PROBLEMS, rel, work, capture, options=OPTIONS,
+                             deadline=time.monotonic() + 3600, batch=2, margin=5,
+                             verdict=_verdict, search=_search, allow_slower=True,
+                             log=lines.append)
+    assert capture.asked == [["level2/76_Gemm_Add_ReLU", "level2/77_Wrong"],
+                             ["level1/3_Big", "level1/5_Cut"], ["level1/6_Nondet"]]
+    assert sorted(first["decided"]) == ["level1/3_Big", "level1/6_Nondet",
+                                        "level2/76_Gemm_Add_ReLU", "level2/77_Wrong"]
+    assert first["left"] == 1 and first["skipped"] == 0
+    assert "kernelbench_release: level1/5_Cut: left for the next call" in lines
+    index = load_index(rel)
+    (row,) = index.operators
+    assert row.key == (2, "76_Gemm_Add_ReLU") and row.producer == "kpair-search"
+    assert [(e.producer, e.status) for e in row.entrants] == [
+        ("inductor-default", "pass"), ("max-autotune", "fail"), ("kpair-search", "pass")]
+    # The judged policy is kernelbench_ranges' allclose on the range's output.
+    assert row.correctness.mode == "tolerance"
+    assert [t.criterion for t in row.correctness.tolerances] == ["allclose"]
+    why = {r.name: r.exclusion for r in index.refused}
+    assert why == {"77_Wrong": "wrong-under-every-candidate", "3_Big": "did-not-fit",
+                   "6_Nondet": "nondeterministic-ref"}
+    rec = json.loads((rel / row.paths.provenance / "tournament.json").read_text())
+    assert "host stand-in" in rec["notes"] and "plan, retune: not made by this driver" \
+        in rec["notes"]
+    assert (rel / "report.md").is_file()
+    doc = json.loads((rel / "report.json").read_text())
+    assert doc["producers"]["summary"]["published"] == 1
+    assert doc["producers"]["summary"]["excluded"] == {
+        "wrong-under-every-candidate": 1, "did-not-fit": 1, "nondeterministic-ref": 1}
+
+    # The second call: only the problem left is captured; the decided ones are skipped.
+    index_before = (rel / "level2" / "76_Gemm_Add_ReLU" / "harness" / "result.json").read_bytes()
+    second = krel.orchestrate(PROBLEMS, rel, work, capture, options=OPTIONS,
+                              deadline=time.monotonic() + 3600, batch=2, margin=5,
+                              verdict=_verdict, search=_search, log=lines.append)
+    assert capture.asked[-1] == ["level1/5_Cut"] and len(capture.asked) == 4
+    assert second == {"decided": ["level1/5_Cut"], "skipped": 4, "left": 0}
+    index = load_index(rel)
+    assert {r.name: r.exclusion for r in index.refused}["5_Cut"] == "capture-failed"
+    assert (rel / "level2" / "76_Gemm_Add_ReLU" / "harness" / "result.json").read_bytes() \
+        == index_before
+    log = RunLog.load(rel)
+    assert [len(c.decided) for c in log.calls] == [4, 1] and log.calls[1].skipped == 4
+    doc = json.loads((rel / "report.json").read_text())
+    assert doc["producers"]["summary"]["wall_s"] == log.wall_s
+    # A third call has nothing to do and captures nothing.
+    third = krel.orchestrate(PROBLEMS, rel, work, capture, options=OPTIONS,
+                             deadline=time.monotonic() + 3600, verdict=_verdict, log=lines.append)
+    assert third == {"decided": [], "skipped": 5, "left": 0} and len(capture.asked) == 4
+
+
+def test_a_call_out_of_time_starts_no_batch(lib, tmp_path):
+    capture = StandIn(lib)
+    got = krel.orchestrate(PROBLEMS, tmp_path / "rel", tmp_path / "w", capture,
+                           options=OPTIONS, deadline=time.monotonic() + 10, margin=60,
+                           verdict=_verdict, log=lambda s: None)
+    assert capture.calls == 0 and got == {"decided": [], "skipped": 0, "left": 5}
+    assert load_index(tmp_path / "rel") is None
+    assert len(RunLog.load(tmp_path / "rel").calls) == 1
+
+
+def test_release_is_a_subcommand_of_kernelbench_py():
+    src = (Path(kb.__file__)).read_text()
+    assert '"release"' in src and "kernelbench_release" in src
