@@ -3,9 +3,12 @@ compiled ones into one release, on one GPU machine in calls of a few minutes.
 
     python benchmarks/kernelbench.py sizes --kernelbench PATH -o SIZES.json [--budget-mib 32]
     python benchmarks/kernelbench.py plan --sizes SIZES.json [--deadline 480] [--optimize]
+        [--capture-jobs 4] [--rates JSON]
+    python benchmarks/kernelbench.py bandwidth [--mib 1024]
     python benchmarks/kernelbench.py run --kernelbench PATH -o OUT [--sizes SIZES.json]
         [--deadline S] [--work DIR] [--modes eager,compiled] [--level 1,2] [--start S]
         [--count C] [--scale K] [--runs 3] [--jobs 4] [--batch-bytes 40GiB]
+        [--capture-jobs 4] [--gpu-mem-gib 80] [--disk-budget SIZE] [--bandwidth-mib 1024]
         [--optimize [--release DIR] [--optimize-arg=--triton-limit=12 ...]
                     [--inductor-baseline]]
 
@@ -42,6 +45,20 @@ appended to ``OUT/results.jsonl`` as soon as it is decided; the batch's snapshot
 after its last verdict (unless ``--keep``); ``OUT/fidelity.json`` (the table: per dispatch the
 problem, mode, kernel, bytes, verdict, seconds; a summary overall and per mode) and
 ``OUT/scaling.json`` are rebuilt from the results after every batch.
+
+Batches run side by side: up to ``--capture-jobs`` batches (each its own capture process,
+its replays ``--jobs`` at a time) while the GPU memory they are expected to hold (a CUDA
+context each and twice its largest problem, by the sizes document) fits 80% of
+``--gpu-mem-gib`` and their expected stored bytes ``--disk-budget``; each batch works in
+``WORK/<mode>/b<n>``. A progress line goes to stderr as each batch starts and ends. Snapshots
+are regenerable by default (kpair capture stores a region made on the GPU by RNG kernels,
+fills and the like as the chain that made it and a digest), so ``Rates`` splits each
+dispatch's state bytes into a share regenerated and checked on the GPU and a share carried
+through the host. Before its batches a call measures the GPU's copy bandwidth (``bandwidth``:
+host to device and back, pinned and pageable, and device to device, in its own process; a
+``bandwidth`` line of results.jsonl, ``copy_bandwidth`` in fidelity.json), and the table's
+summary names the ``largest`` dispatch (most region bytes) with its capture and replay
+seconds beside its region and stored bytes, and the median stored bytes per snapshot.
 
 Calls: a run resumes from ``OUT/results.jsonl``: decided problems are skipped. Batches are
 planned to fit the disk (``--batch-bytes``, at most 80% of the free space, by the sizes
@@ -85,6 +102,9 @@ MODES = ("eager", "compiled")
 VERDICTS = ("byte-exact", "nondeterministic", "mismatch", "refused incomplete", "error",
             "not captured")
 RUNNER = "run-problems"
+#: Batches captured at a time by default: each is a process that imports torch and compiles
+#: its problems (about two CPUs), with its replays --jobs at a time beside it.
+CAPTURE_JOBS = 4
 
 
 # --------------------------------------------------------------------------- problems
@@ -542,9 +562,13 @@ def fidelity_rows(mode: str, problems: dict[str, Problem], marks: list[dict],
             "snapshot": d.get("snapshot"), "complete": d.get("complete"),
             "region_bytes": d.get("region_bytes", 0), "state_bytes": d.get("state_bytes", 0),
             "stored_bytes": d.get("stored_bytes", 0),
+            "regenerated": d.get("regenerated", 0),
             "omitted_bytes": sum(o["size"] for o in d.get("omitted_regions") or []),
             "verdict": verdict, "detail": detail,
-            "capture_s": d.get("capture_s"), "replay_s": (replay or {}).get("s")})
+            # capture_s: the dispatch's capture with its store (capture.json's capture_s);
+            # store_s where capture.json gives it apart
+            "capture_s": d.get("capture_s"), "store_s": d.get("store_s"),
+            "replay_s": (replay or {}).get("s")})
     return rows
 
 
@@ -566,8 +590,30 @@ def summarize(rows: list[dict], problems: list[dict]) -> dict:
         "region_bytes": sum(r["region_bytes"] for r in rows),
         "state_bytes": sum(r["state_bytes"] for r in rows),
         "stored_bytes": sum(r["stored_bytes"] for r in rows),
+        "median_stored_bytes": _median([r["stored_bytes"] for r in rows
+                                        if r["verdict"] != "not captured"]),
+        "regenerable": sum(bool(r.get("regenerated")) for r in rows),
         "capture_s": round(sum(r["capture_s"] or 0 for r in rows), 3),
-        "replay_s": round(sum(r["replay_s"] or 0 for r in rows), 3)}
+        "replay_s": round(sum(r["replay_s"] or 0 for r in rows), 3),
+        "largest": largest(rows)}
+
+
+def _median(values: list[int]) -> float | None:
+    import statistics
+
+    return statistics.median(values) if values else None
+
+
+def largest(rows: list[dict]) -> dict | None:
+    """The captured dispatch with the most region bytes: its capture and replay wall time
+    beside its region and stored bytes (what the GPU's copy bandwidth is read against)."""
+    got = [r for r in rows if r["verdict"] != "not captured"]
+    if not got:
+        return None
+    r = max(got, key=lambda r: r["region_bytes"])
+    return {k: r.get(k) for k in ("level", "problem", "mode", "kernel", "region_bytes",
+                                  "state_bytes", "stored_bytes", "regenerated", "verdict",
+                                  "capture_s", "store_s", "replay_s")}
 
 
 class Results:
@@ -580,7 +626,10 @@ class Results:
     skipped when read back."""
 
     def __init__(self, path: Path, header: dict):
+        import threading
+
         self.path, self.entries = path, []
+        self.lock = threading.RLock()   # batches record from several threads
         if path.exists():
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 try:
@@ -622,13 +671,14 @@ class Results:
     def append(self, entry: dict) -> None:
         from kpair._util import append_text
 
-        torn = False
-        if self.path.exists() and self.path.stat().st_size:
-            with open(self.path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                torn = f.read(1) != b"\n"
-        append_text(self.path, ("\n" if torn else "") + json.dumps(entry) + "\n")
-        self.entries.append(entry)
+        with self.lock:
+            torn = False
+            if self.path.exists() and self.path.stat().st_size:
+                with open(self.path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    torn = f.read(1) != b"\n"
+            append_text(self.path, ("\n" if torn else "") + json.dumps(entry) + "\n")
+            self.entries.append(entry)
 
 
 def write_table(results: Results, out: Path) -> dict:
@@ -647,6 +697,8 @@ def write_table(results: Results, out: Path) -> dict:
              "problems": problems, "rows": rows,
              "optimize": [{"key": e["key"], **e["optimize"]} for e in final
                           if e.get("optimize")],
+             "copy_bandwidth": [{k: v for k, v in e.items() if k != "type"}
+                                for e in results.of_type("bandwidth")],
              "batches": results.of_type("batch")}
     scaling = {"scale": header.get("scale"), "scale_names": header.get("scale_names"),
                "scaled": {p["key"]: p["scaled"] for p in problems if p.get("scaled")}}
@@ -727,6 +779,7 @@ def estimates(problems: list[Problem], sizes: dict[str, dict]) -> dict[str, dict
             + 2 * size.get("output_bytes", 0)
         fused = 1 if len(extern) < len(ops) else 0
         out[pr.key] = {
+            "peak_bytes": size.get("io_bytes", 0) + size.get("max_op_bytes", 0),
             "eager": {"dispatches": len(eager), "state_bytes": sum(o[1] + o[2] for o in eager)},
             "compiled": {"dispatches": len(extern) + fused,
                          "state_bytes": min(size.get("state_bytes", 0),
@@ -741,29 +794,54 @@ class Rates:
     project's H200 measurements (DESIGN.md: 200 eager problems captured in 119 s at a 512 MiB
     region cap; ~3 GB/s reading device memory back; a replay process a few seconds; an
     optimize of one operator 25-60 s), not measurements of this run: every batch line of
-    results.jsonl records what it really took, to set these from."""
+    results.jsonl records what it really took, to set these from.
+
+    Regenerable snapshots (the default): a region whose writers since its allocation are a
+    chain rooted in RNG kernels, fills, memsets and aranges (KernelBench's inputs from
+    ``torch.rand``, weights from the modules' initialisers, all made on the GPU) is stored
+    as that chain and a digest computed on the GPU; replay regenerates it on the GPU and
+    checks the digest there. ``regen_share`` of the state bytes go that way, at
+    ``device_gbps``; the rest (host data, outputs of ops that read host data) through the
+    host at ``capture_gbps`` / ``replay_gbps`` / ``check_gbps``. ``regen_share`` 0 is
+    ``--store-bytes``."""
 
     start_s: float = 30.0          # one capture process: python, torch, eager module loading
     eager_s: float = 0.2           # one problem's forward pass (200 ran in 8 s uncaptured)
     compiled_s: float = 15.0       # one problem's Inductor compile and two forward passes
     capture_fixed_s: float = 0.6   # one captured dispatch: sync, kernarg, regions, manifest
-    capture_gbps: float = 1.0      # state bytes (pre + post) read back, hashed, compressed
+    capture_gbps: float = 1.0      # host state bytes (pre + post) read back, hashed, compressed
     replay_fixed_s: float = 4.0    # one kpair replay process: python, CUDA, placement
-    replay_gbps: float = 1.0       # state bytes loaded once: decompress, verify, upload
-    check_gbps: float = 3.0        # state bytes per replay run: restore, read back, compare
+    replay_gbps: float = 1.0       # host state bytes loaded once: decompress, verify, upload
+    check_gbps: float = 3.0        # host state bytes per replay run: restore, read back, compare
     optimize_s: float = 120.0      # one kpair optimize of one operator
     baseline_s: float = 60.0       # --inductor-baseline: one compiled problem run twice more,
                                    # under coordinate-descent and max-autotune (no regions)
+    regen_share: float = 0.9       # state bytes regenerated and digested on the GPU
+    device_gbps: float = 100.0     # those bytes' regeneration + digest (HBM: ~2-3 TB/s raw;
+                                   # a chain's kernels and a digest pass, with launches)
+    stored_share: float = 0.01     # stored bytes per regenerable state byte (chains, digests)
+
+    def split(self, state_bytes: float) -> tuple[float, float]:
+        """(host, device) GB of ``state_bytes``."""
+        gb = state_bytes / 1e9
+        return gb * (1 - self.regen_share), gb * self.regen_share
+
+    def stored_bytes(self, state_bytes: float) -> float:
+        """Bytes a snapshot of ``state_bytes`` is expected to store."""
+        host, dev = self.split(state_bytes)
+        return (host + dev * self.stored_share) * 1e9
 
     def problem_s(self, mode: str, est: dict, runs: int, jobs: int, optimize: int) -> float:
         """Seconds one problem adds to a batch (``est``: ``estimates()``' entry of this
         mode): run, capture, replays (``jobs`` at a time), and an optimize where its operator
         is expected to hold ``optimize`` bytes or fewer (0: no optimize)."""
-        state = est.get("state_bytes", 0) / 1e9
+        host, dev = self.split(est.get("state_bytes", 0))
         s = self.eager_s if mode == "eager" else self.compiled_s
-        s += est.get("dispatches", 0) * self.capture_fixed_s + state / self.capture_gbps
+        s += est.get("dispatches", 0) * self.capture_fixed_s + host / self.capture_gbps
+        s += dev / self.device_gbps
         s += est.get("dispatches", 0) * self.replay_fixed_s / jobs
-        s += state / self.replay_gbps + state * runs / self.check_gbps
+        s += host / self.replay_gbps + host * runs / self.check_gbps
+        s += dev * (1 + runs) / self.device_gbps
         if mode == "compiled" and 0 < est.get("operator_bytes", 0) <= optimize:
             s += self.optimize_s
         return s
@@ -786,14 +864,15 @@ def parse_rates(text: str) -> Rates:
 def plan_batch(todo: list[Problem], est: dict[str, dict[str, dict]], mode: str, *,
                bytes_left: float, seconds_left: float, max_count: int, rates: Rates,
                runs: int, jobs: int, optimize: int) -> list[Problem]:
-    """The next batch: problems from the head of ``todo``, in order, while their estimated
-    state bytes fit ``bytes_left`` (the disk) and their seconds ``seconds_left`` (the call).
-    A first problem larger than the disk budget goes alone (its estimate is an upper bound);
-    one that needs more time than is left does not start."""
+    """The next batch: problems from the head of ``todo``, in order, while their expected
+    stored bytes (``Rates.stored_bytes`` of their state bytes) fit ``bytes_left`` (the disk)
+    and their seconds ``seconds_left`` (the call). A first problem larger than the disk
+    budget goes alone (its estimate is an upper bound); one that needs more time than is
+    left does not start."""
     batch, used_bytes, used_s = [], 0.0, rates.start_s
     for pr in todo[:max_count]:
         e = est.get(pr.key, {}).get(mode, {})
-        b = e.get("state_bytes", 0)
+        b = rates.stored_bytes(e.get("state_bytes", 0))
         s = rates.problem_s(mode, e, runs, jobs, optimize)
         if used_s + s > seconds_left or (batch and used_bytes + b > bytes_left):
             break
@@ -823,6 +902,12 @@ class Call:
         self.problems, self.deadline = problems, deadline
         self.by_key = {pr.key: pr for pr in problems}
         self.batches = 0
+        #: batches captured at a time (one with --optimize: its work folder is shared), and
+        #: the GPU memory they share (a CUDA context each plus twice its largest problem)
+        self.lanes = 1 if getattr(args, "optimize", False) else \
+            max(1, getattr(args, "capture_jobs", 1))
+        self.gpu_budget = getattr(args, "gpu_mem_gib", 80.0) * 2**30 * 0.8
+        self.disk_budget = getattr(args, "disk_budget", None)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -849,38 +934,90 @@ class Call:
 
     def run(self, modes: list[str]) -> bool:
         """Every mode's batches until done (True) or out of time (False)."""
-        for mode in modes:
-            while todo := self.todo(mode):
-                free = shutil.disk_usage(self.args.work).free
-                batch = plan_batch(todo, self.est, mode,
-                                   bytes_left=min(self.args.batch_bytes, 0.8 * free),
-                                   seconds_left=self.left(), max_count=self.args.batch_max,
-                                   rates=self.rates, runs=self.args.runs,
-                                   jobs=self.args.jobs, optimize=self.args.optimize_bytes)
-                if not batch and not self.batches and self.rates.start_s + \
-                        self.rates.problem_s(mode, self.expect(todo[0], mode), self.args.runs,
-                                             self.args.jobs, self.args.optimize_bytes) \
-                        > self.args.deadline:   # longer than any call: it gets one alone
-                    batch = todo[:1]
-                if not batch:
-                    print(f"kernelbench.py: {mode}: {len(todo)} problems left, no time for "
-                          f"the next one in this call ({self.left():.0f} s left)",
-                          file=sys.stderr)
-                    return False
-                self.batches += 1
-                self.batch(batch, mode)
-                write_table(self.results, self.args.out)
-        return True
+        return all(self.run_mode(mode) for mode in modes)
 
-    def batch(self, batch: list[Problem], mode: str) -> None:
+    def gpu_bytes(self, batch: list[Problem]) -> float:
+        """GPU memory a batch is expected to hold at most: a CUDA context (PyTorch's modules
+        loaded eagerly) and twice its largest problem (its tensors, then a replay's regions
+        beside them)."""
+        here = str(Path(__file__).resolve().parent)
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        from kb_pipeline import JOB_CONTEXT_BYTES
+
+        peak = max((self.est.get(pr.key, {}).get("peak_bytes", 0) for pr in batch), default=0)
+        return JOB_CONTEXT_BYTES + 2 * peak / max(1, self.args.scale)
+
+    def run_mode(self, mode: str) -> bool:
+        """``mode``'s batches, up to ``self.lanes`` at a time while their GPU memory fits
+        ``--gpu-mem-gib`` and their expected stored bytes ``--disk-budget``, until every
+        problem of the mode is decided (True) or no batch fits the time left (False). A
+        problem a batch left undecided comes back in a later batch."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        inflight: dict = {}   # future -> (keys, gpu bytes, expected stored bytes)
+        stalled = False
+        with ThreadPoolExecutor(self.lanes) as pool:
+            while True:
+                busy = {k for keys, _, _ in inflight.values() for k in keys}
+                todo = [pr for pr in self.todo(mode) if pr.key not in busy]
+                while todo and len(inflight) < self.lanes and not stalled:
+                    gpu_used = sum(g for _, g, _ in inflight.values())
+                    disk_used = sum(d for _, _, d in inflight.values())
+                    free = shutil.disk_usage(self.args.work).free
+                    room = min(self.args.batch_bytes, 0.8 * free)
+                    if self.disk_budget is not None:
+                        room = min(room, self.disk_budget - disk_used)
+                    if inflight and room <= 0:
+                        break
+                    batch = plan_batch(todo, self.est, mode, bytes_left=max(room, 0.0),
+                                       seconds_left=self.left(),
+                                       max_count=self.args.batch_max, rates=self.rates,
+                                       runs=self.args.runs, jobs=self.args.jobs,
+                                       optimize=self.args.optimize_bytes)
+                    if not batch and not self.batches and not inflight and \
+                            self.rates.start_s + self.rates.problem_s(
+                                mode, self.expect(todo[0], mode), self.args.runs,
+                                self.args.jobs, self.args.optimize_bytes) > self.args.deadline:
+                        batch = todo[:1]   # longer than any call: it gets one alone
+                    if not batch:
+                        if not inflight:
+                            print(f"kernelbench.py: {mode}: {len(todo)} problems left, no "
+                                  f"time for the next one in this call ({self.left():.0f} s "
+                                  "left)", file=sys.stderr)
+                            stalled = True
+                        break
+                    gpu = self.gpu_bytes(batch)
+                    if inflight and gpu_used + gpu > self.gpu_budget:
+                        break   # waits for GPU memory: a batch in flight ends first
+                    self.batches += 1
+                    stored = sum(self.rates.stored_bytes(self.expect(pr, mode).get(
+                        "state_bytes", 0)) for pr in batch)
+                    fut = pool.submit(self.batch, batch, mode, self.batches)
+                    inflight[fut] = ({pr.key for pr in batch}, gpu, stored)
+                    todo = todo[len(batch):]
+                if not inflight:
+                    break
+                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    del inflight[fut]
+                    fut.result()   # a batch's SystemExit (capture never started) ends the call
+                    with self.results.lock:
+                        write_table(self.results, self.args.out)
+        if not self.args.keep:
+            with contextlib.suppress(OSError):
+                (self.args.work / mode).rmdir()   # every batch's folder is gone
+        return not stalled and not self.todo(mode)
+
+    def batch(self, batch: list[Problem], mode: str, index: int = 1) -> None:
         """Capture one batch, then per problem in order: replay its dispatches, optimize,
         record. Stops recording at the first problem the call has no time left for (it and
         the rest are done again next call); deletes the snapshots at the end."""
         args, t0 = self.args, time.monotonic()
-        work = args.work / mode
+        work = args.work / mode / f"b{index}"
         if work.exists():
             shutil.rmtree(work)  # a call cut short left it: capture again
-        print(f"kernelbench.py: {mode}: batch of {len(batch)} from {batch[0].key} "
+        print(f"kernelbench.py: {mode}: batch {index} of {len(batch)} from {batch[0].key} "
               f"({self.left():.0f} s left)", file=sys.stderr)
         records, summary = self.capture(batch, mode, work)
         capture_s = round(time.monotonic() - t0, 3)
@@ -930,6 +1067,11 @@ class Call:
             "estimated_state_bytes": sum(self.expect(pr, mode).get("state_bytes", 0)
                                          for pr in batch),
             "disk_free_after_capture": summary.get("disk_free")})
+        stored = sum(d.get("stored_bytes", 0) for d in summary["dispatches"])
+        print(f"kernelbench.py: {mode}: batch {index} done: {done} of {len(batch)} problems "
+              f"recorded, {len(summary['dispatches'])} dispatches, {stored / 2**20:.0f} MiB "
+              f"stored, {time.monotonic() - t0:.0f} s ({self.left():.0f} s left)",
+              file=sys.stderr)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -1092,28 +1234,44 @@ def load_sizes(path: Path | None) -> dict[str, dict]:
 
 def simulate(problems: list[Problem], est: dict[str, dict[str, dict]], modes: list[str], *,
              deadline: float, batch_bytes: float, batch_max: int, runs: int, jobs: int,
-             optimize: int, rates: Rates = Rates()) -> dict:
+             optimize: int, rates: Rates = Rates(), capture_jobs: int = 1) -> dict:
     """The calls the whole run is expected to take: batches planned as ``Call`` plans them,
-    each call starting with ``deadline`` seconds; a problem longer than a call gets one of its
-    own (where it then runs until its own timeouts end it)."""
+    ``capture_jobs`` at a time (each batch to the lane that frees first), each call starting
+    with ``deadline`` seconds and going on to the next mode when one is done (the next mode
+    starts when every batch of this one has ended); a problem longer than a call gets one of
+    its own (where it then runs until its own timeouts end it). ``problems_per_call``: per
+    call, [mode, problems] for each mode it worked on."""
+    lanes_n = max(1, capture_jobs)
     calls, total = [], 0.0
-    for mode in modes:
-        todo = list(problems)
-        while todo:
-            left, n = deadline, 0
-            while batch := plan_batch(todo, est, mode, bytes_left=batch_bytes,
-                                      seconds_left=left, max_count=batch_max, rates=rates,
-                                      runs=runs, jobs=jobs, optimize=optimize):
-                s = rates.start_s + sum(rates.problem_s(mode, est[pr.key][mode], runs, jobs,
-                                                        optimize) for pr in batch)
-                left, n, total, todo = left - s, n + len(batch), total + s, todo[len(batch):]
-            if n == 0:
-                total += rates.start_s + rates.problem_s(mode, est[todo[0].key][mode], runs,
-                                                         jobs, optimize)
-                n, todo = 1, todo[1:]
-            calls.append([mode, n])
+    todo = {m: list(problems) for m in modes}
+
+    def cost(mode: str, batch: list[Problem]) -> float:
+        return rates.start_s + sum(rates.problem_s(mode, est[pr.key][mode], runs, jobs,
+                                                   optimize) for pr in batch)
+
+    while any(todo.values()):
+        lanes, per_mode = [0.0] * lanes_n, []
+        for mode in modes:
+            n = 0
+            while todo[mode] and (batch := plan_batch(
+                    todo[mode], est, mode, bytes_left=batch_bytes,
+                    seconds_left=deadline - min(lanes), max_count=batch_max, rates=rates,
+                    runs=runs, jobs=jobs, optimize=optimize)):
+                lanes[lanes.index(min(lanes))] += cost(mode, batch)
+                n, todo[mode] = n + len(batch), todo[mode][len(batch):]
+            if n:
+                per_mode.append([mode, n])
+            lanes = [max(lanes)] * lanes_n
+            if todo[mode]:
+                break   # out of time in this mode: the call ends here
+        if not per_mode:   # the first problem left is longer than any call: alone
+            mode = next(m for m in modes if todo[m])
+            lanes = [cost(mode, todo[mode][:1])]
+            per_mode, todo[mode] = [[mode, 1]], todo[mode][1:]
+        calls.append(per_mode)
+        total += max(lanes)
     return {"calls": len(calls), "estimated_s": round(total), "problems_per_call": calls,
-            "rates": dataclasses.asdict(rates)}
+            "capture_jobs": lanes_n, "rates": dataclasses.asdict(rates)}
 
 
 def plan_main(argv: list[str]) -> int:
@@ -1127,6 +1285,8 @@ def plan_main(argv: list[str]) -> int:
     p.add_argument("--batch-max", type=int, default=40)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--jobs", type=int, default=4)
+    p.add_argument("--capture-jobs", type=int, default=CAPTURE_JOBS,
+                   help=f"batches captured at a time (default {CAPTURE_JOBS})")
     p.add_argument("--optimize", action="store_true")
     p.add_argument("--optimize-max-bytes", type=float, default=2**30)
     p.add_argument("--rates", type=parse_rates, default=Rates(), metavar="JSON",
@@ -1139,12 +1299,70 @@ def plan_main(argv: list[str]) -> int:
     doc = simulate(problems, est, modes, deadline=args.deadline, batch_bytes=args.batch_bytes,
                    batch_max=args.batch_max, runs=args.runs, jobs=args.jobs,
                    optimize=int(args.optimize_max_bytes) if args.optimize else 0,
-                   rates=args.rates)
+                   rates=args.rates, capture_jobs=1 if args.optimize else args.capture_jobs)
     doc["expected"] = {m: {"dispatches": sum(e[m]["dispatches"] for e in est.values()),
-                           "state_bytes": sum(e[m]["state_bytes"] for e in est.values())}
+                           "state_bytes": sum(e[m]["state_bytes"] for e in est.values()),
+                           "stored_bytes": round(sum(args.rates.stored_bytes(
+                               e[m]["state_bytes"]) for e in est.values()))}
                        for m in modes}
     print(json.dumps(doc))
     return 0
+
+
+def bandwidth_main(argv: list[str]) -> int:
+    """``kernelbench.py bandwidth [--mib 1024] [--reps 3]``: the GPU's copy bandwidth, host to
+    device and back (pinned and pageable host memory) and device to device, timed with CUDA
+    events, best of ``--reps``; one JSON document."""
+    p = argparse.ArgumentParser(prog="kernelbench.py bandwidth", description=(
+        "The GPU's host<->device copy bandwidth (torch, CUDA events): one JSON document."))
+    p.add_argument("--mib", type=int, default=1024)
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("kernelbench.py bandwidth needs torch") from None
+    if not torch.cuda.is_available():
+        raise SystemExit("kernelbench.py bandwidth: no CUDA device")
+    n = args.mib << 20
+    dev, dev2 = (torch.empty(n, dtype=torch.uint8, device="cuda") for _ in range(2))
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(n, dtype=torch.uint8)
+
+    def best_gbps(dst, src) -> float:
+        times = []
+        for _ in range(max(1, args.reps)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=False)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return round(n / min(times) / 1e9, 3)
+
+    dev.fill_(1)
+    doc = {"device": torch.cuda.get_device_name(), "bytes": n, "reps": args.reps,
+           "h2d_pinned_gbps": best_gbps(dev, pinned), "d2h_pinned_gbps": best_gbps(pinned, dev),
+           "h2d_pageable_gbps": best_gbps(dev, pageable),
+           "d2h_pageable_gbps": best_gbps(pageable, dev), "d2d_gbps": best_gbps(dev2, dev)}
+    print(json.dumps(doc))
+    return 0
+
+
+def copy_bandwidth(mib: int = 1024, timeout: float = 120.0) -> dict:
+    """``kernelbench.py bandwidth`` in its own process: its document, or ``error``."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "bandwidth",
+                               "--mib", str(mib)], capture_output=True, text=True,
+                              timeout=timeout)
+        doc = json.loads(proc.stdout) if proc.returncode == 0 else {
+            "error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+    except (subprocess.TimeoutExpired, ValueError) as e:
+        doc = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return {**doc, "s": round(time.monotonic() - t0, 3),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def run_main(argv: list[str]) -> int:
@@ -1180,7 +1398,20 @@ def run_main(argv: list[str]) -> int:
                    help="attempts cut short (crash, timeout) before a problem is decided as "
                    "failed, minus one (default 1)")
     p.add_argument("--runs", type=int, default=3, help="replays per dispatch (default 3)")
-    p.add_argument("--jobs", type=int, default=4, help="replays at a time (default 4)")
+    p.add_argument("--jobs", type=int, default=4, help="replays at a time in each batch "
+                   "(default 4)")
+    p.add_argument("--capture-jobs", type=int, default=CAPTURE_JOBS, metavar="N",
+                   help="batches captured (and replayed) at a time while their GPU memory "
+                   f"fits --gpu-mem-gib (default {CAPTURE_JOBS}; 1 with --optimize)")
+    p.add_argument("--gpu-mem-gib", type=float, default=80.0,
+                   help="GPU memory the batches in flight share, 80%% of it used (default "
+                   "80: an H100)")
+    p.add_argument("--disk-budget", type=parse_size, metavar="SIZE",
+                   help="expected stored bytes of the batches in flight, at most (default: "
+                   "80%% of the free disk)")
+    p.add_argument("--bandwidth-mib", type=int, default=1024, metavar="MIB",
+                   help="measure the GPU's copy bandwidth with buffers this large before the "
+                   "batches (0: not measured; default 1024)")
     p.add_argument("--max-region-bytes", default="64GiB",
                    help="kpair capture's per-region cap (default 64GiB: keep everything)")
     p.add_argument("--capture-timeout", type=float, default=540.0, metavar="S")
@@ -1235,6 +1466,10 @@ def run(args, p: argparse.ArgumentParser) -> int:
     every = discover(args.kernelbench, [int(x) for x in args.level.split(",")])
     call = Call(args, results, problems, estimates(every, load_sizes(args.sizes)),
                 t0 + args.deadline, args.rates)
+    if args.bandwidth_mib and any(call.todo(m) for m in modes):   # a call with work to do
+        bw = copy_bandwidth(args.bandwidth_mib)
+        results.append({"type": "bandwidth", **bw})
+        print(f"kernelbench.py: copy bandwidth {json.dumps(bw)}", file=sys.stderr)
     finished = call.run(modes)
     table = write_table(results, args.out)
     s = table["summary"]
@@ -1249,7 +1484,9 @@ def run(args, p: argparse.ArgumentParser) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {RUNNER: lambda rest: run_problems(Path(rest[0])), "sizes": sizes_main,
-                "plan": plan_main, "run": run_main}
+                "plan": plan_main, "run": run_main, "bandwidth": bandwidth_main,
+                # the tournament's release: benchmarks/kernelbench_release.py
+                "release": lambda rest: __import__("kernelbench_release").main(rest)}
     if not argv or argv[0] not in commands:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2

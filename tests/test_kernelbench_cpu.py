@@ -424,7 +424,7 @@ def test_batches_fit_the_disk_and_the_call_and_a_huge_problem_goes_alone():
     est = {p.key: {"eager": {"dispatches": 1, "state_bytes": b * gb}}
            for p, b in zip(ps, (1, 1, 50, 1, 1), strict=True)}
     rates = kb.Rates(start_s=10, eager_s=0, capture_fixed_s=0, capture_gbps=1,
-                     replay_fixed_s=0, replay_gbps=1e9, check_gbps=1e9)
+                     replay_fixed_s=0, replay_gbps=1e9, check_gbps=1e9, regen_share=0)
 
     def plan(todo, **kw):
         args = {"bytes_left": 10 * gb, "seconds_left": 1000, "max_count": 10, "rates": rates,
@@ -438,6 +438,14 @@ def test_batches_fit_the_disk_and_the_call_and_a_huge_problem_goes_alone():
     assert plan(ps, seconds_left=11.5) == [1]
     assert plan(ps, seconds_left=10.5) == []        # not even one fits: nothing starts
     assert plan(ps[2:], seconds_left=59) == []      # a long problem waits for a fresh call
+    # regenerable snapshots: 90% of the state is a chain and a digest (1% of it stored), so
+    # the 50 GB problem stores ~5.45 GB: all five fit the disk, and it costs less time
+    regen = kb.dataclasses.replace(rates, regen_share=0.9, stored_share=0.01,
+                                   device_gbps=100)
+    assert regen.stored_bytes(50 * gb) == pytest.approx(50 * gb * (0.1 + 0.9 * 0.01))
+    assert plan(ps, rates=regen) == [1, 2, 3, 4, 5]   # 5.9 GB stored in all
+    assert regen.problem_s("eager", est["level1/3_P"]["eager"], 1, 1, 0) < \
+        rates.problem_s("eager", est["level1/3_P"]["eager"], 1, 1, 0) / 5
 
 
 def test_simulate_counts_the_calls():
@@ -445,14 +453,24 @@ def test_simulate_counts_the_calls():
     est = {p.key: {m: {"dispatches": 0, "state_bytes": 0} for m in kb.MODES} for p in ps}
     est["level1/3_P"]["eager"]["state_bytes"] = 500e9   # longer than a call
     rates = kb.Rates(start_s=10, eager_s=20, compiled_s=40, capture_gbps=1, replay_gbps=1e9,
-                     check_gbps=1e9)
+                     check_gbps=1e9, regen_share=0)
     doc = kb.simulate(ps, est, ["eager", "compiled"], deadline=100, batch_bytes=1e12,
                       batch_max=10, runs=1, jobs=1, optimize=False, rates=rates)
-    # eager: 1, 2 (10 + 20 + 20 = 50; 3 does not fit), then 3 alone, then 4;
-    # compiled: 2 per call (10 + 40 + 40 = 90)
-    assert doc["problems_per_call"] == [["eager", 2], ["eager", 1], ["eager", 1],
-                                        ["compiled", 2], ["compiled", 2]]
+    # eager: 1, 2 (10 + 20 + 20 = 50; 3 does not fit), then 3 alone, then 4 (30 s) and in
+    # the same call compiled 1 (10 + 40: 80 s); then compiled 2, 3 (90 s), then 4
+    assert doc["problems_per_call"] == [[["eager", 2]], [["eager", 1]],
+                                        [["eager", 1], ["compiled", 1]], [["compiled", 2]],
+                                        [["compiled", 1]]]
     assert doc["calls"] == 5
+    # two batches at a time (one problem a batch): eager 1 | 2 side by side (30 s), then
+    # 4 (3 does not fit: 500 s); compiled 1 | 2 after it (30 + 30 + 50 = 110 > 100: no) ...
+    two = kb.simulate(ps, est, ["eager", "compiled"], deadline=100, batch_bytes=1e12,
+                      batch_max=1, runs=1, jobs=1, optimize=False, rates=rates,
+                      capture_jobs=2)
+    one = kb.simulate(ps, est, ["eager", "compiled"], deadline=100, batch_bytes=1e12,
+                      batch_max=1, runs=1, jobs=1, optimize=False, rates=rates)
+    assert sum(n for call in two["problems_per_call"] for _, n in call) == 8
+    assert two["estimated_s"] < one["estimated_s"] and two["calls"] <= one["calls"]
 
 
 # --------------------------------------------------------------------------- the driver
@@ -594,6 +612,75 @@ def test_a_run_records_each_problem_deletes_snapshots_and_resumes(tmp_path, monk
     assert _run(root, out) == 0                  # all decided: nothing runs again
     assert len(fake.calls) == before
     assert (out / "results.jsonl").read_text().splitlines() == lines
+
+
+def _sizes_doc(path: Path, keys: list[str], peak: int) -> Path:
+    path.write_text(json.dumps({"schema": "kpair.kernelbench-sizes", "problems": [
+        {"key": k, "level": int(k[5]), "problem": k.split("/")[1], "io_bytes": peak,
+         "max_op_bytes": 0, "state_bytes": 1000, "params_bytes": 0, "input_bytes": 0,
+         "output_bytes": 0, "op_list": [["add", 500, 500]]} for k in keys]}))
+    return path
+
+
+def test_batches_are_captured_side_by_side_and_the_table_names_the_largest(tmp_path,
+                                                                           monkeypatch):
+    import threading
+
+    keys = [f"level2/{n}_P{n}" for n in range(1, 5)]
+    root = _problem_files(tmp_path / "kb", {2: [k.split("/")[1] for k in keys]})
+    fake = FakeKpair({k: [f"triton_poi_fused_{i}"] for i, k in enumerate(keys)})
+    both = threading.Barrier(2, timeout=60)
+    fake.on_capture = both.wait   # passes only while two captures are in flight at once
+    monkeypatch.setattr(kb, "kpair", fake)
+    monkeypatch.setattr(kb, "copy_bandwidth", lambda mib: {
+        "device": "stand-in", "bytes": mib << 20, "h2d_pinned_gbps": 25.0})
+    out = tmp_path / "out"
+    assert _run(root, out, "--level", "2", "--modes", "compiled", "--batch-max", "1",
+                "--capture-jobs", "2",
+                "--sizes", str(_sizes_doc(tmp_path / "sizes.json", keys, 1 << 20))) == 0
+    table = json.loads((out / "fidelity.json").read_text())
+    assert len(table["batches"]) == 4 and table["summary"]["problems"] == 4
+    assert table["copy_bandwidth"][0]["h2d_pinned_gbps"] == 25.0
+    largest = table["summary"]["largest"]
+    assert largest["region_bytes"] == max(r["region_bytes"] for r in table["rows"])
+    assert {"capture_s", "replay_s", "stored_bytes"} <= set(largest)
+    assert table["summary"]["median_stored_bytes"] == 100
+    assert not any((out / "work").iterdir())
+
+
+def test_batches_too_large_for_the_gpu_together_are_captured_one_at_a_time(tmp_path,
+                                                                          monkeypatch):
+    import threading
+
+    keys = [f"level2/{n}_P{n}" for n in range(1, 4)]
+    root = _problem_files(tmp_path / "kb", {2: [k.split("/")[1] for k in keys]})
+    fake = FakeKpair({k: [f"triton_poi_fused_{i}"] for i, k in enumerate(keys)})
+    started, lock, seen = threading.Event(), threading.Lock(), {"now": 0, "most": 0}
+    real = fake.capture
+
+    def capture(*args):
+        with lock:
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+        started.set()
+        try:
+            # a second capture, were one let in beside this one, would show up meanwhile
+            started.clear()
+            started.wait(0.5)
+            return real(*args)
+        finally:
+            with lock:
+                seen["now"] -= 1
+
+    fake.capture = capture
+    monkeypatch.setattr(kb, "kpair", fake)
+    # 30 GiB a problem: a context and twice that (63 GiB) leave no room for a second batch
+    # in 80% of 80 GiB
+    assert _run(root, tmp_path / "out", "--level", "2", "--modes", "compiled", "--batch-max", "1",
+                "--capture-jobs", "3", "--bandwidth-mib", "0", "--sizes",
+                str(_sizes_doc(tmp_path / "sizes.json", keys, 30 << 30))) == 0
+    assert seen["most"] == 1
+    assert len(_results(tmp_path / "out").of_type("batch")) == 3
 
 
 def test_inductor_baselines_capture_each_compiled_batch_under_each_tuning_mode(
