@@ -18,7 +18,8 @@ once a batch). Per problem the child makes the model and inputs on the GPU (seed
 problem file's own sizes, or with ``--scale`` ``kernelbench_ranges.choose_scale``'s power of
 two under ``--budget-mib``), runs the eager forward uncaptured, then once inside the range
 ``l<level>p<n>.eager`` with its output declared; then per producer, after
-``torch._dynamo.reset()``, ``torch.compile`` (``mode="max-autotune"`` for max-autotune,
+``torch._dynamo.reset()``, ``torch.compile`` (``mode="max-autotune-no-cudagraphs"`` for
+max-autotune: its choices, launched one by one as the eager range is,
 ``torch._inductor.config.coordinate_descent_tuning=True`` for coordinate-descent) run twice
 uncaptured (compile, autotune) and once inside ``l<level>p<n>.<producer>``. A producer that
 fails to compile is recorded and the others go on. Then per problem:
@@ -85,9 +86,11 @@ from kpair.release.tournament import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ROOT / "benchmarks" / "results" / "kernelbench_sizes_cpu.json"
 #: How each Inductor producer compiles: torch.compile's mode, and inductor config patched
-#: around the compile and its first calls.
+#: around the compile and its first calls. max-autotune's choices without its CUDA graphs:
+#: the range is captured launch by launch, as the eager one (a graph launch is not a kernel
+#: launch the capture could pair region by region).
 COMPILE = {"inductor-default": {"mode": None, "config": {}},
-           "max-autotune": {"mode": "max-autotune", "config": {}},
+           "max-autotune": {"mode": "max-autotune-no-cudagraphs", "config": {}},
            "coordinate-descent": {"mode": None,
                                   "config": {"coordinate_descent_tuning": True}}}
 Log = Callable[[str], None]
@@ -160,7 +163,9 @@ def _compiled(torch, kpair, model, inputs, producer: str, name: str) -> dict:
     t0 = time.monotonic()
     try:
         torch._dynamo.reset()
-        with torch._inductor.config.patch(**how["config"]), torch.no_grad():
+        patched = torch._inductor.config.patch(**how["config"]) if how["config"] \
+            else contextlib.nullcontext()
+        with patched, torch.no_grad():
             compiled = torch.compile(model, mode=how["mode"])
             for _ in range(2):
                 compiled(*inputs)

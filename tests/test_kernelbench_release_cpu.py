@@ -185,3 +185,136 @@ def test_a_call_out_of_time_starts_no_batch(lib, tmp_path):
 def test_release_is_a_subcommand_of_kernelbench_py():
     src = (Path(kb.__file__)).read_text()
     assert '"release"' in src and "kernelbench_release" in src
+
+
+# --------------------------------------------------------------------------- the GPU child,
+# on a fake torch: its ranges, producers and marks, and the capture step's reading of them.
+
+PROBLEM_SOURCE = '''\
+import torch
+batch_size = 4
+FAIL = {fail!r}
+class Model:
+    def __init__(self, n):
+        if FAIL == "init":
+            raise ValueError("no such layer")
+        self.n = n
+    def eval(self):
+        return self
+    def __call__(self, x):
+        if FAIL == "oom":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return torch.Tensor((x.shape[0], self.n))
+def get_inputs():
+    return [torch.Tensor((batch_size, 3))]
+def get_init_inputs():
+    return [5]
+'''
+
+
+class _FakeTorch:
+    """What the child calls of torch: compile records its mode and the inductor config in
+    force, and fails for the modes in ``broken``."""
+
+    class Tensor:
+        def __init__(self, shape):
+            self.shape = shape
+
+        def to(self, device):
+            return self
+
+    def __init__(self, broken=()):
+        import contextlib
+        import types
+
+        self.compiles, self.broken, self.config = [], set(broken), {}
+
+        class OutOfMemoryError(RuntimeError):
+            pass
+
+        def patch(**kw):
+            @contextlib.contextmanager
+            def cm():
+                old = dict(self.config)
+                self.config.update(kw)
+                try:
+                    yield
+                finally:
+                    self.config.clear()
+                    self.config.update(old)
+            return cm()
+
+        self.device = lambda name: contextlib.nullcontext()
+        self.no_grad = contextlib.nullcontext
+        self.manual_seed = lambda seed: None
+        self.cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None,
+                                          OutOfMemoryError=OutOfMemoryError)
+        self._dynamo = types.SimpleNamespace(reset=lambda: None)
+        self._inductor = types.SimpleNamespace(config=types.SimpleNamespace(patch=patch))
+
+    def compile(self, model, mode=None):
+        self.compiles.append((mode, dict(self.config)))
+        if mode in self.broken:
+            raise RuntimeError(f"{mode}: autotuning failed")
+        return model
+
+
+def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_marks(
+        tmp_path, monkeypatch):
+    import contextlib
+    import types
+
+    import kpair
+
+    torch = _FakeTorch(broken={"max-autotune-no-cudagraphs"})
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch._inductor", torch._inductor)
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", torch._inductor.config)
+    ranges: list[str] = []
+
+    @contextlib.contextmanager
+    def mark(name):
+        m = types.SimpleNamespace(outputs=lambda *o: ranges.append(name))
+        yield m
+
+    monkeypatch.setattr(kpair, "mark", mark)
+    folder = tmp_path / "kb" / "level1"
+    folder.mkdir(parents=True)
+    for name, fail in (("1_Good", None), ("2_Init", "init"), ("3_Oom", "oom"),
+                       ("4_Never", None)):
+        (folder / f"{name}.py").write_text(PROBLEM_SOURCE.format(fail=fail))
+    problems = kb.discover(tmp_path / "kb", [1])
+
+    def fake_capture(*argv, timeout, env=None):
+        """``kpair capture`` of the child, in this process: a snapshot folder per range the
+        child marked; the program "dies" before the fourth problem."""
+        assert argv[0] == "capture" and env["TORCHINDUCTOR_CACHE_DIR"]
+        cap, plan = Path(argv[argv.index("-o") + 1]), Path(argv[-1])
+        doc = json.loads(plan.read_text())
+        doc["problems"] = doc["problems"][:3]
+        plan.write_text(json.dumps(doc))
+        assert krel.main(["child", str(plan)]) == 0
+        for name in ranges:
+            (cap / name).mkdir(parents=True)
+            (cap / name / "snapshot.json").write_text("{}")
+        return {"exit_code": -9, "stdout": "", "stderr": "Killed", "s": 0.1}
+
+    monkeypatch.setattr(krel.kr, "kpair_cmd", fake_capture)
+    args = types.SimpleNamespace(sizes=str(tmp_path / "none.json"),
+                                 producers=list(krel.COMPILE), scale=False, budget_mib=64,
+                                 max_gib=60, inductor_cache=str(tmp_path / "ind"))
+    work = tmp_path / "w"
+    work.mkdir()
+    got = krel.capture_batch(args)(problems, work, 100.0)
+    # Eager first, then the producers in order; max-autotune compiled without CUDA graphs,
+    # coordinate descent with its config on (and only it).
+    assert ranges == ["l1p1.eager", "l1p1.inductor-default", "l1p1.coordinate-descent"]
+    assert torch.compiles == [(None, {}), ("max-autotune-no-cudagraphs", {}),
+                              (None, {"coordinate_descent_tuning": True})]
+    good = got["level1/1_Good"]
+    assert good.ref == work / "cap" / "l1p1.eager"
+    assert sorted(good.candidates) == ["coordinate-descent", "inductor-default"]
+    assert any(n.startswith("max-autotune: not captured: RuntimeError") for n in good.notes)
+    assert "no such layer" in got["level1/2_Init"].failed
+    assert got["level1/3_Oom"].did_not_fit and got["level1/3_Oom"].failed is None
+    assert "died" in got["level1/4_Never"].failed   # the first problem without a mark
