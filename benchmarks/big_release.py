@@ -37,7 +37,8 @@ It prints one JSON document (also ``OUTDIR/publish.json``): region bytes, stored
 published harness's blob files), release bytes on disk, the tar's bytes, seconds of each
 step, the run's and the publication's speedup and interval. A step whose output is already in
 ``--work`` (default ``OUTDIR/work``) is not run again, so a call cut off by its deadline
-resumes.
+resumes. ``--work-tar FILE`` packs that folder at the end, finished or not (small: the
+regions are chains), and ``--resume FILE`` starts from it on a machine started afresh.
 
 ``verify`` unpacks the tar into a fresh directory (the machine "started afresh": nothing of
 the publish travels but the tar) and runs ``kpair verify`` there; its JSON (also
@@ -327,11 +328,12 @@ def _speed(result: dict | None) -> dict:
             "slot_bias": speed.get("slot_bias"), "blocks": speed.get("blocks")}
 
 
-def pack(release: Path, out: Path, limit: int) -> int:
+def pack(release: Path, out: Path, limit: int, root: str = "release") -> int:
     """``release`` (a directory) as one tar at ``out`` (zstd-compressed when its name ends
-    in ``.zst``), written through a temporary file in ``out``'s folder and one rename:
-    ``out`` is either the whole file or as it was. Refused (Stop 1, the temporary removed,
-    ``out`` untouched) when it would exceed ``limit`` bytes. Returns its size."""
+    in ``.zst``), its files under ``root/``, written through a temporary file in ``out``'s
+    folder and one rename: ``out`` is either the whole file or as it was. Refused (Stop 1,
+    the temporary removed, ``out`` untouched) when it would exceed ``limit`` bytes. Returns
+    its size."""
     import zstandard
 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -344,13 +346,13 @@ def pack(release: Path, out: Path, limit: int) -> int:
                     if path.name == ".kpair-release.lock" or not (path.is_file()
                                                                    or path.is_dir()):
                         continue
-                    tar.add(path, arcname=f"release/{path.relative_to(release)}",
+                    tar.add(path, arcname=f"{root}/{path.relative_to(release)}",
                             recursive=False)
             if sink is not f:
                 sink.close()
         size = tmp.stat().st_size
         if size > limit:
-            raise Stop(1, f"the packed release is {size} bytes ({size / MIB:.2f} MiB), over "
+            raise Stop(1, f"the packed {root} is {size} bytes ({size / MIB:.2f} MiB), over "
                           f"the limit of {limit} bytes ({limit / MIB:.2f} MiB): not written")
         os.replace(tmp, out)
         return size
@@ -358,13 +360,15 @@ def pack(release: Path, out: Path, limit: int) -> int:
         tmp.unlink(missing_ok=True)
 
 
-def unpack(tar_path: Path, into: Path) -> Path:
+def unpack(tar_path: Path, into: Path, root: str = "release",
+           marker: str = "index.json") -> Path:
     """Extract ``tar_path`` (a tar, or a zstd-compressed one) into the new directory ``into``
-    (files and folders only, nothing outside it); the release directory inside."""
+    (files and folders only, nothing outside it); the folder ``root`` inside, which must
+    hold ``marker``."""
     import zstandard
 
     into.mkdir(parents=True)
-    plain = into / ".release.tar"
+    plain = into / f".{root}.tar"
     try:
         with open(tar_path, "rb") as f:
             zstd = f.read(4) == ZSTD_MAGIC
@@ -375,17 +379,17 @@ def unpack(tar_path: Path, into: Path) -> Path:
             members = tar.getmembers()
             bad = [m.name for m in members if not (m.isfile() or m.isdir())]
             if bad:
-                raise Stop(3, f"{tar_path}: not a release tar: {bad[0]!r} is neither a file "
-                              "nor a folder")
+                raise Stop(3, f"{tar_path}: not a packed {root}: {bad[0]!r} is neither a "
+                              "file nor a folder")
             tar.extractall(into, filter="data")
     except (tarfile.TarError, OSError, EOFError, zstandard.ZstdError) as e:
-        raise Stop(3, f"{tar_path}: cannot unpack the release: {e}") from e
+        raise Stop(3, f"{tar_path}: cannot unpack the {root}: {e}") from e
     finally:
         plain.unlink(missing_ok=True)
-    release = into / "release"
-    if not (release / "index.json").is_file():
-        raise Stop(3, f"{tar_path}: no release/index.json inside: not a packed release")
-    return release
+    folder = into / root
+    if not (folder / marker).is_file():
+        raise Stop(3, f"{tar_path}: no {root}/{marker} inside: not a packed {root}")
+    return folder
 
 
 # --------------------------------------------------------------------------- publish
@@ -591,6 +595,8 @@ class Publish:
         try:
             if tar.exists() and not self.args.force:
                 raise Stop(2, f"{tar} exists: a finished publish (--force to publish again)")
+            if self.args.resume:
+                self.resume(Path(self.args.resume))
             eager, compiled = self.capture()
             harness = self.pair(eager, compiled)
             self.run(harness)
@@ -602,15 +608,56 @@ class Publish:
             self.doc["tar"] = str(tar)
             self.doc["status"] = "published"
             code = 0
-        except Stop as e:
+        except Exception as e:  # noqa: BLE001 - every failure ends as one line and the JSON
+            if not isinstance(e, Stop):
+                import traceback
+
+                self.doc["traceback"] = traceback.format_exc()[-3000:]
+                e = Stop(5, f"{type(e).__name__}: {e}".splitlines()[0][:600])
             self.doc["status"], self.doc["error"] = "refused" if e.code == 1 else "error", \
                 e.message
             print(f"big_release publish: {e.message}", file=sys.stderr)
             code = e.code
         self.doc["wall_s"] = round(time.monotonic() - t0, 3)
+        _write_json(self.doc, self.work / "publish.json")
+        if self.args.work_tar:
+            self.pack_work(Path(self.args.work_tar))
         _write_json(self.doc, self.out / "publish.json")
         print(json.dumps(self.doc, indent=1))
         return code
+
+    def resume(self, work_tar: Path) -> None:
+        """Start from the work folder an earlier publish packed (``--work-tar``), on this
+        machine or another: its finished steps are not run again."""
+        if (self.work / "cap" / "done.json").is_file():
+            raise Stop(2, f"--resume: {self.work} already holds a capture; resume from it "
+                          "without --resume, or name another --work")
+        if not work_tar.is_file():
+            raise Stop(3, f"{work_tar}: no such work tar (--resume)")
+        landing = Path(tempfile.mkdtemp(prefix=".resume-", dir=self.work.parent))
+        try:
+            shutil.rmtree(landing)
+            got = unpack(work_tar, landing, root="work", marker="cap/done.json")
+            shutil.rmtree(self.work)   # nothing finished was in it (checked above)
+            os.replace(got, self.work)
+        finally:
+            shutil.rmtree(landing, ignore_errors=True)
+        earlier = self.work / "publish.json"
+        if earlier.is_file():
+            old = json.loads(earlier.read_text())
+            self.doc["earlier"] = {k: old.get(k) for k in ("device", "when", "tree",
+                                                           "seconds", "status", "error")}
+        self.doc["resumed_from"] = str(work_tar)
+
+    def pack_work(self, path: Path) -> None:
+        """The work folder (captures, harness, results, release: no GiB of regions, they
+        are chains) as one file a later publish can ``--resume`` from, on another machine."""
+        try:
+            self.doc["work_tar_bytes"] = pack(self.work, path, int(self.args.max_tar_mib * MIB),
+                                              root="work")
+            self.doc["work_tar"] = str(path)
+        except Stop as e:
+            self.doc["work_tar"] = f"not written: {e.message}"
 
 
 def _row_speed(row) -> dict:
@@ -732,6 +779,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tar-mib", type=_positive, default=16.0,
                    help="refuse a packed release over this many MiB (default 16)")
     p.add_argument("--work", help="working folder (default OUTDIR/work; resumed from)")
+    p.add_argument("--work-tar", help="also pack the working folder into this file at the "
+                   "end, finished or not (a .tar.zst under --max-tar-mib), for --resume")
+    p.add_argument("--resume", help="start from a --work-tar an earlier publish wrote (here "
+                   "or on another machine): its finished steps are kept")
     p.add_argument("--tar", help=f"the packed release (default OUTDIR/{TAR}; a name not "
                    "ending in .zst: a plain tar)")
     p.add_argument("--force", action="store_true", help="publish again over the packed release")

@@ -54,7 +54,8 @@ def _tar(path: Path) -> tarfile.TarFile:
 @pytest.fixture(scope="module")
 def published(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("publish")
-    code, doc, stderr = _script("publish", "--backend", "host", "-o", str(out), *QUICK)
+    code, doc, stderr = _script("publish", "--backend", "host", "-o", str(out), "--work-tar",
+                                str(out / "work.tar.zst"), *QUICK)
     assert code == 0, (stderr, doc.get("error"), doc.get("failed_step"))
     return {"out": out, "doc": doc}
 
@@ -80,7 +81,9 @@ def test_publish_packs_a_regenerable_release(published):
     # One tar, its size as reported, and no temporary left beside it.
     tar = out / "release.tar.zst"
     assert tar.stat().st_size == doc["tar_bytes"] <= 16 << 20
-    assert sorted(p.name for p in out.iterdir()) == ["publish.json", "release.tar.zst", "work"]
+    assert sorted(p.name for p in out.iterdir()) == ["publish.json", "release.tar.zst", "work",
+                                                     "work.tar.zst"]
+    assert doc["work_tar_bytes"] == (out / "work.tar.zst").stat().st_size
     with _tar(tar) as t:
         names = set(t.getnames())
     key = "release/level2/ScaleBiasHardtanhSum"
@@ -137,6 +140,33 @@ def test_a_packed_release_over_the_limit_is_refused_and_the_old_tar_kept(publish
     # The JSON on disk says the same; put the published one back for other tests.
     assert json.loads((out / "publish.json").read_text())["status"] == "refused"
     (out / "publish.json").write_text(json.dumps(published["doc"], indent=1) + "\n")
+
+
+def test_a_publish_resumes_elsewhere_from_its_work_tar(published, tmp_path):
+    """The work folder packed by the first publish, unpacked under another folder: every
+    step is taken from it, the same operator is packed again, the first call's device and
+    seconds are kept beside this one's."""
+    carried = tmp_path / "work.tar.zst"
+    shutil.copyfile(published["out"] / "work.tar.zst", carried)
+    code, doc, stderr = _script("publish", "--backend", "host", "-o", str(tmp_path / "again"),
+                                "--resume", str(carried), *QUICK)
+    assert code == 0, (stderr, doc)
+    first = published["doc"]
+    assert doc["resumed"] == ["capture", "pair", "run", "publish"]
+    assert doc["earlier"]["device"] == first["device"]
+    assert doc["earlier"]["seconds"] == first["seconds"]
+    assert doc["published"] == first["published"] and doc["run"] == first["run"]
+    assert doc["region_bytes"] == first["region_bytes"]
+    with _tar(tmp_path / "again" / "release.tar.zst") as a, \
+            _tar(published["out"] / "release.tar.zst") as b:
+        index_a = json.loads(a.extractfile("release/index.json").read())
+        index_b = json.loads(b.extractfile("release/index.json").read())
+    assert index_a == index_b
+    # A second resume into a folder that holds a capture is refused, the folder kept.
+    code, doc, stderr = _script("publish", "--backend", "host", "-o", str(tmp_path / "again"),
+                                "--force", "--resume", str(carried), *QUICK)
+    assert code == 2 and "already holds a capture" in stderr
+    assert (tmp_path / "again" / "work" / "cap" / "done.json").is_file()
 
 
 def test_regions_under_the_requested_size_are_refused(tmp_path):
