@@ -87,10 +87,16 @@ def release(lab) -> dict:
     """One run of two contests into a new release: three entrants (slower correct, wrong,
     faster correct), and two entrants that are both wrong."""
     root = lab["dir"] / "release"
+    prov = {}
+    for who, speedup in (("search", 1.7), ("inductor", 9.9)):
+        prov[who] = lab["dir"] / f"prov-{who}"
+        prov[who].mkdir()
+        (prov[who] / "director_validation.json").write_text(json.dumps({"speedup": speedup}))
     mixed = Contest(2, "76_Gemm_Add_ReLU", lab["ref"], [
-        Entrant("inductor-default", lab["twice"]),
+        Entrant("inductor-default", lab["twice"], provenance=prov["inductor"]),
         Entrant("max-autotune", lab["no_bias"]),
-        Entrant("kpair-search", lab["fused"], note="the fused function")])
+        Entrant("kpair-search", lab["fused"], note="the fused function",
+                provenance=prov["search"])])
     wrong = Contest(2, "77_All_Wrong", lab["ref"], [
         Entrant("inductor-default", lab["no_relu"]), Entrant("max-autotune", lab["no_bias"])])
     lines: list[str] = []
@@ -125,6 +131,16 @@ def test_the_faster_correct_entrant_is_published_naming_its_producer(release):
     for a in rec.attempts:
         assert (root / row.paths.provenance / a.result).is_file()
     assert rec.attempts[2].entrant.note == "the fused function"
+    # The Director figure is the winner's producer's, reference only; a loser's is not kept.
+    assert row.director.speedup == 1.7 and index.summary.director_geomean_speedup == 1.7
+
+
+def test_the_html_report_has_the_producers(release):
+    pytest.importorskip("matplotlib")
+    from kpair.report import render_html
+
+    page = render_html(load_index(release["root"]), RunLog.load(release["root"]))
+    assert "Producers side by side" in page and "wrong-under-every-candidate" in page
 
 
 def test_an_operator_wrong_under_every_candidate_is_excluded(release):
