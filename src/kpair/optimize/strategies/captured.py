@@ -8,16 +8,16 @@ binding) into a launch plan: a ``Candidate`` of format ``plan``, labelled with i
 A capture that cannot be bound is a candidate with its ``build_error`` (the search records
 it as skipped, with the reason); the others go on.
 
-Then kpair's own retunes (``retunes``): every launch of a bound plan whose operation the
-capture recorded with Triton metadata (``provenance.ops[i].triton``, as
-``kpair.capture.triton_meta`` gives it) is recompiled under other configs by the ``triton``
-strategy's own functions (``resolve``, ``configs``, its ``_build``), and the cubin is put in
-place of that launch's code object (``substitute``): the same raw kernarg and relocations,
-the config's block, shared memory and grid. Each changed plan is read back and checked
-against the range (``kpair.harness.load_plan``: the new cubin's own parameter layout must be
-the kernarg's) before it is a candidate; one that fails the check is a candidate with its
-``build_error``. Retuning needs Triton and the GPU's architecture; a range without Triton
-metadata gets no retunes.
+Then, once every capture is proposed, kpair's own retunes (``retunes``): every launch of a
+bound plan whose operation the capture recorded with Triton metadata
+(``provenance.ops[i].triton``, as ``kpair.capture.triton_meta`` gives it) is recompiled under
+other configs by the ``triton`` strategy's own functions (``resolve``, ``configs``, its
+``_build``), and the cubin is put in place of that launch's code object (``substitute``):
+the same raw kernarg and relocations, the config's block, shared memory and grid. Each
+changed plan is read back and checked against the range (``kpair.harness.load_plan``: the
+new cubin's own parameter layout must be the kernarg's) before it is a candidate; one that
+fails the check is a candidate with its ``build_error``. Retuning needs Triton and the
+GPU's architecture; a range without Triton metadata gets no retunes.
 """
 
 from __future__ import annotations
@@ -182,7 +182,9 @@ class CapturedRange:
             yield plan_candidate(path, label=c.producer, strategy=NAME,
                                  source=proposed.source, build=proposed.build,
                                  params=proposed.params)
-            if self.limit:
+        for c in self.captures:   # then kpair's own, capture by capture
+            path = bound[c.producer]
+            if self.limit and isinstance(path, Path):
                 yield from self.retunes(harness, c, path, context)
 
     def retunes(self, harness, capture: RangeCandidate, path: Path, context: Context
