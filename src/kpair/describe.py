@@ -50,6 +50,8 @@ def describe_snapshot(snap, verify: bool = True) -> tuple[dict, list[str]]:
         changed += f" ({r.role})" if r.role else ""
         if r.regen is not None:   # stored as the operations that made it, not as bytes
             changed += ", made by " + " ; ".join(op.label for op in r.regen.ops)
+        if r.post_digest is not None:   # no bytes: replay compares it by digest
+            changed += ", post-state kept as a digest"
         lines.append(f"    {r.name:<16} {hex(r.address)}  {human_bytes(r.size):>10}  "
                      f"{r.dtype or '':<8} {changed}")
     missing = describe_left_out(m)

@@ -50,6 +50,7 @@ import numpy as np
 from . import __version__, errors
 from ._util import check_output_dir, child_command, kill_group, utc_now
 from .backends import open_device
+from .capture.chains import stored_region
 from .capture.writers import LaunchRecord, WriterLog
 from .elfabi import check_params
 from .errors import (
@@ -71,7 +72,6 @@ from .snapshot import (
     Op,
     OutputSpan,
     Param,
-    Region,
     ScratchRegion,
     Snapshot,
     SnapshotWriter,
@@ -242,8 +242,9 @@ def _run_request(request: dict, out: Path, isolate: bool, timeout_s: float, type
         snap = Snapshot.open(staging)
         snap.regenerated.update(made)   # the chains' regions, as the recording made them
         stored = {r.name: k for k, r in enumerate(snap.manifest.regions)}
-        posts = [snap.post(stored[reg["name"]]) if reg["name"] in stored else
-                 clobbered.get(reg["name"]) for reg in regions]
+        posts = [clobbered[reg["name"]] if reg["name"] in clobbered else
+                 snap.post(stored[reg["name"]]) if reg["name"] in stored else None
+                 for reg in regions]
         with contextlib.suppress(FileNotFoundError):
             out.rmdir()  # an empty directory the caller made: the snapshot takes its place
         try:
@@ -298,7 +299,8 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
                  names: dict[str, np.ndarray] | None = None,
                  scratch: Sequence[np.ndarray] = (), outputs: Sequence[np.ndarray] = (),
                  setup: Sequence[tuple] = (), store_bytes: bool = False,
-                 backend: str = "host", provenance: dict | None = None,
+                 post_digest_over: int | None = None, backend: str = "host",
+                 provenance: dict | None = None,
                  device_options: dict | None = None, isolate: bool = True,
                  timeout_s: float = TIMEOUT_S) -> Snapshot:
     """Run ``calls`` in order and snapshot them into ``out`` as ONE range.
@@ -321,6 +323,9 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     the chain, run again on the zero-filled region, is seen to make exactly its bytes (the
     sha256 after each call is recorded too); every other region (host data: an array filled
     from Python) is stored as bytes. ``store_bytes`` stores every region as bytes.
+    ``post_digest_over``: a written region larger than this many bytes keeps its post-state
+    as digests only (``Region.post_digest``: size, sha256, digest64; no blob; the caller's
+    arrays still get the results); None (the default) or ``store_bytes``: as bytes.
     Arrays passed only to setup calls are placed for them but are no region of the range."""
     out = Path(out)
     if not calls:
@@ -375,7 +380,14 @@ def record_range(calls: Sequence[tuple], out: str | os.PathLike, *,
     origins = {reg["name"]: [min(flat[i].__array_interface__["data"][0]
                                  for i in reg["members"]), len(reg["data"])]
                for reg in regions}
+    if post_digest_over is not None and (isinstance(post_digest_over, bool) or
+                                         not isinstance(post_digest_over, int | np.integer)
+                                         or post_digest_over < 0):
+        raise UsageError(f"post_digest_over must be a number of bytes (0 or more) or None, "
+                         f"not {post_digest_over!r}")
     request = {"ops": ops, "setup": before, "store_bytes": bool(store_bytes),
+               "post_digest_over": None if store_bytes or post_digest_over is None
+               else int(post_digest_over),
                "setup_only": sorted(set(range(len(regions))) - used),
                "regions": regions, "labels": labels,
                "names": [arg_names[i] or f"arg{labels[i].rsplit(' ', 1)[1]}"
@@ -452,7 +464,8 @@ def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, byte
     """Map, launch and snapshot one call, or a range of calls, into ``root`` (in whichever
     process runs this). Returns the pre-state of each region stored as a chain (the caller
     copies results back, and an unchanged one has no post blob to read them from), and the
-    post-state of each written region that became scratch (no blob holds it either)."""
+    post-state of each written region that became scratch or whose post-state is kept as
+    digests only (no blob holds it either)."""
     names, backend, ops = request["names"], request["backend"], request["ops"]
     regions, labels, ranged = request["regions"], request["labels"], request["range"]
     scratch = set(ranged["scratch"]) if ranged else set()
@@ -552,12 +565,13 @@ def _record(request: dict, root: Path) -> tuple[dict[str, bytes], dict[str, byte
                                      reads=[regions[q]["name"] for q in reads],
                                      digests=digests, digest64=digests64[-1],
                                      digests64=digests64)
-                out.append(Region(reg["name"], base + start, len(pre), None,
-                                  None if post == pre else writer.put(post), reg["dtype"],
-                                  role, regen))
-                continue
-            out.append(Region(reg["name"], base + start, len(reg["data"]),
-                              writer.put(pre), writer.put(post), reg["dtype"], role))
+            else:
+                regen = None
+            out.append(stored_region(writer, reg["name"], base + start, pre, post, regen,
+                                     role=role, dtype=reg["dtype"],
+                                     post_digest_over=request.get("post_digest_over")))
+            if out[-1].post_digest is not None:   # no blob holds it: copied back from here
+                clobbered_posts[reg["name"]] = post
         env, dev_arch = dev.environment(), dev.arch()
 
     records = [Op(CodeObject(writer.put(op["image"]), fmt, op["symbol"]), op["launch"],

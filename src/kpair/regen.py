@@ -292,7 +292,8 @@ def verify_chains(root: str | os.PathLike, pool: str | os.PathLike, pending: dic
             if r.name in names and r.regen is not None:
                 ref, size = _link_pending(root, pool, r.name, pending.get(r.name), r.size)
                 added += size
-                r = r.replace(pre_blob=ref, post_blob=r.post_blob or ref, regen=None)
+                post = r.post_blob if r.post_blob or r.post_digest else ref   # unchanged
+                r = r.replace(pre_blob=ref, post_blob=post, regen=None)
             regions.append(r)
         rewritten += sorted(names)
         write_json_atomic(root / MANIFEST, m.replace(regions=tuple(regions)).to_json())

@@ -27,6 +27,7 @@ kernel instead of a device-to-host copy.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Protocol
@@ -37,7 +38,7 @@ import numpy as np
 from .backends import Device, Kernel, Mapping
 from .backends.base import Held, fill_bytes
 from .elfabi import check_params
-from .errors import AbiMismatch, ArchitectureMismatch
+from .errors import AbiMismatch, ArchitectureMismatch, SnapshotFormatError
 from .formats import Record
 from .placement import patch_pointers, span_of
 from .plan import kernarg as plan_kernarg
@@ -45,6 +46,8 @@ from .policy.mutation import Patch
 from .program import CopyStep, MemsetStep, Program, ProgramDevice, Step, data_step
 from .regen import regenerate
 from .snapshot import Launch, Param, Snapshot, require_complete
+from .snapshot.digest import hex64
+from .snapshot.store import MANIFEST
 
 
 class LaunchHooks(Protocol):
@@ -125,12 +128,23 @@ class Known:
 
 class Replay:
     def __init__(self, device: Device, snapshot: Snapshot, *, relocate: bool = False,
-                 cache: str = "cold", plan_scratch: Sequence[tuple[str, int, int]] = ()):
+                 cache: str = "cold", plan_scratch: Sequence[tuple[str, int, int]] = (),
+                 digest_posts: bool = False):
         """``plan_scratch``: (name, size, align) of the scratch buffers a launch plan
         declares; they are placed after the captured span (a guard gap apart) and, with the
-        range's own scratch, listed in ``scratch`` as (name, placed address, size)."""
+        range's own scratch, listed in ``scratch`` as (name, placed address, size).
+        ``digest_posts``: the caller compares post-states kept as digests only
+        (``Region.post_digest``) by digest (``expected_digests``; ``expected`` then lacks
+        those regions). Without it their bytes are made here, as a chain makes a pre-state:
+        the snapshot's own captured operations run once on the staged pre-state, and each
+        such region's bytes become ``expected`` only if their sha256 is the one capture
+        recorded; otherwise the snapshot is refused (``SnapshotFormatError``, naming the
+        region), so nothing is ever judged against bytes that are not the captured ones."""
         m = snapshot.manifest
         require_complete(m, snapshot.root)  # before anything is placed: it cannot replay
+        kept = [i for i, r in enumerate(m.regions) if r.post_digest is not None]
+        #: Region name -> the digests of a post-state kept without its bytes.
+        self.expected_digests = {m.regions[i].name: m.regions[i].post_digest for i in kept}
         if m.backend != device.backend:
             raise ArchitectureMismatch(f"snapshot was captured for backend {m.backend!r}, "
                                        f"this device is {device.backend!r}")
@@ -175,20 +189,47 @@ class Replay:
         for i, (r, (pre, post)) in enumerate(zip(m.regions, snapshot.regions_data(),
                                                   strict=True)):
             pre, n = patch_pointers(pre, r.address, lo, hi, delta)
-            post, _ = patch_pointers(post, r.address, lo, hi, delta)
             region_words += n
-            self.pre[r.name], self.expected[r.name] = pre, post
+            self.pre[r.name] = pre
+            if post is not None:   # None: kept as digests (``expected_digests``)
+                self.expected[r.name] = patch_pointers(post, r.address, lo, hi, delta)[0]
             device.stage(self.addresses[i], pre)
         self.info = ReplayInfo(mapping, kernarg_words, region_words)
+        if kept and not digest_posts:
+            self._make_posts(kept)
         self.known = Known(device)
         self._fills: dict[tuple[str, int], bytes] = {}
         if device.compares_in_place:
             device.restore()
             for r, a in zip(m.regions, self.addresses, strict=True):
                 self.known.add(r.name, self.pre[r.name], device.keep(a, r.size), pin=True)
-                if self.expected[r.name] != self.pre[r.name]:
+                if r.name in self.expected and self.expected[r.name] != self.pre[r.name]:
                     self.known.add(r.name, self.expected[r.name],
                                    device.hold(self.expected[r.name]), pin=True)
+
+    def _make_posts(self, kept: list[int]) -> None:
+        """``expected`` of the regions whose post-state capture kept as digests: the
+        captured operations run once, each such region read back and checked against the
+        recorded sha256 (pointers moved back to the captured span first, as capture saw
+        them). Refused by name where a region does not match."""
+        m, snap = self.snapshot.manifest, self.snapshot
+        lo, hi = self.span
+        self.run(self.load_range("captured"), read=False)
+        self.device.synchronize()
+        for i in kept:
+            r = m.regions[i]
+            data = self.device.read(self.addresses[i], r.size)
+            captured = patch_pointers(data, self.addresses[i], lo + self.delta,
+                                      hi + self.delta, -self.delta)[0] if self.delta else data
+            if hashlib.sha256(captured).hexdigest() != r.post_digest.sha256:
+                raise SnapshotFormatError(
+                    f"region {r.name!r}'s post-state was kept as a digest (no bytes), and "
+                    "the captured operations, run again on the captured pre-state, do not "
+                    f"make its sha256 {r.post_digest.sha256[:16]}... (a nondeterministic "
+                    "kernel, or a tampered snapshot): nothing can be judged against it. "
+                    "`kpair replay` tells which; capture with --store-bytes to keep the "
+                    "bytes", path=snap.root / MANIFEST, field=f"regions[{i}].post_digest")
+            self.expected[r.name] = data
 
     def load_range(self, role: str = "ref") -> Program:
         """The snapshot's own operations, each loaded from its captured code object, as one
@@ -461,6 +502,9 @@ class Reproduction(Record, omit_defaults=True, kw_only=True):
     """Whether a captured dispatch replays to its captured post-state (``kpair replay``):
     ``status`` is "byte-exact" (every run equals it), "nondeterministic" (runs differ from
     each other), "mismatch" (runs agree, but not with the capture) or "error".
+    ``digest_regions``: regions whose post-state capture kept as digests only, compared by
+    ``digest64`` computed on the device (a mismatch there says the digest differs; how many
+    bytes differ is unknown).
     ``exit_code``: for an "error", the exit code of what went wrong where kpair knows it
     (3: the snapshot is bad, e.g. a chain that does not regenerate; 4: backend or ABI;
     5: a runtime failure); None: a runtime failure (5)."""
@@ -471,6 +515,7 @@ class Reproduction(Record, omit_defaults=True, kw_only=True):
     status: str
     differing_regions: list[str] = []
     unstable_regions: list[str] = []
+    digest_regions: list[str] = []
     ops: int | None = None   # a range: how many operations were replayed as one
     replay: dict | None = None
     error: str | None = None
@@ -480,7 +525,7 @@ class Reproduction(Record, omit_defaults=True, kw_only=True):
 def reproduce(device: Device, snapshot: Snapshot, runs: int) -> Reproduction:
     """Replay the snapshot's own code object ``runs`` times on its captured pre-state."""
     m = snapshot.manifest
-    replay = Replay(device, snapshot)
+    replay = Replay(device, snapshot, digest_posts=True)
     if m.is_range:   # every operation, in order, as one program
         kernel = replay.load_range("captured")
     else:
@@ -490,18 +535,32 @@ def reproduce(device: Device, snapshot: Snapshot, runs: int) -> Reproduction:
         kernel = replay.device.load(image, m.code.kernel_name, fmt=m.code.format)
         replay.check_abi(kernel, "captured")
     names = [r.name for r in m.regions]
+    digested = [n for n in names if n in replay.expected_digests]
+    by_bytes = [n for n in names if n not in replay.expected_digests]
+
+    def one_run() -> dict[str, bytes | str]:
+        """Every region after a run: bytes, or (kept as digests) its digest64 on the device."""
+        replay.run(kernel, read=False)
+        got: dict[str, bytes | str] = dict(replay.read_back(by_bytes)) if by_bytes else {}
+        for n in digested:
+            got[n] = hex64(replay.device.digest(replay.address_of(n),
+                                                replay.expected_digests[n].size, 0))
+        return got
+
     # Each run is compared with the first as it comes and then dropped: memory does not
     # grow with ``runs``.
-    first = replay.run(kernel)
+    first = one_run()
     unstable_set: set[str] = set()
     for _ in range(runs - 1):
-        post = replay.run(kernel)
+        post = one_run()
         unstable_set.update(n for n in names if post[n] != first[n])
         del post
     unstable = [n for n in names if n in unstable_set]
-    differs = [n for n in names if first[n] != replay.expected[n]]
+    differs = [n for n in names if first[n] != (replay.expected_digests[n].digest64
+                                                if n in replay.expected_digests
+                                                else replay.expected[n])]
     status = "nondeterministic" if unstable else "mismatch" if differs else "byte-exact"
     extra = {"ops": len(m.operations)} if m.is_range else {}
     return Reproduction(snapshot=str(snapshot.root), kernel=kernel.name, runs=runs, **extra,
                         status=status, differing_regions=differs, unstable_regions=unstable,
-                        replay=replay.info.to_json())
+                        digest_regions=digested, replay=replay.info.to_json())

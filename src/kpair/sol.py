@@ -85,7 +85,7 @@ def snapshot_traffic(snapshot) -> Traffic:
     read whole (unchanged) or counted as written whole."""
     m = snapshot.manifest
     bare = {r.name for r in m.regions if r.regen is not None
-            and r.name not in snapshot.regenerated}
+            and r.name not in snapshot.regenerated or r.post_digest is not None}
     t = traffic((r.name, snapshot.pre(i), snapshot.post(i)) for i, r in enumerate(m.regions)
                 if r.name not in bare)
     if not bare:

@@ -81,12 +81,15 @@ def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int
                   max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
                   command: list[str] | None = None, names: list[str] | None = None,
                   profile: dict | ProfileUse | None = None,
-                  store_bytes: bool = False) -> CaptureSession:
+                  store_bytes: bool = False,
+                  post_digest_over: int | None = None) -> CaptureSession:
     """Open a session writing into ``out`` and attach it to the tracer (``install`` first).
 
     ``names`` restricts capture to kernels of those exact names (mangled or demangled);
     ``profile`` is what capture.json records about the profile they came from;
-    ``store_bytes``: every region's pre-state as bytes (no regenerable chains)."""
+    ``store_bytes``: every region's pre-state as bytes (no regenerable chains);
+    ``post_digest_over``: a written region larger than this keeps its post-state as digests
+    only (None: bytes)."""
     from .tracer import software_environment, torch_blocks  # lazy, as install's Tracer
 
     if isinstance(profile, dict):
@@ -98,13 +101,15 @@ def start_session(out: str | os.PathLike, *, kernel: str | None = None, nth: int
                              max_region_bytes=max_region_bytes, command=command,
                              environment=software_environment, metadata=triton_metadata,
                              writers=tracer.writers, store_bytes=store_bytes)
+    session.post_digest_over = post_digest_over
     tracer.attach(session)
     return session
 
 
 def start_range_session(out: str | os.PathLike, ranges: list[str], *, nth: int = 1,
                         max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
-                        command: list[str] | None = None, store_bytes: bool = False):
+                        command: list[str] | None = None, store_bytes: bool = False,
+                        post_digest_over: int | None = None):
     """Open a ``RangeSession`` capturing the ranges named ``ranges`` (their ``nth``
     occurrence, marked by NVTX or ``kpair.mark``) into ``out/<name>/``. Call it before the
     process's first NVTX call (NVTX finds its tool then) and before CUDA initialises."""
@@ -120,6 +125,7 @@ def start_range_session(out: str | os.PathLike, ranges: list[str], *, nth: int =
                            max_region_bytes=max_region_bytes, command=command,
                            environment=software_environment, metadata=triton_metadata,
                            writers=tracer.writers, store_bytes=store_bytes)
+    session.post_digest_over = post_digest_over
     tracer.attach(session)
     return session
 

@@ -13,7 +13,9 @@ Capture cannot run a chain again where it was made (that memory holds the progra
 tensors), so each chain is confirmed afterwards: ``kpair capture`` regenerates them on the
 device once the program has ended (``verify``) and stores as bytes every region whose chain
 does not make its captured sha256. Until then the captured bytes of each chained region
-wait in the capture's pool (``pending``), and are dropped once verified.
+wait in the capture's pool (``pending``), and are dropped once verified. ``stored_region``
+builds each region as capture stores it, a large written region's post-state kept as
+digests only (``--post-digest-over``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..snapshot import ChainOp, Launch, Op, Param, Regen, detect_format
+from ..snapshot import ChainOp, Launch, Op, Param, Regen, Region, detect_format
 from ..snapshot.store import state_digest
 from .modules import ModuleRegistry
 from .regions import BlockTable
 from .writers import LaunchRecord, WriterLog
 
-__all__ = ["PendingRegion", "chain_regions"]
+__all__ = ["DEFAULT_POST_DIGEST_OVER", "PendingRegion", "chain_regions", "stored_region"]
+
+#: ``kpair capture --post-digest-over``'s default: a written region larger than this keeps
+#: its post-state as digests only (``Region.post_digest``), no bytes.
+DEFAULT_POST_DIGEST_OVER = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,27 @@ class PendingRegion:
     @property
     def end(self) -> int:
         return self.address + len(self.pre)
+
+
+def stored_region(writer, name: str, address: int, pre: bytes, post: bytes,
+                  regen: Regen | None = None, *, role: str | None = None,
+                  dtype: str | None = None, post_digest_over: int | None = None) -> Region:
+    """The ``Region`` a capture stores for ``pre`` and ``post`` (``writer``: the snapshot's
+    ``SnapshotWriter``): the pre-state as ``regen`` (its chain) or a blob; the post-state left
+    out when unchanged beside a chain, kept as digests only (``writer.digest``: size, sha256,
+    digest64, no blob) when the region was written and is larger than ``post_digest_over``
+    bytes (None: never), else a blob."""
+    size = len(pre)
+    written = post != pre
+    if written and post_digest_over is not None and size > post_digest_over:
+        after: dict = {"post_digest": writer.digest(post)}
+    elif regen is not None and not written:
+        after = {}
+    else:
+        after = {"post_blob": writer.put(post)}
+    if regen is not None:
+        return Region(name, address, size, dtype=dtype, role=role, regen=regen, **after)
+    return Region(name, address, size, writer.put(pre), dtype=dtype, role=role, **after)
 
 
 def _handles(code: str) -> tuple[int, ...]:

@@ -35,7 +35,8 @@ def main() -> int:
                 nth=settings.get("nth", 1),
                 max_region_bytes=settings.get("max_region_bytes", 2 << 30),
                 command=settings.get("command") or argv,
-                store_bytes=settings.get("store_bytes", False))
+                store_bytes=settings.get("store_bytes", False),
+                post_digest_over=settings.get("post_digest_over"))
         else:
             session = start_session(
                 settings.get("out", "kpair-capture"), kernel=settings.get("kernel"),
@@ -44,7 +45,8 @@ def main() -> int:
                 max_region_bytes=settings.get("max_region_bytes", 2 << 30),
                 command=settings.get("command") or argv, names=settings.get("names"),
                 profile=settings.get("profile"),
-                store_bytes=settings.get("store_bytes", False))
+                store_bytes=settings.get("store_bytes", False),
+                post_digest_over=settings.get("post_digest_over"))
     except KpairError as e:
         print(f"kpair capture: {e}", file=sys.stderr)
         return e.exit_code

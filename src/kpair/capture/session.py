@@ -36,12 +36,11 @@ from ..snapshot import (
     Manifest,
     OmittedRegion,
     Param,
-    Region,
     detect_format,
     write_json_atomic,
 )
 from .blobpool import BlobPool
-from .chains import PendingRegion, chain_regions
+from .chains import PendingRegion, chain_regions, stored_region
 from .filters import Filter
 from .launches import KernargError, LaunchInfo, kernarg_bytes
 from .modules import ModuleRegistry
@@ -87,6 +86,10 @@ class _Pending:
 
 
 class CaptureSession:
+    #: A written region larger than this many bytes keeps its post-state as digests only
+    #: (``kpair.capture.chains.stored_region``; None: as bytes). ``start_session`` sets it.
+    post_digest_over: int | None = None
+
     def __init__(self, out: str | os.PathLike, filter: Filter, *, driver, registry:
                  ModuleRegistry, blocks: Callable[[], BlockTable] | None = None,
                  max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
@@ -258,11 +261,9 @@ class CaptureSession:
                                [PendingRegion(r.name, r.start, pre)
                                 for r, pre in zip(p.regions, p.pre, strict=True)],
                                p.table or BlockTable(), self.registry, writer.chain)
-        regions = tuple(
-            Region(r.name, r.start, r.size, None, None if after == pre else writer.put(after),
-                   regen=chains[r.name]) if r.name in chains else
-            Region(r.name, r.start, r.size, writer.put(pre), writer.put(after))
-            for r, pre, after in zip(p.regions, p.pre, post, strict=True))
+        regions = tuple(stored_region(writer, r.name, r.start, pre, after, chains.get(r.name),
+                                      post_digest_over=self.post_digest_over)
+                        for r, pre, after in zip(p.regions, p.pre, post, strict=True))
         pending = self.keep_pending(chains, {r.name: pre for r, pre in zip(p.regions, p.pre,
                                                                           strict=True)})
         code_obj = CodeObject(writer.put(p.image), p.format, p.kernel.name)

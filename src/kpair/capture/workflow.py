@@ -67,7 +67,8 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
                     module_loading: str | None = "eager", env: dict | None = None,
                     stdout=None, stderr=None, cwd: str | os.PathLike | None = None,
                     timeout_s: float | None = None, log: Log = _stderr,
-                    store_bytes: bool = False) -> CaptureOutcome:
+                    store_bytes: bool = False,
+                    post_digest_over: int | None = None) -> CaptureOutcome:
     """Run ``command`` (``python [options] prog.py ARGS``) with capture installed, writing
     one snapshot per captured dispatch and ``capture.json`` into ``out`` (new or empty).
 
@@ -81,7 +82,9 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
     ``ranges``: capture these ranges instead of single dispatches (``kpair.capture.ranges``):
     the ``nth`` occurrence of each name, marked by ``torch.cuda.nvtx.range`` or
     ``kpair.mark``, as one range snapshot ``out/<name>/``. ``store_bytes``: every region's
-    pre-state as bytes (no regenerable chains; ``kpair.capture.chains``)."""
+    pre-state as bytes (no regenerable chains; ``kpair.capture.chains``).
+    ``post_digest_over``: a written region larger than this many bytes keeps its post-state
+    as digests only, no bytes (``Region.post_digest``; None: bytes)."""
     command = list(command)
     argv = child_command(command)
     if max is not None and max < 0:
@@ -113,6 +116,8 @@ def capture_program(command: Sequence[str], out: str | os.PathLike, *,
         settings["ranges"] = ranges
     if store_bytes:
         settings["store_bytes"] = True
+    if post_digest_over is not None:
+        settings["post_digest_over"] = int(post_digest_over)
     runner = _Runner(argv, env, module_loading, stdout, stderr, cwd, timeout_s)
     if top is None:
         progress.stage("the program runs, capturing")

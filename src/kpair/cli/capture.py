@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+from ..capture.chains import DEFAULT_POST_DIGEST_OVER
 from ..capture.child import strip_separator
 from ..capture.workflow import capture_program
 from ..errors import KpairError, UsageError
@@ -94,8 +95,15 @@ class Capture(Command):
                        "object is reported as it loads; lazy is cheaper, but drivers have been "
                        "seen not to report the code objects of cudart kernels, PyTorch's own)")
         p.add_argument("--store-bytes", action="store_true",
-                       help="store every region's pre-state as bytes: no region is stored "
-                       "as the chain of operations that made it (a seeded generator, a fill)")
+                       help="store every region's pre- and post-state as bytes: no region is "
+                       "stored as the chain of operations that made it (a seeded generator, "
+                       "a fill), no post-state as digests only")
+        p.add_argument("--post-digest-over", type=parse_size,
+                       default=DEFAULT_POST_DIGEST_OVER, metavar="SIZE",
+                       help="a written region larger than this keeps its post-state as "
+                       "digests only (sha256, digest64, size; no bytes): `kpair replay` "
+                       "checks it by a digest computed on the GPU, what needs the bytes "
+                       "(pair, run) refuses it (default 64MiB; --store-bytes keeps bytes)")
         p.add_argument("--verify-chains", action=argparse.BooleanOptionalAction, default=True,
                        help="after the program ends, regenerate every stored chain on this "
                        "GPU and store as bytes each region whose chain does not make its "
@@ -123,6 +131,7 @@ class Capture(Command):
             max=1 if args.max is None else args.max or None, distinct=args.distinct,
             top=args.top, ranges=args.ranges, max_region_bytes=args.max_region_bytes,
             module_loading=args.module_loading, store_bytes=args.store_bytes,
+            post_digest_over=None if args.store_bytes else args.post_digest_over,
             # under --json the program's stdout goes to stderr: kpair's stdout holds nothing
             # but its one JSON document
             stdout=sys.stderr.fileno() if args.json else None)

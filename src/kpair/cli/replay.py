@@ -17,7 +17,8 @@ EXIT = {"byte-exact": 0, "nondeterministic": 1, "mismatch": 1, "error": 5}
 class ReplayCmd(Command):
     """Replay a snapshot's own code object N times in an isolated worker and say whether it
     reproduces the captured post-state: byte-exact, nondeterministic (runs differ from each
-    other), mismatch (runs agree, not with the capture) or error."""
+    other), mismatch (runs agree, not with the capture) or error. A post-state capture kept
+    as digests only (``--post-digest-over``) is compared by a digest computed on the device."""
 
     name = "replay"
     help = "replay a captured dispatch and check it reproduces its post-state"
@@ -58,6 +59,10 @@ class ReplayCmd(Command):
             line += ")"
             if rep.differing_regions:
                 line += f"; differs from the capture in {', '.join(rep.differing_regions)}"
+                by_digest = [n for n in rep.differing_regions if n in rep.digest_regions]
+                if by_digest:
+                    line += (f" ({', '.join(by_digest)}: the digest differs; kept as a "
+                             "digest, how many bytes differ is unknown)")
             if rep.unstable_regions:
                 line += f"; varies between runs in {', '.join(rep.unstable_regions)}"
             if rep.error:

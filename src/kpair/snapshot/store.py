@@ -651,10 +651,10 @@ class Snapshot:
         r = self.manifest.regions[index]
         return SnapshotFormatError(
             f"region {r.name!r}'s post-state was kept as a digest (sha256 "
-            f"{r.post_digest.sha256[:16]}..., no bytes: capture's --post-digest-over), so "
-            "what needs its bytes cannot run on this snapshot; `kpair replay` checks it by "
-            "digest. Capture again with --store-bytes (or a larger --post-digest-over) to "
-            "keep the bytes", path=self.root / MANIFEST, field=f"regions[{index}].post_digest")
+            f"{r.post_digest.sha256[:16]}..., no bytes: capture's --post-digest-over): a "
+            "replay makes them by running the captured operations and checks their sha256 "
+            "(kpair.replay.Replay); the snapshot alone does not hold them (--store-bytes "
+            "keeps them)", path=self.root / MANIFEST, field=f"regions[{index}].post_digest")
 
     def post(self, index: int) -> bytes:
         """The post-state's bytes; refused (``digest_post_error``) for one kept as digests."""
