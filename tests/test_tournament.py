@@ -235,3 +235,18 @@ def test_a_contest_decided_before_judging_is_excluded_with_its_reason(tmp_path):
         Contest(1, "x", None, excluded=("too-slow", ""))
     with pytest.raises(UsageError, match="producer"):
         Entrant("someone", tmp_path)
+
+
+def test_an_entrant_whose_pair_is_refused_is_recorded_and_the_others_go_on(lab, tmp_path):
+    c = Contest(1, "9_Refused", lab["ref"], [
+        Entrant("plan", tmp_path / "no.plan.json", kind="plan"),
+        Entrant("retune", lab["no_relu"])])
+    (out,) = run_contests(tmp_path / "rel", [c], tmp_path / "w", OPTIONS)
+    first, second = (j.row for j in out.judged)
+    assert first.status == "refused" and first.reason.startswith("pair refused: ")
+    assert "no.plan.json" in first.reason and first.speedup is None
+    assert second.status == "fail"
+    assert out.exclusion == "wrong-under-every-candidate"
+    (row,) = load_index(tmp_path / "rel").refused
+    rec = TournamentRecord.read(tmp_path / "rel" / row.paths.provenance / TOURNAMENT_FILE)
+    assert rec.attempts[0].result is None and rec.attempts[1].result is not None

@@ -217,16 +217,17 @@ def judge(contest: Contest, entrant: Entrant, harness_dir: Path, options: RunOpt
             "note": entrant.note}
     try:
         create_harness(contest.ref, harness_dir, policy=contest.policy, **pair)
-    except (KpairError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - one entrant's pair never ends the tournament
         shutil.rmtree(harness_dir, ignore_errors=True)
-        reason = f"pair refused: {e}".splitlines()[0][:2000]
+        what = str(e) if isinstance(e, (KpairError, OSError)) else f"{type(e).__name__}: {e}"
+        reason = (f"pair refused: {what}".splitlines() or [""])[0][:2000]
         return Judged(entrant, EntrantRow(status="refused", reason=reason, **base),
                       pair_s=round(time.monotonic() - t0, 3))
     pair_s = round(time.monotonic() - t0, 3)
     t1 = time.monotonic()
     try:
         result = run_isolated(harness_dir, options)
-    except KpairError as e:
+    except Exception as e:  # noqa: BLE001 - the entrant's error, not the tournament's
         result = error_result(harness_dir, e, stage="run")
     run_s = round(time.monotonic() - t1, 3)
     speed = harness_speed(result)
