@@ -48,7 +48,7 @@ problem, mode, kernel, bytes, verdict, seconds; a summary overall and per mode) 
 
 Batches run side by side: up to ``--capture-jobs`` batches (each its own capture process,
 its replays ``--jobs`` at a time) while the GPU memory they are expected to hold (a CUDA
-context each and twice its largest problem, by the sizes document) fits 80% of
+context each and its largest problem's peak, by the sizes document) fits 80% of
 ``--gpu-mem-gib`` and their expected stored bytes ``--disk-budget``; each batch works in
 ``WORK/<mode>/b<n>``. A progress line goes to stderr as each batch starts and ends. Snapshots
 are regenerable by default (kpair capture stores a region made on the GPU by RNG kernels,
@@ -779,6 +779,9 @@ def estimates(problems: list[Problem], sizes: dict[str, dict]) -> dict[str, dict
             + 2 * size.get("output_bytes", 0)
         fused = 1 if len(extern) < len(ops) else 0
         out[pr.key] = {
+            # GPU memory at most: the capture holds the problem's tensors and its largest
+            # op's (a replay of one dispatch, its regions regenerated and digested on the
+            # GPU, holds less)
             "peak_bytes": size.get("io_bytes", 0) + size.get("max_op_bytes", 0),
             "eager": {"dispatches": len(eager), "state_bytes": sum(o[1] + o[2] for o in eager)},
             "compiled": {"dispatches": len(extern) + fused,
@@ -882,6 +885,28 @@ def plan_batch(todo: list[Problem], est: dict[str, dict[str, dict]], mode: str, 
     return batch
 
 
+def split_by_peak(todo: list[Problem], est: dict[str, dict], limit: float
+                  ) -> list[list[Problem]]:
+    """``todo`` as [big, small] (in order within each): problems whose ``peak_bytes`` is
+    over ``limit`` (a lane's share of the GPU: their batches hold most of it, so they go
+    first and in batches of their own), then the others; one list where there is no big
+    one."""
+    big = [pr for pr in todo if est.get(pr.key, {}).get("peak_bytes", 0) > limit]
+    small = [pr for pr in todo if est.get(pr.key, {}).get("peak_bytes", 0) <= limit]
+    return [part for part in (big, small) if part]
+
+
+def context_bytes() -> int:
+    """GPU memory of one capture or replay process besides its problem
+    (``kb_pipeline.JOB_CONTEXT_BYTES``)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from kb_pipeline import JOB_CONTEXT_BYTES
+
+    return JOB_CONTEXT_BYTES
+
+
 def choose_operator(rows: list[dict], problem: Problem) -> dict | None:
     """The compiled dispatch of ``problem`` to optimize: byte-exact, Triton, most bytes."""
     mine = [r for r in rows if r["mode"] == "compiled" and r["problem"] == problem.name
@@ -938,15 +963,10 @@ class Call:
 
     def gpu_bytes(self, batch: list[Problem]) -> float:
         """GPU memory a batch is expected to hold at most: a CUDA context (PyTorch's modules
-        loaded eagerly) and twice its largest problem (its tensors, then a replay's regions
-        beside them)."""
-        here = str(Path(__file__).resolve().parent)
-        if here not in sys.path:
-            sys.path.insert(0, here)
-        from kb_pipeline import JOB_CONTEXT_BYTES
-
+        loaded eagerly) and its largest problem's peak (``estimates``' ``peak_bytes``: its
+        capture, or a replay of its largest dispatch)."""
         peak = max((self.est.get(pr.key, {}).get("peak_bytes", 0) for pr in batch), default=0)
-        return JOB_CONTEXT_BYTES + 2 * peak / max(1, self.args.scale)
+        return context_bytes() + peak / max(1, self.args.scale)
 
     def run_mode(self, mode: str) -> bool:
         """``mode``'s batches, up to ``self.lanes`` at a time while their GPU memory fits
@@ -970,11 +990,19 @@ class Call:
                         room = min(room, self.disk_budget - disk_used)
                     if inflight and room <= 0:
                         break
-                    batch = plan_batch(todo, self.est, mode, bytes_left=max(room, 0.0),
-                                       seconds_left=self.left(),
-                                       max_count=self.args.batch_max, rates=self.rates,
-                                       runs=self.args.runs, jobs=self.args.jobs,
-                                       optimize=self.args.optimize_bytes)
+                    batch, fits = None, False
+                    for part in split_by_peak(todo, self.est, self.gpu_budget / self.lanes):
+                        batch = plan_batch(part, self.est, mode, bytes_left=max(room, 0.0),
+                                           seconds_left=self.left(),
+                                           max_count=self.args.batch_max, rates=self.rates,
+                                           runs=self.args.runs, jobs=self.args.jobs,
+                                           optimize=self.args.optimize_bytes)
+                        fits = bool(batch) and (not inflight or gpu_used + self.gpu_bytes(
+                            batch) <= self.gpu_budget)
+                        if fits:
+                            break
+                    if batch and not fits:
+                        break   # waits for GPU memory: a batch in flight ends first
                     if not batch and not self.batches and not inflight and \
                             self.rates.start_s + self.rates.problem_s(
                                 mode, self.expect(todo[0], mode), self.args.runs,
@@ -988,14 +1016,12 @@ class Call:
                             stalled = True
                         break
                     gpu = self.gpu_bytes(batch)
-                    if inflight and gpu_used + gpu > self.gpu_budget:
-                        break   # waits for GPU memory: a batch in flight ends first
                     self.batches += 1
                     stored = sum(self.rates.stored_bytes(self.expect(pr, mode).get(
                         "state_bytes", 0)) for pr in batch)
                     fut = pool.submit(self.batch, batch, mode, self.batches)
                     inflight[fut] = ({pr.key for pr in batch}, gpu, stored)
-                    todo = todo[len(batch):]
+                    todo = [pr for pr in todo if pr not in batch]
                 if not inflight:
                     break
                 done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
@@ -1234,13 +1260,16 @@ def load_sizes(path: Path | None) -> dict[str, dict]:
 
 def simulate(problems: list[Problem], est: dict[str, dict[str, dict]], modes: list[str], *,
              deadline: float, batch_bytes: float, batch_max: int, runs: int, jobs: int,
-             optimize: int, rates: Rates = Rates(), capture_jobs: int = 1) -> dict:
+             optimize: int, rates: Rates = Rates(), capture_jobs: int = 1,
+             gpu_bytes: float = float("inf")) -> dict:
     """The calls the whole run is expected to take: batches planned as ``Call`` plans them,
-    ``capture_jobs`` at a time (each batch to the lane that frees first), each call starting
-    with ``deadline`` seconds and going on to the next mode when one is done (the next mode
-    starts when every batch of this one has ended); a problem longer than a call gets one of
-    its own (where it then runs until its own timeouts end it). ``problems_per_call``: per
-    call, [mode, problems] for each mode it worked on."""
+    ``capture_jobs`` at a time (each batch to the lane that frees first, started once the
+    batches still running leave room for its GPU memory in ``gpu_bytes``: a context and its
+    largest problem's ``peak_bytes``), each call starting with ``deadline`` seconds and going
+    on to the next mode when one is done (the next mode starts when every batch of this one
+    has ended); a problem longer than a call gets one of its own (where it then runs until its
+    own timeouts end it). ``problems_per_call``: per call, [mode, problems] for each mode it
+    worked on."""
     lanes_n = max(1, capture_jobs)
     calls, total = [], 0.0
     todo = {m: list(problems) for m in modes}
@@ -1249,27 +1278,52 @@ def simulate(problems: list[Problem], est: dict[str, dict[str, dict]], modes: li
         return rates.start_s + sum(rates.problem_s(mode, est[pr.key][mode], runs, jobs,
                                                    optimize) for pr in batch)
 
+    def memory(batch: list[Problem]) -> float:
+        return context_bytes() + max(est[pr.key].get("peak_bytes", 0) for pr in batch)
+
+    def start_at(running: list[tuple[float, float]], now: float, need: float) -> float:
+        """The first time from ``now`` when a lane is free and the batches still running
+        (end, memory) leave ``need`` bytes."""
+        for t in [now] + sorted(e for e, _ in running if e > now):
+            active = [m for e, m in running if e > t]
+            if len(active) < lanes_n and sum(active) + need <= gpu_bytes:
+                return t
+        return max([now] + [e for e, _ in running])
+
     while any(todo.values()):
-        lanes, per_mode = [0.0] * lanes_n, []
+        running: list[tuple[float, float]] = []   # (end, memory) of the call's batches
+        begin, per_mode = 0.0, []
         for mode in modes:
             n = 0
-            while todo[mode] and (batch := plan_batch(
-                    todo[mode], est, mode, bytes_left=batch_bytes,
-                    seconds_left=deadline - min(lanes), max_count=batch_max, rates=rates,
-                    runs=runs, jobs=jobs, optimize=optimize)):
-                lanes[lanes.index(min(lanes))] += cost(mode, batch)
-                n, todo[mode] = n + len(batch), todo[mode][len(batch):]
+            while todo[mode]:
+                t = start_at(running, begin, 0.0)
+                options = []   # (start, batch, memory): big problems first if they fit now
+                for part in split_by_peak(todo[mode], est, gpu_bytes / lanes_n):
+                    batch = plan_batch(part, est, mode, bytes_left=batch_bytes,
+                                       seconds_left=deadline - t, max_count=batch_max,
+                                       rates=rates, runs=runs, jobs=jobs, optimize=optimize)
+                    if batch:
+                        mem = min(memory(batch), gpu_bytes)
+                        options.append((start_at(running, t, mem), batch, mem))
+                if not options:
+                    break
+                t, batch, mem = min(options, key=lambda o: o[0])
+                c = cost(mode, batch)
+                if t + c > deadline:
+                    break
+                running.append((t + c, mem))
+                n, todo[mode] = n + len(batch), [pr for pr in todo[mode] if pr not in batch]
             if n:
                 per_mode.append([mode, n])
-            lanes = [max(lanes)] * lanes_n
+            begin = max([begin] + [e for e, _ in running])
             if todo[mode]:
                 break   # out of time in this mode: the call ends here
         if not per_mode:   # the first problem left is longer than any call: alone
             mode = next(m for m in modes if todo[m])
-            lanes = [cost(mode, todo[mode][:1])]
+            begin = cost(mode, todo[mode][:1])
             per_mode, todo[mode] = [[mode, 1]], todo[mode][1:]
         calls.append(per_mode)
-        total += max(lanes)
+        total += begin
     return {"calls": len(calls), "estimated_s": round(total), "problems_per_call": calls,
             "capture_jobs": lanes_n, "rates": dataclasses.asdict(rates)}
 
@@ -1287,6 +1341,8 @@ def plan_main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=4)
     p.add_argument("--capture-jobs", type=int, default=CAPTURE_JOBS,
                    help=f"batches captured at a time (default {CAPTURE_JOBS})")
+    p.add_argument("--gpu-mem-gib", type=float, default=80.0,
+                   help="GPU memory the batches in flight share, 80%% of it used (default 80)")
     p.add_argument("--optimize", action="store_true")
     p.add_argument("--optimize-max-bytes", type=float, default=2**30)
     p.add_argument("--rates", type=parse_rates, default=Rates(), metavar="JSON",
@@ -1299,7 +1355,8 @@ def plan_main(argv: list[str]) -> int:
     doc = simulate(problems, est, modes, deadline=args.deadline, batch_bytes=args.batch_bytes,
                    batch_max=args.batch_max, runs=args.runs, jobs=args.jobs,
                    optimize=int(args.optimize_max_bytes) if args.optimize else 0,
-                   rates=args.rates, capture_jobs=1 if args.optimize else args.capture_jobs)
+                   rates=args.rates, capture_jobs=1 if args.optimize else args.capture_jobs,
+                   gpu_bytes=args.gpu_mem_gib * 2**30 * 0.8)
     doc["expected"] = {m: {"dispatches": sum(e[m]["dispatches"] for e in est.values()),
                            "state_bytes": sum(e[m]["state_bytes"] for e in est.values()),
                            "stored_bytes": round(sum(args.rates.stored_bytes(

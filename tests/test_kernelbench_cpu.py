@@ -471,6 +471,15 @@ def test_simulate_counts_the_calls():
                       batch_max=1, runs=1, jobs=1, optimize=False, rates=rates)
     assert sum(n for call in two["problems_per_call"] for _, n in call) == 8
     assert two["estimated_s"] < one["estimated_s"] and two["calls"] <= one["calls"]
+    # problems that hold most of the GPU run one at a time beside each other's lanes
+    for pr in ps:
+        est[pr.key]["peak_bytes"] = 40 << 30
+    tight = kb.simulate(ps, est, ["eager", "compiled"], deadline=100, batch_bytes=1e12,
+                        batch_max=1, runs=1, jobs=1, optimize=False, rates=rates,
+                        capture_jobs=2, gpu_bytes=64 << 30)
+    assert tight["estimated_s"] == one["estimated_s"] > two["estimated_s"]
+    assert [pr.number for part in kb.split_by_peak(ps, {**est, "level1/2_P": {
+        "peak_bytes": 1}}, 1 << 30) for pr in part] == [1, 3, 4, 2]
 
 
 # --------------------------------------------------------------------------- the driver
@@ -674,11 +683,11 @@ def test_batches_too_large_for_the_gpu_together_are_captured_one_at_a_time(tmp_p
 
     fake.capture = capture
     monkeypatch.setattr(kb, "kpair", fake)
-    # 30 GiB a problem: a context and twice that (63 GiB) leave no room for a second batch
-    # in 80% of 80 GiB
+    # 31 GiB a problem: two batches' contexts and problems (68 GiB) are more than 80% of
+    # 80 GiB
     assert _run(root, tmp_path / "out", "--level", "2", "--modes", "compiled", "--batch-max", "1",
                 "--capture-jobs", "3", "--bandwidth-mib", "0", "--sizes",
-                str(_sizes_doc(tmp_path / "sizes.json", keys, 30 << 30))) == 0
+                str(_sizes_doc(tmp_path / "sizes.json", keys, 31 << 30))) == 0
     assert seen["most"] == 1
     assert len(_results(tmp_path / "out").of_type("batch")) == 3
 
