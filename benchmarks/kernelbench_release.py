@@ -5,7 +5,7 @@ same way by the release tournament (``kpair.release.tournament``), the best corr
 published.
 
     python benchmarks/kernelbench.py release --kernelbench PATH -o REL [--levels 1,2]
-        [--start N] [--count N] [--deadline 540] [--work DIR] [--batch 6] [--scale]
+        [--start N] [--count N] [--deadline 540] [--work DIR] [--batch 4] [--scale]
         [--budget-mib 64] [--max-gib 60] [--producers inductor-default,max-autotune,...]
         [--no-search] [--time-cap 1.0] [--runs 2] [--atol 1e-2] [--rtol 1e-2]
 
@@ -41,7 +41,8 @@ A problem the sizes probe (``benchmarks/results/kernelbench_sizes_cpu.json``) pu
 
 Calls: the release itself is the state. A problem it already holds (published or excluded) is
 skipped on the next call; a batch whose capture ran out of the call's time is captured again
-next call. No batch starts within ``--margin`` seconds of ``--deadline``, and every capture,
+next call (the problem it was on counts a timeout: after ``--retries`` it is excluded as
+``did-not-fit``). No batch starts within ``--margin`` seconds of ``--deadline``, every capture,
 search and run is bounded by what is left. Each call is appended to ``REL/tournament_run.json``
 (its wall time: capture, search, judge, publish); ``REL/report.md`` and ``REL/report.json``
 (the producers side by side) are rewritten at the end of every call. Progress goes to stdout,
@@ -191,13 +192,15 @@ def _compiled(torch, kpair, model, inputs, producer: str, name: str) -> dict:
 class Captured:
     """What the capture step made of one problem: the eager range (``ref``) and each
     producer's range, or why there is nothing to judge (``failed``: capture-failed;
-    ``did_not_fit``), or ``cut``: the call's time ran out, capture it again next call."""
+    ``did_not_fit``), or ``cut``: the call's time ran out, capture it again next call
+    (``timed_out``: the problem was being captured when the time ran out)."""
 
     ref: Path | None = None
     candidates: dict[str, Path] = field(default_factory=dict)
     failed: str | None = None
     did_not_fit: str | None = None
     cut: bool = False
+    timed_out: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -240,7 +243,7 @@ def capture_batch(args) -> CaptureFn:
                   for a in ("--range", range_name(e["level"], e["number"], what))]
         cap = kr.kpair_cmd("capture", *ranges, "-o", str(work / "cap"), "-q", "--",
                            sys.executable, str(Path(__file__).resolve()), "child", str(plan),
-                           timeout=timeout,
+                           timeout=min(timeout, args.capture_timeout),
                            env={"TORCHINDUCTOR_CACHE_DIR": str(Path(args.inductor_cache))})
         marks = {m["key"]: m for m in json.loads((work / "marks.json").read_text())} \
             if (work / "marks.json").is_file() else {}
@@ -249,7 +252,9 @@ def capture_batch(args) -> CaptureFn:
             mark = marks.get(e["key"])
             if mark is None:
                 if cap["exit_code"] == 124 or died:
-                    out[e["key"]] = Captured(cut=True)
+                    out[e["key"]] = Captured(cut=True, timed_out=not died
+                                             and cap["exit_code"] == 124)
+                    died = True   # the problems after the one in flight were not tried
                 else:   # the first problem without a mark is the one the program died in
                     died = True
                     out[e["key"]] = Captured(failed="the captured program died (exit "
@@ -377,15 +382,22 @@ def contest_for(p, cap: Captured, work: Path, *, atol: float, rtol: float,
 # --------------------------------------------------------------------------- the call
 
 
+#: ``REL/<this>``: per problem, the calls whose capture ran out of time while on it.
+TIMEOUTS = "tournament_timeouts.json"
+
+
 def orchestrate(problems: Sequence, out: Path, work: Path, capture: CaptureFn, *,
                 options: RunOptions, deadline: float, batch: int = 6, margin: float = 60.0,
                 verdict: Callable[[Path], tuple[str, str | None]] | None = None,
                 search: SearchFn | None = None, atol: float = 1e-2, rtol: float = 1e-2,
-                replay_runs: int = 2, allow_slower: bool = False, log: Log = print) -> dict:
+                replay_runs: int = 2, allow_slower: bool = False, retries: int = 2,
+                log: Log = print) -> dict:
     """One call: the problems the release at ``out`` has not decided, batch by batch,
     captured (``capture``), made contests (``contest_for``), played and settled, until
-    ``deadline`` (``time.monotonic()``) less ``margin``. Returns the call's counts; the
-    call's wall time goes into ``RUN_FILE``, the report is rewritten."""
+    ``deadline`` (``time.monotonic()``) less ``margin``. A problem whose capture ran out of
+    time ``retries`` times (``TIMEOUTS`` counts them across calls) is excluded as
+    ``did-not-fit``. Returns the call's counts; the call's wall time goes into
+    ``RUN_FILE``, the report is rewritten."""
     from kpair.report import write_report
 
     t0, started = time.monotonic(), utc_now()
@@ -403,6 +415,8 @@ def orchestrate(problems: Sequence, out: Path, work: Path, capture: CaptureFn, *
                                                       max(1.0, min(300.0, left()))))
     settled: list[str] = []
     cut = 0
+    timeouts_path = out / TIMEOUTS
+    timeouts = json.loads(timeouts_path.read_text()) if timeouts_path.is_file() else {}
     while todo and left() > margin:
         chunk, todo = todo[:batch], todo[batch:]
         folder = work / "batch"
@@ -415,7 +429,13 @@ def orchestrate(problems: Sequence, out: Path, work: Path, capture: CaptureFn, *
         contests = []
         for p in chunk:
             cap = caps.get(p.key) or Captured(cut=True)
-            if cap.cut or left() <= margin / 2:
+            if cap.timed_out:
+                timeouts[p.key] = timeouts.get(p.key, 0) + 1
+                timeouts_path.write_text(json.dumps(timeouts, indent=1, sort_keys=True))
+                if timeouts[p.key] >= retries:
+                    cap = Captured(did_not_fit=f"its capture did not finish in the time of a "
+                                   f"call, {timeouts[p.key]} times")
+            if (cap.cut and not cap.did_not_fit) or left() <= margin / 2:
                 cut += 1
                 log(f"kernelbench_release: {p.key}: left for the next call")
                 continue
@@ -456,7 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--levels", default="1,2")
     r.add_argument("--start", type=int, default=1, help="first problem number of each level")
     r.add_argument("--count", type=int, default=None, help="problems per level")
-    r.add_argument("--batch", type=int, default=6, help="problems per capture process")
+    r.add_argument("--batch", type=int, default=4, help="problems per capture process")
+    r.add_argument("--capture-timeout", type=float, default=420,
+                   help="seconds a batch's capture may take")
+    r.add_argument("--retries", type=int, default=2,
+                   help="captures out of time before a problem did not fit")
     r.add_argument("--deadline", type=float, default=540, help="seconds this call may take")
     r.add_argument("--margin", type=float, default=45)
     r.add_argument("--scale", action="store_true",
@@ -496,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                                          timeout_s=max(180.0, args.time_cap * 60)),
                       deadline=deadline, batch=args.batch, margin=args.margin,
                       verdict=None, search=search, atol=args.atol, rtol=args.rtol,
-                      replay_runs=args.runs, log=log)
+                      replay_runs=args.runs, retries=args.retries, log=log)
     return 0 if got["left"] == 0 else 3
 
 

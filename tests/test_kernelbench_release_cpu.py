@@ -35,7 +35,7 @@ def _problem(level: int, name: str) -> kb.Problem:
 
 
 PROBLEMS = [_problem(2, "76_Gemm_Add_ReLU"), _problem(2, "77_Wrong"), _problem(1, "3_Big"),
-            _problem(1, "5_Cut"), _problem(1, "6_Nondet")]
+            _problem(1, "5_Cut"), _problem(1, "6_Nondet"), _problem(1, "7_Slow")]
 
 
 class StandIn:
@@ -70,6 +70,9 @@ class StandIn:
         for p in batch:
             if p.name == "3_Big":
                 out[p.key] = krel.Captured(did_not_fit="90.0 GiB at KernelBench's sizes")
+                continue
+            if p.name == "7_Slow":   # its capture runs out of time on every call
+                out[p.key] = krel.Captured(cut=True, timed_out=True)
                 continue
             if p.name == "5_Cut":
                 first = sum(p.key in keys for keys in self.asked) == 1
@@ -126,11 +129,12 @@ def test_orchestrate_publishes_excludes_and_resumes(lib, tmp_path):
                              verdict=_verdict, search=_search, allow_slower=True,
                              log=lines.append)
     assert capture.asked == [["level2/76_Gemm_Add_ReLU", "level2/77_Wrong"],
-                             ["level1/3_Big", "level1/5_Cut"], ["level1/6_Nondet"]]
+                             ["level1/3_Big", "level1/5_Cut"], ["level1/6_Nondet", "level1/7_Slow"]]
     assert sorted(first["decided"]) == ["level1/3_Big", "level1/6_Nondet",
                                         "level2/76_Gemm_Add_ReLU", "level2/77_Wrong"]
-    assert first["left"] == 1 and first["skipped"] == 0
+    assert first["left"] == 2 and first["skipped"] == 0
     assert "kernelbench_release: level1/5_Cut: left for the next call" in lines
+    assert json.loads((rel / krel.TIMEOUTS).read_text()) == {"level1/7_Slow": 1}
     index = load_index(rel)
     (row,) = index.operators
     assert row.key == (2, "76_Gemm_Add_ReLU") and row.producer == "kpair-search"
@@ -156,20 +160,23 @@ def test_orchestrate_publishes_excludes_and_resumes(lib, tmp_path):
     second = krel.orchestrate(PROBLEMS, rel, work, capture, options=OPTIONS,
                               deadline=time.monotonic() + 3600, batch=2, margin=5,
                               verdict=_verdict, search=_search, log=lines.append)
-    assert capture.asked[-1] == ["level1/5_Cut"] and len(capture.asked) == 4
-    assert second == {"decided": ["level1/5_Cut"], "skipped": 4, "left": 0}
+    assert capture.asked[-1] == ["level1/5_Cut", "level1/7_Slow"] and len(capture.asked) == 4
+    assert second == {"decided": ["level1/5_Cut", "level1/7_Slow"], "skipped": 4, "left": 0}
     index = load_index(rel)
-    assert {r.name: r.exclusion for r in index.refused}["5_Cut"] == "capture-failed"
+    why = {r.name: (r.exclusion, r.reason) for r in index.refused}
+    assert why["5_Cut"][0] == "capture-failed"
+    assert why["7_Slow"] == ("did-not-fit", "its capture did not finish in the time of a call, "
+                                            "2 times")
     assert (rel / "level2" / "76_Gemm_Add_ReLU" / "harness" / "result.json").read_bytes() \
         == index_before
     log = RunLog.load(rel)
-    assert [len(c.decided) for c in log.calls] == [4, 1] and log.calls[1].skipped == 4
+    assert [len(c.decided) for c in log.calls] == [4, 2] and log.calls[1].skipped == 4
     doc = json.loads((rel / "report.json").read_text())
     assert doc["producers"]["summary"]["wall_s"] == log.wall_s
     # A third call has nothing to do and captures nothing.
     third = krel.orchestrate(PROBLEMS, rel, work, capture, options=OPTIONS,
                              deadline=time.monotonic() + 3600, verdict=_verdict, log=lines.append)
-    assert third == {"decided": [], "skipped": 5, "left": 0} and len(capture.asked) == 4
+    assert third == {"decided": [], "skipped": 6, "left": 0} and len(capture.asked) == 4
 
 
 def test_a_call_out_of_time_starts_no_batch(lib, tmp_path):
@@ -177,7 +184,7 @@ def test_a_call_out_of_time_starts_no_batch(lib, tmp_path):
     got = krel.orchestrate(PROBLEMS, tmp_path / "rel", tmp_path / "w", capture,
                            options=OPTIONS, deadline=time.monotonic() + 10, margin=60,
                            verdict=_verdict, log=lambda s: None)
-    assert capture.calls == 0 and got == {"decided": [], "skipped": 0, "left": 5}
+    assert capture.calls == 0 and got == {"decided": [], "skipped": 0, "left": 6}
     assert load_index(tmp_path / "rel") is None
     assert len(RunLog.load(tmp_path / "rel").calls) == 1
 
@@ -300,7 +307,7 @@ def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_mark
         return {"exit_code": -9, "stdout": "", "stderr": "Killed", "s": 0.1}
 
     monkeypatch.setattr(krel.kr, "kpair_cmd", fake_capture)
-    args = types.SimpleNamespace(sizes=str(tmp_path / "none.json"),
+    args = types.SimpleNamespace(sizes=str(tmp_path / "none.json"), capture_timeout=300,
                                  producers=list(krel.COMPILE), scale=False, budget_mib=64,
                                  max_gib=60, inductor_cache=str(tmp_path / "ind"))
     work = tmp_path / "w"
