@@ -15,39 +15,49 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._util import threaded_map
+
 __all__ = ["CHUNK", "digest64", "hex64"]
 
 #: Bytes digested at a time (a multiple of 16).
 CHUNK = 8 << 20
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def _words(raw: np.ndarray, first: int, key: int) -> int:
-    """The digest's sum over ``raw`` (uint64 words), the first of them word ``first``."""
+    """The digest's sum over ``raw`` (uint64 words), the first of them word ``first``: in
+    place over one array and one temporary (numpy releases the GIL, so pieces run on
+    several threads)."""
     with np.errstate(over="ignore"):
-        x = raw ^ (np.uint64(key % 2**64)
-                   + (np.arange(raw.size, dtype=np.uint64) + np.uint64(first)) * _GOLDEN)
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
+        x = np.arange(raw.size, dtype=np.uint64)
+        x *= _GOLDEN
+        x += np.uint64((key + first * int(_GOLDEN)) % 2**64)
+        x ^= raw
+        t = np.empty_like(x)
+        for shift, mul in ((30, _M1), (27, _M2)):
+            np.right_shift(x, np.uint64(shift), out=t)
+            x ^= t
+            x *= mul
+        np.right_shift(x, np.uint64(31), out=t)
+        x ^= t
         return int(x.sum(dtype=np.uint64))
 
 
 def digest64(data: bytes | bytearray | memoryview, key: int = 0, *, chunk: int = CHUNK) -> int:
-    """``kpair.backends.base.digest64(data, key)``, computed ``chunk`` bytes at a time."""
+    """``kpair.backends.base.digest64(data, key)``, computed ``chunk`` bytes at a time, the
+    pieces on several threads (``kpair._util.threaded_map``)."""
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     if chunk <= 0 or chunk % 16:
         raise ValueError(f"chunk must be a positive multiple of 16, not {chunk}")
-    n = len(view)
-    total = 0
-    for at in range(0, n, chunk):
-        piece = view[at:at + chunk]
-        if len(piece) % 16:   # the last piece, zero-padded as the digest pads the whole
-            piece = bytes(piece) + bytes(-len(piece) % 16)
-        total = (total + _words(np.frombuffer(piece, np.uint64), at // 8, key)) % 2**64
-    return total
+
+    def piece(at: int) -> int:
+        part = view[at:at + chunk]
+        if len(part) % 16:   # the last piece, zero-padded as the digest pads the whole
+            part = bytes(part) + bytes(-len(part) % 16)
+        return _words(np.frombuffer(part, np.uint64), at // 8, key)
+
+    return sum(threaded_map(piece, range(0, len(view), chunk))) % 2**64
 
 
 def hex64(value: int) -> str:
