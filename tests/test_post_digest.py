@@ -222,3 +222,19 @@ def test_digests_that_differ_between_runs_are_nondeterministic(lab):
         # placed at its captured addresses (the host maps them), so d is where capture saw it
         rep = reproduce(Drifting(dev, snap.manifest.region("d").address), snap, 3)
     assert rep.status == "nondeterministic" and rep.unstable_regions == ["d"], rep
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 4133, (1 << 16) + 8])
+def test_the_host_digest_in_pieces_is_the_devices_digest64(size):
+    from kpair.snapshot.digest import digest64 as in_pieces
+    from kpair.snapshot.store import state_digest
+
+    data = np.random.default_rng(size).integers(0, 256, size, np.uint8).tobytes()
+    for chunk in (16, 48, 4096, 1 << 20):
+        assert in_pieces(data, chunk=chunk) == digest64(data)
+        assert in_pieces(bytearray(data), 7, chunk=chunk) == digest64(data, 7)
+    if size:
+        d = state_digest(memoryview(data))
+        assert (d.size, d.sha256, d.digest64) == (size, sha256(data), f"{digest64(data):016x}")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        in_pieces(data, chunk=24)
