@@ -47,6 +47,12 @@ GATE_ENV = "KB_GPU_GATE"
 JOB_CONTEXT_BYTES = 3 << 30
 
 
+class Abort(Exception):
+    """Raised by a stage when the call cannot go on (capture cannot start on this machine):
+    the scheduler starts nothing more, lets the stages in flight end, and leaves every
+    undecided problem for the next call; ``Scheduler.aborted`` holds the message."""
+
+
 class Gate:
     """A readers-writer lock over ``folder/gate.turn`` and ``folder/gate.rw`` (``flock``:
     released by the kernel when its holder dies, so a killed capture never keeps it)."""
@@ -190,6 +196,7 @@ class Scheduler:
         self.seen: dict[str, list[float]] = {s.name: [] for s in stages}
         self.log: list[dict] = []
         self.left: list[Job] = []
+        self.aborted: str | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ estimates
@@ -222,6 +229,8 @@ class Scheduler:
                 with self.gate.shared():
                     entry["gate_s"] = round(self.clock() - t0, 3)
                     rec = stage.run(job, timeout)
+        except Abort as e:
+            rec = {"cut": True, "abort": str(e)[:2000]}
         except Exception as e:  # noqa: BLE001 - one problem's failure must not end the call
             rec = {"stop": "driver error", "error": f"{type(e).__name__}: {e}"[:2000]}
         entry["end"] = self.clock()
@@ -234,6 +243,9 @@ class Scheduler:
         return rec
 
     def _record(self, job: Job, stage: Stage, rec: dict) -> None:
+        if rec.get("abort") and not self.aborted:
+            self.aborted = rec["abort"]
+            self.say(f"stopping: {self.aborted}")
         if rec.get("cut"):   # ran out of its time: not a record, done again next call
             return
         job.state[stage.name] = rec
@@ -274,7 +286,12 @@ class Scheduler:
                         route(job)
                     else:
                         self._leave(job, admitted)
-                while len(inflight) < self.jobs:
+                if self.aborted:   # nothing new starts; what is queued is left
+                    for job in [*pool_q, *timed_q]:
+                        self._leave(job, admitted)
+                    pool_q.clear()
+                    timed_q.clear()
+                while len(inflight) < self.jobs and not self.aborted:
                     job = self._next_pool(pool_q, fresh, admitted)
                     if job is None:
                         break

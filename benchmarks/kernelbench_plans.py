@@ -652,6 +652,10 @@ def stage_capture(job, timeout: float, args) -> dict:
     recs = json.loads((folder / "io.json").read_text()) \
         if (folder / "io.json").exists() else []
     rec = recs[0] if recs else {}
+    if not recs and not (cap / "capture.json").exists() and cap_run["exit_code"] != 124:
+        said = (cap_run["stderr"].strip().splitlines() or ["no message"])[-1]
+        raise kb_pipeline.Abort(f"kpair capture did not start (exit {cap_run['exit_code']}): "
+                                f"{said}")
     out = {"capture_s": cap_run["s"], "exit_code": cap_run["exit_code"], "scale": e["scale"],
            "program": {k: rec.get(k) for k in ("ok", "error", "self_check", "import_s",
                                                 "gate_wait_s", "setup_s", "compile_s")
@@ -844,6 +848,8 @@ def run(args) -> int:
     write_schedule(out / "schedule.json", sched, t0, n_jobs)
     if results_path.exists():
         write_summary(results_path, out / "summary.json")
+    if sched.aborted:
+        raise SystemExit(f"kernelbench_plans: {sched.aborted}")
     print(f"kernelbench_plans: {len(jobs) - len(sched.left)} decided, {len(sched.left)} left "
           f"for the next call, {time.monotonic() - t0:.0f} s", flush=True)
     return 0 if not sched.left else 3

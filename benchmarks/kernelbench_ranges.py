@@ -219,6 +219,10 @@ def stage_capture(job, timeout: float, args) -> dict:
     marks = json.loads((folder / "marks.json").read_text()) \
         if (folder / "marks.json").exists() else []
     mark = marks[0] if marks else {}
+    if not marks and not (cap / "capture.json").exists() and cap_run["exit_code"] != 124:
+        said = (cap_run["stderr"].strip().splitlines() or ["no message"])[-1]
+        raise kb_pipeline.Abort(f"kpair capture did not start (exit {cap_run['exit_code']}): "
+                                f"{said}")
     rec = {"capture_s": cap_run["s"], "exit_code": cap_run["exit_code"], "program": mark,
            "scale": e["scale"]}
     if cap_run["exit_code"] == 124 and limit < args.capture_timeout:
@@ -452,6 +456,8 @@ def run(args) -> int:
     write_schedule(out / "schedule.json", sched, t0, n_jobs)
     if results_path.exists():
         write_summary(results_path, out / "summary.json")
+    if sched.aborted:
+        raise SystemExit(f"kernelbench_ranges: {sched.aborted}")
     left = len(sched.left)
     print(f"kernelbench_ranges: {len(jobs) - left} decided, {left} left for the next call, "
           f"{time.monotonic() - t0:.0f} s", flush=True)
@@ -460,7 +466,7 @@ def run(args) -> int:
 
 def write_schedule(path: Path, sched, t0: float, n_jobs: int) -> None:
     """The call's stage log (seconds from its start) and the estimates it ended with."""
-    doc = {"jobs": n_jobs, "timed_batch": sched.timed_batch,
+    doc = {"jobs": n_jobs, "timed_batch": sched.timed_batch, "aborted": sched.aborted,
            "estimates_s": {s.name: round(sched.est(s), 3) for s in sched.stages},
            "left": [j.key for j in sched.left],
            "log": [{**e, "start": round(e["start"] - t0, 3), "end": round(e["end"] - t0, 3)}

@@ -379,3 +379,23 @@ def test_cli_help():
     proc = subprocess.run([sys.executable, str(BENCH / "kernelbench_ranges.py"), "run",
                            "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--jobs" in proc.stdout and "--time-cap" in proc.stdout
+
+
+def test_a_capture_that_cannot_start_stops_the_call_and_blames_no_problem(tmp_path,
+                                                                         monkeypatch):
+    calls: list = []
+
+    def no_gpu(*args, timeout, env=None):
+        calls.append(args[0])
+        return {"exit_code": 4, "stdout": "", "s": 0.5, "stderr": (
+            "kpair capture: the NVIDIA driver library (libcuda.so.1) cannot be loaded\n"
+            "kpair capture: the program ended with status 4 and left no capture.json: "
+            "capture did not start")}
+
+    monkeypatch.setattr(kr, "kpair_cmd", no_gpu)
+    with pytest.raises(SystemExit, match="capture did not start"):
+        kr.main(driver_args(tmp_path, "--jobs", "1"))
+    assert calls == ["capture"]   # nothing started after the first
+    assert not (tmp_path / "OUT" / "results.jsonl").exists()
+    schedule = json.loads((tmp_path / "OUT" / "schedule.json").read_text())
+    assert len(schedule["left"]) == 3 and "capture did not start" in schedule["aborted"]
