@@ -267,3 +267,44 @@ def test_a_triton_launch_without_triton_is_recorded_not_retuned(lab, tmp_path):
     assert [c.label for c in got] == ["compiled", "compiled op0"]
     assert got[0].build_error is None and got[0].format == "plan"
     assert got[1].strategy == RETUNE and "pip install triton" in got[1].build_error
+
+
+def test_the_best_retune_of_each_launch_is_combined(lab, bound, tmp_path):
+    """Retunes that beat their capture on two launches are put in place together: the
+    combined plan fits the range and passes; with one improving launch there is none."""
+    from kpair.harness import Harness
+    from kpair.optimize.strategies.captured import (
+        Variant,
+        best_per_launch,
+        combined_plan,
+        keep_code,
+    )
+
+    path = bind_snapshot(bound["ref"], lab["caps"]["unfused"], tmp_path / "plan")
+    plan = Plan.read(path)
+    assert [x.kernel for x in plan.launches] == ["kp_matmul", "kp_bias", "kp_relu"]
+    rel = keep_code(path, bound["other"].read_bytes(), ".so")
+    variants = [Variant("u op0 a", "u", 0, rel, "kp_matmul", "elf-so"),
+                Variant("u op0 b", "u", 0, rel, "kp_matmul", "elf-so"),
+                Variant("u op1 a", "u", 1, rel, "kp_bias", "elf-so"),
+                Variant("u op2 a", "u", 2, rel, "kp_relu", "elf-so")]
+    scores = {"u": 1.0, "u op0 a": 1.05, "u op0 b": 1.2, "u op1 a": 0.97, "u op2 a": 1.02}
+    chosen = best_per_launch(variants, scores, scores["u"])
+    assert {i: v.label for i, v in chosen.items()} == {0: "u op0 b", 2: "u op2 a"}
+    both = combined_plan(plan, chosen)
+    assert [x.code == rel for x in both.launches] == [True, False, True]
+    assert both.launches[1] == plan.launches[1]
+
+    strategy = CapturedRange([RangeCandidate("u", lab["caps"]["unfused"])],
+                             scores=lambda: scores)
+    strategy._variants["u"] = variants
+    h = Harness.open(_aa(lab, bound))
+    got = strategy.combined(h, RangeCandidate("u", lab["caps"]["unfused"]), path)
+    assert got is not None and got.label == "u combined" and got.strategy == RETUNE
+    assert got.params["launches"] == {"0": "u op0 b", "2": "u op2 a"}
+    with Session(h.root, RunOptions(time_cap_s=0.5, min_blocks=4, max_blocks=16,
+                                    control=False, timeout_s=300)) as s:
+        judged = s.judge(got)
+    assert judged.result.status == "pass", judged.result.reason
+    strategy.scores = lambda: {**scores, "u op2 a": 0.99}   # one launch improved: no plan
+    assert strategy.combined(h, RangeCandidate("u", lab["caps"]["unfused"]), path) is None

@@ -56,7 +56,7 @@ from .ranges import range_record
 from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
 from .strategies import STRATEGIES, HostC, TritonRetune
 from .strategies.captured import NAME as CAPTURED_NAME
-from .strategies.captured import CapturedRange, RangeCandidate, producer_of
+from .strategies.captured import CapturedRange, RangeCandidate, passed_speedups, producer_of
 from .strategy import Context, KernelSource
 from .workbench import Operator, base_harness, finished_capture, pair_harness
 
@@ -327,6 +327,9 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
         made[CAPTURED_NAME] = captured = opts.make(CAPTURED_NAME)
         captured.bind(Snapshot.open(op.snapshot), work / "builds" / CAPTURED_NAME)
         scratch = captured.scratch()
+        # Retunes that beat their capture on several launches are combined: by the prune
+        # step's verdicts so far.
+        captured.scores = lambda: passed_speedups(search_dir / "prune" / ATTEMPTS)
     base = base_harness(op, work, policy=opts.policy, scratch=scratch)
     if record_path.is_file():
         record = read(record_path, SearchRecord)

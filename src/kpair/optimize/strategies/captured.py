@@ -18,6 +18,12 @@ changed plan is read back and checked against the range (``kpair.harness.load_pl
 new cubin's own parameter layout must be the kernarg's) before it is a candidate; one that
 fails the check is a candidate with its ``build_error``. Retuning needs Triton and the
 GPU's architecture; a range without Triton metadata gets no retunes.
+
+Each retune changes one launch. When the search has judged a capture's retunes (``scores``:
+the speedups of the candidates judged so far, from the prune step's ``attempts.jsonl``), the
+best passing retune of each launch that beat the capture itself is put in place together
+(``best_per_launch``, ``combined_plan``): where two or more launches improved, that plan is
+one more candidate (label ``<producer> combined``), judged like the others.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +40,7 @@ from ...candidate import Candidate
 from ...errors import BackendUnavailable, KpairError, UsageError
 from ...harness import bind_snapshot, load_plan
 from ...plan import Plan, Scratch
+from ...session import read_attempts
 from ..strategy import Context
 from .triton import (
     DEFAULT_LIMIT,
@@ -110,18 +117,76 @@ def substitute(plan: Plan, i: int, *, code: str, kernel: str, fmt: str,
     return plan.replace(launches=launches, note=note or plan.note)
 
 
-def write_variant(base: Path, plan: Plan, image: bytes, suffix: str, stem: str,
-                  i: int, kernel: str, fmt: str, launch: dict | None, note: str) -> Path:
-    """A plan beside ``base`` (sharing its code objects) with launch ``i`` replaced by
-    ``image``: ``<stem>.plan.json``, the image kept in ``code/`` under its digest."""
+@dataclass(frozen=True)
+class Variant:
+    """One retuned launch: the candidate's ``label``, the capture it retunes (``of``), the
+    launch, and what ``substitute`` puts there."""
+
+    label: str
+    of: str
+    launch: int
+    code: str
+    kernel: str
+    fmt: str
+    override: dict | None = None
+
+
+def keep_code(base: Path, image: bytes, suffix: str) -> str:
+    """``image`` kept beside the plan at ``base`` in ``code/`` under its digest: its path
+    relative to the plan."""
     rel = f"code/{hashlib.sha256(image).hexdigest()[:16]}{suffix}"
     (base.parent / "code").mkdir(parents=True, exist_ok=True)
     if not (base.parent / rel).is_file():
         (base.parent / rel).write_bytes(image)
-    changed = substitute(plan, i, code=rel, kernel=kernel, fmt=fmt, launch=launch, note=note)
+    return rel
+
+
+def write_plan(base: Path, plan: Plan, stem: str) -> Path:
+    """``plan`` written beside ``base`` (sharing its code objects) as ``<stem>.plan.json``."""
     path = base.parent / f"{stem}.plan.json"
-    path.write_text(json.dumps(changed.to_json(), indent=1) + "\n")
+    path.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
     return path
+
+
+def write_variant(base: Path, plan: Plan, image: bytes, suffix: str, stem: str,
+                  i: int, kernel: str, fmt: str, launch: dict | None, note: str) -> Path:
+    """A plan beside ``base`` (sharing its code objects) with launch ``i`` replaced by
+    ``image``: ``<stem>.plan.json``, the image kept in ``code/`` under its digest."""
+    rel = keep_code(base, image, suffix)
+    return write_plan(base, substitute(plan, i, code=rel, kernel=kernel, fmt=fmt,
+                                       launch=launch, note=note), stem)
+
+
+def best_per_launch(variants: Sequence[Variant], scores: Mapping[str, float],
+                    floor: float) -> dict[int, Variant]:
+    """Per launch, the variant with the highest score above ``floor`` (variants without a
+    score did not pass, or were not judged)."""
+    best: dict[int, Variant] = {}
+    for v in variants:
+        got = scores.get(v.label)
+        if got is None or got <= floor:
+            continue
+        if v.launch not in best or got > scores[best[v.launch].label]:
+            best[v.launch] = v
+    return best
+
+
+def combined_plan(plan: Plan, chosen: Mapping[int, Variant]) -> Plan:
+    """``plan`` with every chosen variant put in place of its launch."""
+    for i, v in sorted(chosen.items()):
+        plan = substitute(plan, i, code=v.code, kernel=v.kernel, fmt=v.fmt, launch=v.override)
+    labels = "; ".join(chosen[i].label for i in sorted(chosen))
+    return plan.replace(note=f"{plan.note}; launches {sorted(chosen)} retuned by kpair "
+                             f"together ({labels})")
+
+
+def passed_speedups(attempts: Path) -> dict[str, float]:
+    """label -> speedup of every passing attempt in ``attempts`` (an ``attempts.jsonl``;
+    none yet: empty)."""
+    if not attempts.is_file():
+        return {}
+    return {a.label: a.speedup for a in read_attempts(attempts)
+            if a.status == "pass" and a.speedup is not None}
 
 
 def plan_candidate(path: Path, *, label: str, strategy: str, **provenance) -> Candidate:
@@ -138,10 +203,14 @@ class CapturedRange:
 
     name = NAME
 
-    def __init__(self, captures: Sequence[RangeCandidate], limit: int = DEFAULT_LIMIT):
+    def __init__(self, captures: Sequence[RangeCandidate], limit: int = DEFAULT_LIMIT,
+                 scores: Callable[[], Mapping[str, float]] | None = None):
         self.captures = tuple(captures)
         self.limit = limit
+        #: The speedups of the candidates judged so far, by label (None: no combinations).
+        self.scores = scores
         self._bound: dict[str, Path | str] | None = None
+        self._variants: dict[str, list[Variant]] = {}
 
     def bind(self, snapshot, work: Path) -> dict[str, Path | str]:
         """Bind every capture to the range of Snapshot ``snapshot`` (once): producer -> its
@@ -186,6 +255,33 @@ class CapturedRange:
             path = bound[c.producer]
             if self.limit and isinstance(path, Path):
                 yield from self.retunes(harness, c, path, context)
+                combined = self.combined(harness, c, path)
+                if combined is not None:
+                    yield combined
+
+    def combined(self, harness, capture: RangeCandidate, path: Path) -> Candidate | None:
+        """The capture's plan with the best judged retune of every launch that beat it put
+        in place together, where two or more launches did (see the module docstring)."""
+        scores = self.scores() if self.scores is not None else {}
+        if capture.producer not in scores:
+            return None
+        chosen = best_per_launch(self._variants.get(capture.producer, ()), scores,
+                                 scores[capture.producer])
+        if len(chosen) < 2:
+            return None
+        label = f"{capture.producer} combined"
+        params = {"producer": RETUNE, "of": capture.producer,
+                  "launches": {str(i): v.label for i, v in sorted(chosen.items())}}
+        try:
+            out = write_plan(path, combined_plan(Plan.read(path), chosen),
+                             f"{RETUNE}-combined")
+            load_plan(out, harness.snapshot.manifest)
+        except KpairError as e:
+            return Candidate(label=label, strategy=RETUNE, params=params,
+                             build_error=f"the combined retunes do not fit the plan: {e}")
+        return plan_candidate(out, label=label, strategy=RETUNE, params=params,
+                              source=f"retunes of {capture.producer}, "
+                                     f"{len(chosen)} launches together")
 
     def retunes(self, harness, capture: RangeCandidate, path: Path, context: Context
                 ) -> Iterator[Candidate]:
@@ -247,11 +343,15 @@ class CapturedRange:
                 continue
             stem = f"{RETUNE}-op{i}-{n:03d}"
             try:
-                variant = write_variant(path, plan, built.image, ".cubin", stem, i,
-                                        built.kernel, built.format, built.launch_override,
-                                        f"{plan.note}; launch {i} retuned by kpair "
-                                        f"({built.label})")
+                rel = keep_code(path, built.image, ".cubin")
+                variant = write_plan(path, substitute(
+                    plan, i, code=rel, kernel=built.kernel, fmt=built.format,
+                    launch=built.launch_override, note=f"{plan.note}; launch {i} retuned by "
+                    f"kpair ({built.label})"), stem)
                 load_plan(variant, harness.snapshot.manifest)
+                self._variants.setdefault(capture.producer, []).append(Variant(
+                    label, capture.producer, i, rel, built.kernel, built.format,
+                    built.launch_override))
             except KpairError as e:
                 yield replace(built, label=label, strategy=RETUNE, params=params,
                               build_error=f"the retuned launch does not fit the plan: {e}")
@@ -267,6 +367,7 @@ def producer_of(candidate: Candidate) -> str | None:
     return p.get("producer") if isinstance(p.get("producer"), str) else None
 
 
-__all__ = ["NAME", "RETUNE", "CapturedRange", "RangeCandidate", "check_candidates",
-           "plan_candidate", "producer_of", "substitute", "write_variant"]
+__all__ = ["NAME", "RETUNE", "CapturedRange", "RangeCandidate", "Variant", "best_per_launch",
+           "check_candidates", "combined_plan", "keep_code", "passed_speedups",
+           "plan_candidate", "producer_of", "substitute", "write_plan", "write_variant"]
 
