@@ -454,8 +454,36 @@ def orchestrate(problems: Sequence, out: Path, work: Path, capture: CaptureFn, *
     if (out / "index.json").is_file():
         with contextlib.suppress(BackendUnavailable):   # no matplotlib: markdown, JSON only
             write_report(out)
+        log(headline(out))
     log(f"kernelbench_release: {len(settled)} decided this call, {cut} left for the next")
     return {"decided": settled, "skipped": skipped, "left": cut}
+
+
+#: The seed release's Harness geomean (26 KernelBench Level 1/2 operators): the bar.
+SEED_GEOMEAN = 1.3637
+
+
+def headline(out: Path) -> str:
+    """One line from ``REL/report.json``: published and excluded, the winner and Inductor's
+    best against eager, the winner against Inductor's best, the wall time so far."""
+    doc = json.loads((out / "report.json").read_text()).get("producers")
+    if not doc:
+        return "kernelbench_release: no tournament row yet"
+    s = doc["summary"]
+
+    def fig(f: dict) -> str:
+        if f["geomean"] is None:
+            return "-"
+        lo, hi = f["interval"]
+        return f"{f['geomean']:.4f}x [{lo:.4f}, {hi:.4f}] over {f['operators']}"
+
+    vs = s["winner_vs_inductor_best"]
+    return (f"kernelbench_release: {s['published']} published, "
+            f"{sum(s['excluded'].values())} excluded {s['excluded']}; winner vs eager "
+            f"{fig(s['winner_vs_eager'])} (seed {SEED_GEOMEAN}x); Inductor's best vs eager "
+            f"{fig(s['inductor_best_vs_eager'])}; winner vs Inductor's best {fig(vs)}, at "
+            f"least as fast within the interval on {vs['at_least_within_interval']}; "
+            f"wall {s['wall_s']} s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,6 +150,9 @@ def test_orchestrate_publishes_excludes_and_resumes(lib, tmp_path):
     assert "host stand-in" in rec["notes"] and "plan, retune: not made by this driver" \
         in rec["notes"]
     assert (rel / "report.md").is_file()
+    (head,) = [x for x in lines if "published," in x]
+    assert head.startswith("kernelbench_release: 1 published, 3 excluded") and "seed 1.3637x" \
+        in head
     doc = json.loads((rel / "report.json").read_text())
     assert doc["producers"]["summary"]["published"] == 1
     assert doc["producers"]["summary"]["excluded"] == {
