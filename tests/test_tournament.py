@@ -250,3 +250,16 @@ def test_an_entrant_whose_pair_is_refused_is_recorded_and_the_others_go_on(lab, 
     (row,) = load_index(tmp_path / "rel").refused
     rec = TournamentRecord.read(tmp_path / "rel" / row.paths.provenance / TOURNAMENT_FILE)
     assert rec.attempts[0].result is None and rec.attempts[1].result is not None
+
+
+def test_a_dispatch_ref_takes_same_layout_opts(matmul_snapshot, matmul_libs, tmp_path):
+    """A single-dispatch ref (one recorded kp_matmul) with same-layout code objects as
+    entrants: the loop-reordered build (a retune) against a wrong one."""
+    c = Contest(1, "1_Square_matrix_multiplication_", matmul_snapshot, [
+        Entrant("retune", matmul_libs["offbyone"], kind="opt"),
+        Entrant("retune", matmul_libs["fast"], kind="opt", note="loop order i-k-j")])
+    (out,) = run_contests(tmp_path / "rel", [c], tmp_path / "w", OPTIONS, allow_slower=True)
+    assert [j.row.status for j in out.judged] == ["fail", "pass"] and out.winner == 1
+    (row,) = load_index(tmp_path / "rel").operators
+    assert row.producer == "retune" and row.range is None and row.plan_launches is None
+    assert row.kernels.opt == "kp_matmul"
