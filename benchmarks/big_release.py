@@ -513,13 +513,29 @@ class Publish:
         manifest = json.loads((eager / "snapshot.json").read_text())
         tolerances = [{"region": r["name"], "range": [0, r["size"]], "dtype": "float32",
                        "criterion": "allclose", "atol": ATOL, "rtol": RTOL}
-                      for r in manifest["regions"] if r.get("role") in ("out", "inout")]
+                      for r in manifest["regions"]
+                      if r.get("role") == "out" and r["size"] % 4 == 0]
         if not tolerances:
-            raise Stop(5, f"{eager}: the eager range has no live-out region to judge")
+            raise Stop(5, f"{eager}: the eager range has no declared output to judge")
+        note = (f"KernelBench's own tolerance (atol={ATOL}, rtol={RTOL}) on the forward's "
+                "output; every other byte exact.")
         policy = {"schema": "kpair.validation_policy", "schema_version": 1,
-                  "default": "byte-exact", "tolerances": tolerances,
-                  "note": f"KernelBench's own tolerance (atol={ATOL}, rtol={RTOL}) on the "
-                          "forward's output; every other byte exact"}
+                  "default": "byte-exact", "tolerances": tolerances}
+        mutate = int(self.args.mutate_mib * MIB)
+        inputs = [r for r in manifest["regions"] if r.get("role") == "in"]
+        if mutate and inputs:
+            # The differential run resamples the first --mutate-mib of the largest input (x)
+            # instead of all of it: a host-side resample of 4 GiB costs about a minute per
+            # run. kpair adds its derived whole-region mutations of every other input.
+            x = max(inputs, key=lambda r: r["size"])
+            end = min(x["size"], mutate) // 4 * 4
+            policy["mutations"] = [{"region": x["name"], "dtype": "float32",
+                                    "method": "resample", "count": 1, "range": [0, end]}]
+            if end < x["size"]:
+                note += (f" The differential run resamples {x['name']}[0:{end}) (the first "
+                         f"{end / MIB:g} MiB of {x['size'] / MIB:g} MiB), not all of it; the "
+                         "timed blocks' fresh inputs change the same range.")
+        policy["note"] = note
         path = self.work / "policy.json"
         _write_json(policy, path)
         self.doc["policy"] = policy
@@ -778,6 +794,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicates", type=_count, help="kpair's --replicates (default its own)")
     p.add_argument("--max-tar-mib", type=_positive, default=16.0,
                    help="refuse a packed release over this many MiB (default 16)")
+    p.add_argument("--mutate-mib", type=float, default=64.0,
+                   help="MiB of x the policy's differential run resamples (default 64; 0: "
+                   "kpair's derived mutations, every input whole)")
     p.add_argument("--work", help="working folder (default OUTDIR/work; resumed from)")
     p.add_argument("--work-tar", help="also pack the working folder into this file at the "
                    "end, finished or not (a .tar.zst under --max-tar-mib), for --resume")

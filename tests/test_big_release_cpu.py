@@ -55,7 +55,7 @@ def _tar(path: Path) -> tarfile.TarFile:
 def published(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("publish")
     code, doc, stderr = _script("publish", "--backend", "host", "-o", str(out), "--work-tar",
-                                str(out / "work.tar.zst"), *QUICK)
+                                str(out / "work.tar.zst"), "--mutate-mib", "1", *QUICK)
     assert code == 0, (stderr, doc.get("error"), doc.get("failed_step"))
     return {"out": out, "doc": doc}
 
@@ -72,8 +72,13 @@ def test_publish_packs_a_regenerable_release(published):
     assert made["x"] == ["bk_uniform"] and made["y"] is None
     assert doc["published"]["region_bytes"] == doc["region_bytes"]
     assert 0 < doc["stored_bytes"] <= doc["region_bytes"] // 100
-    # Judged under the declared tolerance, faster by its estimate.
+    # Judged under the declared policy (tolerance on y; x resampled in its first MiB, the
+    # other inputs whole by kpair's derived mutations), faster by its estimate.
     assert doc["policy"]["tolerances"][0]["region"] == "y"
+    run = json.loads((out / "work" / "run.json").read_text())
+    assert run["trust"]["differential"]["finding"]["mutations"] == [
+        f"resample x[0:{1 << 20}) as float32", "resample scale as float32",
+        "resample bias as float32"]
     assert doc["published"]["status"] == "pass"
     assert doc["published"]["correctness"].startswith("tolerance")
     assert doc["run"]["speedup"] > 1 and doc["published"]["speedup"] > 1
@@ -90,6 +95,10 @@ def test_publish_packs_a_regenerable_release(published):
     assert {"release/index.json", f"{key}/harness/harness.json",
             f"{key}/harness/capture/snapshot.json"} <= names
     assert not any(n.endswith(".kpair-release.lock") for n in names)
+    with _tar(tar) as t:
+        policy = json.loads(t.extractfile(f"{key}/harness/capture/validation_policy.json")
+                            .read())
+    assert policy["mutations"] == doc["policy"]["mutations"]
 
 
 def test_verify_from_the_tar_alone(published, tmp_path):
