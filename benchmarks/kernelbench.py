@@ -932,7 +932,10 @@ class Call:
         self.lanes = 1 if getattr(args, "optimize", False) else \
             max(1, getattr(args, "capture_jobs", 1))
         self.gpu_budget = getattr(args, "gpu_mem_gib", 80.0) * 2**30 * 0.8
-        self.disk_budget = getattr(args, "disk_budget", None)
+        #: expected stored bytes of the batches in flight, at most: --disk-budget, else 80%
+        #: of the disk free when the call starts
+        self.disk_budget = getattr(args, "disk_budget", None) or \
+            0.8 * shutil.disk_usage(args.work).free
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -968,6 +971,11 @@ class Call:
         peak = max((self.est.get(pr.key, {}).get("peak_bytes", 0) for pr in batch), default=0)
         return context_bytes() + peak / max(1, self.args.scale)
 
+    def stored(self, batch: list[Problem], mode: str) -> float:
+        """The bytes a batch is expected to store (``Rates.stored_bytes``)."""
+        return sum(self.rates.stored_bytes(self.expect(pr, mode).get("state_bytes", 0))
+                   for pr in batch)
+
     def run_mode(self, mode: str) -> bool:
         """``mode``'s batches, up to ``self.lanes`` at a time while their GPU memory fits
         ``--gpu-mem-gib`` and their expected stored bytes ``--disk-budget``, until every
@@ -985,11 +993,7 @@ class Call:
                     gpu_used = sum(g for _, g, _ in inflight.values())
                     disk_used = sum(d for _, _, d in inflight.values())
                     free = shutil.disk_usage(self.args.work).free
-                    room = min(self.args.batch_bytes, 0.8 * free)
-                    if self.disk_budget is not None:
-                        room = min(room, self.disk_budget - disk_used)
-                    if inflight and room <= 0:
-                        break
+                    room = min(self.args.batch_bytes, 0.8 * free, self.disk_budget - disk_used)
                     batch, fits = None, False
                     for part in split_by_peak(todo, self.est, self.gpu_budget / self.lanes):
                         batch = plan_batch(part, self.est, mode, bytes_left=max(room, 0.0),
@@ -997,12 +1001,13 @@ class Call:
                                            max_count=self.args.batch_max, rates=self.rates,
                                            runs=self.args.runs, jobs=self.args.jobs,
                                            optimize=self.args.optimize_bytes)
-                        fits = bool(batch) and (not inflight or gpu_used + self.gpu_bytes(
-                            batch) <= self.gpu_budget)
+                        fits = bool(batch) and (not inflight or (
+                            gpu_used + self.gpu_bytes(batch) <= self.gpu_budget
+                            and self.stored(batch, mode) <= room))
                         if fits:
                             break
                     if batch and not fits:
-                        break   # waits for GPU memory: a batch in flight ends first
+                        break   # waits for GPU memory or disk: a batch in flight ends first
                     if not batch and not self.batches and not inflight and \
                             self.rates.start_s + self.rates.problem_s(
                                 mode, self.expect(todo[0], mode), self.args.runs,
@@ -1017,10 +1022,8 @@ class Call:
                         break
                     gpu = self.gpu_bytes(batch)
                     self.batches += 1
-                    stored = sum(self.rates.stored_bytes(self.expect(pr, mode).get(
-                        "state_bytes", 0)) for pr in batch)
                     fut = pool.submit(self.batch, batch, mode, self.batches)
-                    inflight[fut] = ({pr.key for pr in batch}, gpu, stored)
+                    inflight[fut] = ({pr.key for pr in batch}, gpu, self.stored(batch, mode))
                     todo = [pr for pr in todo if pr not in batch]
                 if not inflight:
                     break

@@ -626,7 +626,7 @@ def test_a_run_records_each_problem_deletes_snapshots_and_resumes(tmp_path, monk
 def _sizes_doc(path: Path, keys: list[str], peak: int) -> Path:
     path.write_text(json.dumps({"schema": "kpair.kernelbench-sizes", "problems": [
         {"key": k, "level": int(k[5]), "problem": k.split("/")[1], "io_bytes": peak,
-         "max_op_bytes": 0, "state_bytes": 1000, "params_bytes": 0, "input_bytes": 0,
+         "max_op_bytes": 0, "state_bytes": 1000, "params_bytes": 0, "input_bytes": 1000,
          "output_bytes": 0, "op_list": [["add", 500, 500]]} for k in keys]}))
     return path
 
@@ -690,6 +690,13 @@ def test_batches_too_large_for_the_gpu_together_are_captured_one_at_a_time(tmp_p
                 str(_sizes_doc(tmp_path / "sizes.json", keys, 31 << 30))) == 0
     assert seen["most"] == 1
     assert len(_results(tmp_path / "out").of_type("batch")) == 3
+    # the same with small problems and a disk budget that holds one batch's expected bytes
+    seen["most"] = 0
+    assert _run(root, tmp_path / "out2", "--level", "2", "--modes", "compiled",
+                "--batch-max", "1", "--capture-jobs", "3", "--bandwidth-mib", "0",
+                "--disk-budget", "150", "--sizes",   # 109 bytes expected a problem
+                str(_sizes_doc(tmp_path / "sizes2.json", keys, 1 << 20))) == 0
+    assert seen["most"] == 1
 
 
 def test_inductor_baselines_capture_each_compiled_batch_under_each_tuning_mode(
