@@ -308,3 +308,57 @@ def test_the_best_retune_of_each_launch_is_combined(lab, bound, tmp_path):
     assert judged.result.status == "pass", judged.result.reason
     strategy.scores = lambda: {**scores, "u op2 a": 0.99}   # one launch improved: no plan
     assert strategy.combined(h, RangeCandidate("u", lab["caps"]["unfused"]), path) is None
+
+
+def test_a_retuned_launch_goes_through_the_search_and_can_win(lab, tmp_path, monkeypatch,
+                                                              matmul_libs):
+    """The retune path end to end on the host, Triton's compile stood in for: the unfused
+    capture's first operation carries Triton metadata (as ``kpair capture --range`` records
+    it), and each config "builds" a host kp_matmul — the fast loop order (bit-identical) or
+    the off-by-one one. Each is put in place of launch 0, checked, judged: the fast one passes
+    and wins for producer kpair-retune; the wrong one fails; each row names what it retuned."""
+    import shutil
+
+    from kpair.candidate import Candidate
+    from kpair.optimize.strategies import captured
+
+    cap = tmp_path / "unfused"
+    shutil.copytree(lab["caps"]["unfused"], cap)
+    doc = json.loads((cap / "snapshot.json").read_text())
+    doc["provenance"]["ops"] = [{"kind": "kernel", "triton": {
+        "source": "def kp_matmul(a, b, c, n):\n    pass\n", "function": "kp_matmul",
+        "signature": {"a": "*fp32", "b": "*fp32", "c": "*fp32", "n": "i32"},
+        "metadata": {"num_warps": 4, "num_stages": 1}}}, {"kind": "kernel"},
+        {"kind": "kernel"}]
+    (cap / "snapshot.json").write_text(json.dumps(doc))
+    builds = {2: matmul_libs["fast"], 8: matmul_libs["offbyone"]}
+
+    def fake_build(info, fn, config, stem, harness, context, formula, values, *, origin):
+        lib = builds.get(config["num_warps"], matmul_libs["fast"])
+        label = f"num_warps={config['num_warps']} maxnreg={config['maxnreg']}"
+        return Candidate(lib.read_bytes(), "kp_matmul", "elf-so", {"block": [1, 1, 1]},
+                         label=label, strategy="triton", params={"origin": origin},
+                         source=f"{info.function} (stand-in)", build=f"stand-in {label}")
+
+    monkeypatch.setattr(captured, "load_function", lambda info, where: object())
+    monkeypatch.setattr(captured, "_build", fake_build)
+    opts = OptimizeOptions(strategies=(), prune=OPTIONS.prune, rungs=(), confirm=FAST,
+                           publish=FAST, keep=2, triton_limit=3)
+    summary = optimize_range(lab["ref"], [RangeCandidate("unfused", cap)], tmp_path / "rel",
+                             opts, name="mlp", work=tmp_path / "work", log=lambda s: None)
+    (o,) = summary.outcomes
+    record = RangeRecord.read(tmp_path / "work" / "ops" / "level2-mlp" / "provenance"
+                              / RANGE_FILE)
+    rows = {c.label: c for c in record.candidates}
+    assert set(rows) == {"unfused", "unfused op0 num_warps=2 maxnreg=None",
+                         "unfused op0 num_warps=8 maxnreg=None",
+                         "unfused op0 num_warps=4 maxnreg=128"}, list(rows)
+    fast, wrong = rows["unfused op0 num_warps=2 maxnreg=None"], \
+        rows["unfused op0 num_warps=8 maxnreg=None"]
+    assert (fast.producer, fast.of, fast.status) == (RETUNE, "unfused", "pass")
+    assert wrong.status == "fail" and "region out" in wrong.reason
+    assert fast.speedup > rows["unfused"].speedup
+    assert (o.status, o.producer) == ("published", RETUNE), o.line
+    assert record.winner == RETUNE and rows[record.winner_label].winner
+    row = next(r for r in load_index(tmp_path / "rel").operators if r.name == "mlp")
+    assert row.plan_launches == 3   # the capture's three launches, the first one retuned
