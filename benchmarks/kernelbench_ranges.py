@@ -495,12 +495,19 @@ def write_summary(results_path: Path, path: Path) -> dict:
         "replay_verdicts": {v: replays.count(v) for v in set(replays) if v},
         "byte_exact_of_deterministic": round(deterministic.count("byte-exact")
                                              / len(deterministic), 4) if deterministic else None,
+        # where the problems' seconds went, summed (capture holds import, compile, ranges)
+        "breakdown_total_s": {k: round(sum((r.get("breakdown") or {}).get(k) or 0
+                                           for r in rows), 3)
+                              for k in ("capture_s", "import_s", "gate_wait_s", "compile_s",
+                                        "replay_s", "pair_s", "run_s", "rerun_s")},
         "rows": [{"key": r["key"], "scale": r["scale"], "outcome": r.get("outcome"),
                   "speedup": (r.get("runs") or [{}])[0].get("speedup"),
                   "ci95": (r.get("runs") or [{}])[0].get("ci95"),
-                  "rerun": (r.get("runs") or [{}, {}])[-1].get("speedup"),
+                  "rerun": r["runs"][1].get("speedup") if len(r.get("runs") or []) >= 2
+                  else None,
                   "eager_ops": r.get("eager_replay", {}).get("ops"),
-                  "compiled_ops": r.get("compiled_replay", {}).get("ops")} for r in rows]}
+                  "compiled_ops": r.get("compiled_replay", {}).get("ops"),
+                  "breakdown": r.get("breakdown")} for r in rows]}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, path)

@@ -348,6 +348,8 @@ def test_the_driver_records_each_problems_breakdown_and_resumes(tmp_path, monkey
     assert schedule["left"] == ["level2/3_Matmul_Sum"] and schedule["jobs"] == 2
     summary = json.loads((tmp_path / "OUT" / "summary.json").read_text())
     assert summary["passed"] == 2 and summary["rerun_inside"] == 2
+    assert summary["breakdown_total_s"]["compile_s"] == 24.0
+    assert summary["breakdown_total_s"]["run_s"] == 16.0
 
     calls.clear()   # the next call: only p3's timed runs are missing
     monkeypatch.setattr(kr, "kpair_cmd", fake_kpair(calls))
