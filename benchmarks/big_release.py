@@ -48,6 +48,17 @@ the wall time. Exit status: publish 0 published and packed, 1 refused (regions t
 release add refused, tar too big), 2 usage, 3 a missing or unreadable tar, 5 a step failed or
 the deadline passed (the failing kpair step's own code where it has one); verify as
 ``kpair verify`` (0 every operator passes, 1 some fail, 5 some could not be run).
+
+On GPUs, two device calls through ``benchmarks/gpu_call.sh`` (the packed files must come
+back as files of their own: that script keeps only ``back.tgz`` unless it spares them), the
+second on a machine started afresh that gets nothing but the tar::
+
+    'publish:560:python3 benchmarks/big_release.py publish -o $OUT/big
+        --tar $OUT/release.tar.zst --work-tar $OUT/work.tar.zst --deadline 520'
+    'verify:560:python3 benchmarks/big_release.py verify RELEASE.tar.zst -o $OUT/verify
+        --time-cap 10 --deadline 520'
+
+A publish cut off by its deadline goes on in another call with ``--resume WORK.tar.zst``.
 """
 
 from __future__ import annotations
@@ -567,7 +578,9 @@ class Publish:
             if run["exit_code"] not in (0, 1):   # a fail verdict is a result, not a crash
                 self.step("run", run)
             os.replace(self.work / ".run.json", out)
-        self.doc["run"] = _speed(json.loads(out.read_text()))
+        result = json.loads(out.read_text())
+        self.doc["run"] = {**_speed(result), "stage_s": result.get("stage_s"),
+                           "wall_s": result.get("wall_s")}
 
     def publish(self, harness: Path) -> Path:
         from kpair.release import load_index
@@ -684,6 +697,15 @@ def _row_speed(row) -> dict:
 
 # --------------------------------------------------------------------------- verify
 
+def _stages(release: Path, result: str | None) -> dict:
+    """The re-run's seconds per stage and in all, from its result.json (where it was kept)."""
+    try:
+        doc = json.loads((release / result).read_text()) if result else {}
+    except (OSError, ValueError):
+        return {}
+    return {"stage_s": doc.get("stage_s"), "run_wall_s": doc.get("wall_s")}
+
+
 def verify(args: argparse.Namespace) -> int:
     from kpair.release import load_index
     from kpair.release.index import latest
@@ -734,7 +756,8 @@ def verify(args: argparse.Namespace) -> int:
                 "speedup": v.speedup if v else None,
                 "ci95": list(v.ci95) if v and v.ci95 else None,
                 "reason": v.reason if v else None,
-                "region_bytes": row.region_bytes, "stored_bytes": row.stored_bytes})
+                "region_bytes": row.region_bytes, "stored_bytes": row.stored_bytes,
+                **_stages(release, v.result if v else None)})
         doc["operators"] = operators
         doc["reproduced"], doc["compared"], doc["rate"] = vrun.reproduced, vrun.compared, \
             vrun.rate

@@ -130,6 +130,7 @@ def test_verify_from_the_tar_alone(published, tmp_path):
     lo, hi = op["published_ci95"]
     assert op["inside"] == (lo <= op["speedup"] <= hi)
     assert doc["inside"] == int(op["inside"]) and doc["compared"] == 1
+    assert op["stage_s"]["measure"] > 0 and op["run_wall_s"] > 0   # the re-run's own file
     assert op["stored_bytes"] <= op["region_bytes"] // 100
 
 
