@@ -87,8 +87,8 @@ class Optimize(Command):
         st.add_argument("--keep", type=integer(1, 1000), default=3,
                         help="candidates confirmed with the full run (default 3)")
         st.add_argument("--triton-limit", type=integer(1, 100_000), default=48, metavar="N",
-                        help="triton: configs built per kernel, fewest changes first "
-                        "(default 48)")
+                        help="triton: configs built per kernel (with --range: per Triton "
+                        "launch of each capture), fewest changes first (default 48)")
         b = p.add_argument_group("baseline to beat")
         b.add_argument("--inductor-baseline", action="store_true",
                        help="with a program: capture it again under Inductor's "
@@ -126,8 +126,8 @@ class Optimize(Command):
                        help="seed of every ABBA schedule (default: random)")
         p.add_argument("--json", action="store_true",
                        help="print the outcome as one JSON document on stdout: the release, "
-                       "the counts and one row per operator (key, status, line); the "
-                       "progress lines stay on stderr")
+                       "the counts and one row per operator (key, status, line, producer: "
+                       "the published candidate's); the progress lines stay on stderr")
         # dest "program": "command" is the subcommand's name (messages say "kpair VERB")
         p.add_argument("program", metavar="command", nargs=argparse.REMAINDER,
                        help="-- python prog.py ARGS... (the program to capture)")
