@@ -371,3 +371,36 @@ def overlaps(log: list[dict]) -> list[tuple[dict, dict]]:
     other = [e for e in log if not e["timed"]]
     return [(t, o) for t in timed for o in other
             if t["start"] < o["end"] and o["start"] < t["end"]]
+
+
+def simulate(n: int, *, jobs: int, pool_s: float, timed_s: float, timed_batch: int | None = None,
+             deadline: float = float("inf")) -> dict:
+    """What ``Scheduler`` is expected to do with ``n`` problems whose untimed stages take
+    ``pool_s`` seconds (one job's slot, one after the other) and timed ones ``timed_s`` (the
+    GPU alone): waves of ``jobs`` untimed chains; a timed phase once ``timed_batch`` (default
+    ``jobs``) problems wait or nothing untimed is left, after the chains in flight end (the
+    gate's drain); no problem admitted whose chain and the timed backlog do not fit the
+    deadline. Seconds, problems decided, and the seconds the GPU was taken for timed stages.
+    A model for planning calls (``plan`` of the drivers), not a measurement."""
+    batch = max(1, timed_batch or jobs)
+    now, decided, queued, started, timed_total = 0.0, 0, 0, 0, 0.0
+    slots: list[float] = []   # end times of the untimed chains in flight
+    while True:
+        while len(slots) < jobs and started < n and \
+                now + pool_s + (queued + len(slots) + 1) * timed_s <= deadline:
+            slots.append(now + pool_s)
+            started += 1
+        if queued and (queued >= batch or not slots):
+            drained = max([now, *slots])   # the chains in flight end before the gate is taken
+            now = drained + queued * timed_s
+            timed_total += queued * timed_s
+            decided, queued = decided + queued, len(slots)   # those wait for the next phase
+            slots = []
+            continue
+        if not slots:
+            break
+        first = min(slots)
+        slots.remove(first)
+        now, queued = max(now, first), queued + 1
+    return {"problems": n, "decided": decided, "expected_s": round(now, 1),
+            "timed_s": round(timed_total, 1), "untimed_s": round(now - timed_total, 1)}

@@ -68,6 +68,7 @@ sys.path.insert(0, str(HERE))
 import kb_pipeline  # noqa: E402  (the scheduler: jobs pool, timed stages alone, resume)
 import kernelbench as kb  # noqa: E402  (the problem loader and scaler)
 from kernelbench_ranges import (  # noqa: E402  (the Level 2 driver's helpers, shared)
+    add_plan_parser,
     add_schedule_arguments,
     child_env,
     choose_scale,
@@ -77,6 +78,7 @@ from kernelbench_ranges import (  # noqa: E402  (the Level 2 driver's helpers, s
     make_stages,
     output_policy,
     pick_jobs,
+    plan,
     timed_run,
     write_schedule,
 )
@@ -892,6 +894,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("child", help="(internal) the captured program")
     c.add_argument("plan")
+    add_plan_parser(sub, count=10)
     r = sub.add_parser("run", help="capture Level 1 problems, pair each with its Triton plan, "
                                    "run it")
     r.add_argument("--kernelbench", required=True, help="a copy of the KernelBench repository")
@@ -916,6 +919,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.verb == "child":
         return child(Path(args.plan))
+    if args.verb == "plan":
+        return plan(args, STAGES)
     previous = signal.signal(signal.SIGTERM, kb._terminated)
     try:
         return run(args)

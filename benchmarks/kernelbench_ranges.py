@@ -530,11 +530,44 @@ def add_schedule_arguments(r: argparse.ArgumentParser, *, time_cap: float) -> No
     r.add_argument("--keep", action="store_true", help="keep each problem's folder in --work")
 
 
+def plan(args, table=STAGES) -> int:
+    """``plan``: the call ``kb_pipeline.simulate`` expects for ``--count`` problems, from the
+    stages' seconds (the defaults of ``STAGES``, or ``--stage-s`` JSON: a previous call's
+    measured seconds per stage, e.g. its summary's breakdown averaged); one JSON document."""
+    try:
+        given = json.loads(args.stage_s) if args.stage_s else {}
+        if not isinstance(given, dict):
+            raise ValueError("not a JSON object")
+        est = {name: float(given.get(name, s)) for name, _, s, _ in table}
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"kernelbench plan: --stage-s takes a JSON object of "
+                         f"{', '.join(n for n, *_ in table)} seconds: {e}") from None
+    pool = sum(est[n] for n, _, _, timed in table if not timed)
+    timed = sum(est[n] for n, _, _, t in table if t)
+    doc = kb_pipeline.simulate(args.count, jobs=args.jobs, pool_s=pool, timed_s=timed,
+                               timed_batch=args.timed_batch or None, deadline=args.deadline)
+    print(json.dumps({**doc, "jobs": args.jobs,
+                      "deadline": args.deadline if math.isfinite(args.deadline) else None,
+                      "stage_s": est}))
+    return 0
+
+
+def add_plan_parser(sub, *, count: int) -> None:
+    q = sub.add_parser("plan", help="the call's expected seconds (a model, no GPU)")
+    q.add_argument("--count", type=int, default=count)
+    q.add_argument("--jobs", type=int, default=8)
+    q.add_argument("--timed-batch", type=int, default=0)
+    q.add_argument("--deadline", type=float, default=float("inf"))
+    q.add_argument("--stage-s", default="", metavar="JSON",
+                   help="seconds of some stages, e.g. '{\"capture\": 45, \"run\": 7}'")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kernelbench_ranges.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("child", help="(internal) the captured program")
     c.add_argument("plan")
+    add_plan_parser(sub, count=30)
     r = sub.add_parser("run", help="capture, replay, pair and run KernelBench problems")
     r.add_argument("--kernelbench", required=True)
     r.add_argument("-o", "--out", required=True)
@@ -554,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.verb == "child":
         return child(Path(args.plan))
+    if args.verb == "plan":
+        return plan(args)
     previous = signal.signal(signal.SIGTERM, kb._terminated)
     try:
         return run(args)

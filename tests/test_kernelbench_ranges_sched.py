@@ -401,3 +401,23 @@ def test_a_capture_that_cannot_start_stops_the_call_and_blames_no_problem(tmp_pa
     assert not (tmp_path / "OUT" / "results.jsonl").exists()
     schedule = json.loads((tmp_path / "OUT" / "schedule.json").read_text())
     assert len(schedule["left"]) == 3 and "capture did not start" in schedule["aborted"]
+
+
+def test_the_call_model_serializes_the_timed_stages_and_respects_the_deadline():
+    free = kp.simulate(30, jobs=8, pool_s=60, timed_s=16)
+    assert free["decided"] == 30 and free["timed_s"] == 30 * 16
+    assert free["expected_s"] >= free["timed_s"] + 60   # the timed stages never overlap
+    more = kp.simulate(30, jobs=16, pool_s=60, timed_s=16)
+    assert more["expected_s"] <= free["expected_s"]
+    cut = kp.simulate(30, jobs=8, pool_s=60, timed_s=16, deadline=300)
+    assert cut["decided"] < 30 and cut["expected_s"] <= 300
+    assert kp.simulate(3, jobs=8, pool_s=60, timed_s=16, deadline=50)["decided"] == 0
+
+
+def test_plan_prints_the_expected_call(capsys):
+    assert kr.main(["plan", "--count", "4", "--jobs", "2", "--stage-s",
+                    '{"capture": 10, "replay": 0, "pair": 0, "run": 1, "rerun": 1}']) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["decided"] == 4 and doc["timed_s"] == 8 and doc["deadline"] is None
+    with pytest.raises(SystemExit, match="JSON object of capture, replay"):
+        kr.main(["plan", "--stage-s", "[1]"])
