@@ -263,3 +263,20 @@ def test_a_dispatch_ref_takes_same_layout_opts(matmul_snapshot, matmul_libs, tmp
     (row,) = load_index(tmp_path / "rel").operators
     assert row.producer == "retune" and row.range is None and row.plan_launches is None
     assert row.kernels.opt == "kp_matmul"
+
+
+def test_kpair_verify_keeps_the_tournament_fields(release, tmp_path):
+    import shutil
+
+    from kpair.release import verify_release
+
+    root = tmp_path / "copy"
+    shutil.copytree(release["root"], root)
+    before = load_index(root)
+    index = verify_release(root, OPTIONS)
+    (row,) = index.operators
+    (old,) = before.operators
+    assert (row.producer, row.entrants, row.harness) == (old.producer, old.entrants,
+                                                         old.harness)
+    assert len(row.verifications) == 1 and row.verifications[0].verdict == "pass"
+    assert index.refused == before.refused   # the exclusions are carried over as they were
