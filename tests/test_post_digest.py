@@ -238,3 +238,37 @@ def test_the_host_digest_in_pieces_is_the_devices_digest64(size):
         assert (d.size, d.sha256, d.digest64) == (size, sha256(data), f"{digest64(data):016x}")
     with pytest.raises(ValueError, match="multiple of 16"):
         in_pieces(data, chunk=24)
+
+
+class InPlace:
+    """The host device as a GPU's checks see it: ``compares_in_place`` (held copies, compares
+    and digests work through the base class's reads)."""
+
+    compares_in_place = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_on_a_device_that_compares_in_place_regenerated_inputs_stay_there(lab, tmp_path):
+    """``kpair replay`` on such a device (a GPU) never stages a regenerated region from the
+    host: a held copy on the device is its pristine pre-state and its unchanged post-state is
+    compared by the chain's digest64."""
+    snap = Snapshot.open(lab["snap"])
+    with open_device("host") as dev:
+        replay = Replay(InPlace(dev), snap, digest_posts=True)
+        assert "a" not in replay.pre and "b" not in replay.pre and "o" in replay.pre
+        assert {n: d.digest64 for n, d in replay.expected_digests.items() if n in "ab"} == \
+            {n: snap.manifest.region(n).regen.digest64 for n in "ab"}
+        assert len(replay.held_pre) == 2 and not snap.regenerated
+    with open_device("host") as dev:
+        rep = reproduce(InPlace(dev), Snapshot.open(lab["snap"]), 3)
+    assert rep.status == "byte-exact", rep
+    assert rep.digest_regions == ["a", "b", "d"]
+    with open_device("host") as dev:   # a device that reads back: staged from the host
+        replay = Replay(dev, Snapshot.open(lab["snap"]), digest_posts=True)
+        assert "a" in replay.pre and replay.held_pre == []
+        assert set(replay.expected_digests) == {"d"}

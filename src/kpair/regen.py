@@ -52,13 +52,15 @@ def _fail(snapshot: Snapshot, message: str, field: str) -> SnapshotFormatError:
 
 
 def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int], *,
-               by_digest: bool = True) -> dict[str, bytes]:
+               by_digest: bool = True, read: bool = True) -> dict[str, bytes | None]:
     """Make every regenerable region of ``snapshot`` at its placed address (``addresses[i]``
     for ``regions[i]``, already mapped on ``device``), check it, and return region name ->
     its bytes (also kept in ``snapshot.regenerated``; a Snapshot whose chains were all made
     already returns those bytes without running them again). Empty without chains.
     ``by_digest``: check a region whose chain records ``digest64`` by ``Device.digest`` (on
-    the device); False (capture's confirmation): by the sha256 of the bytes read back."""
+    the device); False (capture's confirmation): by the sha256 of the bytes read back.
+    ``read`` False: a region checked on the device is not read back at all (None here, not
+    in ``snapshot.regenerated``): its bytes stay where they were made."""
     m = snapshot.manifest
     order = m.regen_order()
     if all(m.regions[i].name in snapshot.regenerated for i in order):
@@ -98,7 +100,7 @@ def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int], *,
     for key, (image, fmt, at, params) in images.items():
         kernels[key] = _load(device, image, key[1], fmt, at, params)
 
-    made: dict[str, bytes] = {}
+    made: dict[str, bytes | None] = {}
     for i in order:
         r, address = m.regions[i], addresses[i]
         on_device = by_digest and r.regen.digest64 is not None
@@ -116,7 +118,10 @@ def regenerate(device: Device, snapshot: Snapshot, addresses: Sequence[int], *,
             raise _fail(snapshot, f"region {r.name!r} does not regenerate to its {what}: "
                         f"its chain diverged at operation {j} ({op.label}) {why}; refused "
                         "before any launch of ref or opt", f"regions[{i}].regen.ops[{j}]")
-        if on_device:   # checked where it is; the replay stages its pre-state from these
+        if on_device:   # checked where it is; a replay that stages bytes reads them now
+            if not read:
+                made[r.name] = None
+                continue
             data = device.read(address, r.size)
         made[r.name] = data
         snapshot.regenerated[r.name] = data

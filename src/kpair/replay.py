@@ -45,7 +45,7 @@ from .plan import kernarg as plan_kernarg
 from .policy.mutation import Patch
 from .program import CopyStep, MemsetStep, Program, ProgramDevice, Step, data_step
 from .regen import regenerate
-from .snapshot import Launch, Param, Snapshot, require_complete
+from .snapshot import Launch, Param, Snapshot, StateDigest, require_complete
 from .snapshot.digest import hex64
 from .snapshot.store import MANIFEST
 
@@ -182,12 +182,25 @@ class Replay:
                            0, lo, hi, delta)[0]
             for i, op in enumerate(m.operations)]
         self.addresses = [r.address + delta for r in m.regions]
-        regenerate(device, snapshot, self.addresses)   # chains' regions: made, checked first
+        # Chains' regions: made and checked first. A reproduction on a device that keeps
+        # copies where its memory is (``digest_posts`` and ``compares_in_place``) leaves a
+        # region checked by its digest64 there: its pristine copy is a device-side one
+        # (``held_pre``, put back after every restore), its unchanged post-state compared by
+        # that digest; no byte of it crosses to the host.
+        lean = digest_posts and device.compares_in_place
+        made = regenerate(device, snapshot, self.addresses, read=not lean)
+        on_device = {name for name, data in made.items() if data is None}
+        #: (placed address, held copy) of each region whose pre-state stays on the device.
+        self.held_pre: list[tuple[int, Held]] = []
         self.pre: dict[str, bytes] = {}
         self.expected: dict[str, bytes] = {}
         region_words = 0
-        for i, (r, (pre, post)) in enumerate(zip(m.regions, snapshot.regions_data(),
+        for i, (r, (pre, post)) in enumerate(zip(m.regions, snapshot.regions_data(on_device),
                                                   strict=True)):
+            if pre is None:
+                pre = self._keep_made(i, post)
+                if pre is None:   # kept on the device
+                    continue
             pre, n = patch_pointers(pre, r.address, lo, hi, delta)
             region_words += n
             self.pre[r.name] = pre
@@ -200,12 +213,39 @@ class Replay:
         self.known = Known(device)
         self._fills: dict[tuple[str, int], bytes] = {}
         if device.compares_in_place:
-            device.restore()
+            self._restore()
             for r, a in zip(m.regions, self.addresses, strict=True):
+                if r.name not in self.pre:   # held on the device, compared by digest
+                    continue
                 self.known.add(r.name, self.pre[r.name], device.keep(a, r.size), pin=True)
                 if r.name in self.expected and self.expected[r.name] != self.pre[r.name]:
                     self.known.add(r.name, self.expected[r.name],
                                    device.hold(self.expected[r.name]), pin=True)
+
+    def _keep_made(self, i: int, post: bytes | None) -> bytes | None:
+        """Region ``i``, regenerated and checked on the device: a device-side copy of it
+        becomes its pristine pre-state, and its post-state, where unchanged, is expected by
+        the chain's digests; None. Where the device has no room for the copy, its bytes
+        (read back once) to stage as any region's."""
+        r, address = self.snapshot.manifest.regions[i], self.addresses[i]
+        held = self.device.keep(address, r.size)
+        if held is None:
+            return self.device.read(address, r.size)
+        self.held_pre.append((address, held))
+        if post is not None:
+            lo, hi = self.span
+            self.expected[r.name] = patch_pointers(post, r.address, lo, hi, self.delta)[0]
+        elif r.name not in self.expected_digests:
+            self.expected_digests[r.name] = StateDigest(r.size, r.regen.sha256,
+                                                        r.regen.digest64)
+        return None
+
+    def _restore(self) -> None:
+        """Every region's pristine pre-state back: the staged ones, then those held on the
+        device (``held_pre``)."""
+        self.device.restore()
+        for address, held in self.held_pre:
+            self.device.put(address, held)
 
     def _make_posts(self, kept: list[int]) -> None:
         """``expected`` of the regions whose post-state capture kept as digests: the
@@ -432,7 +472,7 @@ class Replay:
         ``read`` False: nothing is read back, {} is returned (the caller asks ``equals`` or
         ``read_back`` for what it needs).
         """
-        self.device.restore()
+        self._restore()
         fills = {}
         for name, data in (state or {}).items():
             if isinstance(data, int):
@@ -457,7 +497,7 @@ class Replay:
         hooks, then ``patches`` ((region, ``Patch``) pairs) over it, the cache flush. Patches
         come after the hooks: poison from a held copy replaces a whole region, and would undo
         the fresh input of a region updated in place."""
-        self.device.restore()
+        self._restore()
         for name, data in (state or {}).items():
             self._put(name, data)
         if hooks is not None:
@@ -502,9 +542,10 @@ class Reproduction(Record, omit_defaults=True, kw_only=True):
     """Whether a captured dispatch replays to its captured post-state (``kpair replay``):
     ``status`` is "byte-exact" (every run equals it), "nondeterministic" (runs differ from
     each other), "mismatch" (runs agree, but not with the capture) or "error".
-    ``digest_regions``: regions whose post-state capture kept as digests only, compared by
-    ``digest64`` computed on the device (a mismatch there says the digest differs; how many
-    bytes differ is unknown).
+    ``digest_regions``: regions compared by ``digest64`` computed on the device: those whose
+    post-state capture kept as digests only, and, on a device that compares where its memory
+    is, the regenerated regions left unchanged (their bytes never leave the device). A
+    mismatch there says the digest differs; how many bytes differ is unknown.
     ``exit_code``: for an "error", the exit code of what went wrong where kpair knows it
     (3: the snapshot is bad, e.g. a chain that does not regenerate; 4: backend or ABI;
     5: a runtime failure); None: a runtime failure (5)."""

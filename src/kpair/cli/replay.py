@@ -61,8 +61,8 @@ class ReplayCmd(Command):
                 line += f"; differs from the capture in {', '.join(rep.differing_regions)}"
                 by_digest = [n for n in rep.differing_regions if n in rep.digest_regions]
                 if by_digest:
-                    line += (f" ({', '.join(by_digest)}: the digest differs; kept as a "
-                             "digest, how many bytes differ is unknown)")
+                    line += (f" ({', '.join(by_digest)}: the digest differs; compared by "
+                             "digest on the device, how many bytes differ is unknown)")
             if rep.unstable_regions:
                 line += f"; varies between runs in {', '.join(rep.unstable_regions)}"
             if rep.error:

@@ -37,7 +37,7 @@ import json
 import mmap
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -672,11 +672,14 @@ class Snapshot:
             return None
         return self.pre(index)
 
-    def regions_data(self) -> list[tuple[bytes, bytes | None]]:
+    def regions_data(self, on_device: Collection[str] = ()
+                     ) -> list[tuple[bytes | None, bytes | None]]:
         """Every region's (pre, post) bytes, verified as ``pre`` and ``post`` verify them,
         the blobs decompressed and hashed on several threads (``threaded_map``). A blob named
         twice (an input's unchanged pre- and post-state) is read once: both get one object.
-        A post-state kept as digests (``Region.post_digest``) is None."""
+        A post-state kept as digests (``Region.post_digest``) is None, and so are the pre-
+        (and unchanged post-) state of the regenerable regions named in ``on_device`` (made
+        and checked on a device, their bytes kept there)."""
         m = self.manifest
         blobs: dict[tuple, tuple[BlobRef, str]] = {}
         for i, r in enumerate(m.regions):
@@ -689,8 +692,10 @@ class Snapshot:
         data = dict(zip(blobs, threaded_map(lambda b: self._verified(*b), blobs.values()),
                         strict=True))
 
-        def state(i: int, ref: BlobRef | None) -> bytes:
-            return self._made(i) if ref is None else data[_identity(ref)]
+        def state(i: int, ref: BlobRef | None) -> bytes | None:
+            if ref is None:
+                return None if m.regions[i].name in on_device else self._made(i)
+            return data[_identity(ref)]
 
         return [(state(i, r.pre_blob), None if r.post_digest is not None else
                  state(i, r.post_blob if r.post_blob is not None else r.pre_blob))
