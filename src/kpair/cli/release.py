@@ -78,7 +78,8 @@ def describe_summary(index: Index) -> list[str]:
              if d else "Director geomean: no director_validation.json in provenance"]
     if rng:
         lines.append(f"slot_bias {rng[0]:.4f} .. {rng[1]:.4f}")
-    lines += [f"excluded: level{e.level}/{e.name} ({e.status}, {e.where}): {e.reason}"
+    lines += [f"excluded: level{e.level}/{e.name} ({e.status}, {e.where}"
+              + (f", {e.exclusion}" if e.exclusion else "") + f"): {e.reason}"
               for e in s.excluded]
     return lines
 
