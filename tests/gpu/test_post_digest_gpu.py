@@ -77,6 +77,9 @@ def test_a_1gib_output_kept_as_a_digest_replays_byte_exact(gpu, tmp_path):
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["status"] == "byte-exact", report
     assert y.name in report["digest_regions"]
+    # x was made, checked and kept on the GPU (compared by its chain's digest64 after each
+    # run): none of its bytes crossed to the host.
+    assert x.name in report["digest_regions"], report
 
     # What needs the bytes gets them from the captured kernels, checked by sha256.
     with open_device("cuda") as dev:
