@@ -22,10 +22,12 @@ Recorder's setup calls (so they regenerate too), at a small size (8 MiB by defau
    same module on the same tensors, as two ranges of one process (``kpair capture --range
    eager --range compiled``; on host, two ``kpair.record.Recorder`` ranges over the same
    arrays, the candidate one fused C function summing in eight lanes). Refused (exit 1) when
-   the eager range's regions are under ``--gib``.
+   the eager range's regions are under ``--gib``, or when what it stores is already over
+   the packed release's limit (a region stored as bytes, not as a chain).
 2. pair: ``kpair pair EAGER --opt-capture COMPILED --policy P``, P declared here: ``allclose``
    with KernelBench's own tolerance (atol = rtol = 1e-2) on the forward's output, byte-exact
-   everywhere else.
+   everywhere else; the differential run resamples the first ``--mutate-mib`` (64) of ``x``.
+   The harness is packed once on its own: over the limit, it is refused before any run.
 3. run: ``kpair run`` of the harness (its verdict, speedup and re-run interval).
 4. publish: ``kpair release add`` (a fresh judged run; published only on a pass whose
    interval lies above 1.0), then ``kpair report --markdown-only``.
@@ -304,6 +306,13 @@ def _tree_bytes(root: Path) -> int:
                and p.name != ".kpair-release.lock")
 
 
+def _largest(root: Path, n: int = 8) -> list[list]:
+    """The ``n`` largest files under ``root``: [relative path, bytes]."""
+    files = [(p.stat().st_size, str(p.relative_to(root))) for p in root.rglob("*")
+             if p.is_file()]
+    return [[name, size] for size, name in sorted(files, reverse=True)[:n]]
+
+
 def _device_line(backend: str) -> str:
     if backend == "cuda":
         try:
@@ -468,9 +477,9 @@ class Publish:
                 records: list = []
             else:
                 stats_path = cap / "program.json"
-                # Every region the eager range names, its two whole-size scratch blocks too,
-                # counts against --max-region-bytes.
-                limit = int(4 * self.gib * GIB) + GIB
+                # Every region the eager range names counts against --max-region-bytes, its
+                # whole-size scratch blocks (two or three) too.
+                limit = int(5 * self.gib * GIB) + GIB
                 run = self.step("capture", _kpair(
                     "capture", "--range", "eager", "--range", "compiled",
                     "--max-region-bytes", str(limit), "-o", str(cap / "out"), "-q", "--",
@@ -504,6 +513,14 @@ class Publish:
         if self.doc["region_bytes"] < want:
             raise Stop(1, f"the eager range's regions are {self.doc['region_bytes']} bytes, "
                           f"under the requested {self.gib:g} GiB ({want} bytes): not published")
+        limit = int(self.args.max_tar_mib * MIB)
+        if self.doc["snapshot_stored_bytes"] > limit:   # no run can make it fit: stop now
+            big = [f"{r['name']} ({r['bytes']} bytes)" for r in self.doc["regions"]
+                   if r["made_by"] is None and r["bytes"] > MIB]
+            raise Stop(1, f"the eager range stores {self.doc['snapshot_stored_bytes']} bytes, "
+                          f"over the packed release's limit ({limit} bytes) before anything "
+                          "else is added; stored as bytes, not as chains: "
+                          + (", ".join(big) or "no region over 1 MiB (its code objects)"))
         return eager, compiled
 
     def regions(self, snapshot: Path) -> int:
@@ -565,6 +582,22 @@ class Publish:
         doc = _doc(run)
         self.doc["pair"] = {k: doc.get(k) for k in ("range_ops", "plan_launches", "policy")}
         return harness
+
+    def probe(self, harness: Path) -> None:
+        """Pack the harness alone before any run: what is published holds it, so a harness
+        over the limit is refused before minutes of runs are spent on it."""
+        probe = self.work / "harness-probe.tar.zst"
+        t0 = time.monotonic()
+        try:
+            self.doc["harness_packed_bytes"] = pack(harness, probe,
+                                                    int(self.args.max_tar_mib * MIB),
+                                                    root="harness")
+        except Stop as e:
+            self.doc["largest_files"] = _largest(harness)
+            raise Stop(1, f"{e.message} (the harness alone, before any run)") from None
+        finally:
+            probe.unlink(missing_ok=True)
+            self.doc["seconds"]["probe"] = round(time.monotonic() - t0, 3)
 
     def run(self, harness: Path) -> None:
         out = self.work / "run.json"
@@ -628,9 +661,11 @@ class Publish:
                 self.resume(Path(self.args.resume))
             eager, compiled = self.capture()
             harness = self.pair(eager, compiled)
+            self.probe(harness)
             self.run(harness)
             release = self.publish(harness)
             self.doc["release_bytes"] = _tree_bytes(release)
+            self.doc["largest_files"] = _largest(release)
             t1 = time.monotonic()
             self.doc["tar_bytes"] = pack(release, tar, int(self.args.max_tar_mib * MIB))
             self.doc["seconds"]["pack"] = round(time.monotonic() - t1, 3)

@@ -134,22 +134,33 @@ def test_verify_from_the_tar_alone(published, tmp_path):
     assert op["stored_bytes"] <= op["region_bytes"] // 100
 
 
-def test_a_packed_release_over_the_limit_is_refused_and_the_old_tar_kept(published):
-    """Publishing again into the same folder resumes every step from its work folder; the
-    pack over --max-tar-mib is refused and leaves the earlier release.tar as it was."""
-    out = published["out"]
+def test_over_the_limit_is_refused_at_the_first_step_that_shows_it(published):
+    """Publishing again into the same folder resumes every step from its work folder. A
+    limit under what the capture stores is refused after the capture, one under the harness
+    packed alone before any run, one under the whole release at the pack; each leaves the
+    earlier release.tar.zst as it was, and no temporary file."""
+    out, first = published["out"], published["doc"]
+    assert first["snapshot_stored_bytes"] < first["harness_packed_bytes"] < first["tar_bytes"]
     before = _sha(out / "release.tar.zst")
-    code, doc, stderr = _script("publish", "--backend", "host", "-o", str(out), "--force",
-                                "--max-tar-mib", "0.01", *QUICK)
-    assert code == 1, (stderr, doc)
-    assert doc["resumed"] == ["capture", "pair", "run", "publish"]
-    assert doc["status"] == "refused" and "over the limit" in doc["error"]
-    assert stderr.count("\n") == 1 and "over the limit" in stderr and "Traceback" not in stderr
-    assert _sha(out / "release.tar.zst") == before
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
-    # The JSON on disk says the same; put the published one back for other tests.
-    assert json.loads((out / "publish.json").read_text())["status"] == "refused"
-    (out / "publish.json").write_text(json.dumps(published["doc"], indent=1) + "\n")
+    cases = [((0, first["snapshot_stored_bytes"]), ["capture"], "stored as bytes, not"),
+             ((first["snapshot_stored_bytes"], first["harness_packed_bytes"]),
+              ["capture", "pair"], "the harness alone, before any run"),
+             ((first["harness_packed_bytes"], first["tar_bytes"]),
+              ["capture", "pair", "run", "publish"], "over the limit")]
+    try:
+        for (lo, hi), resumed, says in cases:
+            mib = (lo + hi) / 2 / (1 << 20)
+            code, doc, stderr = _script("publish", "--backend", "host", "-o", str(out),
+                                        "--force", "--max-tar-mib", repr(mib), *QUICK)
+            assert code == 1, (stderr, doc)
+            assert doc["resumed"] == resumed and doc["status"] == "refused"
+            assert says in doc["error"] and "over" in doc["error"]
+            assert stderr.count("\n") == 1 and says in stderr and "Traceback" not in stderr
+            assert _sha(out / "release.tar.zst") == before
+            assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+            assert json.loads((out / "publish.json").read_text()) == doc
+    finally:   # the published JSON back, for the tests after this one
+        (out / "publish.json").write_text(json.dumps(first, indent=1) + "\n")
 
 
 def test_a_publish_resumes_elsewhere_from_its_work_tar(published, tmp_path):
