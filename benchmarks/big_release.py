@@ -306,6 +306,17 @@ def _tree_bytes(root: Path) -> int:
                and p.name != ".kpair-release.lock")
 
 
+def _stop(e: Exception, doc: dict) -> Stop:
+    """``e`` as a Stop: itself, or exit 5 with its one-line message (its traceback in
+    ``doc``, where the JSON keeps it)."""
+    if isinstance(e, Stop):
+        return e
+    import traceback
+
+    doc["traceback"] = traceback.format_exc()[-3000:]
+    return Stop(5, (f"{type(e).__name__}: {e}".splitlines() or [""])[0][:600])
+
+
 def _largest(root: Path, n: int = 8) -> list[list]:
     """The ``n`` largest files under ``root``: [relative path, bytes]."""
     files = [(p.stat().st_size, str(p.relative_to(root))) for p in root.rglob("*")
@@ -651,10 +662,10 @@ class Publish:
 
     def main(self) -> int:
         t0 = time.monotonic()
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.work.mkdir(parents=True, exist_ok=True)
         tar = Path(self.args.tar) if self.args.tar else self.out / TAR
         try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.work.mkdir(parents=True, exist_ok=True)
             if tar.exists() and not self.args.force:
                 raise Stop(2, f"{tar} exists: a finished publish (--force to publish again)")
             if self.args.resume:
@@ -673,20 +684,18 @@ class Publish:
             self.doc["status"] = "published"
             code = 0
         except Exception as e:  # noqa: BLE001 - every failure ends as one line and the JSON
-            if not isinstance(e, Stop):
-                import traceback
-
-                self.doc["traceback"] = traceback.format_exc()[-3000:]
-                e = Stop(5, f"{type(e).__name__}: {e}".splitlines()[0][:600])
-            self.doc["status"], self.doc["error"] = "refused" if e.code == 1 else "error", \
-                e.message
-            print(f"big_release publish: {e.message}", file=sys.stderr)
-            code = e.code
+            stop = _stop(e, self.doc)
+            self.doc["status"] = "refused" if stop.code == 1 else "error"
+            self.doc["error"] = stop.message
+            print(f"big_release publish: {stop.message}", file=sys.stderr)
+            code = stop.code
         self.doc["wall_s"] = round(time.monotonic() - t0, 3)
-        _write_json(self.doc, self.work / "publish.json")
-        if self.args.work_tar:
-            self.pack_work(Path(self.args.work_tar))
-        _write_json(self.doc, self.out / "publish.json")
+        if self.work.is_dir():
+            _write_json(self.doc, self.work / "publish.json")
+            if self.args.work_tar:
+                self.pack_work(Path(self.args.work_tar))
+        if self.out.is_dir():
+            _write_json(self.doc, self.out / "publish.json")
         print(json.dumps(self.doc, indent=1))
         return code
 
@@ -800,10 +809,11 @@ def verify(args: argparse.Namespace) -> int:
         shutil.copyfile(release / "index.json", out / "index.json")
         doc["status"] = "verified"
         code = run["exit_code"]
-    except Stop as e:
-        doc["status"], doc["error"] = "error", e.message
-        print(f"big_release verify: {e.message}", file=sys.stderr)
-        code = e.code
+    except Exception as e:  # noqa: BLE001 - every failure ends as one line and the JSON
+        stop = _stop(e, doc)
+        doc["status"], doc["error"] = "error", stop.message
+        print(f"big_release verify: {stop.message}", file=sys.stderr)
+        code = stop.code
     doc["wall_s"] = round(time.monotonic() - t0, 3)
     if out.is_dir():
         _write_json(doc, out / "verify.json")
