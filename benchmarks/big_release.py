@@ -459,7 +459,9 @@ class Publish:
         if run["exit_code"] != 0:
             self.doc["failed_step"] = {"step": name, "exit_code": run["exit_code"],
                                        "stderr": run["stderr"][-1500:]}
-            code = run["exit_code"] if run["exit_code"] in (1, 2, 3, 4, 5) else 5
+            # 1 from a step is a crash here (the captured program's own status), not a
+            # verdict: only kpair's input and backend codes pass through.
+            code = run["exit_code"] if run["exit_code"] in (2, 3, 4) else 5
             raise Stop(code, f"{name} failed (exit {run['exit_code']}): {_why(run)}")
         return run
 
