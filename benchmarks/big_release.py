@@ -845,7 +845,17 @@ def _count(text: str) -> int:
     return v
 
 
-def main(argv: list[str] | None = None) -> int:
+def _at_least_zero(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more and finite, not {text!r}")
+    return v
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="big_release.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("publish", help="capture, pair, run, publish and pack the release")
@@ -864,7 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicates", type=_count, help="kpair's --replicates (default its own)")
     p.add_argument("--max-tar-mib", type=_positive, default=16.0,
                    help="refuse a packed release over this many MiB (default 16)")
-    p.add_argument("--mutate-mib", type=float, default=64.0,
+    p.add_argument("--mutate-mib", type=_at_least_zero, default=64.0,
                    help="MiB of x the policy's differential run resamples (default 64; 0: "
                    "kpair's derived mutations, every input whole)")
     p.add_argument("--work", help="working folder (default OUTDIR/work; resumed from)")
@@ -887,7 +897,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--cols", type=_count, required=True)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--stats", type=Path, required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.verb == "program":
         return program(args.rows, args.cols, args.seed, args.stats)
     if args.verb == "verify":

@@ -267,3 +267,51 @@ def test_verify_refuses_what_is_not_a_release_tar(tmp_path):
         pass
     code, doc, stderr = _script("verify", str(empty), "-o", str(tmp_path / "v2"))
     assert code == 3 and "no release/index.json" in stderr
+
+
+def test_the_cuda_steps_with_a_host_stand_in_for_kpair_capture(tmp_path, monkeypatch, capsys):
+    """The cuda publish as the lead's GPU call runs it, its one GPU step (``kpair capture``
+    of the program) replaced by the host recording written where and as ``kpair capture``
+    writes it (``capture.json``'s ``ranges``, one folder per range): the arguments it is
+    given parse as the program's, the rest (policy, pair, run, release add, pack) runs for
+    real on what it wrote."""
+    br = _module()
+    real = br._kpair
+    seen = []
+
+    def fake(*args, timeout):
+        if args[0] != "capture":
+            return real(*args, timeout=timeout)
+        seen.append(args)
+        out = Path(args[args.index("-o") + 1])
+        program = br.parser().parse_args(list(args[args.index("--") + 3:]))
+        assert args[args.index("--") + 1] == sys.executable and program.verb == "program"
+        stats = br.record_host(out, program.rows, program.cols, program.seed)
+        program.stats.write_text(json.dumps(stats))
+        records = [{"name": n, "status": "captured", "occurrence": 1, "source": "mark",
+                    "snapshot": n, "ops": ops, "capture_s": 0.5, "regenerated": 3}
+                   for n, ops in (("eager", 4), ("compiled", 1))]
+        (out / "capture.json").write_text(json.dumps({"ranges": records}))
+        return {"exit_code": 0, "stdout": "", "stderr": "3 regenerable region(s) verified",
+                "s": 1.0}
+
+    monkeypatch.setattr(br, "_kpair", fake)
+    out = tmp_path / "out"
+    code = br.main(["publish", "--backend", "cuda", "-o", str(out), "--gib", "0.0078125",
+                    "--cols", "1024", "--seed", "3", "--time-cap", "0.5"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    (capture,) = seen
+    size = int(capture[capture.index("--max-region-bytes") + 1])
+    assert size >= 5 * doc["region_bytes"]   # x and its whole-size scratch fit under it
+    assert capture[capture.index("--range") + 1] == "eager" and "compiled" in capture
+    assert doc["program"]["rows"] == 2048 and doc["program"]["seed"] == 3
+    assert [r["name"] for r in doc["capture_ranges"]] == ["eager", "compiled"]
+    assert doc["capture_stderr"] == "3 regenerable region(s) verified"
+    assert doc["status"] == "published" and doc["published"]["status"] == "pass"
+    assert doc["stored_bytes"] <= doc["region_bytes"] // 100
+    assert (out / "release.tar.zst").stat().st_size == doc["tar_bytes"]
+    with _tar(out / "release.tar.zst") as t:
+        index = json.loads(t.extractfile("release/index.json").read())
+    (row,) = index["operators"]
+    assert row["range"] == {"name": "eager", "ops": 4} and row["plan_launches"] == 1
