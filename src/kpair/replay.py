@@ -14,6 +14,11 @@ hooks waits for the whole device (``Device.synchronize``) before it reads anythi
 What the trust checks read of a placed replay is public here: ``regions`` and ``addresses``
 (in the same order), ``pre`` and ``expected`` (region name -> bytes, pointers patched),
 ``span`` (the captured [lo, hi) the pointers were patched against), ``info``, ``device``.
+A post-state capture kept as digests only (``Region.post_digest``) gets its bytes in
+``expected`` by running the captured operations once, checked against its sha256; only
+``reproduce`` (``digest_posts=True``) compares it by ``expected_digests`` instead, and on a
+device that compares in place also keeps each regenerated region on the device
+(``held_pre``; absent from ``pre``).
 
 Reading back: ``run`` returns every region's bytes, but most of a checked run's launches
 leave a region as bytes kpair already holds (the pre-state, the captured post-state, ref's
