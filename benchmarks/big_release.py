@@ -47,9 +47,10 @@ the publish travels but the tar) and runs ``kpair verify`` there; its JSON (also
 ``OUTDIR/verify.json``, beside the re-verified ``index.json``) says per operator whether the
 re-run's speedup lies inside the published interval, the re-run's speedup and interval, and
 the wall time. Exit status: publish 0 published and packed, 1 refused (regions too small,
-release add refused, tar too big), 2 usage, 3 a missing or unreadable tar, 5 a step failed or
-the deadline passed (the failing kpair step's own code where it has one); verify as
-``kpair verify`` (0 every operator passes, 1 some fail, 5 some could not be run).
+release add refused, over the packed limit), 2 usage (an existing tar without ``--force``),
+5 a step failed or the deadline passed (a failing kpair step's own code where it is 2, 3 or
+4); verify as ``kpair verify`` (0 every operator passes, 1 some fail, 5 some could not be
+run), 3 a missing tar or one that is no packed release.
 
 On GPUs, two device calls through ``benchmarks/gpu_call.sh`` (the packed files must come
 back as files of their own: that script keeps only ``back.tgz`` unless it spares them), the
