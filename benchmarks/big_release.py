@@ -774,7 +774,10 @@ def verify(args: argparse.Namespace) -> int:
         release = unpack(tar_path, fresh)
         doc["unpacked_into"] = str(fresh)
         doc["unpack_s"] = round(time.monotonic() - t0, 3)
-        doc["device"] = _device_line(release_backend(release))
+        backend = release_backend(release)
+        if args.backend and args.backend != backend:
+            raise Stop(2, f"{tar_path}: a {backend} release, not {args.backend} (--backend)")
+        doc["backend"], doc["device"] = backend, _device_line(backend)
         extra = []
         if args.time_cap is not None:
             extra += ["--time-cap", str(args.time_cap)]
@@ -889,6 +892,8 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="unpack a release tar afresh and kpair verify it")
     v.add_argument("tar", help=f"the packed release publish wrote ({TAR} or a plain tar)")
     v.add_argument("-o", "--out", required=True, help="output folder (verify.json)")
+    v.add_argument("--backend", choices=("cuda", "host"),
+                   help="the backend the release must be of (default: the release's own)")
     v.add_argument("--deadline", type=_positive, default=540.0)
     v.add_argument("--time-cap", type=_positive, help="kpair verify's --time-cap")
     v.add_argument("--replicates", type=_count, help="kpair verify's --replicates")

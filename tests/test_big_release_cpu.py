@@ -110,11 +110,14 @@ def test_verify_from_the_tar_alone(published, tmp_path):
     gone = published["out"].with_name(published["out"].name + ".away")
     published["out"].rename(gone)
     try:
-        code, doc, stderr = _script("verify", str(tar), "-o", str(tmp_path / "v"), *QUICK)
+        code, doc, stderr = _script("verify", str(tar), "-o", str(tmp_path / "v"),
+                                    "--backend", "host", *QUICK)
+        wrong = _script("verify", str(tar), "-o", str(tmp_path / "w"), "--backend", "cuda")
     finally:
         gone.rename(published["out"])
+    assert wrong[0] == 2 and "a host release, not cuda" in wrong[2]
     assert code == 0, (stderr, doc)
-    assert doc["status"] == "verified"
+    assert doc["status"] == "verified" and doc["backend"] == "host"
     assert doc == json.loads((tmp_path / "v" / "verify.json").read_text())
     fresh = Path(doc["unpacked_into"])
     assert fresh.parent == tmp_path / "v" and (fresh / "release" / "index.json").is_file()
