@@ -1,11 +1,11 @@
 """benchmarks/kernelbench_ranges.py on a real GPU (the CPU half:
-tests/test_kernelbench_ranges_sched.py): two KernelBench-style Level 2 problems written here
-(no KernelBench copy needed), each captured in its own ``kpair capture`` process by the
-driver's ``child`` (which takes the GPU gate after its imports), replayed, paired and run
-twice by the scheduler with two untimed jobs. Every problem is decided with its breakdown
-(the program's import, compile and ranges seconds; each timed run's own stage seconds), no
-timed run overlaps a replay or a pair, and a second call skips both. Skips cleanly without
-PyTorch with CUDA, cuda-bindings or CUPTI. NOT run yet (no GPU where it was written):
+tests/test_kernelbench_ranges_sched.py): two KernelBench-style Level 2 problems
+(tests/kb_problems.py, no KernelBench copy needed), each captured in its own ``kpair capture``
+process by the driver's ``child`` (which takes the GPU gate after its imports), replayed,
+paired and run twice by the scheduler with two untimed jobs. Every problem is decided with its
+breakdown (the program's import, compile and ranges seconds; each timed run's own stage
+seconds), no timed run overlaps a replay or a pair, and a second call skips both. Skips cleanly
+without PyTorch with CUDA, cuda-bindings or CUPTI. NOT run yet (no GPU where it was written):
 
     python3 -m pytest -q -m gpu tests/test_kernelbench_ranges_gpu.py
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kb_problems import write_level2
 from test_opt_capture_gpu import torch_gpu  # noqa: F401 (a fixture)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -26,45 +27,9 @@ import kernelbench_ranges as kr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-PROBLEMS = {
-    "1_Gemm_ReLU_Add": """
-import torch
-batch_size, in_features, out_features = 256, 512, 384
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features)
-        self.bias = torch.nn.Parameter(torch.randn(out_features) * 0.02)
-    def forward(self, x):
-        return torch.relu(self.linear(x)) + self.bias
-def get_inputs():
-    return [torch.randn(batch_size, in_features)]
-def get_init_inputs():
-    return [in_features, out_features]
-""",
-    "2_Scale_Tanh_Mul": """
-import torch
-batch_size, n = 128, 4096
-class Model(torch.nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-    def forward(self, x, y):
-        return torch.tanh(x * self.scale) * y + x
-def get_inputs():
-    return [torch.randn(batch_size, n), torch.randn(batch_size, n)]
-def get_init_inputs():
-    return [0.5]
-""",
-}
-
-
 def test_the_driver_decides_each_problem_with_its_breakdown_and_resumes(
         torch_gpu, tmp_path):  # noqa: F811
-    folder = tmp_path / "kb" / "level2"
-    folder.mkdir(parents=True)
-    for name, source in PROBLEMS.items():
-        (folder / f"{name}.py").write_text(source)
+    write_level2(tmp_path / "kb")
     out = tmp_path / "out"
     argv = ["run", "--kernelbench", str(tmp_path / "kb"), "-o", str(out), "--work",
             str(tmp_path / "work"), "--sizes", str(tmp_path / "none.json"), "--count", "2",

@@ -1,10 +1,11 @@
 """benchmarks/kernelbench_release.py on a real GPU (the CPU half:
-tests/test_kernelbench_release_cpu.py): two KernelBench-style problem files written here (no
-KernelBench copy needed), captured by the driver's own ``child`` under ``kpair capture``:
-the eager range and Inductor's three ranges per problem, each judged by the tournament; every
-problem is decided (published, or excluded for a reason other than a failed capture), the
-producers stand side by side in report.json, and a second call skips both. Skips cleanly
-without PyTorch with CUDA, cuda-bindings or CUPTI. NOT run yet (no GPU where it was written).
+tests/test_kernelbench_release_cpu.py): two KernelBench-style problem files
+(tests/kb_problems.py, no KernelBench copy needed), captured by the driver's own ``child``
+under ``kpair capture``: the eager range and Inductor's three ranges per problem, each judged
+by the tournament; every problem is decided (published, or excluded for a reason other than a
+failed capture), the producers stand side by side in report.json, and a second call skips both.
+Skips cleanly without PyTorch with CUDA, cuda-bindings or CUPTI. NOT run yet (no GPU where it
+was written).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kb_problems import write_level2
 from kpair.options import RunOptions
 from kpair.release import load_index
 from test_opt_capture_gpu import torch_gpu  # noqa: F401 (a fixture)
@@ -27,44 +29,8 @@ import kernelbench_release as krel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-PROBLEMS = {
-    "1_Gemm_ReLU_Add": """
-import torch
-batch_size, in_features, out_features = 256, 512, 384
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features)
-        self.bias = torch.nn.Parameter(torch.randn(out_features) * 0.02)
-    def forward(self, x):
-        return torch.relu(self.linear(x)) + self.bias
-def get_inputs():
-    return [torch.randn(batch_size, in_features)]
-def get_init_inputs():
-    return [in_features, out_features]
-""",
-    "2_Scale_Tanh_Mul": """
-import torch
-batch_size, n = 128, 4096
-class Model(torch.nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-    def forward(self, x, y):
-        return torch.tanh(x * self.scale) * y + x
-def get_inputs():
-    return [torch.randn(batch_size, n), torch.randn(batch_size, n)]
-def get_init_inputs():
-    return [0.5]
-""",
-}
-
-
 def test_the_driver_decides_every_problem_and_resumes(torch_gpu, tmp_path):  # noqa: F811
-    folder = tmp_path / "kb" / "level2"
-    folder.mkdir(parents=True)
-    for name, source in PROBLEMS.items():
-        (folder / f"{name}.py").write_text(source)
+    write_level2(tmp_path / "kb")
     problems = kb.discover(tmp_path / "kb", [2])
     args = types.SimpleNamespace(sizes=str(tmp_path / "none.json"), capture_timeout=400,
                                  producers=list(krel.COMPILE), scale=False, budget_mib=64,
