@@ -36,6 +36,41 @@ def record_mlp_range(lib: Path, out: Path, x: dict, n: int, **recorder):
     return r.snapshot
 
 
+def candidate_arrays(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """:func:`mlp_arrays` with what a candidate range writes: ``out2`` (n x n) and the fused
+    function's scratch ``row`` (n), both zeroed."""
+    return {**mlp_arrays(n, seed), "out2": np.zeros((n, n), np.float32),
+            "row": np.zeros(n, np.float32)}
+
+
+def mlp_calls(x: dict, n: int) -> list[tuple[str, list]]:
+    """The three calls of the host range (matmul, bias, ReLU) writing ``x["out2"]``."""
+    n32 = np.int32(n)
+    return [("kp_matmul", [x["a"], x["b"], x["out2"], n32]),
+            ("kp_bias", [x["out2"], x["bias"], n32]), ("kp_relu", [x["out2"], n32])]
+
+
+def fused_call(x: dict, n: int) -> tuple[str, list]:
+    """The one call of range_ops.c's fused function over ``x`` (writes ``out2``, uses ``row``
+    as scratch): the faster candidate."""
+    return ("kp_fused", [np.int32(n), x["bias"], x["a"], x["b"], x["out2"], x["row"]])
+
+
+def record_candidate(lib: Path, x: dict, out: Path, calls: list[tuple[str, list]],
+                     scratch: bool = False) -> Path:
+    """A candidate range: ``calls`` of ``lib`` over :func:`candidate_arrays`' ``x`` writing
+    ``out2`` (zeroed first), declared; ``scratch``: ``row`` declared scratch. Its root."""
+    x["out2"][...] = 0
+    names = {k: x[k] for k in ("a", "b", "bias", "out2")}
+    if scratch:
+        names["row"] = x["row"]
+    with Recorder(out, names=names, outputs=[x["out2"]],
+                  scratch=[x["row"]] if scratch else []) as r:
+        for fn, args in calls:
+            r.call(lib, fn, args)
+    return r.snapshot.root
+
+
 @pytest.fixture(scope="session")
 def matmul_libs(tmp_path_factory) -> dict[str, Path]:
     """kp_matmul built three ways: naive (ref), loop-reordered (fast, bit-identical), buggy."""

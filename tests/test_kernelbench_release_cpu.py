@@ -12,12 +12,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import CSRC, record_mlp_range
+from conftest import (
+    CSRC,
+    candidate_arrays,
+    fused_call,
+    mlp_calls,
+    record_candidate,
+    record_mlp_range,
+)
 from kpair.options import RunOptions
-from kpair.record import Recorder
 from kpair.release import load_index
 from kpair.release.tournament import RunLog
 from kpair.toolchain import compile_shared
@@ -44,25 +49,6 @@ class StandIn:
     def __init__(self, lib: Path):
         self.lib, self.asked, self.calls = lib, [], 0
 
-    def _arrays(self) -> dict:
-        rng = np.random.default_rng(3)
-        return {"a": rng.standard_normal((N, N), dtype=np.float32),
-                "b": rng.standard_normal((N, N), dtype=np.float32),
-                "bias": rng.standard_normal(N, dtype=np.float32),
-                "out": np.zeros((N, N), np.float32), "out2": np.zeros((N, N), np.float32),
-                "row": np.zeros(N, np.float32)}
-
-    def _cand(self, x: dict, out: Path, calls: list, scratch: bool = False) -> Path:
-        x["out2"][...] = 0
-        names = {k: x[k] for k in ("a", "b", "bias", "out2")}
-        if scratch:
-            names["row"] = x["row"]
-        with Recorder(out, names=names, outputs=[x["out2"]],
-                      scratch=[x["row"]] if scratch else []) as r:
-            for fn, args in calls:
-                r.call(self.lib, fn, args)
-        return r.snapshot.root
-
     def __call__(self, batch, work: Path, timeout: float) -> dict:
         self.calls += 1
         self.asked.append([p.key for p in batch])
@@ -79,23 +65,23 @@ class StandIn:
                 out[p.key] = krel.Captured(cut=True) if first else \
                     krel.Captured(failed="the captured program died (exit -9)")
                 continue
-            x, n, d = self._arrays(), np.int32(N), work / p.name
+            x, d = candidate_arrays(N, seed=3), work / p.name
             d.mkdir()
             ref = record_mlp_range(self.lib, d / "eager", x, N).root
-            three = [("kp_matmul", [x["a"], x["b"], x["out2"], n]),
-                     ("kp_bias", [x["out2"], x["bias"], n]), ("kp_relu", [x["out2"], n])]
+            three = mlp_calls(x, N)
+
+            def cand(name: str, calls: list, scratch: bool = False, x=x, d=d) -> Path:
+                return record_candidate(self.lib, x, d / name, calls, scratch)
+
             if p.name == "76_Gemm_Add_ReLU":
-                cands = {"inductor-default": self._cand(x, d / "twice", three + three),
-                         "max-autotune": self._cand(x, d / "no_bias", [three[0], three[2]]),
-                         "fused": self._cand(x, d / "fused", [(
-                             "kp_fused", [n, x["bias"], x["a"], x["b"], x["out2"], x["row"]])],
-                             scratch=True)}
+                cands = {"inductor-default": cand("twice", three + three),
+                         "max-autotune": cand("no_bias", [three[0], three[2]]),
+                         "fused": cand("fused", [fused_call(x, N)], scratch=True)}
             elif p.name == "77_Wrong":
-                cands = {"inductor-default": self._cand(x, d / "no_relu", three[:2]),
-                         "coordinate-descent": self._cand(x, d / "no_bias",
-                                                          [three[0], three[2]])}
+                cands = {"inductor-default": cand("no_relu", three[:2]),
+                         "coordinate-descent": cand("no_bias", [three[0], three[2]])}
             else:
-                cands = {"inductor-default": self._cand(x, d / "twice", three + three)}
+                cands = {"inductor-default": cand("twice", three + three)}
             out[p.key] = krel.Captured(ref=ref, candidates=cands, notes=["host stand-in"])
         return out
 

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import CSRC, record_mlp_range
+from conftest import (
+    CSRC,
+    candidate_arrays,
+    fused_call,
+    mlp_calls,
+    record_candidate,
+    record_mlp_range,
+)
 from kpair.errors import UsageError
 from kpair.options import RunOptions
-from kpair.record import Recorder
 from kpair.release import load_index
 from kpair.release.index import EntrantRow
 from kpair.release.tournament import (
@@ -40,44 +45,18 @@ N = 256
 OPTIONS = RunOptions(time_cap_s=3.0, timeout_s=300)
 
 
-def _arrays(n: int) -> dict:
-    rng = np.random.default_rng(7)
-    return {"a": rng.standard_normal((n, n), dtype=np.float32),
-            "b": rng.standard_normal((n, n), dtype=np.float32),
-            "bias": rng.standard_normal(n, dtype=np.float32),
-            "out": np.zeros((n, n), np.float32), "out2": np.zeros((n, n), np.float32),
-            "row": np.zeros(n, np.float32)}
-
-
-def _record(lib: Path, x: dict, out: Path, calls: list[tuple[str, list]],
-            scratch: bool = False) -> Path:
-    """A candidate range over ``x``'s arrays writing ``out2`` (zeroed first), declared."""
-    x["out2"][...] = 0
-    names = {k: x[k] for k in ("a", "b", "bias", "out2")}
-    if scratch:
-        names["row"] = x["row"]
-    with Recorder(out, names=names, outputs=[x["out2"]],
-                  scratch=[x["row"]] if scratch else []) as r:
-        for fn, args in calls:
-            r.call(lib, fn, args)
-    return r.snapshot.root
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("tournament")
     lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
-    x = _arrays(N)
-    n = np.int32(N)
+    x = candidate_arrays(N, seed=7)
     ref = record_mlp_range(lib, d / "ref", x, N).root
-    three = [("kp_matmul", [x["a"], x["b"], x["out2"], n]), ("kp_bias", [x["out2"], x["bias"], n]),
-             ("kp_relu", [x["out2"], n])]
-    fused = _record(lib, x, d / "fused", [("kp_fused", [n, x["bias"], x["a"], x["b"],
-                                                         x["out2"], x["row"]])], scratch=True)
+    three = mlp_calls(x, N)
+    fused = record_candidate(lib, x, d / "fused", [fused_call(x, N)], scratch=True)
     np.testing.assert_array_equal(x["out"], x["out2"])   # both really ran
-    twice = _record(lib, x, d / "twice", three + three)
-    no_bias = _record(lib, x, d / "no_bias", [three[0], three[2]])
-    no_relu = _record(lib, x, d / "no_relu", three[:2])
+    twice = record_candidate(lib, x, d / "twice", three + three)
+    no_bias = record_candidate(lib, x, d / "no_bias", [three[0], three[2]])
+    no_relu = record_candidate(lib, x, d / "no_relu", three[:2])
     return {"dir": d, "ref": ref, "fused": fused, "twice": twice, "no_bias": no_bias,
             "no_relu": no_relu}
 
