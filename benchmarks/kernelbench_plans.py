@@ -70,17 +70,19 @@ import kernelbench as kb  # noqa: E402  (the problem loader and scaler)
 from kernelbench_ranges import (  # noqa: E402  (the Level 2 driver's helpers, shared)
     add_plan_parser,
     add_schedule_arguments,
+    append,
     child_env,
     choose_scale,
     done_keys,
     json_of,
     kpair_cmd,
     make_stages,
+    open_call,
     output_policy,
-    pick_jobs,
     plan,
+    scaled_job,
+    schedule,
     timed_run,
-    write_schedule,
 )
 
 ROOT = HERE.parent
@@ -793,12 +795,7 @@ def selected(args) -> list[Entry]:
 
 
 def run(args) -> int:
-    out, work = Path(args.out), Path(args.work)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    args.inductor_cache = args.inductor_cache or str(work / "inductor-cache")
-    sizes = {p["key"]: p for p in json.loads(Path(args.sizes).read_text())["problems"]} \
-        if Path(args.sizes).exists() else {}
+    out, work, sizes = open_call(args)
     found = {p.name: p for p in kb.discover(Path(args.kernelbench), [1])}
     results_path = out / "results.jsonl"
     done = done_keys(results_path)
@@ -814,52 +811,16 @@ def run(args) -> int:
         p = found[e.name]
         k = choose_scale(sizes.get(e.key), budget)
         source, scaled = kb.scale_source(p.path.read_text(), k)
-        job = kb_pipeline.Job(e.key, work / range_name(e.number), {
+        job, n = scaled_job(e.key, work / range_name(e.number), {
             "number": e.number, "name": e.name, "key": e.key, "replaces": e.replaces,
             "file": str(p.path), "module": p.name, "source": source, "scale": k,
-            "scaled": scaled}).load()
-        if job.state.get("capture", {}).get("scale") not in (None, k):   # another scale
-            shutil.rmtree(job.folder, ignore_errors=True)
-            job.state = {}
-        nbytes.append(((sizes.get(e.key) or {}).get("state_bytes") or 0) // k)
+            "scaled": scaled}, k, sizes)
         jobs.append(job)
-    n_jobs = pick_jobs(args, nbytes)
-    t0 = time.monotonic()
-    print(f"kernelbench_plans: {len(jobs)} problems to do ({sum(j.started for j in jobs)} "
-          f"half done), {n_jobs} jobs, deadline {args.deadline:g} s", flush=True)
-
-    def finish(job) -> None:
-        row = row_of(job)
-        append(results_path, row)
-        b = row["breakdown"]
-        print(f"kernelbench_plans: [{time.monotonic() - t0:.0f} s] {job.key}: "
-              f"{row['outcome']} {(row.get('runs') or [{}])[0].get('speedup')} (capture "
-              f"{b['capture_s']} s, pair {b['pair_s']} s, run {b['run_s']} s, rerun "
-              f"{b['rerun_s']} s)", flush=True)
-        write_summary(results_path, out / "summary.json")
-        if not args.keep:
-            shutil.rmtree(job.folder, ignore_errors=True)
-
-    stages = make_stages(args, STAGES if args.runs == 2 else STAGES[:3])
-    sched = kb_pipeline.Scheduler(
-        stages, jobs=n_jobs, deadline=t0 + args.deadline, gate=kb_pipeline.Gate(work / "gate"),
-        finish=finish, timed_batch=args.timed_batch,
-        say=lambda s: print(f"kernelbench_plans: [{time.monotonic() - t0:.0f} s] {s}",
-                            flush=True))
-    sched.run(jobs)
-    write_schedule(out / "schedule.json", sched, t0, n_jobs)
-    if results_path.exists():
-        write_summary(results_path, out / "summary.json")
-    if sched.aborted:
-        raise SystemExit(f"kernelbench_plans: {sched.aborted}")
-    print(f"kernelbench_plans: {len(jobs) - len(sched.left)} decided, {len(sched.left)} left "
-          f"for the next call, {time.monotonic() - t0:.0f} s", flush=True)
-    return 0 if not sched.left else 3
-
-
-def append(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+        nbytes.append(n)
+    return schedule(args, "kernelbench_plans", jobs, nbytes,
+                    make_stages(args, STAGES if args.runs == 2 else STAGES[:3]), out=out,
+                    work=work, row_of=row_of, write_summary=write_summary,
+                    seconds=("capture", "pair", "run", "rerun"))
 
 
 def write_summary(results_path: Path, path: Path) -> dict:

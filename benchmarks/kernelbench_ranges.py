@@ -404,64 +404,97 @@ def pick_jobs(args, todo_bytes: list[int]) -> int:
                                     per_job_bytes=3 * max(todo_bytes, default=0))
 
 
-def run(args) -> int:
+def open_call(args) -> tuple[Path, Path, dict[str, dict]]:
+    """``--out`` and ``--work`` made, ``--inductor-cache`` defaulted under ``--work``, and the
+    sizes probe's entries by key (none without ``--sizes``' file): (out, work, sizes)."""
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     args.inductor_cache = args.inductor_cache or str(work / "inductor-cache")
     sizes = {p["key"]: p for p in json.loads(Path(args.sizes).read_text())["problems"]} \
         if Path(args.sizes).exists() else {}
+    return out, work, sizes
+
+
+def scaled_job(key: str, folder: Path, data: dict, k: int,
+               sizes: dict[str, dict]) -> tuple[kb_pipeline.Job, int]:
+    """The problem's job at scale ``k`` (what an earlier call did at another scale dropped)
+    and its bytes at that scale by the sizes probe (0 where unknown)."""
+    job = kb_pipeline.Job(key, folder, data).load()
+    if job.state.get("capture", {}).get("scale") not in (None, k):   # another scale
+        shutil.rmtree(job.folder, ignore_errors=True)
+        job.state = {}
+    return job, ((sizes.get(key) or {}).get("state_bytes") or 0) // k
+
+
+def append(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def schedule(args, prog: str, jobs: list, nbytes: list[int], stages: list, *, out: Path,
+             work: Path, row_of, write_summary, seconds: tuple[str, ...],
+             of: int | None = None) -> int:
+    """The driver's call: ``jobs`` through ``stages`` until ``--deadline``, ``pick_jobs`` of
+    them at a time. Each decided problem's ``row_of`` goes into ``out/results.jsonl`` and is
+    printed with the breakdown's ``seconds`` (``capture`` for ``capture_s``, ...), the summary
+    is rewritten and the problem's folder removed (unless ``--keep``); then schedule.json.
+    0 when every job was decided, 3 when some are left for the next call; SystemExit with
+    the reason where the scheduler aborted. ``of``: the problems the call looked at, printed."""
+    results_path = out / "results.jsonl"
+    n_jobs = pick_jobs(args, nbytes)
+    t0 = time.monotonic()
+
+    def say(s: str) -> None:
+        print(f"{prog}: [{time.monotonic() - t0:.0f} s] {s}", flush=True)
+
+    print(f"{prog}: {len(jobs)}{'' if of is None else f' of {of}'} problems to do "
+          f"({sum(j.started for j in jobs)} half done), {n_jobs} jobs, deadline "
+          f"{args.deadline:g} s", flush=True)
+
+    def finish(job) -> None:
+        row = row_of(job)
+        append(results_path, row)
+        b = row["breakdown"]
+        say(f"{job.key}: {row['outcome']} {(row.get('runs') or [{}])[0].get('speedup')} ("
+            + ", ".join(f"{s} {b[f'{s}_s']} s" for s in seconds) + ")")
+        write_summary(results_path, out / "summary.json")
+        if not args.keep:
+            shutil.rmtree(job.folder, ignore_errors=True)
+
+    sched = kb_pipeline.Scheduler(
+        stages, jobs=n_jobs, deadline=t0 + args.deadline, gate=kb_pipeline.Gate(work / "gate"),
+        finish=finish, timed_batch=args.timed_batch, say=say)
+    sched.run(jobs)
+    write_schedule(out / "schedule.json", sched, t0, n_jobs)
+    if results_path.exists():
+        write_summary(results_path, out / "summary.json")
+    if sched.aborted:
+        raise SystemExit(f"{prog}: {sched.aborted}")
+    left = len(sched.left)
+    print(f"{prog}: {len(jobs) - left} decided, {left} left for the next call, "
+          f"{time.monotonic() - t0:.0f} s", flush=True)
+    return 0 if not left else 3
+
+
+def run(args) -> int:
+    out, work, sizes = open_call(args)
     problems = [p for p in kb.discover(Path(args.kernelbench), [args.level])
                 if p.number >= args.start][:args.count]
-    results_path = out / "results.jsonl"
-    done = done_keys(results_path)
+    done = done_keys(out / "results.jsonl")
     budget = args.budget_mib << 20
     jobs, nbytes = [], []
     for p in problems:
         if p.key in done:
             continue
         k = choose_scale(sizes.get(p.key), budget)
-        job = kb_pipeline.Job(p.key, work / f"p{p.number}", entry_of(p, k)).load()
-        if job.state.get("capture", {}).get("scale") not in (None, k):   # another scale
-            shutil.rmtree(job.folder, ignore_errors=True)
-            job.state = {}
-        nbytes.append(((sizes.get(p.key) or {}).get("state_bytes") or 0) // k)
+        job, n = scaled_job(p.key, work / f"p{p.number}", entry_of(p, k), k, sizes)
         jobs.append(job)
-    n_jobs = pick_jobs(args, nbytes)
-    t0 = time.monotonic()
-    print(f"kernelbench_ranges: {len(jobs)} of {len(problems)} problems to do "
-          f"({sum(j.started for j in jobs)} half done), {n_jobs} jobs, deadline "
-          f"{args.deadline:g} s", flush=True)
-
-    def finish(job) -> None:
-        row = row_of(job)
-        with open(results_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        b = row["breakdown"]
-        print(f"kernelbench_ranges: [{time.monotonic() - t0:.0f} s] {job.key}: "
-              f"{row['outcome']} {(row.get('runs') or [{}])[0].get('speedup')} (capture "
-              f"{b['capture_s']} s, compile {b['compile_s']} s, replay {b['replay_s']} s, "
-              f"pair {b['pair_s']} s, run {b['run_s']} s, rerun {b['rerun_s']} s)",
-              flush=True)
-        write_summary(results_path, out / "summary.json")
-        if not args.keep:
-            shutil.rmtree(job.folder, ignore_errors=True)
-
-    sched = kb_pipeline.Scheduler(
-        make_stages(args), jobs=n_jobs, deadline=t0 + args.deadline,
-        gate=kb_pipeline.Gate(work / "gate"), finish=finish, timed_batch=args.timed_batch,
-        say=lambda s: print(f"kernelbench_ranges: [{time.monotonic() - t0:.0f} s] {s}",
-                            flush=True))
-    sched.run(jobs)
-    write_schedule(out / "schedule.json", sched, t0, n_jobs)
-    if results_path.exists():
-        write_summary(results_path, out / "summary.json")
-    if sched.aborted:
-        raise SystemExit(f"kernelbench_ranges: {sched.aborted}")
-    left = len(sched.left)
-    print(f"kernelbench_ranges: {len(jobs) - left} decided, {left} left for the next call, "
-          f"{time.monotonic() - t0:.0f} s", flush=True)
-    return 0 if not left else 3
+        nbytes.append(n)
+    return schedule(args, "kernelbench_ranges", jobs, nbytes, make_stages(args), out=out,
+                    work=work, row_of=row_of, write_summary=write_summary,
+                    seconds=("capture", "compile", "replay", "pair", "run", "rerun"),
+                    of=len(problems))
 
 
 def write_schedule(path: Path, sched, t0: float, n_jobs: int) -> None:

@@ -254,6 +254,18 @@ def test_a_second_call_finishes_a_half_done_problem_from_its_missing_stage(tmp_p
     assert s2.calls == [("p2", "run"), ("p2", "rerun")]
 
 
+def test_a_half_done_problem_is_kept_at_its_scale_and_dropped_at_another(tmp_path):
+    folder = tmp_path / "p1"
+    kp.Job("p1", folder, state={"capture": {"scale": 2}, "replay": {}}).save()
+    sizes = {"p1": {"state_bytes": 1000}}
+    job, nbytes = kr.scaled_job("p1", folder, {"n": 1}, 2, sizes)
+    assert set(job.state) == {"capture", "replay"} and job.data == {"n": 1} and nbytes == 500
+    job, nbytes = kr.scaled_job("p1", folder, {}, 4, sizes)
+    assert job.state == {} and not folder.exists() and nbytes == 250
+    job, nbytes = kr.scaled_job("p2", tmp_path / "p2", {}, 1, sizes)   # no probe: 0 bytes
+    assert job.state == {} and nbytes == 0
+
+
 def test_default_jobs_are_bounded_by_cpus_and_gpu_memory():
     assert kp.default_jobs(16, gpu_bytes=80 << 30, per_job_bytes=64 << 20) == 8
     assert kp.default_jobs(16, gpu_bytes=80 << 30, per_job_bytes=20 << 30) == 2
