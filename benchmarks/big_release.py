@@ -28,7 +28,8 @@ Recorder's setup calls (so they regenerate too), at a small size (8 MiB by defau
    with KernelBench's own tolerance (atol = rtol = 1e-2) on the forward's output, byte-exact
    everywhere else; the differential run resamples the first ``--mutate-mib`` (64) of ``x``.
    The harness is packed once on its own: over the limit, it is refused before any run.
-3. run: ``kpair run`` of the harness (its verdict, speedup and re-run interval).
+3. run: ``kpair run`` of the harness (its verdict, speedup and re-run interval), given at
+   most half the time left: cut off, it is recorded as timed out and the publish goes on.
 4. publish: ``kpair release add`` (a fresh judged run; published only on a pass whose
    interval lies above 1.0), then ``kpair report --markdown-only``.
 5. pack: the release directory into one tar, ``OUTDIR/release.tar.zst`` (zstd; ``--tar
@@ -620,10 +621,15 @@ class Publish:
         if out.is_file():
             self.doc["resumed"].append("run")
         else:
+            # At most half of what is left: the publication (release add judges the harness
+            # again) must not lose its time to this run.
+            left = self.remaining("run")
             run = _kpair("run", str(harness), "-o", str(self.work / ".run.json"), "--force",
-                         "--json", "-q", *self.run_options(),
-                         timeout=self.remaining("run"))
+                         "--json", "-q", *self.run_options(), timeout=max(60.0, left / 2))
             self.doc["seconds"]["run"] = run["s"]
+            if run["exit_code"] == 124:
+                self.doc["run"] = {"status": "timed out", "s": run["s"]}
+                return
             if run["exit_code"] not in (0, 1):   # a fail verdict is a result, not a crash
                 self.step("run", run)
             os.replace(self.work / ".run.json", out)

@@ -276,13 +276,17 @@ def test_the_cuda_steps_with_a_host_stand_in_for_kpair_capture(tmp_path, monkeyp
     """The cuda publish as the lead's GPU call runs it, its one GPU step (``kpair capture``
     of the program) replaced by the host recording written where and as ``kpair capture``
     writes it (``capture.json``'s ``ranges``, one folder per range): the arguments it is
-    given parse as the program's, the rest (policy, pair, run, release add, pack) runs for
-    real on what it wrote."""
+    given parse as the program's, the rest (policy, pair, release add, pack) runs for real on
+    what it wrote. The separate ``kpair run`` is made to run past its time: it is recorded as
+    timed out, given at most half the time left, and the publication goes on."""
     br = _module()
     real = br._kpair
     seen = []
 
     def fake(*args, timeout):
+        if args[0] == "run":
+            seen.append(timeout)
+            return {"exit_code": 124, "stdout": "", "stderr": "timed out", "s": timeout}
         if args[0] != "capture":
             return real(*args, timeout=timeout)
         seen.append(args)
@@ -301,10 +305,12 @@ def test_the_cuda_steps_with_a_host_stand_in_for_kpair_capture(tmp_path, monkeyp
     monkeypatch.setattr(br, "_kpair", fake)
     out = tmp_path / "out"
     code = br.main(["publish", "--backend", "cuda", "-o", str(out), "--gib", "0.0078125",
-                    "--cols", "1024", "--seed", "3", "--time-cap", "0.5"])
+                    "--cols", "1024", "--seed", "3", "--time-cap", "0.5",
+                    "--deadline", "400"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0, doc
-    (capture,) = seen
+    capture, run_timeout = seen
+    assert 60 <= run_timeout <= 200 and doc["run"]["status"] == "timed out"
     size = int(capture[capture.index("--max-region-bytes") + 1])
     assert size >= 5 * doc["region_bytes"]   # x and its whole-size scratch fit under it
     assert capture[capture.index("--range") + 1] == "eager" and "compiled" in capture
