@@ -47,9 +47,11 @@ for step in "$@"; do
 done
 echo "]" >> "$OUT/steps.json"
 # At most 8 files come back, 16 MiB each: every log and result (no snapshot blobs, nothing
-# over 4 MiB) travels in one back.tgz beside env.txt and steps.json.
+# over 4 MiB) travels in one back.tgz beside env.txt and steps.json; a packed release
+# (a top-level *.tar.zst, at most 16 MiB) comes back on its own.
 (cd "$OUT" && find . -type f ! -name env.txt ! -name steps.json ! -name back.tgz \
-   ! -path '*/blobs/*' -size -4M -print0 | tar -czf back.tgz --null -T - \
+   ! -path './*.tar.zst' ! -path '*/blobs/*' -size -4M -print0 \
+   | tar -czf back.tgz --null -T - \
    && find . -mindepth 1 -maxdepth 1 ! -name env.txt ! -name steps.json ! -name back.tgz \
-   -exec rm -rf {} +)
+   ! -name '*.tar.zst' -exec rm -rf {} +)
 ls -la "$OUT"
