@@ -222,7 +222,7 @@ def _aa(lab, bound) -> Path:
 
     op = Operator(2, "mlp", snapshot=lab["ref"])
     work = bound["path"].parent.parent / "aa"
-    return base_harness(op, work, scratch=bound["plan"].scratch).root
+    return base_harness(op, work).root   # the candidates' scratch: placed by the session
 
 
 def test_a_substituted_launch_of_another_layout_is_refused(bound):

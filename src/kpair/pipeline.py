@@ -120,6 +120,11 @@ class Run:
     systematic: Any = None     # the identical-binary control: measured once per placement
     setup_stage_s: dict[str, float] = field(default_factory=dict)
     traffic: Any = None        # kpair.sol.Traffic of the snapshot: once per placement
+    # Scratch buffers placed besides the harness plan's own: (name, size, align), the union
+    # of every candidate plan's judged on this Run so far (``_place_scratch``).
+    extra_scratch: tuple = ()
+    scratch: tuple = ()        # every plan scratch buffer placed: (name, size, align)
+    on_stage: Callable[[str], None] = lambda s: None   # the caller's stage callback
 
     def begin(self, candidate: Candidate) -> None:
         """Forget the previous candidate; keep the placement, ref's runs, the baselines."""
@@ -229,9 +234,10 @@ def _place(run: Run) -> None:
     # Every backend's environment says which device ran it: a verdict must not depend on it,
     # and per-device comparisons need to know.
     run.facts.environment = {**run.device.environment(), "device_index": ordinal}
-    scratch = [(b.name, b.size, b.align) for b in h.plan.scratch] if h.plan else []
+    own = [(b.name, b.size, b.align) for b in h.plan.scratch] if h.plan else []
+    run.scratch = merged_scratch([*own, *run.extra_scratch])
     run.replay = Replay(run.device, h.snapshot, relocate=run.options.relocate,
-                        cache=run.options.cache, plan_scratch=scratch)
+                        cache=run.options.cache, plan_scratch=run.scratch)
     run.device = run.replay.device   # launches a range or a plan as one kernel
     run.facts.replay = {**run.replay.info.to_json(), **h.kind}
     run.hints = {r.name: r.dtype for r in h.snapshot.manifest.regions if r.dtype}
@@ -283,6 +289,9 @@ def _load_opt(run: Run) -> None:
                              "submitted")
         c = run.candidate = replace(c, plan=load_plan(Path(c.binary), h.snapshot.manifest,
                                                       what=c.label or "plan"))
+    if c.plan is not None:
+        _place_scratch(run, c.plan[0].scratch)
+        h = run.harness
     try:
         launch = h.snapshot.manifest.launch.override(c.launch_override or {})
     except KpairError as e:
@@ -294,6 +303,53 @@ def _load_opt(run: Run) -> None:
     if c.plan is None:
         run.replay.check_declared(c.image, c.kernel, c.format, "opt")  # a candidate's DWARF
     run.opt = (_opt_kernel(run), launch)
+
+
+def merged_scratch(buffers) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, align) buffers, one per name in first-seen order: the largest size and
+    alignment asked for under it."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for name, size, align in buffers:
+        had = out.get(name)
+        out[name] = (name, size, align) if had is None else \
+            (name, max(had[1], size), max(had[2], align))
+    return tuple(out.values())
+
+
+def unplaced_scratch(placed, wanted) -> list:
+    """The buffers of ``wanted`` (``kpair.plan.Scratch``) that ``placed`` ((name, size,
+    align), as ``Run.scratch``) lacks, or holds smaller or less aligned than asked."""
+    have = {name: (size, align) for name, size, align in placed}
+    return [b for b in wanted if b.name not in have or have[b.name][0] < b.size
+            or have[b.name][1] < b.align]
+
+
+def _place_scratch(run: Run, wanted) -> None:
+    """A candidate plan's scratch placed like the harness plan's own. A session places its
+    harness's scratch once, with the regions; where the candidate declares a buffer the
+    placement lacks (another name, or larger, or more aligned), the Run is set up again on
+    a placement that adds it (``prepare`` with ``extra_scratch``: every buffer placed so far
+    plus the new ones, after the captured span behind a guard gap): guard bands around it,
+    poisoned before every launch of the plan, ref run and its checks made again there. Later
+    candidates with the same scratch are judged on that placement."""
+    missing = unplaced_scratch(run.scratch, wanted)
+    if not missing:
+        return
+    extra = merged_scratch([*run.extra_scratch,
+                            *((b.name, b.size, b.align) for b in missing)])
+    candidate, on_stage = run.candidate, run.on_stage
+    close(run)
+    fresh, failed = prepare(run.root, run.options, facts=run.facts, stage=on_stage,
+                            extra_scratch=extra)
+    if failed is not None:
+        close(fresh)
+        raise KpairError(f"placing the scratch of {candidate.label or 'the candidate'} "
+                         f"({', '.join(b.name for b in missing)}): ref failed a check on the "
+                         f"new placement: {failed.reason}")
+    vars(run).update(vars(fresh))
+    run.begin(candidate)
+    on_stage("load")
+    progress.stage("load")
 
 
 def _arm(run: Run) -> None:
@@ -564,11 +620,14 @@ def _steps(run: Run, steps: list[Stage], stage: Callable[[str], None]) -> Result
 
 
 def prepare(root: Path, options: RunOptions, *, facts: Facts,
-            stage: Callable[[str], None] = lambda s: None) -> tuple[Run, Result | None]:
+            stage: Callable[[str], None] = lambda s: None,
+            extra_scratch: tuple = ()) -> tuple[Run, Result | None]:
     """Open, place and baseline the harness at ``root``: the Run candidates are judged on,
     and a ``fail`` Result when the baseline itself fails a check (then no candidate can
-    pass). The caller owns the Run's device (``close``)."""
-    run = Run(root=Path(root), options=options, facts=facts)
+    pass). ``extra_scratch``: (name, size, align) buffers placed besides the harness plan's
+    scratch (``_place_scratch``). The caller owns the Run's device (``close``)."""
+    run = Run(root=Path(root), options=options, facts=facts,
+              extra_scratch=tuple(extra_scratch), on_stage=stage)
     if not options.checks:
         facts.checks = Checks(enabled=False)
     try:

@@ -46,7 +46,7 @@ from ..release import add_operator, load_index, refuse_operator
 from ..report import write_report
 from ..result import Result, error_result
 from ..session import ATTEMPTS, Attempt, read_attempts
-from ..snapshot import Snapshot, sha256
+from ..snapshot import sha256
 from .baseline import FILE as BASELINE_FILE
 from .baseline import BaselineRecord
 from .director import FILE as DIRECTOR_FILE
@@ -320,17 +320,13 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
     work.mkdir(parents=True, exist_ok=True)
     search_dir, prov = work / "search", work / "provenance"
     record_path = work / "search.json"
-    made, scratch = {}, ()
+    made = {}
     if opts.captures and op.snapshot is not None and not record_path.is_file():
-        # A range's captures are bound first: the A/A base declares their scratch buffers
-        # (a session places its harness's scratch once, for every candidate).
-        made[CAPTURED_NAME] = captured = opts.make(CAPTURED_NAME)
-        captured.bind(Snapshot.open(op.snapshot), work / "builds" / CAPTURED_NAME)
-        scratch = captured.scratch()
         # Retunes that beat their capture on several launches are combined: by the prune
         # step's verdicts so far.
+        made[CAPTURED_NAME] = captured = opts.make(CAPTURED_NAME)
         captured.scores = lambda: passed_speedups(search_dir / "prune" / ATTEMPTS)
-    base = base_harness(op, work, policy=opts.policy, scratch=scratch)
+    base = base_harness(op, work, policy=opts.policy)
     if record_path.is_file():
         record = read(record_path, SearchRecord)
         log("    search: finished earlier, reusing its outcome")

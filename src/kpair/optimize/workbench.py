@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from ..candidate import Candidate
 from ..errors import KpairError
 from ..harness import EXTENSIONS, Harness, create_harness
 from ..options import RunOptions
-from ..plan import Scratch
 from ..release import INDEX
 from ..release.store import LOCK
 from ..snapshot import Snapshot, detect_format
@@ -181,25 +179,18 @@ def _found(path: Path, name: str, kind: str) -> Operator:
 CAPTURED = "captured.bin"
 
 
-def base_harness(op: Operator, work: Path, *, policy: Path | None = None,
-                 scratch: Sequence[Scratch] = ()) -> Harness:
+def base_harness(op: Operator, work: Path, *, policy: Path | None = None) -> Harness:
     """The harness candidates are judged on: the operator's own, or an A/A pair of the
     snapshot's captured code object (a range: of its operations as a launch plan,
     ``kpair.bind.identity_plan``, kept in ``WORK/base-plan``) — ``WORK/base``, made once and
-    reused; one that no longer opens is made again.
-
-    ``scratch``: buffers the candidates' plans declare (a session places the scratch of
-    its harness's plan once, for every candidate it judges): the A/A plan declares each of
-    them too, at the largest size asked for under its name; a base whose plan lacks one is
-    made again."""
+    reused; one that no longer opens is made again. A candidate plan's scratch buffers need
+    not be declared here: the judging session places them (``kpair.pipeline``)."""
     if op.harness is not None:
         return Harness.open(op.harness)
     base = work / "base"
     if (base / "harness.json").is_file():
         try:
-            h = Harness.open(base)
-            if _covers(h, scratch):
-                return h
+            return Harness.open(base)
         except KpairError:
             pass
     if base.exists():
@@ -210,30 +201,11 @@ def base_harness(op: Operator, work: Path, *, policy: Path | None = None,
         aa = work / "base-plan"
         if aa.exists():
             shutil.rmtree(aa)
-        bound = identity_plan(snap)
-        bound = replace(bound, plan=bound.plan.replace(
-            scratch=merged_scratch((*bound.plan.scratch, *scratch))))
-        return create_harness(op.snapshot, base, plan=bound.write(aa), policy=policy)
+        return create_harness(op.snapshot, base, plan=identity_plan(snap).write(aa),
+                              policy=policy)
     image = work / CAPTURED
     image.write_bytes(snap.code_object())
     return create_harness(op.snapshot, base, opt=image, policy=policy)
-
-
-def merged_scratch(buffers: Sequence[Scratch]) -> tuple[Scratch, ...]:
-    """One buffer per name, in first-seen order: the largest size and alignment asked for."""
-    out: dict[str, Scratch] = {}
-    for b in buffers:
-        had = out.get(b.name)
-        out[b.name] = b if had is None else Scratch(b.name, max(had.size, b.size),
-                                                     max(had.align, b.align))
-    return tuple(out.values())
-
-
-def _covers(h: Harness, scratch: Sequence[Scratch]) -> bool:
-    """Whether harness ``h``'s plan declares every buffer of ``scratch``, large enough."""
-    have = {b.name: b for b in (h.plan.scratch if h.plan else ())}
-    return all(b.name in have and have[b.name].size >= b.size
-               and have[b.name].align >= b.align for b in scratch)
 
 
 def pair_harness(base: Harness, winner: Candidate, out: Path) -> Harness:
@@ -292,7 +264,7 @@ def suffix(candidate: Candidate) -> str:
 
 
 __all__ = ["CAPTURED", "Operator", "SKIP", "base_harness", "built", "captured_dispatches",
-           "find_operators", "finished_capture", "kpair_output", "level_of", "merged_scratch",
+           "find_operators", "finished_capture", "kpair_output", "level_of",
            "operator_from_harness", "operator_from_snapshot",
            "operator_name", "operators_from_capture", "pair_harness", "quick_options",
            "suffix"]

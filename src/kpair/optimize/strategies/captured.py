@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from ...candidate import Candidate
 from ...errors import BackendUnavailable, KpairError, UsageError
 from ...harness import bind_snapshot, load_plan
-from ...plan import Plan, Scratch
+from ...plan import Plan
 from ...session import read_attempts
 from ..strategy import Context
 from .triton import (
@@ -226,11 +226,6 @@ class CapturedRange:
                     continue
                 self._bound[c.producer] = path
         return self._bound
-
-    def scratch(self) -> tuple[Scratch, ...]:
-        """Every scratch buffer the bound plans declare (``bind`` first)."""
-        return tuple(b for p in (self._bound or {}).values() if isinstance(p, Path)
-                     for b in Plan.read(p).scratch)
 
     def applies(self, harness, context: Context) -> str | None:
         if not self.captures:
