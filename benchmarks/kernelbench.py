@@ -446,6 +446,39 @@ def capture_paused():
         f.names = names
 
 
+def each_problem(problems: list[dict], path: Path, start, one, *, torch, dynamo: bool = True,
+                 cuda: bool = True, out_of_memory: bool = False) -> list[dict]:
+    """A child program's loop over its plan's problems: per problem ``p`` (the ``i``\\ th) its
+    record ``start(i, p)``, then ``one(p, record)`` runs it and fills the record in; what it
+    holds (model, inputs, outputs) goes with its frame as it returns or raises. An exception
+    is the record's ``error`` (and ``out_of_memory``: whether it was CUDA's, where asked);
+    one problem failing never ends the batch. After each problem: Dynamo reset
+    (``dynamo``), garbage collected, CUDA's cache emptied (``cuda``), and every record so far
+    written to ``path`` (replaced whole, never half written). The records."""
+    import gc
+
+    records: list[dict] = []
+    for i, p in enumerate(problems):
+        rec = start(i, p)
+        try:
+            one(p, rec)
+        except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
+            rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+            if out_of_memory:
+                rec["out_of_memory"] = isinstance(e, torch.cuda.OutOfMemoryError) \
+                    or "out of memory" in str(e)
+        if dynamo:
+            torch._dynamo.reset()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        records.append(rec)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records, indent=1))
+        os.replace(tmp, path)
+    return records
+
+
 def run_problems(plan_path: Path) -> int:
     """The child program: run each problem of the plan once, write marks.json as it goes.
 
@@ -453,29 +486,29 @@ def run_problems(plan_path: Path) -> int:
     (``plan["skip"]``: the names earlier batches took), ``problem`` the first launch of each
     kernel in each problem (Inductor names kernels per graph, so ``triton_poi_fused_relu_0``
     of one problem is not that of another)."""
-    import gc
-
     import torch
 
     plan = json.loads(plan_path.read_text())
     marks_path = Path(plan["marks"])
     per_problem = plan.get("distinct") == "problem"
     device = plan.get("device", "cuda")   # "cpu": the runner checked without a GPU
-    marks: list[dict] = []
+    compiled = plan["mode"] == "compiled"
     marks_path.write_text("[]")   # the runner started: what goes wrong now is a problem's
     distinct_from_here(plan.get("skip", []))
-    for p in plan["problems"]:
+
+    def start(i: int, p: dict) -> dict:
         if per_problem:
             distinct_from_here()
+        return {"key": p["key"], "ok": False}
+
+    def one(p: dict, mark: dict) -> None:
         first, t0 = _launches(), time.monotonic()
-        mark = {"key": p["key"], "ok": False}
-        model = inputs = out = None
         try:
             module = module_from_source(Path(p["file"]).read_text(), f"kb_{p['module']}",
                                         p["file"])
             model, inputs = instantiate(module, torch, device)
             fn = model
-            if plan["mode"] == "compiled":
+            if compiled:
                 # compile and autotune uncaptured: a kernel's first launch would otherwise be
                 # one of the configs Inductor's autotuner tries, not the one it chose
                 fn = torch.compile(model)
@@ -484,26 +517,17 @@ def run_problems(plan_path: Path) -> int:
                     if device == "cuda":
                         torch.cuda.synchronize()
             with torch.no_grad():
-                out = fn(*inputs)
+                fn(*inputs)
             if device == "cuda":
                 torch.cuda.synchronize()
             mark["ok"] = True
-        except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
-            mark["error"] = f"{type(e).__name__}: {e}"[:2000]
         finally:
-            del model, inputs, out
-            if plan["mode"] == "compiled":
-                torch._dynamo.reset()
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        last = _launches()
-        mark.update(first_launch=None if first is None else first + 1, last_launch=last,
-                    run_s=round(time.monotonic() - t0, 3))
-        marks.append(mark)
-        tmp = marks_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(marks, indent=1))
-        os.replace(tmp, marks_path)
+            last = _launches()
+            mark.update(first_launch=None if first is None else first + 1, last_launch=last,
+                        run_s=round(time.monotonic() - t0, 3))
+
+    each_problem(plan["problems"], marks_path, start, one, torch=torch, dynamo=compiled,
+                 cuda=device == "cuda")
     return 0
 
 

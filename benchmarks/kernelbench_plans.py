@@ -564,69 +564,58 @@ def self_check(fns: list, work: Launches, tensors: dict, out, torch) -> dict:
 def child(plan_path: Path) -> int:
     """Run every problem of the batch: the eager forward inside its range, then its Triton
     kernel compiled (and self-checked). Writes ``io.json`` after each problem."""
-    import gc
-
     t0 = time.monotonic()
     import torch
 
     import kpair
 
     plan = json.loads(plan_path.read_text())
-    io_path, work = Path(plan["io"]), Path(plan["work"])
+    work = Path(plan["work"])
     kernels = load_kernels()   # imports triton
     import_s = round(time.monotonic() - t0, 3)
     gate_wait_s = kb_pipeline.hold_gate_from_env()   # no CUDA call before this
     major, minor = torch.cuda.get_device_capability()
-    records = []
-    for p in plan["problems"]:
+
+    def start(i: int, p: dict) -> dict:   # the imports and the gate: paid once per process
+        return {"number": p["number"], "ok": False, "import_s": 0.0 if i else import_s,
+                "gate_wait_s": 0.0 if i else gate_wait_s}
+
+    def one(p: dict, rec: dict) -> None:
         entry = BY_NAME[p["name"]]
-        rec: dict = {"number": p["number"], "ok": False, "import_s": import_s,
-                     "gate_wait_s": gate_wait_s}
-        import_s = gate_wait_s = 0.0   # paid once per process
         t1 = time.monotonic()
-        model = inputs = out = tensors = None
-        try:
-            module = kb.module_from_source(p["source"], f"kbp_{p['module']}", p["file"])
-            model, inputs = kb.instantiate(module, torch, "cuda")
-            with torch.no_grad():
-                for _ in range(2):
-                    model(*inputs)
+        module = kb.module_from_source(p["source"], f"kbp_{p['module']}", p["file"])
+        model, inputs = kb.instantiate(module, torch, "cuda")
+        with torch.no_grad():
+            for _ in range(2):
+                model(*inputs)
+            torch.cuda.synchronize()
+            with kpair.mark(range_name(p["number"])) as m:
+                out = model(*inputs)
+                m.outputs(out)
                 torch.cuda.synchronize()
-                with kpair.mark(range_name(p["number"])) as m:
-                    out = model(*inputs)
-                    m.outputs(out)
-                    torch.cuda.synchronize()
-            io = {"inputs": [_describe(t, torch) for t in inputs],
-                  "output": _describe(out, torch),
-                  "attrs": {a: getattr(model, a) for a in entry.attrs}}
-            rec["io"] = io
-            rec["setup_s"] = round(time.monotonic() - t1, 3)
-            t2 = time.monotonic()
-            launches = entry.launches(io)
-            fns = [getattr(kernels, spec.kernel) for spec in launches.launches]
-            dest = work / f"p{p['number']}.kernels"
-            dest.mkdir(parents=True, exist_ok=True)
-            rec["kernels"] = [compile_kernel(fn, spec, io, major * 10 + minor, dest)
-                              for fn, spec in zip(fns, launches.launches, strict=True)]
-            rec["compile_s"] = round(time.monotonic() - t2, 3)
-            rec["ok"] = True
-            tensors = {f"in{i}": t for i, t in
-                       enumerate(x for x in inputs if isinstance(x, torch.Tensor))}
-            try:
-                if plan.get("self_check", True):
-                    rec["self_check"] = self_check(fns, launches, tensors, out, torch)
-            except Exception as e:  # noqa: BLE001 - a diagnosis only
-                rec["self_check"] = {"error": f"{type(e).__name__}: {e}"[:600]}
-        except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
-            rec["error"] = f"{type(e).__name__}: {e}"[:2000]
-        finally:
-            del model, inputs, out, tensors
-            gc.collect()
-            torch.cuda.empty_cache()
-        records.append(rec)
-        tmp = io_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(records, indent=1))
-        os.replace(tmp, io_path)
+        io = {"inputs": [_describe(t, torch) for t in inputs],
+              "output": _describe(out, torch),
+              "attrs": {a: getattr(model, a) for a in entry.attrs}}
+        rec["io"] = io
+        rec["setup_s"] = round(time.monotonic() - t1, 3)
+        t2 = time.monotonic()
+        launches = entry.launches(io)
+        fns = [getattr(kernels, spec.kernel) for spec in launches.launches]
+        dest = work / f"p{p['number']}.kernels"
+        dest.mkdir(parents=True, exist_ok=True)
+        rec["kernels"] = [compile_kernel(fn, spec, io, major * 10 + minor, dest)
+                          for fn, spec in zip(fns, launches.launches, strict=True)]
+        rec["compile_s"] = round(time.monotonic() - t2, 3)
+        rec["ok"] = True
+        tensors = {f"in{i}": t for i, t in
+                   enumerate(x for x in inputs if isinstance(x, torch.Tensor))}
+        try:
+            if plan.get("self_check", True):
+                rec["self_check"] = self_check(fns, launches, tensors, out, torch)
+        except Exception as e:  # noqa: BLE001 - a diagnosis only
+            rec["self_check"] = {"error": f"{type(e).__name__}: {e}"[:600]}
+
+    kb.each_problem(plan["problems"], Path(plan["io"]), start, one, torch=torch, dynamo=False)
     return 0
 
 

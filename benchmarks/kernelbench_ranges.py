@@ -91,8 +91,6 @@ def child(plan_path: Path) -> int:
     once inside its range. Writes ``marks.json`` as it goes (ok, error, output shape, and the
     seconds of the torch import, the wait for the GPU gate, the model's setup, the compile
     with its first calls, and the two ranges)."""
-    import gc
-
     t0 = time.monotonic()
     import torch
 
@@ -101,48 +99,38 @@ def child(plan_path: Path) -> int:
     import_s = round(time.monotonic() - t0, 3)
     gate_wait_s = kb_pipeline.hold_gate_from_env()   # no CUDA call before this
     plan = json.loads(plan_path.read_text())
-    marks, marks_path = [], Path(plan["marks"])
-    for p in plan["problems"]:
-        mark = {"number": p["number"], "ok": False, "import_s": import_s,
-                "gate_wait_s": gate_wait_s}
-        import_s = gate_wait_s = 0.0   # paid once per process
-        model = inputs = compiled = out = ref_out = None
-        try:
-            t1 = time.monotonic()
-            module = kb.module_from_source(p["source"], f"kb_{p['module']}", p["file"])
-            model, inputs = kb.instantiate(module, torch, "cuda")
-            compiled = torch.compile(model)
-            eager_name, compiled_name = range_names(p["number"])
-            with torch.no_grad():
-                model(*inputs)
+
+    def start(i: int, p: dict) -> dict:   # the import and the gate: paid once per process
+        return {"number": p["number"], "ok": False, "import_s": 0.0 if i else import_s,
+                "gate_wait_s": 0.0 if i else gate_wait_s}
+
+    def one(p: dict, mark: dict) -> None:
+        t1 = time.monotonic()
+        module = kb.module_from_source(p["source"], f"kb_{p['module']}", p["file"])
+        model, inputs = kb.instantiate(module, torch, "cuda")
+        compiled = torch.compile(model)
+        eager_name, compiled_name = range_names(p["number"])
+        with torch.no_grad():
+            model(*inputs)
+            torch.cuda.synchronize()
+            t2 = time.monotonic()
+            for fn in (compiled, compiled):
+                fn(*inputs)
+            torch.cuda.synchronize()
+            t3 = time.monotonic()
+            mark.update(setup_s=round(t2 - t1, 3), compile_s=round(t3 - t2, 3))
+            with kpair.mark(eager_name) as m:
+                ref_out = model(*inputs)
+                m.outputs(ref_out)
                 torch.cuda.synchronize()
-                t2 = time.monotonic()
-                for fn in (compiled, compiled):
-                    fn(*inputs)
+            with kpair.mark(compiled_name) as m:
+                out = compiled(*inputs)
+                m.outputs(out)
                 torch.cuda.synchronize()
-                t3 = time.monotonic()
-                mark.update(setup_s=round(t2 - t1, 3), compile_s=round(t3 - t2, 3))
-                with kpair.mark(eager_name) as m:
-                    ref_out = model(*inputs)
-                    m.outputs(ref_out)
-                    torch.cuda.synchronize()
-                with kpair.mark(compiled_name) as m:
-                    out = compiled(*inputs)
-                    m.outputs(out)
-                    torch.cuda.synchronize()
-            mark.update(ok=True, output_shape=list(out.shape), output_dtype=str(out.dtype),
-                        ranges_s=round(time.monotonic() - t3, 3))
-        except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
-            mark["error"] = f"{type(e).__name__}: {e}"[:2000]
-        finally:
-            del model, inputs, compiled, out, ref_out
-            torch._dynamo.reset()
-            gc.collect()
-            torch.cuda.empty_cache()
-        marks.append(mark)
-        tmp = marks_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(marks, indent=1))
-        os.replace(tmp, marks_path)
+        mark.update(ok=True, output_shape=list(out.shape), output_dtype=str(out.dtype),
+                    ranges_s=round(time.monotonic() - t3, 3))
+
+    kb.each_problem(plan["problems"], Path(plan["marks"]), start, one, torch=torch)
     return 0
 
 

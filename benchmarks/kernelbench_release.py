@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
-import os
 import shutil
 import sys
 import time
@@ -120,39 +118,27 @@ def child(plan_path: Path) -> int:
     import kpair
 
     plan = json.loads(plan_path.read_text())
-    marks, marks_path = [], Path(plan["marks"])
-    for p in plan["problems"]:
-        mark: dict = {"key": p["key"], "ok": False, "producers": {}}
-        model = inputs = ref_out = None
-        try:
-            t0 = time.monotonic()
-            module = kb.module_from_source(p["source"], f"kb_{p['module']}", p["file"])
-            model, inputs = kb.instantiate(module, torch, "cuda")
-            with torch.no_grad():
-                model(*inputs)
+
+    def one(p: dict, mark: dict) -> None:
+        t0 = time.monotonic()
+        module = kb.module_from_source(p["source"], f"kb_{p['module']}", p["file"])
+        model, inputs = kb.instantiate(module, torch, "cuda")
+        with torch.no_grad():
+            model(*inputs)
+            torch.cuda.synchronize()
+            with kpair.mark(range_name(p["level"], p["number"], "eager")) as m:
+                ref_out = model(*inputs)
+                m.outputs(ref_out)
                 torch.cuda.synchronize()
-                with kpair.mark(range_name(p["level"], p["number"], "eager")) as m:
-                    ref_out = model(*inputs)
-                    m.outputs(ref_out)
-                    torch.cuda.synchronize()
-            mark.update(ok=True, eager_s=round(time.monotonic() - t0, 3))
-            for producer in p["producers"]:
-                mark["producers"][producer] = _compiled(torch, kpair, model, inputs, producer,
-                                                        range_name(p["level"], p["number"],
-                                                                   producer))
-        except Exception as e:  # noqa: BLE001 - one problem failing must not end the batch
-            mark["error"] = f"{type(e).__name__}: {e}"[:2000]
-            mark["out_of_memory"] = isinstance(e, torch.cuda.OutOfMemoryError) \
-                or "out of memory" in str(e)
-        finally:
-            del model, inputs, ref_out
-            torch._dynamo.reset()
-            gc.collect()
-            torch.cuda.empty_cache()
-        marks.append(mark)
-        tmp = marks_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(marks, indent=1))
-        os.replace(tmp, marks_path)
+        mark.update(ok=True, eager_s=round(time.monotonic() - t0, 3))
+        for producer in p["producers"]:
+            mark["producers"][producer] = _compiled(torch, kpair, model, inputs, producer,
+                                                    range_name(p["level"], p["number"],
+                                                               producer))
+
+    kb.each_problem(plan["problems"], Path(plan["marks"]),
+                    lambda i, p: {"key": p["key"], "ok": False, "producers": {}}, one,
+                    torch=torch, out_of_memory=True)
     return 0
 
 

@@ -901,3 +901,64 @@ def test_the_runner_with_real_torch_on_the_cpu(tmp_path):
     marks = json.loads((tmp_path / "marks.json").read_text())
     assert [m["ok"] for m in marks] == [True, False]
     assert marks[1]["error"] == "AttributeError: module 'kb_bad' has no attribute 'Model'"
+
+
+def test_each_problem_records_every_problem_and_frees_each_before_the_next(tmp_path):
+    import weakref
+
+    from kb_problems import FakeTorch
+
+    torch, path, held, seen = FakeTorch(), tmp_path / "marks.json", [], []
+
+    class Model:
+        pass
+
+    def start(i: int, p: dict) -> dict:
+        return {"key": p["key"], "ok": False, "first": i == 0}
+
+    def one(p: dict, rec: dict) -> None:
+        model = Model()   # what a problem holds: gone before the cache is emptied
+        held.append(weakref.ref(model))
+        seen.append(json.loads(path.read_text()) if path.exists() else None)
+        if p["key"] == "oom":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        if p["key"] == "bad":
+            raise ValueError("x" * 3000)
+        rec["ok"] = True
+
+    torch.cuda.empty_cache = lambda: torch.calls.append(
+        f"empty_cache, alive {sum(r() is not None for r in held)}")
+    got = kb.each_problem([{"key": k} for k in ("a", "bad", "oom")], path, start, one,
+                          torch=torch, out_of_memory=True)
+    assert json.loads(path.read_text()) == got and not path.with_suffix(".tmp").exists()
+    assert [r["ok"] for r in got] == [True, False, False]
+    assert [r["first"] for r in got] == [True, False, False]
+    assert got[1]["error"] == "ValueError: " + "x" * 1988 and not got[1]["out_of_memory"]
+    assert got[2]["error"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert got[2]["out_of_memory"] and "out_of_memory" not in got[0]
+    assert seen[0] is None and [r["key"] for r in seen[2]] == ["a", "bad"]   # after each
+    assert torch.calls == ["dynamo_reset", "empty_cache, alive 0"] * 3
+
+    torch.calls.clear()
+    kb.each_problem([{"key": "a"}], path, start, one, torch=torch, dynamo=False, cuda=False)
+    assert torch.calls == [] and "out_of_memory" not in json.loads(path.read_text())[0]
+
+
+def test_the_runner_under_a_torch_stand_in(tmp_path, monkeypatch):
+    from kb_problems import FakeTorch, write_plain
+
+    torch = FakeTorch().install(monkeypatch)
+    problems = kb.discover(write_plain(tmp_path / "kb"), [2])
+    plan = {"mode": "compiled", "marks": str(tmp_path / "marks.json"), "device": "cpu",
+            "distinct": "problem", "problems": [
+                {"key": p.key, "file": str(p.path), "module": p.name} for p in problems]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    assert kb.main([kb.RUNNER, str(tmp_path / "plan.json")]) == 0
+    marks = json.loads((tmp_path / "marks.json").read_text())
+    assert [(m["key"], m["ok"]) for m in marks] == [
+        ("level2/1_Scale", True), ("level2/2_Raises", False), ("level2/3_Huge", False)]
+    assert marks[1]["error"] == "ValueError: no forward here"
+    assert all(m["first_launch"] is None and m["last_launch"] is None   # no capture session
+               and m["run_s"] >= 0 and "out_of_memory" not in m for m in marks)
+    assert torch.calls.count("compile None") == 3 and torch.calls.count("dynamo_reset") == 3
+    assert "empty_cache" not in torch.calls and "synchronize" not in torch.calls   # the CPU

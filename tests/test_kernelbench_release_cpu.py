@@ -314,3 +314,43 @@ def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_mark
     assert "no such layer" in got["level1/2_Init"].failed
     assert got["level1/3_Oom"].did_not_fit and got["level1/3_Oom"].failed is None
     assert "died" in got["level1/4_Never"].failed   # the first problem without a mark
+
+
+def test_the_capture_step_reads_its_child_under_a_torch_stand_in(tmp_path, monkeypatch):
+    """capture_batch's plan run by the driver's own ``child`` in this process (torch and
+    kpair.mark stood in for; the stand-in for ``kpair capture`` writes a snapshot per range
+    the child entered): a problem that runs has its eager range and every producer's; one
+    whose forward raises failed; one out of GPU memory did not fit."""
+    import types
+
+    import kpair
+    from kb_problems import FakeMarks, FakeTorch, write_plain
+
+    torch, ranges = FakeTorch().install(monkeypatch), FakeMarks()
+    monkeypatch.setattr(kpair, "mark", ranges)
+
+    def capture(*args, timeout, env=None):
+        i = args.index("--")
+        assert args[i + 3] == "child"
+        code = krel.child(Path(args[i + 4]))
+        for name, _ in ranges.ranges:
+            (Path(args[args.index("-o") + 1]) / name).mkdir(parents=True, exist_ok=True)
+            (Path(args[args.index("-o") + 1]) / name / "snapshot.json").write_text("{}")
+        return {"exit_code": code, "stdout": "", "stderr": "", "seconds": 0.0}
+
+    monkeypatch.setattr(krel.kr, "kpair_cmd", capture)
+    problems = kb.discover(write_plain(tmp_path / "kb", level=1), [1])
+    args = types.SimpleNamespace(sizes=str(tmp_path / "none.json"), capture_timeout=60,
+                                 producers=list(krel.COMPILE), scale=False, budget_mib=64,
+                                 max_gib=60, inductor_cache=str(tmp_path / "inductor"))
+    (tmp_path / "work").mkdir()
+    got = krel.capture_batch(args)(problems, tmp_path / "work", 60.0)
+    ok, raises, huge = (got[p.key] for p in problems)
+    assert ok.ref == tmp_path / "work" / "cap" / "l1p1.eager" and ok.failed is None
+    assert sorted(ok.candidates) == sorted(krel.COMPILE)
+    assert raises.failed == "ValueError: no forward here" and not raises.candidates
+    assert huge.did_not_fit.startswith("OutOfMemoryError: CUDA out of memory")
+    assert [name for name, _ in ranges.ranges] == ["l1p1.eager"] + [
+        f"l1p1.{producer}" for producer in krel.COMPILE]
+    assert torch.calls.count("compile max-autotune-no-cudagraphs") == 1   # its own mode
+    assert "patch ['coordinate_descent_tuning']" in torch.calls
