@@ -1,6 +1,6 @@
 """KernelBench-style problem files for the drivers' tests (no KernelBench copy needed), written
 into a folder laid out as KernelBench's own: two real Level 2 problems for the GPU tests
-(:func:`write_level2`), and plain-Python ones (:func:`write_plain`) that the drivers' child
+(:func:`write_level2`), and plain-Python ones (:func:`write_fake`) that the drivers' child
 programs run on the CPU under a torch stand-in (:class:`FakeTorch`, :class:`FakeMarks`)."""
 
 from __future__ import annotations
@@ -55,79 +55,83 @@ def write_level2(root: Path) -> Path:
 
 # --------------------------------------------------------------------------- torch stand-in
 
-#: Problem files for :class:`FakeTorch`: plain Python under ``import torch`` (the stand-in),
-#: one that runs, one whose forward raises, one whose forward runs out of GPU memory.
-PLAIN = {
-    "1_Scale": """
+#: A problem file for :class:`FakeTorch` (format ``fail``: None, ``"init"``: its model cannot
+#: be made, ``"oom"``: its forward runs out of GPU memory).
+FAKE_SOURCE = '''\
 import torch
-class Out:
-    def __init__(self, n):
-        self.shape, self.dtype = (n, 4), "torch.float32"
+batch_size = 4
+FAIL = {fail!r}
 class Model:
     def __init__(self, n):
+        if FAIL == "init":
+            raise ValueError("no such layer")
         self.n = n
     def eval(self):
         return self
     def __call__(self, x):
-        return Out(self.n * x)
+        if FAIL == "oom":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return torch.Tensor((x.shape[0], self.n))
 def get_inputs():
-    return [2]
+    return [torch.Tensor((batch_size, 3))]
 def get_init_inputs():
-    return [3]
-""",
-    "2_Raises": """
-import torch
-class Model:
-    def eval(self):
-        return self
-    def __call__(self, x):
-        raise ValueError("no forward here")
-def get_inputs():
-    return [1]
-def get_init_inputs():
-    return []
-""",
-    "3_Huge": """
-import torch
-class Model:
-    def eval(self):
-        return self
-    def __call__(self, x):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 90.00 GiB")
-def get_inputs():
-    return [1]
-def get_init_inputs():
-    return []
-""",
-}
+    return [5]
+'''
+
+
+def write_fake(root: Path, level: int, fails: dict[str, str | None]) -> Path:
+    """A :data:`FAKE_SOURCE` problem per name of ``fails`` (its ``fail``) as
+    ``root/level<level>/<name>.py``; ``root``."""
+    folder = root / f"level{level}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, fail in fails.items():
+        (folder / f"{name}.py").write_text(FAKE_SOURCE.format(fail=fail))
+    return root
 
 
 class FakeTorch(types.ModuleType):
-    """What the drivers' child programs use of torch, in plain Python: every call counted in
-    ``calls`` (``compile``, ``synchronize``, ``empty_cache``, ``dynamo_reset``, ...).
-    :meth:`install` puts it (and ``torch._inductor.config``) in ``sys.modules``."""
+    """What the drivers' child programs call of torch, in plain Python. ``calls``: what was
+    called, in order (``synchronize``, ``empty_cache``, ``dynamo_reset``, ...); ``compiles``:
+    each ``torch.compile``'s mode and the Inductor config in force, failing for the modes in
+    ``broken``. :meth:`install` puts it (and ``torch._inductor.config``) in ``sys.modules``."""
 
     class Tensor:
-        pass
+        dtype = "torch.float32"
 
-    def __init__(self):
+        def __init__(self, shape=()):
+            self.shape = shape
+
+        def to(self, device):
+            return self
+
+    def __init__(self, broken=()):
         super().__init__("torch")
         self.calls: list[str] = []
+        self.compiles: list[tuple[str | None, dict]] = []
+        self.broken, self.config = set(broken), {}
         fake = self
 
         class OutOfMemoryError(RuntimeError):
             pass
+
+        @contextlib.contextmanager
+        def patch(**kw):
+            old = dict(fake.config)
+            fake.config.update(kw)
+            try:
+                yield
+            finally:
+                fake.config.clear()
+                fake.config.update(old)
 
         self.cuda = types.SimpleNamespace(
             OutOfMemoryError=OutOfMemoryError, get_device_capability=lambda: (9, 0),
             synchronize=lambda: fake.calls.append("synchronize"),
             empty_cache=lambda: fake.calls.append("empty_cache"))
         self._dynamo = types.SimpleNamespace(reset=lambda: fake.calls.append("dynamo_reset"))
-        config = types.ModuleType("torch._inductor.config")
-        config.patch = lambda **kw: (fake.calls.append(f"patch {sorted(kw)}"),
-                                     contextlib.nullcontext())[1]
         self._inductor = types.ModuleType("torch._inductor")
-        self._inductor.config = config
+        self._inductor.config = types.ModuleType("torch._inductor.config")
+        self._inductor.config.patch = patch
 
     def manual_seed(self, n: int) -> None:
         self.calls.append("manual_seed")
@@ -140,7 +144,9 @@ class FakeTorch(types.ModuleType):
         return contextlib.nullcontext()
 
     def compile(self, model, mode=None):
-        self.calls.append(f"compile {mode}")
+        self.compiles.append((mode, dict(self.config)))
+        if mode in self.broken:
+            raise RuntimeError(f"{mode}: autotuning failed")
         return model
 
     def install(self, monkeypatch) -> FakeTorch:
@@ -150,27 +156,13 @@ class FakeTorch(types.ModuleType):
         return self
 
 
-def write_plain(root: Path, level: int = 2) -> Path:
-    """:data:`PLAIN`'s problems as ``root/level<level>/<name>.py``; ``root``."""
-    folder = root / f"level{level}"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, source in PLAIN.items():
-        (folder / f"{name}.py").write_text(source)
-    return root
-
-
 class FakeMarks:
-    """A stand-in for ``kpair.mark``: the ranges entered, with what each declared output."""
+    """A stand-in for ``kpair.mark``: ``ranges``, the names of the ranges whose outputs were
+    declared, in order."""
 
     def __init__(self):
-        self.ranges: list[tuple[str, object]] = []
+        self.ranges: list[str] = []
 
     @contextlib.contextmanager
     def __call__(self, name: str):
-        marks = self
-
-        class Range:
-            def outputs(self, *outs):
-                marks.ranges.append((name, outs))
-
-        yield Range()
+        yield types.SimpleNamespace(outputs=lambda *outs: self.ranges.append(name))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import record_matmul
+from kb_problems import FakeTorch
 from test_capture_cpu import SEG, HostArgs, add_launch, make_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,33 +189,6 @@ def test_the_operator_chosen_is_a_byte_exact_triton_dispatch_with_the_most_bytes
     assert kb.choose_operator(rows[3:4], p) is None
 
 
-class _FakeTorch:
-    """What the runner calls of torch, on the CPU: a forward pass "launches" kernels by
-    bumping the capture session's launch counter."""
-
-    class Tensor:
-        def __init__(self, shape):
-            self.shape = shape
-
-        def to(self, device):
-            return self
-
-    def __init__(self, session):
-        import contextlib
-        import types
-
-        self.session, self.compiled = session, []
-        self.device = lambda name: contextlib.nullcontext()
-        self.no_grad = contextlib.nullcontext
-        self.manual_seed = lambda seed: None
-        self.cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None)
-        self._dynamo = types.SimpleNamespace(reset=lambda: None)
-
-    def compile(self, model):
-        self.compiled.append(model)
-        return model
-
-
 def test_the_runner_marks_each_problems_launches_and_goes_on_after_a_failure(
         tmp_path, monkeypatch):
     import types
@@ -223,8 +197,7 @@ def test_the_runner_marks_each_problems_launches_and_goes_on_after_a_failure(
     from kpair.capture.filters import Filter
 
     session = types.SimpleNamespace(launches=7, filter=Filter(None, 1, None, True))
-    torch = _FakeTorch(session)
-    monkeypatch.setitem(sys.modules, "torch", torch)
+    torch = FakeTorch().install(monkeypatch)
     monkeypatch.setattr(kpair.capture, "_tracer", types.SimpleNamespace(session=session),
                         raising=False)
     good = textwrap.dedent('''\
@@ -259,7 +232,7 @@ def test_the_runner_marks_each_problems_launches_and_goes_on_after_a_failure(
         ("level1/1_good", True, 8, 31), ("level1/2_bad", False, 32, 31),
         ("level1/3_good", True, 32, 55)]
     assert marks[1]["error"] == "MemoryError: CUDA out of memory"
-    assert len(torch.compiled) == 2
+    assert len(torch.compiles) == 2
     assert kb.owner(32, marks) == "level1/3_good"
 
 
@@ -300,7 +273,7 @@ def test_the_runner_resets_distinct_per_problem_in_compiled_mode(tmp_path, monke
         filter, launches = f, 0
 
     session = Session()
-    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(session))
+    FakeTorch().install(monkeypatch)
     monkeypatch.setattr(kpair.capture, "_tracer", types.SimpleNamespace(session=session),
                         raising=False)
     source = textwrap.dedent('''\
@@ -906,8 +879,6 @@ def test_the_runner_with_real_torch_on_the_cpu(tmp_path):
 def test_each_problem_records_every_problem_and_frees_each_before_the_next(tmp_path):
     import weakref
 
-    from kb_problems import FakeTorch
-
     torch, path, held, seen = FakeTorch(), tmp_path / "marks.json", [], []
 
     class Model:
@@ -943,22 +914,3 @@ def test_each_problem_records_every_problem_and_frees_each_before_the_next(tmp_p
     kb.each_problem([{"key": "a"}], path, start, one, torch=torch, dynamo=False, cuda=False)
     assert torch.calls == [] and "out_of_memory" not in json.loads(path.read_text())[0]
 
-
-def test_the_runner_under_a_torch_stand_in(tmp_path, monkeypatch):
-    from kb_problems import FakeTorch, write_plain
-
-    torch = FakeTorch().install(monkeypatch)
-    problems = kb.discover(write_plain(tmp_path / "kb"), [2])
-    plan = {"mode": "compiled", "marks": str(tmp_path / "marks.json"), "device": "cpu",
-            "distinct": "problem", "problems": [
-                {"key": p.key, "file": str(p.path), "module": p.name} for p in problems]}
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    assert kb.main([kb.RUNNER, str(tmp_path / "plan.json")]) == 0
-    marks = json.loads((tmp_path / "marks.json").read_text())
-    assert [(m["key"], m["ok"]) for m in marks] == [
-        ("level2/1_Scale", True), ("level2/2_Raises", False), ("level2/3_Huge", False)]
-    assert marks[1]["error"] == "ValueError: no forward here"
-    assert all(m["first_launch"] is None and m["last_launch"] is None   # no capture session
-               and m["run_s"] >= 0 and "out_of_memory" not in m for m in marks)
-    assert torch.calls.count("compile None") == 3 and torch.calls.count("dynamo_reset") == 3
-    assert "empty_cache" not in torch.calls and "synchronize" not in torch.calls   # the CPU

@@ -437,23 +437,26 @@ def test_plan_prints_the_expected_call(capsys):
 
 def test_the_child_under_a_torch_stand_in_marks_each_problem(tmp_path, monkeypatch):
     import kpair
-    from kb_problems import FakeMarks, FakeTorch, write_plain
+    from kb_problems import FakeMarks, FakeTorch, write_fake
 
     torch, ranges = FakeTorch().install(monkeypatch), FakeMarks()
     monkeypatch.setattr(kpair, "mark", ranges)
     monkeypatch.delenv(kp.GATE_ENV, raising=False)
-    problems = kr.kb.discover(write_plain(tmp_path / "kb"), [2])
+    problems = kr.kb.discover(write_fake(tmp_path / "kb", 2, {
+        "1_Good": None, "2_Init": "init", "3_Oom": "oom"}), [2])
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"marks": str(tmp_path / "marks.json"),
                                 "problems": [kr.entry_of(p, 1) for p in problems]}))
     assert kr.main(["child", str(plan)]) == 0
     marks = json.loads((tmp_path / "marks.json").read_text())
     assert [(m["number"], m["ok"]) for m in marks] == [(1, True), (2, False), (3, False)]
-    assert marks[0]["output_shape"] == [6, 4] and marks[0]["output_dtype"] == "torch.float32"
+    assert marks[0]["output_shape"] == [4, 5] and marks[0]["output_dtype"] == "torch.float32"
     assert all(marks[0][k] >= 0 for k in ("setup_s", "compile_s", "ranges_s"))
-    assert marks[1]["error"] == "ValueError: no forward here" and "setup_s" not in marks[1]
-    assert marks[2]["error"].startswith("OutOfMemoryError") and "out_of_memory" not in marks[2]
+    assert marks[1]["error"] == "ValueError: no such layer" and "setup_s" not in marks[1]
+    assert marks[2]["error"] == "OutOfMemoryError: CUDA out of memory"
+    assert "out_of_memory" not in marks[2] and "ranges_s" not in marks[2]
     assert marks[0]["import_s"] >= 0 and [m["import_s"] for m in marks[1:]] == [0.0, 0.0]
     assert [m["gate_wait_s"] for m in marks] == [0.0, 0.0, 0.0]   # no gate named
-    assert [name for name, _ in ranges.ranges] == ["p1.eager", "p1.compiled"]
+    assert ranges.ranges == ["p1.eager", "p1.compiled"]
+    assert torch.compiles == [(None, {}), (None, {})]   # 2_Init never had a model
     assert torch.calls.count("dynamo_reset") == torch.calls.count("empty_cache") == 3

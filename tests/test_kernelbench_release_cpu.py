@@ -22,6 +22,7 @@ from conftest import (
     record_candidate,
     record_mlp_range,
 )
+from kb_problems import FakeMarks, FakeTorch, write_fake
 from kpair.options import RunOptions
 from kpair.release import load_index
 from kpair.release.tournament import RunLog
@@ -186,100 +187,17 @@ def test_release_is_a_subcommand_of_kernelbench_py():
 # --------------------------------------------------------------------------- the GPU child,
 # on a fake torch: its ranges, producers and marks, and the capture step's reading of them.
 
-PROBLEM_SOURCE = '''\
-import torch
-batch_size = 4
-FAIL = {fail!r}
-class Model:
-    def __init__(self, n):
-        if FAIL == "init":
-            raise ValueError("no such layer")
-        self.n = n
-    def eval(self):
-        return self
-    def __call__(self, x):
-        if FAIL == "oom":
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-        return torch.Tensor((x.shape[0], self.n))
-def get_inputs():
-    return [torch.Tensor((batch_size, 3))]
-def get_init_inputs():
-    return [5]
-'''
-
-
-class _FakeTorch:
-    """What the child calls of torch: compile records its mode and the inductor config in
-    force, and fails for the modes in ``broken``."""
-
-    class Tensor:
-        def __init__(self, shape):
-            self.shape = shape
-
-        def to(self, device):
-            return self
-
-    def __init__(self, broken=()):
-        import contextlib
-        import types
-
-        self.compiles, self.broken, self.config = [], set(broken), {}
-
-        class OutOfMemoryError(RuntimeError):
-            pass
-
-        def patch(**kw):
-            @contextlib.contextmanager
-            def cm():
-                old = dict(self.config)
-                self.config.update(kw)
-                try:
-                    yield
-                finally:
-                    self.config.clear()
-                    self.config.update(old)
-            return cm()
-
-        self.device = lambda name: contextlib.nullcontext()
-        self.no_grad = contextlib.nullcontext
-        self.manual_seed = lambda seed: None
-        self.cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None,
-                                          OutOfMemoryError=OutOfMemoryError)
-        self._dynamo = types.SimpleNamespace(reset=lambda: None)
-        self._inductor = types.SimpleNamespace(config=types.SimpleNamespace(patch=patch))
-
-    def compile(self, model, mode=None):
-        self.compiles.append((mode, dict(self.config)))
-        if mode in self.broken:
-            raise RuntimeError(f"{mode}: autotuning failed")
-        return model
-
-
 def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_marks(
         tmp_path, monkeypatch):
-    import contextlib
     import types
 
     import kpair
 
-    torch = _FakeTorch(broken={"max-autotune-no-cudagraphs"})
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setitem(sys.modules, "torch._inductor", torch._inductor)
-    monkeypatch.setitem(sys.modules, "torch._inductor.config", torch._inductor.config)
-    ranges: list[str] = []
-
-    @contextlib.contextmanager
-    def mark(name):
-        m = types.SimpleNamespace(outputs=lambda *o: ranges.append(name))
-        yield m
-
-    monkeypatch.setattr(kpair, "mark", mark)
-    folder = tmp_path / "kb" / "level1"
-    folder.mkdir(parents=True)
-    for name, fail in (("1_Good", None), ("2_Init", "init"), ("3_Oom", "oom"),
-                       ("4_Never", None)):
-        (folder / f"{name}.py").write_text(PROBLEM_SOURCE.format(fail=fail))
-    problems = kb.discover(tmp_path / "kb", [1])
+    torch = FakeTorch(broken={"max-autotune-no-cudagraphs"}).install(monkeypatch)
+    marks = FakeMarks()
+    monkeypatch.setattr(kpair, "mark", marks)
+    problems = kb.discover(write_fake(tmp_path / "kb", 1, {
+        "1_Good": None, "2_Init": "init", "3_Oom": "oom", "4_Never": None}), [1])
 
     def fake_capture(*argv, timeout, env=None):
         """``kpair capture`` of the child, in this process: a snapshot folder per range the
@@ -290,7 +208,7 @@ def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_mark
         doc["problems"] = doc["problems"][:3]
         plan.write_text(json.dumps(doc))
         assert krel.main(["child", str(plan)]) == 0
-        for name in ranges:
+        for name in marks.ranges:
             (cap / name).mkdir(parents=True)
             (cap / name / "snapshot.json").write_text("{}")
         return {"exit_code": -9, "stdout": "", "stderr": "Killed", "s": 0.1}
@@ -304,7 +222,8 @@ def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_mark
     got = krel.capture_batch(args)(problems, work, 100.0)
     # Eager first, then the producers in order; max-autotune compiled without CUDA graphs,
     # coordinate descent with its config on (and only it).
-    assert ranges == ["l1p1.eager", "l1p1.inductor-default", "l1p1.coordinate-descent"]
+    assert marks.ranges == ["l1p1.eager", "l1p1.inductor-default",
+                            "l1p1.coordinate-descent"]
     assert torch.compiles == [(None, {}), ("max-autotune-no-cudagraphs", {}),
                               (None, {"coordinate_descent_tuning": True})]
     good = got["level1/1_Good"]
@@ -315,42 +234,3 @@ def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_mark
     assert got["level1/3_Oom"].did_not_fit and got["level1/3_Oom"].failed is None
     assert "died" in got["level1/4_Never"].failed   # the first problem without a mark
 
-
-def test_the_capture_step_reads_its_child_under_a_torch_stand_in(tmp_path, monkeypatch):
-    """capture_batch's plan run by the driver's own ``child`` in this process (torch and
-    kpair.mark stood in for; the stand-in for ``kpair capture`` writes a snapshot per range
-    the child entered): a problem that runs has its eager range and every producer's; one
-    whose forward raises failed; one out of GPU memory did not fit."""
-    import types
-
-    import kpair
-    from kb_problems import FakeMarks, FakeTorch, write_plain
-
-    torch, ranges = FakeTorch().install(monkeypatch), FakeMarks()
-    monkeypatch.setattr(kpair, "mark", ranges)
-
-    def capture(*args, timeout, env=None):
-        i = args.index("--")
-        assert args[i + 3] == "child"
-        code = krel.child(Path(args[i + 4]))
-        for name, _ in ranges.ranges:
-            (Path(args[args.index("-o") + 1]) / name).mkdir(parents=True, exist_ok=True)
-            (Path(args[args.index("-o") + 1]) / name / "snapshot.json").write_text("{}")
-        return {"exit_code": code, "stdout": "", "stderr": "", "seconds": 0.0}
-
-    monkeypatch.setattr(krel.kr, "kpair_cmd", capture)
-    problems = kb.discover(write_plain(tmp_path / "kb", level=1), [1])
-    args = types.SimpleNamespace(sizes=str(tmp_path / "none.json"), capture_timeout=60,
-                                 producers=list(krel.COMPILE), scale=False, budget_mib=64,
-                                 max_gib=60, inductor_cache=str(tmp_path / "inductor"))
-    (tmp_path / "work").mkdir()
-    got = krel.capture_batch(args)(problems, tmp_path / "work", 60.0)
-    ok, raises, huge = (got[p.key] for p in problems)
-    assert ok.ref == tmp_path / "work" / "cap" / "l1p1.eager" and ok.failed is None
-    assert sorted(ok.candidates) == sorted(krel.COMPILE)
-    assert raises.failed == "ValueError: no forward here" and not raises.candidates
-    assert huge.did_not_fit.startswith("OutOfMemoryError: CUDA out of memory")
-    assert [name for name, _ in ranges.ranges] == ["l1p1.eager"] + [
-        f"l1p1.{producer}" for producer in krel.COMPILE]
-    assert torch.calls.count("compile max-autotune-no-cudagraphs") == 1   # its own mode
-    assert "patch ['coordinate_descent_tuning']" in torch.calls
