@@ -143,6 +143,7 @@ def test_publishes_the_fastest_correct_and_records_every_candidate(race, tmp_pat
     assert row.range.ops == REPEAT + 2 and row.kernels.opt == "kp_fused"
     # One fused pass against REPEAT matmuls: far above 1 (point estimates, not intervals).
     assert row.harness.speedup > 4.0, row.harness
+    assert row.producer == "inductor-default"   # the index's v4 field, as a tournament's
     prov = rel / row.rel / "provenance"
     record = RangeRecord.read(prov / RANGE_FILE)
     by = {c.producer: c for c in record.candidates}
@@ -214,6 +215,20 @@ def test_cli_usage_errors_are_one_line(lab, tmp_path, capsys, extra, code, messa
     assert kpair(["optimize", "-o", str(tmp_path / "rel"), *extra]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+    assert not (tmp_path / "rel").exists()
+
+
+def test_the_index_producer_of_a_winner(tmp_path):
+    from kpair.optimize.program import index_producer
+    from kpair.release import add_operator
+
+    capture = {"strategy": "opt-capture", "producer": "max-autotune"}
+    assert index_producer(capture) == "max-autotune"
+    assert index_producer({**capture, "producer": "my-compiler"}) is None
+    assert index_producer({"strategy": RETUNE, "producer": RETUNE}) == "kpair-search"
+    assert index_producer({"strategy": "triton", "producer": "triton"}) == "kpair-search"
+    with pytest.raises(UsageError, match="producer 'my-compiler' is not one of"):
+        add_operator(tmp_path / "rel", tmp_path, level=2, name="x", producer="my-compiler")
     assert not (tmp_path / "rel").exists()
 
 
@@ -400,3 +415,4 @@ def test_a_retuned_launch_goes_through_the_search_and_can_win(lab, tmp_path, mon
     assert record.winner == RETUNE and rows[record.winner_label].winner
     row = next(r for r in load_index(tmp_path / "rel").operators if r.name == "mlp")
     assert row.plan_launches == 3   # the capture's three launches, the first one retuned
+    assert row.producer == "kpair-search"   # kpair's own: its retune of a capture

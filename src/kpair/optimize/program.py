@@ -43,6 +43,7 @@ from ..errors import BackendUnavailable, KpairError, UsageError
 from ..formats import Record, read, to_builtins, write
 from ..options import RunOptions
 from ..release import add_operator, load_index, refuse_operator
+from ..release.index import PRODUCERS
 from ..report import write_report
 from ..result import Result, error_result
 from ..session import ATTEMPTS, Attempt, read_attempts
@@ -305,6 +306,22 @@ def _record(outcome: SearchOutcome, search_dir: Path) -> SearchRecord:
                                  for p, why in outcome.skipped])
 
 
+#: The index producer of a winner kpair made itself (its strategies, its retunes of a capture).
+KPAIR_SEARCH = "kpair-search"
+
+
+def index_producer(winner: dict) -> str | None:
+    """The published row's ``producer`` (one of ``kpair.release.index.PRODUCERS``, as the
+    release tournament names its winner) of a search's ``winner`` (``SearchRecord.winner``):
+    a range's captured candidate under its own name when that is one of them (say
+    ``inductor-default``); anything kpair made (a strategy's candidate, kpair's retunes of a
+    capture and their combination) ``kpair-search``; a capture given another name: None."""
+    if winner.get("strategy") == CAPTURED_NAME:
+        name = winner.get("producer")
+        return name if name in PRODUCERS else None
+    return KPAIR_SEARCH
+
+
 def _winner(record: SearchRecord) -> Candidate:
     """The winner a finished search recorded (``search.json``), as the candidate it was."""
     w = record.winner
@@ -358,7 +375,7 @@ def optimize_operator(op: Operator, release: Path, work: Path, opts: OptimizeOpt
     producer = record.winner.get("producer") or w.strategy
     pair = pair_harness(base, w, work / "pair")
     added = add_operator(release, pair.root, level=op.level, name=op.name, provenance=prov,
-                         options=opts.publish)
+                         options=opts.publish, producer=index_producer(record.winner))
     h = added.row.harness
     if added.added:
         lo, hi = h.reported_ci95
@@ -422,6 +439,6 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
     return outcomes
 
 
-__all__ = ["NEAR_LIMIT", "OptimizeOptions", "OperatorOutcome", "SearchRecord",
-           "capture_top", "headroom_ranking", "headroom_text", "optimize",
+__all__ = ["KPAIR_SEARCH", "NEAR_LIMIT", "OptimizeOptions", "OperatorOutcome", "SearchRecord",
+           "capture_top", "headroom_ranking", "headroom_text", "index_producer", "optimize",
            "optimize_operator", "write_provenance"]

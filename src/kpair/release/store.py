@@ -43,6 +43,7 @@ from .index import (
     EXCLUDED,
     HARNESS,
     INDEX,
+    PRODUCERS,
     PROVENANCE,
     VERIFY,
     HarnessSpeed,
@@ -409,9 +410,12 @@ def _copy_inputs(src: Path, dst: Path) -> None:
 
 def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: int, name: str,
                  replace: bool = False, provenance: str | os.PathLike | None = None,
-                 options: RunOptions | None = None, allow_slower: bool = False) -> AddOutcome:
+                 options: RunOptions | None = None, allow_slower: bool = False,
+                 producer: str | None = None) -> AddOutcome:
     """Verify ``harness`` and publish it as ``level<N>/<name>`` only if it passes and its
-    speedup CI lies above 1.0 (``allow_slower``: any pass).
+    speedup CI lies above 1.0 (``allow_slower``: any pass). ``producer`` (one of
+    ``index.PRODUCERS``): who made the candidate, kept in the published row's ``producer``
+    as the tournament's winner row keeps it.
 
     Anything else is recorded in the index's ``refused`` list (with its result.json under
     ``excluded/``) and nothing is published. An operator already in the release is replaced
@@ -421,6 +425,8 @@ def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: 
     runs), with or without ``replace``; it is published under another name.
     """
     level, name = check_key(level, name)
+    if producer is not None and producer not in PRODUCERS:
+        raise UsageError(f"producer {producer!r} is not one of {', '.join(PRODUCERS)}")
     root, harness = Path(root), Path(harness)
     if not (harness / "harness.json").is_file():
         raise FormatError("no harness.json here: not a kpair harness", path=harness)
@@ -459,6 +465,8 @@ def add_operator(root: str | os.PathLike, harness: str | os.PathLike, *, level: 
             refused = [r for r in old_refused if r.key != (level, name)]
             history = old.verifications if old else []
             if passed:
+                if producer is not None:
+                    row = row.replace(producer=producer)
                 result = msgspec.structs.replace(result,
                                                  harness=str((dest / HARNESS).resolve()))
                 result.write(staged / HARNESS / "result.json")
