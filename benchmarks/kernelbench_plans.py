@@ -71,7 +71,7 @@ from kernelbench_ranges import (  # noqa: E402  (the Level 2 driver's helpers, s
     add_plan_parser,
     add_schedule_arguments,
     append,
-    child_env,
+    capture_child,
     choose_scale,
     done_keys,
     json_of,
@@ -80,6 +80,7 @@ from kernelbench_ranges import (  # noqa: E402  (the Level 2 driver's helpers, s
     open_call,
     output_policy,
     plan,
+    program_stop,
     scaled_job,
     schedule,
     timed_run,
@@ -630,39 +631,23 @@ def ref_kernels(manifest: dict) -> list[str]:
 def stage_capture(job, timeout: float, args) -> dict:
     """One ``kpair capture --range p<n>`` of the problem in a fresh process (the eager
     forward in its range, its Triton kernels compiled, self-checked)."""
-    e, folder = job.data, job.folder
-    cap = folder / "cap"
-    shutil.rmtree(cap, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "io.json").unlink(missing_ok=True)
-    plan = folder / "plan.json"
-    plan.write_text(json.dumps({"io": str(folder / "io.json"), "work": str(folder),
-                                "self_check": args.self_check, "problems": [e]}))
-    limit = min(args.capture_timeout, timeout)
-    cap_run = kpair_cmd("capture", "--range", range_name(e["number"]), "-o", str(cap), "-q",
-                        "--", sys.executable, str(Path(__file__).resolve()), "child",
-                        str(plan), timeout=limit, env=child_env(args))
-    recs = json.loads((folder / "io.json").read_text()) \
-        if (folder / "io.json").exists() else []
-    rec = recs[0] if recs else {}
-    if not recs and not (cap / "capture.json").exists() and cap_run["exit_code"] != 124:
-        said = (cap_run["stderr"].strip().splitlines() or ["no message"])[-1]
-        raise kb_pipeline.Abort(f"kpair capture did not start (exit {cap_run['exit_code']}): "
-                                f"{said}")
+    e, cap = job.data, job.folder / "cap"
+    cap_run, rec, cut = capture_child(
+        job, timeout, args, script=Path(__file__).resolve(), ranges=[range_name(e["number"])],
+        plan={"io": str(job.folder / "io.json"), "work": str(job.folder),
+              "self_check": args.self_check, "problems": [e]},
+        records="io.json", cmd=kpair_cmd)
     out = {"capture_s": cap_run["s"], "exit_code": cap_run["exit_code"], "scale": e["scale"],
            "program": {k: rec.get(k) for k in ("ok", "error", "self_check", "import_s",
                                                 "gate_wait_s", "setup_s", "compile_s")
                        if k in rec},
            "kernels": [{k: v for k, v in kernel.items() if k != "cubin"}
                        for kernel in rec.get("kernels") or []]}
-    if cap_run["exit_code"] == 124 and limit < args.capture_timeout:
+    if cut:
         return {**out, "cut": True}   # the call's time ran out: captured again next call
+    program_stop(out, rec, cap_run)
     snap = cap / range_name(e["number"])
-    if not rec.get("ok"):
-        out["stop"] = "program failed" if rec else "program died"
-        if not rec:
-            out["capture_stderr"] = cap_run["stderr"].strip()[-1500:]
-    elif not (snap / "snapshot.json").exists():
+    if rec.get("ok") and not (snap / "snapshot.json").exists():
         st = _ranges_status(cap).get(range_name(e["number"]), {})
         out.update(stop="not captured",
                    capture={k: st.get(k) for k in ("status", "reason") if k in st})

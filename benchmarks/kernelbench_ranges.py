@@ -190,36 +190,55 @@ def child_env(args) -> dict[str, str]:
             "TORCHINDUCTOR_CACHE_DIR": str(Path(args.inductor_cache))}
 
 
-def stage_capture(job, timeout: float, args) -> dict:
-    """One ``kpair capture`` of the problem's two ranges in a fresh process."""
-    e, folder = job.data, job.folder
-    cap = folder / "cap"
+def capture_child(job, timeout: float, args, *, script: Path, ranges: list[str], plan: dict,
+                  records: str, cmd=None) -> tuple[dict, dict, bool]:
+    """One ``kpair capture`` (a ``--range`` each of ``ranges``, into ``<job>/cap``, made
+    afresh) of ``script``'s ``child`` over ``plan`` (``<job>/plan.json``) in a fresh process,
+    within ``--capture-timeout`` and ``timeout``; ``cmd``: the ``kpair_cmd`` to call. The
+    capture's run, the child's record of the problem (``<job>/<records>``' first; {} where it
+    wrote none) and whether the call's time cut it (captured again next call).
+    ``kb_pipeline.Abort`` where kpair capture did not start."""
+    folder, cap = job.folder, job.folder / "cap"
     shutil.rmtree(cap, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "marks.json").unlink(missing_ok=True)
-    plan = folder / "plan.json"
-    plan.write_text(json.dumps({"marks": str(folder / "marks.json"), "problems": [e]}))
-    ranges = [a for n in range_names(e["number"]) for a in ("--range", n)]
+    (folder / records).unlink(missing_ok=True)
+    (folder / "plan.json").write_text(json.dumps(plan))
     limit = min(args.capture_timeout, timeout)
-    cap_run = kpair_cmd("capture", *ranges, "-o", str(cap), "-q", "--", sys.executable,
-                        str(Path(__file__).resolve()), "child", str(plan), timeout=limit,
-                        env=child_env(args))
-    marks = json.loads((folder / "marks.json").read_text()) \
-        if (folder / "marks.json").exists() else []
-    mark = marks[0] if marks else {}
-    if not marks and not (cap / "capture.json").exists() and cap_run["exit_code"] != 124:
+    cap_run = (cmd or kpair_cmd)(
+        "capture", *[a for n in ranges for a in ("--range", n)], "-o", str(cap), "-q", "--",
+        sys.executable, str(script), "child", str(folder / "plan.json"), timeout=limit,
+        env=child_env(args))
+    recs = json.loads((folder / records).read_text()) if (folder / records).exists() else []
+    if not recs and not (cap / "capture.json").exists() and cap_run["exit_code"] != 124:
         said = (cap_run["stderr"].strip().splitlines() or ["no message"])[-1]
         raise kb_pipeline.Abort(f"kpair capture did not start (exit {cap_run['exit_code']}): "
                                 f"{said}")
-    rec = {"capture_s": cap_run["s"], "exit_code": cap_run["exit_code"], "program": mark,
-           "scale": e["scale"]}
-    if cap_run["exit_code"] == 124 and limit < args.capture_timeout:
-        return {**rec, "cut": True}   # the call's time ran out: captured again next call
-    if not mark.get("ok"):
-        rec["stop"] = "program failed" if mark else "program died"
-        if not mark:
+    cut = cap_run["exit_code"] == 124 and limit < args.capture_timeout
+    return cap_run, (recs[0] if recs else {}), cut
+
+
+def program_stop(rec: dict, program: dict, cap_run: dict) -> dict:
+    """``rec``, stopped where the captured program failed (its record says why) or died (it
+    wrote none: the capture's stderr kept)."""
+    if not program.get("ok"):
+        rec["stop"] = "program failed" if program else "program died"
+        if not program:
             rec["capture_stderr"] = cap_run["stderr"].strip()[-1500:]
     return rec
+
+
+def stage_capture(job, timeout: float, args) -> dict:
+    """One ``kpair capture`` of the problem's two ranges in a fresh process."""
+    e = job.data
+    cap_run, mark, cut = capture_child(
+        job, timeout, args, script=Path(__file__).resolve(), ranges=list(range_names(
+            e["number"])), plan={"marks": str(job.folder / "marks.json"), "problems": [e]},
+        records="marks.json")
+    rec = {"capture_s": cap_run["s"], "exit_code": cap_run["exit_code"], "program": mark,
+           "scale": e["scale"]}
+    if cut:
+        return {**rec, "cut": True}   # the call's time ran out: captured again next call
+    return program_stop(rec, mark, cap_run)
 
 
 def stage_replay(job, timeout: float, args) -> dict:
