@@ -130,6 +130,18 @@ def lab(tmp_path_factory) -> dict:
     return {"dir": d, "lib": lib, "x": x, "ref": ref, "caps": caps}
 
 
+def _valid(path: Path) -> None:
+    """``path`` (a range_candidates.json) against its published JSON Schema, by a standard
+    Draft 2020-12 validator; an unknown field is refused."""
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "schemas"
+                         / "range_candidates.schema.json").read_text())
+    doc = json.loads(path.read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert not jsonschema.Draft202012Validator(schema).is_valid({**doc, "surprise": 1})
+
+
 def test_publishes_the_fastest_correct_and_records_every_candidate(race, tmp_path):
     rel = tmp_path / "rel"
     cands = [RangeCandidate(p, s) for p, s in race["caps"].items()]
@@ -145,6 +157,7 @@ def test_publishes_the_fastest_correct_and_records_every_candidate(race, tmp_pat
     assert row.harness.speedup > 4.0, row.harness
     assert row.producer == "inductor-default"   # the index's v4 field, as a tournament's
     prov = rel / row.rel / "provenance"
+    _valid(prov / RANGE_FILE)
     record = RangeRecord.read(prov / RANGE_FILE)
     by = {c.producer: c for c in record.candidates}
     assert set(by) == set(race["caps"])
@@ -175,8 +188,9 @@ def test_no_correct_candidate_refuses_the_range_with_the_reason(lab, tmp_path):
     assert "none of 1 candidates passed" in o.line
     (row,) = load_index(tmp_path / "rel").refused
     assert row.name == "mlp" and row.refused_by == "optimizer"
-    record = RangeRecord.read(tmp_path / "work" / "ops" / "level2-mlp" / "provenance"
-                              / RANGE_FILE)
+    written = tmp_path / "work" / "ops" / "level2-mlp" / "provenance" / RANGE_FILE
+    _valid(written)
+    record = RangeRecord.read(written)
     assert record.winner is None and "none of 1 candidates passed" in record.reason
     assert [(c.producer, c.status) for c in record.candidates] == [
         ("other-b", "refused"), ("skips-work", "fail")]

@@ -102,7 +102,26 @@ def written(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, list[Pa
     files["snapshot"] += sorted((d / "capture" / "cap").glob("*/snapshot.json"))
     files["profile"].append(_profile(d / "profile.json"))
     files["plan"].append(_plan(d / "opt.plan.json"))
+    files["range_candidates"].append(_range_candidates(d / "range_candidates.json"))
     return files
+
+
+def _range_candidates(path: Path) -> Path:
+    """range_candidates.json with a candidate of every status (a real search writes it in
+    tests/test_optimize_range.py, validated there too)."""
+    from kpair.optimize.ranges import RangeAttempt, RangeRecord
+
+    RangeRecord(candidates=[
+        RangeAttempt(producer="other-b", label="other-b", strategy="opt-capture",
+                     snapshot="otherb", status="refused", reason="not bound: b"),
+        RangeAttempt(producer="inductor-default", label="inductor-default",
+                     strategy="opt-capture", snapshot="fused", status="pass", step="confirm",
+                     speedup=2.5, ci95=(2.1, 2.9), winner=True),
+        RangeAttempt(producer="kpair-retune", label="inductor-default op0 num_warps=2",
+                     strategy="kpair-retune", of="inductor-default", status="fail",
+                     step="prune", failed_check="guard_bands", reason="FAIL [guard_bands]"),
+    ], winner="inductor-default", winner_label="inductor-default").write(path)
+    return path
 
 
 def _plan(path: Path) -> Path:
