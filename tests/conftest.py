@@ -36,39 +36,44 @@ def record_mlp_range(lib: Path, out: Path, x: dict, n: int, **recorder):
     return r.snapshot
 
 
-def candidate_arrays(n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """:func:`mlp_arrays` with what a candidate range writes: ``out2`` (n x n) and the fused
-    function's scratch ``row`` (n), both zeroed."""
-    return {**mlp_arrays(n, seed), "out2": np.zeros((n, n), np.float32),
-            "row": np.zeros(n, np.float32)}
+class MlpRanges:
+    """tests/csrc/range_ops.c's host ranges over one set of arrays (:func:`mlp_arrays` from
+    ``seed``, with a candidate's own output ``out2`` and the fused function's scratch ``row``):
+    the reference (:meth:`ref`) and candidates (:meth:`candidate`) made of ``three`` (matmul,
+    bias, ReLU writing ``out2``) or ``fused`` (one call)."""
 
+    def __init__(self, lib: Path, n: int, seed: int = 0):
+        self.lib, self.n = lib, n
+        x = self.x = {**mlp_arrays(n, seed), "out2": np.zeros((n, n), np.float32),
+                      "row": np.zeros(n, np.float32)}
+        n32 = np.int32(n)
+        self.three = [("kp_matmul", [x["a"], x["b"], x["out2"], n32]),
+                      ("kp_bias", [x["out2"], x["bias"], n32]), ("kp_relu", [x["out2"], n32])]
+        self.fused = [("kp_fused", [n32, x["bias"], x["a"], x["b"], x["out2"], x["row"]])]
 
-def mlp_calls(x: dict, n: int) -> list[tuple[str, list]]:
-    """The three calls of the host range (matmul, bias, ReLU) writing ``x["out2"]``."""
-    n32 = np.int32(n)
-    return [("kp_matmul", [x["a"], x["b"], x["out2"], n32]),
-            ("kp_bias", [x["out2"], x["bias"], n32]), ("kp_relu", [x["out2"], n32])]
+    @staticmethod
+    def build(folder: Path) -> Path:
+        """range_ops.c built (-O2 -g) as ``folder/ops.so``."""
+        return compile_shared(CSRC / "range_ops.c", folder / "ops.so", flags=("-O2", "-g"))
 
+    def ref(self, out: Path) -> Path:
+        """The reference range (:func:`record_mlp_range`, writing ``out``); its root."""
+        return record_mlp_range(self.lib, out, self.x, self.n).root
 
-def fused_call(x: dict, n: int) -> tuple[str, list]:
-    """The one call of range_ops.c's fused function over ``x`` (writes ``out2``, uses ``row``
-    as scratch): the faster candidate."""
-    return ("kp_fused", [np.int32(n), x["bias"], x["a"], x["b"], x["out2"], x["row"]])
-
-
-def record_candidate(lib: Path, x: dict, out: Path, calls: list[tuple[str, list]],
-                     scratch: bool = False) -> Path:
-    """A candidate range: ``calls`` of ``lib`` over :func:`candidate_arrays`' ``x`` writing
-    ``out2`` (zeroed first), declared; ``scratch``: ``row`` declared scratch. Its root."""
-    x["out2"][...] = 0
-    names = {k: x[k] for k in ("a", "b", "bias", "out2")}
-    if scratch:
-        names["row"] = x["row"]
-    with Recorder(out, names=names, outputs=[x["out2"]],
-                  scratch=[x["row"]] if scratch else []) as r:
-        for fn, args in calls:
-            r.call(lib, fn, args)
-    return r.snapshot.root
+    def candidate(self, out: Path, calls: list[tuple[str, list]],
+                  scratch: bool = False) -> Path:
+        """A candidate range: ``calls`` writing ``out2`` (zeroed first), declared;
+        ``scratch``: ``row`` declared scratch. Its root."""
+        x = self.x
+        x["out2"][...] = 0
+        names = {k: x[k] for k in ("a", "b", "bias", "out2")}
+        if scratch:
+            names["row"] = x["row"]
+        with Recorder(out, names=names, outputs=[x["out2"]],
+                      scratch=[x["row"]] if scratch else []) as r:
+            for fn, args in calls:
+                r.call(self.lib, fn, args)
+        return r.snapshot.root
 
 
 @pytest.fixture(scope="session")

@@ -14,19 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (
-    CSRC,
-    candidate_arrays,
-    fused_call,
-    mlp_calls,
-    record_candidate,
-    record_mlp_range,
-)
+from conftest import MlpRanges
 from kb_problems import FakeMarks, FakeTorch, write_fake
 from kpair.options import RunOptions
 from kpair.release import load_index
 from kpair.release.tournament import RunLog
-from kpair.toolchain import compile_shared
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import kernelbench as kb  # noqa: E402
@@ -66,18 +58,18 @@ class StandIn:
                 out[p.key] = krel.Captured(cut=True) if first else \
                     krel.Captured(failed="the captured program died (exit -9)")
                 continue
-            x, d = candidate_arrays(N, seed=3), work / p.name
+            m, d = MlpRanges(self.lib, N, seed=3), work / p.name
             d.mkdir()
-            ref = record_mlp_range(self.lib, d / "eager", x, N).root
-            three = mlp_calls(x, N)
+            ref = m.ref(d / "eager")
+            three = m.three
 
-            def cand(name: str, calls: list, scratch: bool = False, x=x, d=d) -> Path:
-                return record_candidate(self.lib, x, d / name, calls, scratch)
+            def cand(name: str, calls: list, scratch: bool = False, m=m, d=d) -> Path:
+                return m.candidate(d / name, calls, scratch)
 
             if p.name == "76_Gemm_Add_ReLU":
                 cands = {"inductor-default": cand("twice", three + three),
                          "max-autotune": cand("no_bias", [three[0], three[2]]),
-                         "fused": cand("fused", [fused_call(x, N)], scratch=True)}
+                         "fused": cand("fused", m.fused, scratch=True)}
             elif p.name == "77_Wrong":
                 cands = {"inductor-default": cand("no_relu", three[:2]),
                          "coordinate-descent": cand("no_bias", [three[0], three[2]])}
@@ -98,7 +90,7 @@ def _search(p, ref: Path, candidates: dict, work: Path, seconds: float) -> tuple
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("kbrel")
-    return compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
+    return MlpRanges.build(d)
 
 
 def _verdict(snap: Path) -> tuple[str, str | None]:

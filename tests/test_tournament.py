@@ -1,5 +1,5 @@
 """The release tournament (``kpair.release.tournament``) on host ranges: ref = matmul, bias,
-ReLU (tests/csrc/range_ops.c, conftest.record_mlp_range); entrants recorded in this process
+ReLU (tests/csrc/range_ops.c, conftest.MlpRanges); entrants recorded in this process
 over the same arrays, each bound by ``--opt-capture``: the fused function (correct, faster),
 the three calls done twice (correct, slower), and ranges that leave out the bias or the ReLU
 (wrong). Every entrant goes through the same pair + run; the release gets the winner with its
@@ -14,14 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import (
-    CSRC,
-    candidate_arrays,
-    fused_call,
-    mlp_calls,
-    record_candidate,
-    record_mlp_range,
-)
+from conftest import MlpRanges
 from kpair.errors import UsageError
 from kpair.options import RunOptions
 from kpair.release import load_index
@@ -39,7 +32,6 @@ from kpair.release.tournament import (
     run_contests,
 )
 from kpair.report import JSON_NAME, producer_summary, write_report
-from kpair.toolchain import compile_shared
 
 N = 256
 OPTIONS = RunOptions(time_cap_s=3.0, timeout_s=300)
@@ -48,15 +40,13 @@ OPTIONS = RunOptions(time_cap_s=3.0, timeout_s=300)
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("tournament")
-    lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
-    x = candidate_arrays(N, seed=7)
-    ref = record_mlp_range(lib, d / "ref", x, N).root
-    three = mlp_calls(x, N)
-    fused = record_candidate(lib, x, d / "fused", [fused_call(x, N)], scratch=True)
-    np.testing.assert_array_equal(x["out"], x["out2"])   # both really ran
-    twice = record_candidate(lib, x, d / "twice", three + three)
-    no_bias = record_candidate(lib, x, d / "no_bias", [three[0], three[2]])
-    no_relu = record_candidate(lib, x, d / "no_relu", three[:2])
+    m = MlpRanges(MlpRanges.build(d), N, seed=7)
+    ref = m.ref(d / "ref")
+    fused = m.candidate(d / "fused", m.fused, scratch=True)
+    np.testing.assert_array_equal(m.x["out"], m.x["out2"])   # both really ran
+    twice = m.candidate(d / "twice", m.three + m.three)
+    no_bias = m.candidate(d / "no_bias", [m.three[0], m.three[2]])
+    no_relu = m.candidate(d / "no_relu", m.three[:2])
     return {"dir": d, "ref": ref, "fused": fused, "twice": twice, "no_bias": no_bias,
             "no_relu": no_relu}
 
