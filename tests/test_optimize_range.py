@@ -113,7 +113,18 @@ def race(tmp_path_factory) -> dict:
             "skips-work": _fused(lib, x, d / "skip", n, fn="kp_fused_skip"),
             "other-b": _fused(lib, x, d / "otherb", n, b=x["b"].copy())}
     np.testing.assert_array_equal(x["out"], x["out2"])   # the fused calls really ran
-    return {"dir": d, "lib": lib, "x": x, "ref": ref, "caps": caps}
+    # Three calls, the first one kp_matmul_repeat: REPEAT matmuls in one launch (ref's speed).
+    repeat = compile_shared(CSRC / "range_repeat.c", d / "repeat.so", flags=("-O2", "-g"),
+                            defines={"KP_REPEAT": REPEAT})
+    x["out2"][...] = 0
+    with Recorder(d / "unfused", names={"a": x["a"], "b": x["b"], "bias": x["bias"],
+                                        "out2": x["out2"]}, outputs=[x["out2"]]) as r:
+        r.call(repeat, "kp_matmul_repeat", [x["a"], x["b"], x["out2"], np.int32(n)])
+        r.call(lib, "kp_bias", [x["out2"], x["bias"], np.int32(n)])
+        r.call(lib, "kp_relu", [x["out2"], np.int32(n)])
+    np.testing.assert_array_equal(x["out"], x["out2"])
+    return {"dir": d, "lib": lib, "x": x, "ref": ref, "caps": caps,
+            "repeat": r.snapshot.root}
 
 
 @pytest.fixture(scope="module")
@@ -377,20 +388,23 @@ def test_the_best_retune_of_each_launch_is_combined(lab, bound, tmp_path):
     assert strategy.combined(h, RangeCandidate("u", lab["caps"]["unfused"]), path) is None
 
 
-def test_a_retuned_launch_goes_through_the_search_and_can_win(lab, tmp_path, monkeypatch,
+def test_a_retuned_launch_goes_through_the_search_and_can_win(race, tmp_path, monkeypatch,
                                                               matmul_libs):
-    """The retune path end to end on the host, Triton's compile stood in for: the unfused
-    capture's first operation carries Triton metadata (as ``kpair capture --range`` records
-    it), and each config "builds" a host kp_matmul — the fast loop order (bit-identical) or
-    the off-by-one one. Each is put in place of launch 0, checked, judged: the fast one passes
-    and wins for producer kpair-retune; the wrong one fails; each row names what it retuned."""
+    """The retune path end to end on the host, Triton's compile stood in for: the race's
+    ref (REPEAT matmuls, bias, ReLU) against a capture of three calls whose first one,
+    kp_matmul_repeat, does REPEAT matmuls in one launch (so the capture runs at ref's speed);
+    its first operation carries Triton metadata (as ``kpair capture --range`` records it), and
+    each config "builds" a host kp_matmul doing one matmul — the fast loop order
+    (bit-identical) or the off-by-one one. Each is put in place of launch 0, checked, judged:
+    the fast one passes and, by construction several times faster than the capture, wins for
+    producer kpair-retune; the wrong one fails; each row names what it retuned."""
     import shutil
 
     from kpair.candidate import Candidate
     from kpair.optimize.strategies import captured
 
     cap = tmp_path / "unfused"
-    shutil.copytree(lab["caps"]["unfused"], cap)
+    shutil.copytree(race["repeat"], cap)
     doc = json.loads((cap / "snapshot.json").read_text())
     doc["provenance"]["ops"] = [{"kind": "kernel", "triton": {
         "source": "def kp_matmul(a, b, c, n):\n    pass\n", "function": "kp_matmul",
@@ -411,7 +425,7 @@ def test_a_retuned_launch_goes_through_the_search_and_can_win(lab, tmp_path, mon
     monkeypatch.setattr(captured, "_build", fake_build)
     opts = OptimizeOptions(strategies=(), prune=OPTIONS.prune, rungs=(), confirm=FAST,
                            publish=FAST, keep=2, triton_limit=3)
-    summary = optimize_range(lab["ref"], [RangeCandidate("unfused", cap)], tmp_path / "rel",
+    summary = optimize_range(race["ref"], [RangeCandidate("unfused", cap)], tmp_path / "rel",
                              opts, name="mlp", work=tmp_path / "work", log=lambda s: None)
     (o,) = summary.outcomes
     record = RangeRecord.read(tmp_path / "work" / "ops" / "level2-mlp" / "provenance"
@@ -424,7 +438,7 @@ def test_a_retuned_launch_goes_through_the_search_and_can_win(lab, tmp_path, mon
         rows["unfused op0 num_warps=8 maxnreg=None"]
     assert (fast.producer, fast.of, fast.status) == (RETUNE, "unfused", "pass")
     assert wrong.status == "fail" and "region out" in wrong.reason
-    assert fast.speedup > rows["unfused"].speedup
+    assert fast.speedup > 4 * rows["unfused"].speedup, (fast.speedup, rows["unfused"].speedup)
     assert (o.status, o.producer) == ("published", RETUNE), o.line
     assert record.winner == RETUNE and rows[record.winner_label].winner
     row = next(r for r in load_index(tmp_path / "rel").operators if r.name == "mlp")
