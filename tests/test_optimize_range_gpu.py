@@ -96,5 +96,7 @@ def test_optimize_range_judges_the_compiled_range_and_its_retunes(torch_gpu, tmp
         row = next(r for r in load_index(rel).operators if r.name == "relu_mul_add")
         assert row.range.ops >= 2 and row.plan_launches >= 1
         assert record.winner == o.producer
+        assert row.producer == ("inductor-default" if o.producer == "inductor-default"
+                                else "kpair-search")   # the index's v4 field
     print(json.dumps([{"label": c.label, "status": c.status, "speedup": c.speedup}
                       for c in record.candidates], indent=1))
