@@ -9,48 +9,14 @@ recorded CUDA dispatch. Skips cleanly without PyTorch with CUDA, cuda-bindings o
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import run_json
+from torch_capture import DATA, capture, forwards, kpair, record_kp_add
 
 pytestmark = pytest.mark.gpu
-
-DATA = Path(__file__).parent / "data"
-
-#: A forward, eager and compiled, on the same tensors; compiled once (and both run once)
-#: before the ranges, so each range holds its forward's operations only. ``{body}``: the
-#: forward (elementwise: three ATen kernels against one Triton kernel; with a matmul: the
-#: compiled range calls cuBLAS too, its parameter block's pointers relocated).
-PROGRAM = """
-import torch, kpair
-torch.manual_seed(0)
-x = torch.randn(512, 512, device="cuda")
-w = torch.randn(512, {cols}, device="cuda")
-b = torch.randn({cols}, device="cuda")
-def f(x, w, b):
-    return {body}
-g = torch.compile(f)
-f(x, w, b); g(x, w, b)
-torch.cuda.synchronize()
-with kpair.mark("eager") as m:
-    y = f(x, w, b)
-    m.outputs(y)
-torch.cuda.synchronize()
-with kpair.mark("compiled") as m:
-    y2 = g(x, w, b)
-    m.outputs(y2)
-torch.cuda.synchronize()
-"""
-
-
-def kpair(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
-                          text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +28,12 @@ def torch_gpu(cuda, gpu):
                                        ("torch.relu(x @ w + b)", 384)],
                          ids=["elementwise", "matmul"])
 def test_the_compiled_forward_bound_to_the_eager_one_passes(torch_gpu, tmp_path, body, cols):
-    from kpair.snapshot import Snapshot
-
-    out = tmp_path / "cap"
-    proc = kpair("capture", "-o", str(out), "--range", "eager", "--range", "compiled", "--",
-                 sys.executable, "-c", PROGRAM.format(body=body, cols=cols))
-    assert proc.returncode == 0, proc.stderr
-    ranges = {r["name"]: r for r in json.loads((out / "capture.json").read_text())["ranges"]}
-    assert {n: r["status"] for n, r in ranges.items()} == {"eager": "captured",
-                                                           "compiled": "captured"}, ranges
-    eager, compiled = (out / ranges[n]["snapshot"] for n in ("eager", "compiled"))
-    y = next(r for r in Snapshot.open(eager).manifest.regions if r.role == "out")
+    # elementwise: three ATen kernels against one Triton kernel; with a matmul: the compiled
+    # range calls cuBLAS too, its parameter block's pointers relocated
+    snaps = capture(tmp_path / "cap", ["eager", "compiled"],
+                    forwards(body, 512, 512, cols)).snaps
+    eager, compiled = (s.root for s in snaps)
+    y = next(r for r in snaps[0].manifest.regions if r.role == "out")
     policy = tmp_path / "policy.json"   # KernelBench's own: atol = rtol = 1e-2
     policy.write_text(json.dumps({
         "schema": "kpair.validation_policy", "schema_version": 1, "default": "byte-exact",
@@ -96,16 +57,9 @@ def test_the_compiled_forward_bound_to_the_eager_one_passes(torch_gpu, tmp_path,
 def test_a_plan_of_ptx_or_a_fatbin_runs_on_cuda(cuda, tmp_path, fmt):
     from kpair.harness import create_harness, fatbin_members
     from kpair.pipeline import RunOptions
-    from kpair.record import record_call
-    from kpair.snapshot import Launch
 
     n = 1 << 20
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal(n, dtype=np.float32) for _ in range(2))
-    c = np.zeros(n, np.float32)
-    record_call(DATA / "kp_add_sm90.cubin", "kp_add", [a, b, c, np.int32(n)], tmp_path / "s",
-                names=["a", "b", "c", "n"], backend="cuda",
-                launch=Launch(grid=(n // 256, 1, 1), block=(256, 1, 1)))
+    a, b, c = record_kp_add(tmp_path / "s", n)
     np.testing.assert_array_equal(c, a + b)
     fatbin = (DATA / "kp_add_sm90.fatbin").read_bytes()
     d = tmp_path / "plan"

@@ -13,33 +13,14 @@ on an H100 or H200 with PyTorch, Triton, cuda-bindings and CUPTI."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from torch_capture import capture, forwards
+
 pytestmark = pytest.mark.gpu
 
-PROGRAM = """
-import torch, kpair
-torch.manual_seed(0)
-x = torch.randn(2048, 2048, device="cuda")
-w = torch.randn(2048, 2048, device="cuda")
-b = torch.randn(2048, device="cuda")
-def f(x, w, b):
-    return torch.relu(x * w + b) * 0.5
-g = torch.compile(f)
-f(x, w, b); g(x, w, b)
-torch.cuda.synchronize()
-with kpair.mark("eager") as m:
-    y = f(x, w, b)
-    m.outputs(y)
-torch.cuda.synchronize()
-with kpair.mark("compiled") as m:
-    y2 = g(x, w, b)
-    m.outputs(y2)
-torch.cuda.synchronize()
-"""
+PROGRAM = forwards("torch.relu(x * w + b) * 0.5", 2048, 2048, 2048)
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +36,13 @@ def test_optimize_range_judges_the_compiled_range_and_its_retunes(torch_gpu, tmp
     from kpair.optimize.workbench import quick_options
     from kpair.options import RunOptions
     from kpair.release import load_index
-    from kpair.snapshot import Snapshot
 
-    out = tmp_path / "cap"
-    proc = subprocess.run([sys.executable, "-m", "kpair", "capture", "-o", str(out),
-                           "--range", "eager", "--range", "compiled", "--", sys.executable,
-                           "-c", PROGRAM], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    ranges = {r["name"]: r for r in json.loads((out / "capture.json").read_text())["ranges"]}
-    eager, compiled = (out / ranges[n]["snapshot"] for n in ("eager", "compiled"))
-    ops = Snapshot.open(compiled).manifest.provenance["ops"]
+    snaps = capture(tmp_path / "cap", ["eager", "compiled"], PROGRAM).snaps
+    eager, compiled = (s.root for s in snaps)
+    ops = snaps[1].manifest.provenance["ops"]
     assert any(isinstance(o.get("triton"), dict) for o in ops), \
         "range capture recorded no Triton metadata for the compiled kernel"
-    y = next(r for r in Snapshot.open(eager).manifest.regions if r.role == "out")
+    y = next(r for r in snaps[0].manifest.regions if r.role == "out")
     policy = tmp_path / "policy.json"   # KernelBench's own: atol = rtol = 1e-2
     policy.write_text(json.dumps({
         "schema": "kpair.validation_policy", "schema_version": 1, "default": "byte-exact",
