@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from torch_capture import DATA, record_kp_add
+
 pytestmark = pytest.mark.gpu
-DATA = Path(__file__).parent / "data"
 N = 1 << 20
 
 
@@ -42,16 +42,9 @@ def test_candidate_plans_with_their_own_scratch_pass_on_cuda(cuda, tmp_path):
     from kpair.harness import create_harness
     from kpair.optimize.strategies.captured import plan_candidate
     from kpair.pipeline import RunOptions
-    from kpair.record import record_call
     from kpair.session import Session
-    from kpair.snapshot import Launch
 
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal(N, dtype=np.float32) for _ in range(2))
-    c = np.zeros(N, np.float32)
-    record_call(DATA / "kp_add_sm90.cubin", "kp_add", [a, b, c, np.int32(N)], tmp_path / "s",
-                names=["a", "b", "c", "n"], backend="cuda",
-                launch=Launch(grid=(N // 256, 1, 1), block=(256, 1, 1)))
+    record_kp_add(tmp_path / "s", N)
     h = create_harness(tmp_path / "s", tmp_path / "H", plan=_plan(tmp_path / "own", None))
     assert h.plan.scratch == ()
     small, large = _plan(tmp_path / "small", N * 4), _plan(tmp_path / "large", N * 8)

@@ -5,31 +5,23 @@ one event pair with the kernels (``CudaDevice.timed_sequence``). Needs an sm_90 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import run_json
+from torch_capture import DATA, record_kp_add
 
 pytestmark = pytest.mark.gpu
-DATA = Path(__file__).parent / "data"
 
 
 def test_a_plan_with_a_memset_and_a_copy_passes_on_cuda(cuda, tmp_path):
     """kp_add writes a scratch buffer, a copy moves it to c, after a memset of c."""
     from kpair.harness import create_harness
     from kpair.pipeline import RunOptions
-    from kpair.record import record_call
-    from kpair.snapshot import Launch
 
     n = 1 << 20
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal(n, dtype=np.float32) for _ in range(2))
-    c = np.zeros(n, np.float32)
-    record_call(DATA / "kp_add_sm90.cubin", "kp_add", [a, b, c, np.int32(n)], tmp_path / "s",
-                names=["a", "b", "c", "n"], backend="cuda",
-                launch=Launch(grid=(n // 256, 1, 1), block=(256, 1, 1)))
+    record_kp_add(tmp_path / "s", n)
     d = tmp_path / "plan"
     d.mkdir()
     (d / "k.cubin").write_bytes((DATA / "kp_add_sm90.cubin").read_bytes())
