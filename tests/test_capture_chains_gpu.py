@@ -8,10 +8,10 @@ cuda-bindings or CUPTI (the CPU half is tests/test_capture_chains.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from torch_capture import capture, kpair, region_at
 
 pytestmark = pytest.mark.gpu
 
@@ -34,34 +34,17 @@ print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in dict(x=x, w=w, y=y).it
 """
 
 
-def kpair(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
-                          text=True, timeout=600)
-
-
 def _capture(tmp_path, *options: str, rows: int = 65536):
-    from kpair.snapshot import Snapshot
-
-    out = tmp_path / "cap"
-    proc = kpair("capture", "-o", str(out), "--range", "mm", "--max-region-bytes", "4GiB",
-                 *options, "--", sys.executable, "-c", PROGRAM.replace("ROWS", str(rows)))
-    assert proc.returncode == 0, proc.stderr
-    tensors = json.loads(proc.stdout.strip().splitlines()[-1])
-    (r,) = json.loads((out / "capture.json").read_text())["ranges"]
-    assert r["status"] == "captured", (r, proc.stderr)
-    snap = Snapshot.open(out / r["snapshot"])
-    snap.verify()
-    return r, tensors, snap, proc.stderr
-
-
-def _region_at(manifest, address: int):
-    return next(r for r in manifest.regions if r.address <= address < r.end)
+    (r,), tensors, (snap,), stderr = capture(tmp_path / "cap", ["mm"],
+                                             PROGRAM.replace("ROWS", str(rows)),
+                                             "--max-region-bytes", "4GiB", *options)
+    return r, tensors, snap, stderr
 
 
 def test_inputs_made_on_the_gpu_are_stored_as_chains_and_replay_byte_exact(gpu, tmp_path):
     r, t, snap, stderr = _capture(tmp_path)
     m = snap.manifest
-    x, w, y = (_region_at(m, t[k][0]) for k in ("x", "w", "y"))
+    x, w, y = (region_at(m, t[k][0]) for k in ("x", "w", "y"))
     made = {name: reg.regen is not None for name, reg in (("x", x), ("w", w), ("y", y))}
     assert made == {"x": True, "w": True, "y": True}, (made, r, stderr)
     assert [op.label for op in x.regen.ops][-1] != x.regen.ops[0].label   # randn, then mul_

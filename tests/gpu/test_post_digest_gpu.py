@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
+
+from torch_capture import capture, kpair, region_at
 
 pytestmark = pytest.mark.gpu
 
@@ -38,35 +38,20 @@ print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in dict(x=x, y=y).items()
 """
 
 
-def kpair(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
-                          text=True, timeout=600)
-
-
-def _region_at(manifest, address: int):
-    return next(r for r in manifest.regions if r.address <= address < r.end)
-
-
 def test_a_1gib_output_kept_as_a_digest_replays_byte_exact(gpu, tmp_path):
     from kpair.backends import open_device
     from kpair.replay import Replay
     from kpair.snapshot import Snapshot
 
-    out = tmp_path / "cap"
     t0 = time.monotonic()
-    proc = kpair("capture", "-o", str(out), "--range", "scale", "--max-region-bytes", "4GiB",
-                 "--", sys.executable, "-c", PROGRAM.replace("ROWS", str(ROWS)))
+    (r,), tensors, (snap,), stderr = capture(tmp_path / "cap", ["scale"],
+                                             PROGRAM.replace("ROWS", str(ROWS)),
+                                             "--max-region-bytes", "4GiB")
     capture_s = time.monotonic() - t0
-    assert proc.returncode == 0, proc.stderr
-    tensors = json.loads(proc.stdout.strip().splitlines()[-1])
-    (r,) = json.loads((out / "capture.json").read_text())["ranges"]
-    assert r["status"] == "captured", (r, proc.stderr)
-    snap = Snapshot.open(out / r["snapshot"])
-    snap.verify()
     m = snap.manifest
-    x, y = _region_at(m, tensors["x"][0]), _region_at(m, tensors["y"][0])
+    x, y = region_at(m, tensors["x"][0]), region_at(m, tensors["y"][0])
     assert x.size >= 1 << 30 and y.size >= 1 << 30
-    assert x.regen is not None and x.regen.digest64 is not None, (r, proc.stderr)
+    assert x.regen is not None and x.regen.digest64 is not None, (r, stderr)
     assert y.post_is_digest and y.post_blob is None, y
     region_bytes = snap.region_bytes()
     assert snap.stored_bytes() < region_bytes // 100, (snap.stored_bytes(), region_bytes)
