@@ -36,16 +36,21 @@ def record_mlp_range(lib: Path, out: Path, x: dict, n: int, **recorder):
     return r.snapshot
 
 
+def range_arrays(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """:func:`mlp_arrays` and a candidate's own zeroed output ``out2`` (n x n) and the fused
+    function's scratch ``row`` (n)."""
+    return {**mlp_arrays(n, seed), "out2": np.zeros((n, n), np.float32),
+            "row": np.zeros(n, np.float32)}
+
+
 class MlpRanges:
-    """tests/csrc/range_ops.c's host ranges over one set of arrays (:func:`mlp_arrays` from
-    ``seed``, with a candidate's own output ``out2`` and the fused function's scratch ``row``):
+    """tests/csrc/range_ops.c's host ranges over one set of arrays (:func:`range_arrays`):
     the reference (:meth:`ref`) and candidates (:meth:`candidate`) made of ``three`` (matmul,
     bias, ReLU writing ``out2``) or ``fused`` (one call)."""
 
     def __init__(self, lib: Path, n: int, seed: int = 0):
         self.lib, self.n = lib, n
-        x = self.x = {**mlp_arrays(n, seed), "out2": np.zeros((n, n), np.float32),
-                      "row": np.zeros(n, np.float32)}
+        x = self.x = range_arrays(n, seed)
         n32 = np.int32(n)
         self.three = [("kp_matmul", [x["a"], x["b"], x["out2"], n32]),
                       ("kp_bias", [x["out2"], x["bias"], n32]), ("kp_relu", [x["out2"], n32])]

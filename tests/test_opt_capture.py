@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC, record_mlp_range, run_json
+from conftest import CSRC, range_arrays, record_mlp_range, run_json
 from kpair.bind import BindError, bind_capture
 from kpair.errors import AbiMismatch, SymbolNotFound
 from kpair.harness import fatbin_members, load_plan
@@ -33,15 +33,6 @@ DATA = Path(__file__).parent / "data"
 def _kpair(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
                           text=True, timeout=300)
-
-
-def _arrays(n: int, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    return {"a": rng.standard_normal((n, n), dtype=np.float32),
-            "b": rng.standard_normal((n, n), dtype=np.float32),
-            "bias": rng.standard_normal(n, dtype=np.float32),
-            "out": np.zeros((n, n), np.float32), "out2": np.zeros((n, n), np.float32),
-            "row": np.zeros(n, np.float32)}
 
 
 def _record_ref(lib: Path, x: dict, out: Path, n: int) -> Snapshot:
@@ -63,7 +54,7 @@ def _record_fused(lib: Path, x: dict, out: Path, n: int, *, a=None, outputs=True
 def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("optcap")
     lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
-    x = _arrays(N)
+    x = range_arrays(N)
     ref = _record_ref(lib, x, d / "ref", N)
     cand = _record_fused(lib, x, d / "cand", N)
     np.testing.assert_array_equal(x["out"], x["out2"])   # both really ran
@@ -74,7 +65,7 @@ def lab(tmp_path_factory) -> dict:
 def small(tmp_path_factory, lab) -> dict:
     """A small ref range for the refusals (each records its own candidate)."""
     d = tmp_path_factory.mktemp("optcap-small")
-    x = _arrays(16, seed=1)
+    x = range_arrays(16, seed=1)
     return {"dir": d, "lib": lab["lib"], "x": x, "ref": _record_ref(lab["lib"], x, d / "ref",
                                                                      16)}
 
@@ -141,7 +132,7 @@ def test_a_region_partly_ref_s_is_bound_by_the_overlap(lab, tmp_path):
     """ref reads a view of ``big``; the candidate names all of ``big`` (its region is
     larger) and points at the view's start: bound by the overlap, whose bytes agree."""
     n = 16
-    x = _arrays(n, seed=2)
+    x = range_arrays(n, seed=2)
     big = np.zeros(n * n + n, np.float32)
     big[:n * n] = x["a"].ravel()
     x["a"] = big[:n * n].reshape(n, n)   # ref reads a view of big ...
@@ -158,7 +149,7 @@ def test_a_pointer_outside_the_overlap_is_refused(lab, tmp_path):
     """ref reads ``big`` from its second row on; the candidate points at ``big``'s start,
     memory ref never held: refused, naming the overlap."""
     n = 16
-    x = _arrays(n, seed=2)
+    x = range_arrays(n, seed=2)
     big = np.zeros(n * n + n, np.float32)
     big[n:] = x["a"].ravel()
     x["a"] = big[n:].reshape(n, n)
@@ -400,7 +391,7 @@ def test_a_buffer_both_ranges_write_is_one_buffer(lab, tmp_path):
     ref ran first, so the candidate found it changed. No declared output of either: bound to
     the same memory, and the pair passes (both start from ref's pre-state)."""
     n = 16
-    x = _arrays(n, seed=4)
+    x = range_arrays(n, seed=4)
     ws = np.random.default_rng(5).standard_normal((n, n), dtype=np.float32)
     with Recorder(tmp_path / "r", names={"a": x["a"], "b": x["b"], "bias": x["bias"],
                                          "out": x["out"], "ws": ws}, outputs=[x["out"]]) as r:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CSRC, record_mlp_range
+from conftest import CSRC, range_arrays, record_mlp_range
 from kpair.cli import main as kpair
 from kpair.errors import AbiMismatch, UsageError
 from kpair.harness import bind_snapshot, load_plan
@@ -52,15 +52,6 @@ OPTIONS = OptimizeOptions(strategies=(), prune=quick_options(FAST, max_blocks=16
                           rungs=(), confirm=FAST, publish=FAST, keep=2)
 BUDGET = ["--timeout", "300", "--prune-max-blocks", "16", "--prune-time-cap", "0.5",
           "--rungs", "0", "--time-cap", "3", "--max-blocks", "64", "--seed", "3"]
-
-
-def _arrays(n: int, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    return {"a": rng.standard_normal((n, n), dtype=np.float32),
-            "b": rng.standard_normal((n, n), dtype=np.float32),
-            "bias": rng.standard_normal(n, dtype=np.float32),
-            "out": np.zeros((n, n), np.float32), "out2": np.zeros((n, n), np.float32),
-            "row": np.zeros(n, np.float32)}
 
 
 def _fused(lib: Path, x: dict, out: Path, n: int, fn: str = "kp_fused", b=None) -> Path:
@@ -106,7 +97,7 @@ def race(tmp_path_factory) -> dict:
     """ref: the matmul ``REPEAT`` times, then bias and ReLU; the candidates' captures."""
     d = tmp_path_factory.mktemp("race")
     lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
-    x, n = _arrays(RACE_N), RACE_N
+    x, n = range_arrays(RACE_N), RACE_N
     ref = _eager(lib, x, d / "ref", n, "out", REPEAT)
     caps = {"slow": _eager(lib, x, d / "slow", n, "out2", REPEAT),
             "inductor-default": _fused(lib, x, d / "fused", n),
@@ -131,7 +122,7 @@ def race(tmp_path_factory) -> dict:
 def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("optrange")
     lib = compile_shared(CSRC / "range_ops.c", d / "ops.so", flags=("-O2", "-g"))
-    x = _arrays(N)
+    x = range_arrays(N)
     ref = record_mlp_range(lib, d / "ref", x, N).root
     caps = {"unfused": _unfused(lib, x, d / "unfused", N),
             "inductor-default": _fused(lib, x, d / "fused", N),
