@@ -58,7 +58,7 @@ from .search import KEEP, PRUNE, RUNG, SearchOutcome, search
 from .strategies import STRATEGIES, HostC, TritonRetune
 from .strategies.captured import NAME as CAPTURED_NAME
 from .strategies.captured import CapturedRange, RangeCandidate, passed_speedups, producer_of
-from .strategy import Context, KernelSource
+from .strategy import Context, KernelSource, first_repeat
 from .workbench import Operator, base_harness, finished_capture, pair_harness
 
 Log = Callable[[str], None]
@@ -399,8 +399,7 @@ def optimize(operators: Sequence[Operator], release: str | os.PathLike,
     opts = opts or OptimizeOptions()
     if not operators:
         raise UsageError("nothing to optimize: no operators were found")
-    names = [op.key for op in operators]
-    dup = next((k for k in names if names.count(k) > 1), None)
+    dup = first_repeat([op.key for op in operators])
     if dup:
         raise UsageError(f"two operators would both be {dup}")
     release.mkdir(parents=True, exist_ok=True)

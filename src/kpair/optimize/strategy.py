@@ -115,6 +115,11 @@ def source_builds(context: Context, flag_sets: Sequence[tuple[str, ...]]
             yield n, defines, {**context.source.defines, **defines}, tuple(flags)
 
 
+def first_repeat(names: Sequence[str]) -> str | None:
+    """The first of ``names`` given more than once, or None when each is given once."""
+    return next((n for n in names if names.count(n) > 1), None)
+
+
 class Strategy(Protocol):
     """Proposes candidates for one harness; ``applies`` says why not when it cannot."""
 
@@ -128,4 +133,4 @@ class Strategy(Protocol):
 
 
 __all__ = ["Context", "KernelSource", "LANGUAGES", "PROVENANCE_KEY", "Strategy",
-           "source_applies", "source_builds"]
+           "first_repeat", "source_applies", "source_builds"]

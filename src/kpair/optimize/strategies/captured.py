@@ -41,7 +41,7 @@ from ...errors import BackendUnavailable, KpairError, UsageError
 from ...harness import bind_snapshot, load_plan
 from ...plan import Plan
 from ...session import read_attempts
-from ..strategy import Context
+from ..strategy import Context, first_repeat
 from .triton import (
     DEFAULT_LIMIT,
     TritonKernel,
@@ -90,7 +90,7 @@ def check_candidates(candidates: Sequence[RangeCandidate]) -> None:
     if not candidates:
         raise UsageError("--range needs at least one --opt-capture NAME=SNAP")
     names = [c.producer for c in candidates]
-    dup = next((n for n in names if names.count(n) > 1), None)
+    dup = first_repeat(names)
     if dup:
         raise UsageError(f"--opt-capture: producer {dup!r} is given twice")
     if RETUNE in names:
