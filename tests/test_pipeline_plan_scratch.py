@@ -21,6 +21,7 @@ from kpair.optimize.workbench import Operator, base_harness
 from kpair.options import RunOptions
 from kpair.pipeline import merged_scratch, unplaced_scratch
 from kpair.plan import Plan, Scratch
+from kpair.policy import Policy
 from kpair.record import Recorder
 from kpair.session import Session
 from kpair.snapshot import Snapshot
@@ -49,6 +50,15 @@ def _capture(lib: Path, x: dict, out: Path, fn: str, acc: np.ndarray) -> Path:
     return r.snapshot.root
 
 
+def _capture_plain(lib: Path, x: dict, out: Path) -> Path:
+    """One call of ``kp_direct`` (no scratch) over ``x``'s arrays into ``out2``."""
+    x["out2"][...] = 0
+    with Recorder(out, names={"a": x["a"], "b": x["b"], "bias": x["bias"],
+                              "out2": x["out2"]}, outputs=[x["out2"]]) as r:
+        r.call(lib, "kp_direct", [np.int32(N), x["bias"], x["a"], x["b"], x["out2"]])
+    return r.snapshot.root
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("planscratch")
@@ -65,14 +75,22 @@ def lab(tmp_path_factory) -> dict:
     for fn in ("kp_acc_dirty", "kp_acc_under"):   # the same plan, the cheat's kernel
         plans[fn] = write_plan(plans["kp_acc"], substitute(
             honest, 0, code=launch.code, kernel=fn, fmt="elf-so"), fn)
+    # A fused candidate with no scratch of its own, and its cheat writing where ``acc`` lies.
+    plans["kp_direct"] = bind_snapshot(ref, _capture_plain(lib, x, d / "cap-direct"),
+                                       d / "plan-direct")
+    direct = Plan.read(plans["kp_direct"])
+    plans["kp_direct_stray"] = write_plan(plans["kp_direct"], substitute(
+        direct, 0, code=direct.launches[0].code, kernel="kp_direct_stray", fmt="elf-so"),
+        "kp_direct_stray")
     base = base_harness(Operator(2, "mlp", snapshot=ref.root), d / "work")
     return {"base": base, "plans": plans, "ref": ref}
 
 
 def test_the_candidates_declare_scratch_the_harness_lacks(lab):
     assert lab["base"].plan is not None and lab["base"].plan.scratch == ()
-    for path in lab["plans"].values():
-        assert [b.name for b in Plan.read(path).scratch] == ["acc"]
+    for label, path in lab["plans"].items():
+        assert [b.name for b in Plan.read(path).scratch] == \
+            ([] if label.startswith("kp_direct") else ["acc"])
     wide = Plan.read(lab["plans"]["kp_acc-wide"]).scratch[0]
     assert wide.size == 4 * Plan.read(lab["plans"]["kp_acc"]).scratch[0].size
 
@@ -108,6 +126,77 @@ def test_the_harness_own_judgement_after_a_candidate_with_scratch(lab):
                                      strategy="test"))
     assert first.result.status == "pass", first.result.reason
     assert own.result.status == "pass", own.result.reason
+
+
+def test_scratch_placed_for_another_candidate_is_guarded(lab):
+    """``acc`` is placed when ``kp_acc`` is judged; a later candidate that declares no
+    scratch and writes where ``acc`` lies (``kp_direct_stray``: the address made from its own
+    pointers and kpair's placement rule) fails ``guard_bands``, naming ``acc``; its honest
+    twin, and ``kp_acc`` again after it, pass."""
+    m = lab["ref"].manifest
+    # What kp_direct_stray assumes: the captured span is its four regions' (no range scratch).
+    assert sorted((r.name, r.size) for r in m.regions) == sorted(
+        [("a", 4 * N * N), ("b", 4 * N * N), ("bias", 4 * N), ("out", 4 * N * N)])
+    assert not m.scratch_regions
+    assert Plan.read(lab["plans"]["kp_direct"]).scratch == ()
+    with Session(lab["base"].root, QUICK) as s:
+        got = [s.judge(plan_candidate(lab["plans"][label], label=label, strategy="test")
+                       ).result
+               for label in ("kp_acc", "kp_direct", "kp_direct_stray", "kp_acc")]
+    acc, direct, stray, again = got
+    for r in (acc, direct, again):
+        assert r.status == "pass", r.reason
+    assert stray.status == "fail", stray.reason
+    assert stray.correctness.failed_check == "guard_bands", stray.reason
+    assert "scratch buffer acc" in stray.reason, stray.reason
+    found = stray.trust["guard_bands"].finding["violations"]
+    assert found and found[0]["region"] == "scratch:acc" and found[0]["first_offset"] == 4
+
+
+def test_ref_launches_and_a_plans_tail_treat_other_scratch_as_guard_bands(lab):
+    """On a replay that placed ``acc`` (4N floats) for some plan: ref's range owns none of
+    it, a plan declaring N floats owns only those (the rest is guarded, and only its own N
+    are poisoned before its launch), ``kp_direct`` owns none. A ref that writes where ``acc``
+    lies (its range with ``kp_direct_stray`` appended, a hostile baseline) is refused by name;
+    ref itself passes."""
+    from kpair.backends.host import HostDevice
+    from kpair.errors import KpairError
+    from kpair.harness import load_plan
+    from kpair.program import Program
+    from kpair.replay import Replay
+    from kpair.trust.audit import Audit
+
+    snap, m = lab["ref"], lab["ref"].manifest
+    dev = HostDevice()
+    try:
+        replay = Replay(dev, snap, plan_scratch=[("acc", 16 * N, 256)])
+        ((_, at, size),) = replay.scratch
+        assert size == 16 * N
+        ref = replay.load_range("ref")
+        honest = replay.load_plan(*load_plan(lab["plans"]["kp_acc"], m))
+        stray = replay.load_plan(*load_plan(lab["plans"]["kp_direct_stray"], m))
+        assert replay.foreign_scratch(ref) == [("acc", at, 16 * N, 0)]
+        assert replay.foreign_scratch(stray) == [("acc", at, 16 * N, 0)]
+        assert honest.scratch == ((at, 4 * N),)
+        assert replay.foreign_scratch(honest) == [("acc", at + 4 * N, 12 * N, 4 * N)]
+        # The plan's own N floats are poisoned before its launch whatever lies there; the
+        # tail past them is left for the canaries.
+        dev.write(at, bytes(16 * N))
+        replay.device._poison(honest)
+        got = dev.read(at, 16 * N)
+        assert got[:4 * N] != bytes(4 * N) and got[4 * N:] == bytes(12 * N)
+
+        audit = Audit(replay, Policy(), {}, seed=7)
+        assert len(audit.baseline(ref, m.launch)) >= 1
+        hostile = Program("hostile ref", (*ref.steps, *stray.steps), ref.scratch)
+        with pytest.raises(KpairError, match="scratch buffer acc"):
+            audit.baseline(hostile, m.launch)
+        # The same launches with the guard bands skipped: nothing is canaried there.
+        lax = Audit(replay, Policy(), {}, seed=7, skip=["guard_bands"])
+        lax.baseline(hostile, m.launch)
+        assert lax.armor.last == []
+    finally:
+        dev.close()
 
 
 def test_unplaced_and_merged_scratch():

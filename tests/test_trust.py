@@ -236,6 +236,7 @@ def test_a_timed_blocks_fresh_input_survives_poison_from_a_held_copy():
 
     armor, mem, pre, runs = _fragmented_armor(HostDevice())
     replay = SimpleNamespace(device=armor.device, cache="warm", _put=None,
+                             _restore=armor.device.restore,
                              address_of=lambda name: mem.ctypes.data)
     offsets = np.array([8, 4000, 9000], np.int64)
     patch = Patch(offsets, 4, bytes(range(1, 13)))

@@ -10,6 +10,9 @@ Every launch may take ``hooks`` (``LaunchHooks``; the trust checks pass their ar
 ``kpair.trust.armor``): ``before`` runs after the restore and before the cache flush (fresh
 guard canaries and poison), ``after`` once the launch is done (canaries checked); ``run`` with
 hooks waits for the whole device (``Device.synchronize``) before it reads anything back.
+``before`` is given the placed scratch the launched code does not own (``foreign_scratch``):
+a buffer placed for another plan, a range's own scratch for a plan, a plan's for ref, the
+bytes of a buffer past the size this plan declares. The armour canaries those like guard bands.
 
 What the trust checks read of a placed replay is public here: ``regions`` and ``addresses``
 (in the same order), ``pre`` and ``expected`` (region name -> bytes, pointers patched),
@@ -56,9 +59,10 @@ from .snapshot.store import MANIFEST
 
 
 class LaunchHooks(Protocol):
-    """What ``Replay`` calls around a launch (``kpair.trust.armor.Armor`` provides two)."""
+    """What ``Replay`` calls around a launch (``kpair.trust.armor.Armor`` provides them);
+    ``before`` gets ``foreign_scratch`` of the launched kernel."""
 
-    def before(self) -> None: ...
+    def before(self, foreign: Sequence[tuple[str, int, int, int]] = ()) -> None: ...
 
     def after(self) -> None: ...
 
@@ -309,9 +313,11 @@ class Replay:
         """A launch plan's launches as one Program: ``images[i]`` (code bytes, format) and
         ``layouts[i]`` (its parameter layout) for launch i; every kernarg built from the
         placed regions and the plan's scratch (``kpair.plan.kernarg``). Check the plan
-        (``check_plan``) first."""
+        (``check_plan``) first. The Program owns the bytes of each buffer the plan declares,
+        as many as it declares (a session may have placed the buffer larger for another
+        plan: the rest is ``foreign_scratch``)."""
         addresses = {r.name: a for r, a in zip(self.regions, self.addresses, strict=True)}
-        declared = {s.name for s in plan.scratch}
+        declared = {s.name: s.size for s in plan.scratch}
         addresses.update({name: a for name, a, _ in self.scratch if name in declared})
         steps, loaded = [], {}
         for launch, (image, fmt), layout in zip(plan.launches, images, layouts, strict=True):
@@ -331,7 +337,21 @@ class Replay:
                                                   launch.attributes),
                               plan_kernarg(launch, layout, addresses), tuple(layout)))
         name = " ; ".join(dict.fromkeys(launch.label for launch in plan.launches))
-        return Program(name, steps, [(a, n) for nm, a, n in self.scratch if nm in declared])
+        return Program(name, steps, [(a, min(n, declared[nm])) for nm, a, n in self.scratch
+                                     if nm in declared])
+
+    def foreign_scratch(self, kernel: Kernel) -> list[tuple[str, int, int, int]]:
+        """The placed scratch ``kernel`` does not own, as (buffer name, address, bytes,
+        offset in the buffer): every buffer for a plain kernel; for a Program, every buffer
+        or part past the span it owns (``Program.scratch``). Nothing may write there during
+        its launch: the trust checks canary it as a guard band."""
+        owned = dict(kernel.scratch) if isinstance(kernel, Program) else {}
+        out = []
+        for name, address, size in self.scratch:
+            mine = min(owned.get(address, 0), size)
+            if mine < size:
+                out.append((name, address + mine, size - mine, mine))
+        return out
 
     def address_of(self, name: str) -> int:
         for r, a in zip(self.regions, self.addresses, strict=True):
@@ -487,7 +507,7 @@ class Replay:
             else:
                 self._put(name, data)
         if hooks is not None:
-            hooks.before()
+            hooks.before(self.foreign_scratch(kernel))
         self.device.launch(kernel, launch or self.snapshot.manifest.launch, self.kernarg,
                            self.params)
         if hooks is not None:
@@ -497,16 +517,17 @@ class Replay:
 
     def _prepare_timed(self, state: dict[str, bytes] | None,
                        patches: Sequence[tuple[str, Patch]],
-                       hooks: LaunchHooks | None) -> None:
-        """What comes before every timed launch: restore, ``state`` (as in ``run``), the
-        hooks, then ``patches`` ((region, ``Patch``) pairs) over it, the cache flush. Patches
+                       hooks: LaunchHooks | None, kernel: Kernel | None = None) -> None:
+        """What comes before every timed launch of ``kernel``: restore, ``state`` (as in
+        ``run``), the hooks (given ``kernel``'s ``foreign_scratch``), then ``patches``
+        ((region, ``Patch``) pairs) over it, the cache flush. Patches
         come after the hooks: poison from a held copy replaces a whole region, and would undo
         the fresh input of a region updated in place."""
         self._restore()
         for name, data in (state or {}).items():
             self._put(name, data)
         if hooks is not None:
-            hooks.before()
+            hooks.before(() if kernel is None else self.foreign_scratch(kernel))
         if patches:
             self.device.scatter([(self.address_of(name), p) for name, p in patches])
         if self.cache == "cold":
@@ -518,7 +539,7 @@ class Replay:
                  hooks: LaunchHooks | None = None) -> float:
         """Seconds of one launch on freshly restored state (cold cache unless warm), prepared
         by ``_prepare_timed``."""
-        self._prepare_timed(state, patches, hooks)
+        self._prepare_timed(state, patches, hooks, kernel)
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)
         if hooks is not None:
@@ -532,7 +553,7 @@ class Replay:
         one (nothing tells the two apart): the window opens just before the launch and closes
         after the whole device has synchronized, on the device's ``window_clock`` (wall time;
         CPU time on host)."""
-        self._prepare_timed(None, patches, hooks)
+        self._prepare_timed(None, patches, hooks, kernel)
         w0 = self.device.window_clock()
         t = self.device.timed_launch(kernel, launch or self.snapshot.manifest.launch,
                                      self.kernarg, self.params)

@@ -8,6 +8,11 @@ calls one of its hook sets per launch, ``armor.guarded`` (fresh canaries before,
 after), ``armor.poisoned`` (the same, plus fresh poison in every planned write-only range) or
 ``armor.poisoned_pre`` (the same, for a launch whose planned regions hold their pre-state).
 Which launches get poison is the caller's choice at each launch, never a mode of the armour.
+Placed scratch the launched code does not own (``Replay.foreign_scratch``: a buffer placed for
+another plan, a range's scratch for a plan, a plan's for ref) is guard territory for that
+launch: the replay hands it to ``before``, and it is canaried and checked with the bands, in
+the same fill and the same check (a write there is a ``guard_bands`` violation, side
+"scratch", naming the buffer).
 Canaries are checked where the memory is (``Device.check_fills``); a band is read back to
 the host only when it changed, to say where.
 
@@ -254,6 +259,11 @@ def describe_violation(v: dict) -> str:
     if v["side"] == "held copy":
         return (f"kpair's poisoned copy of region {v['region']} changed: a kernel wrote "
                 "into memory kpair holds outside the captured regions")
+    if v["side"] == "scratch":
+        name = v["region"].removeprefix("scratch:")
+        return (f"{v['bytes']} byte{'s' * (v['bytes'] != 1)} into scratch buffer {name} "
+                f"(offsets {span} from its start), which the launched code does not declare "
+                "(placed for other code)")
     where = "before the start" if v["side"] == "before" else "past the end"
     return (f"{v['bytes']} byte{'s' * (v['bytes'] != 1)} {where} of region {v['region']} "
             f"(offsets {span} from its start)")
@@ -268,8 +278,8 @@ class _Hooks:
     def __init__(self, armor: Armor, poison: bool, pre: bool = False, again: bool = False):
         self.armor, self.poison, self.pre, self.again = armor, poison, pre, again
 
-    def before(self) -> None:
-        self.armor._before(self.poison, self.pre, self.again)
+    def before(self, foreign: Sequence[tuple[str, int, int, int]] = ()) -> None:
+        self.armor._before(self.poison, self.pre, self.again, foreign)
 
     def after(self) -> None:
         self.armor._after()
@@ -295,6 +305,10 @@ class Armor:
         self.plan: dict[str, tuple[int, int, Runs]] = {}
         self.poison_words: dict[str, int] = {}   # of the last launch
         self.last: list[dict] = []                 # guard violations of the last launch
+        #: Placed scratch the launch does not own, canaried as bands (side "scratch"); off
+        #: where the guard bands are skipped.
+        self.foreign: list[Band] = []
+        self.guard_scratch = True
         self.canary, self._n = 0, 0
         self._words: dict[str, list[int]] = {}     # region -> the pre-state's poison words
         self._held: dict[str, dict[int, Held | None]] = {}   # region -> word -> copy
@@ -349,9 +363,14 @@ class Armor:
         self._words = {name: list(w) for name, w in words.items()}
         self._held, self._put = {}, []
 
-    def _before(self, poison: bool, pre: bool, again: bool = False) -> None:
+    def _before(self, poison: bool, pre: bool, again: bool = False,
+                foreign: Sequence[tuple[str, int, int, int]] = ()) -> None:
         self.canary = int(self.rng.integers(1, 2**32))
-        self.device.fill_many([(b.address, b.size) for b in self.bands], self.canary)
+        self.foreign = [Band(f"scratch:{name}", "scratch", address, size, offset)
+                        for name, address, size, offset in foreign] \
+            if self.guard_scratch else []
+        self.device.fill_many([(b.address, b.size) for b in (*self.bands, *self.foreign)],
+                              self.canary)
         last, self.poison_words, self._put = self.poison_words, {}, []
         if not poison:
             return
@@ -406,14 +425,15 @@ class Armor:
             if not self.device.intact(held):
                 self.last.append({"region": name, "side": "held copy", "bytes": held.size,
                                   "first_offset": 0, "last_offset": held.size - 1})
-        spans = [(b.address, b.size) for b in self.bands]
+        bands = [*self.bands, *self.foreign]
+        spans = [(b.address, b.size) for b in bands]
         if pending:
             found, self.compared = self.device.check_many(spans, self.canary, pending)
-        elif not self.bands:
+        elif not bands:
             return
         else:
             found = self.device.check_fills(spans, self.canary)
-        for b, (bad, _) in zip(self.bands, found, strict=True):
+        for b, (bad, _) in zip(bands, found, strict=True):
             v = band_violation(b, self.device.read(b.address, b.size), self.canary) \
                 if bad else None
             if v is not None:

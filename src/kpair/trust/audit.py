@@ -72,6 +72,8 @@ class Audit:
             guard_bands(regions, replay.device.mapped_ranges())
         self.armor = Armor(replay.device, bands, np.random.default_rng([seed, 2]),
                            pre=replay.pre)
+        # Placed scratch a launched program does not own: canaried as bands for its launch.
+        self.armor.guard_scratch = "guard_bands" not in self.skip
         self.found: dict[str, Finding] = {}
         self.ref_posts: list[dict[str, bytes]] = []
         self.opt_runs: list[OptRun] = []

@@ -347,7 +347,7 @@ def guard_findings(bands: Sequence[Band], runs: Sequence[OptRun], launches: int,
     found = [dict(v, run=r.label) for r in runs for v in r.violations] + list(timed)
     info = {"bands": len(bands), "guard_bytes": sum(b.size for b in bands),
             "opt_launches_checked": launches, "violations": found}
-    if not bands:
+    if not bands and not found:   # a scratch buffer (no band) written: still a violation
         return Finding("guard_bands", False, None, dict(info, skipped="no guard bytes fit "
                                                          "beside the regions"))
     if found:
