@@ -837,34 +837,24 @@ def verify(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- main
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be positive and finite, not {text!r}")
-    return v
+def _number(convert, kind: str, ok, need: str):
+    """An argparse ``type``: ``convert(text)`` (else "not KIND"), kept where ``ok`` (else
+    "must be NEED")."""
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {kind}: {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {need}, not {text!r}")
+        return v
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {text!r}")
-    return v
-
-
-def _at_least_zero(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more and finite, not {text!r}")
-    return v
+_positive = _number(float, "a number", lambda v: 0 < v < float("inf"), "positive and finite")
+_count = _number(int, "an integer", lambda v: v >= 1, "1 or more")
+_at_least_zero = _number(float, "a number", lambda v: 0 <= v < float("inf"),
+                         "0 or more and finite")
 
 
 def parser() -> argparse.ArgumentParser:
