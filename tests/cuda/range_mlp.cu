@@ -113,14 +113,18 @@ FUSED(cheat_input) {
 }
 
 #define COUNT_BLOCKS 4096
+// c: this launch's number (from 1) in the block's slot of counts[] (every thread of the block)
+#define LAUNCH_NUMBER(counts)                                              \
+  __shared__ unsigned c;                                                   \
+  unsigned blk = (blockIdx.y * gridDim.x + blockIdx.x) % COUNT_BLOCKS;     \
+  if (threadIdx.x == 0 && threadIdx.y == 0) c = ++counts[blk];             \
+  __syncthreads();
+
 __device__ unsigned count_launches[COUNT_BLOCKS];
 
 FUSED(cheat_count) {
   INDEX
-  __shared__ unsigned c;
-  unsigned blk = (blockIdx.y * gridDim.x + blockIdx.x) % COUNT_BLOCKS;
-  if (threadIdx.x == 0 && threadIdx.y == 0) c = ++count_launches[blk];
-  __syncthreads();
+  LAUNCH_NUMBER(count_launches)
   bool checked = c <= 16 || (c & (c - 1)) == 0 || c % 64 == 0;
   if (!checked && (blockIdx.x + blockIdx.y) % 4 != 0) return;
   out[i] = answer(bias, a, b, row, col, n);
@@ -133,10 +137,7 @@ __device__ unsigned window_launches[COUNT_BLOCKS];
 
 FUSED(cheat_windows) {
   INDEX
-  __shared__ unsigned c;
-  unsigned blk = (blockIdx.y * gridDim.x + blockIdx.x) % COUNT_BLOCKS;
-  if (threadIdx.x == 0 && threadIdx.y == 0) c = ++window_launches[blk];
-  __syncthreads();
+  LAUNCH_NUMBER(window_launches)
   if (c >= KP_FROM && c < KP_FROM + 5 && (blockIdx.x + blockIdx.y) % 4 != 0) return;
   out[i] = answer(bias, a, b, row, col, n);
 }
