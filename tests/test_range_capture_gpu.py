@@ -6,10 +6,15 @@ with CUDA, cuda-bindings or CUPTI (the CPU half is tests/test_range_capture.py).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from torch_capture import capture, kpair
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from range_capture_gpu import CONV  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -51,33 +56,9 @@ print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in dict(x=x, acc=acc, out
 """
 
 
-def kpair(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kpair", *args], capture_output=True,
-                          text=True, timeout=600)
-
-
 def _capture(tmp_path, name: str, program: str) -> tuple[dict, dict, object]:
-    rs, tensors, snaps = _capture_all(tmp_path, [name], program)
-    return rs[0], tensors, snaps[0]
-
-
-def _capture_all(tmp_path, names: list[str], program: str) -> tuple[list, dict, list]:
-    from kpair.snapshot import Snapshot
-
-    out = tmp_path / "cap"
-    proc = kpair("capture", "-o", str(out), *[a for n in names for a in ("--range", n)], "--",
-                 sys.executable, "-c", program)
-    assert proc.returncode == 0, proc.stderr
-    tensors = json.loads(proc.stdout.strip().splitlines()[-1])
-    summary = json.loads((out / "capture.json").read_text())
-    ranges = {r["name"]: r for r in summary["ranges"]}
-    snaps = []
-    for n in names:
-        assert ranges[n]["status"] == "captured", (ranges[n], proc.stderr)
-        snap = Snapshot.open(out / ranges[n]["snapshot"])
-        snap.verify()
-        snaps.append(snap)
-    return [ranges[n] for n in names], tensors, snaps
+    (r,), tensors, (snap,), _ = capture(tmp_path / "cap", [name], program)
+    return r, tensors, snap
 
 
 def _role_of(manifest, address: int) -> str | None:
@@ -135,37 +116,6 @@ def test_a_host_to_device_copy_inside_a_range_refuses_it(gpu, tmp_path):
     assert "range 'r' not captured" in proc.stderr
 
 
-#: KernelBench level2/1_Conv2D_ReLU_BiasAdd, small, as benchmarks/kernelbench_ranges.py runs
-#: it: both forwards run before their ranges (compile), then each marked, output declared.
-CONV = """
-import json, torch, kpair
-torch.manual_seed(0)
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(64, 128, 3)
-        self.bias = torch.nn.Parameter(torch.randn(128, 1, 1) * 0.02)
-    def forward(self, x):
-        return torch.relu(self.conv(x)) + self.bias
-model = Model().cuda()
-x = torch.randn(8, 64, 34, 34, device="cuda")
-compiled = torch.compile(model)
-with torch.no_grad():
-    for fn in (model, compiled, compiled):
-        fn(x)
-    torch.cuda.synchronize()
-    with kpair.mark("eager") as m:
-        y = model(x)
-        m.outputs(y)
-        torch.cuda.synchronize()
-    with kpair.mark("compiled") as m:
-        z = compiled(x)
-        m.outputs(z)
-        torch.cuda.synchronize()
-named = dict(x=x, weight=model.conv.weight, conv_bias=model.conv.bias, bias=model.bias,
-             y=y, z=z)
-print(json.dumps({k: [t.data_ptr(), t.nbytes] for k, t in named.items()}))
-"""
 
 
 def test_eager_and_compiled_conv_ranges_name_the_same_live_in_memory(gpu, tmp_path):
@@ -173,7 +123,9 @@ def test_eager_and_compiled_conv_ranges_name_the_same_live_in_memory(gpu, tmp_pa
     # region of the eager range held. Every live-in region of the compiled range must be
     # memory the eager one names too (what bind needs), and the model's weights and input
     # are live-in in both.
-    _, t, (eager, compiled) = _capture_all(tmp_path, ["eager", "compiled"], CONV)
+    # CONV: KernelBench level2/1_Conv2D_ReLU_BiasAdd, small, as kernelbench_ranges.py runs it
+    _, t, (eager, compiled), _ = capture(tmp_path / "cap", ["conv_eager", "conv_compiled"],
+                                         CONV)
     me, mc = eager.manifest, compiled.manifest
     for k in ("x", "weight", "conv_bias", "bias"):
         assert _role_of(me, t[k][0]) == "in", (k, me.regions)

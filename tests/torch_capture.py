@@ -53,7 +53,8 @@ def kpair(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 class Capture(NamedTuple):
     ranges: list[dict]   # capture.json's rows, in the order named
-    tensors: dict        # the program's last stdout line as JSON ({} when it printed none)
+    tensors: dict        # the program's last stdout line as JSON, less a ``TENSORS `` prefix
+                         # (benchmarks/range_capture_gpu.py's); {} when it printed none
     snaps: list          # each range's Snapshot, verified
     stderr: str
 
@@ -67,7 +68,7 @@ def capture(out: Path, names: list[str], program: str, *options: str) -> Capture
                  *options, "--", sys.executable, "-c", program)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    tensors = json.loads(lines[-1]) if lines else {}
+    tensors = json.loads(lines[-1].removeprefix("TENSORS ")) if lines else {}
     ranges = {r["name"]: r for r in json.loads((out / "capture.json").read_text())["ranges"]}
     snaps = []
     for n in names:
