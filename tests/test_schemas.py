@@ -103,7 +103,40 @@ def written(matmul_libs, matmul_snapshot, tmp_path_factory) -> dict[str, list[Pa
     files["profile"].append(_profile(d / "profile.json"))
     files["plan"].append(_plan(d / "opt.plan.json"))
     files["range_candidates"].append(_range_candidates(d / "range_candidates.json"))
+    files["tournament"].append(_tournament(d / "tournament.json"))
+    files["tournament_run"].append(_tournament_run(d / "trel"))
     return files
+
+
+def _tournament(path: Path) -> Path:
+    """tournament.json with a published attempt, a refused one and a note (a real tournament
+    writes it in tests/test_tournament.py, validated there too)."""
+    from kpair.release.index import EntrantRow
+    from kpair.release.tournament import Attempt, TournamentRecord
+
+    write(path, TournamentRecord(
+        level=2, name="76_Gemm_Add_ReLU", ref="/snapshots/ref", policy=None,
+        options={"time_cap_s": 3.0}, winner=1, notes=["max-autotune: not captured"],
+        attempts=[
+            Attempt(entrant=EntrantRow(producer="plan", candidate="no.plan.json",
+                                       status="refused", reason="pair refused: no.plan.json"),
+                    kind="plan", path="no.plan.json", pair_s=0.01),
+            Attempt(entrant=EntrantRow(producer="inductor-default", candidate="fused",
+                                       status="pass", speedup=1.4, ci95=(1.2, 1.6),
+                                       winner=True),
+                    kind="opt-capture", path="fused", pair_s=0.5, run_s=3.2,
+                    result="attempts/1-inductor-default.result.json")]))
+    return path
+
+
+def _tournament_run(root: Path) -> Path:
+    """tournament_run.json after two calls (``record_call``, as ``run_contests`` appends)."""
+    from kpair.release.tournament import RUN_FILE, record_call
+
+    root.mkdir()
+    record_call(root, "2026-12-07T19:00:00Z", 12.5, ["level2/76_Gemm_Add_ReLU"], 0)
+    record_call(root, "2026-12-07T19:05:00Z", 0.2, [], 1)
+    return root / RUN_FILE
 
 
 def _range_candidates(path: Path) -> Path:

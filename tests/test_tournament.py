@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from kpair.options import RunOptions
 from kpair.release import load_index
 from kpair.release.index import EntrantRow
 from kpair.release.tournament import (
+    RUN_FILE,
     TOURNAMENT_FILE,
     Contest,
     Entrant,
@@ -102,6 +104,34 @@ def test_the_faster_correct_entrant_is_published_naming_its_producer(release):
     assert rec.attempts[2].entrant.note == "the fused function"
     # The Director figure is the winner's producer's, reference only; a loser's is not kept.
     assert row.director.speedup == 1.7 and index.summary.director_geomean_speedup == 1.7
+
+
+def _valid(path: Path, name: str) -> None:
+    """``path`` against docs/schemas/<name>.schema.json by a standard Draft 2020-12
+    validator (the format registered in kpair.schemas under the file's name); an unknown
+    field and a missing version are refused."""
+    jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[test]'")
+    from kpair.schemas import FORMATS
+
+    assert FORMATS[name][0] == path.name
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "schemas"
+                         / f"{name}.schema.json").read_text())
+    doc = json.loads(path.read_text())
+    v = jsonschema.Draft202012Validator(schema)
+    v.validate(doc)
+    assert not v.is_valid({**doc, "surprise": 1})
+    assert not v.is_valid({k: x for k, x in doc.items() if k != "schema_version"})
+
+
+def test_the_files_written_validate_against_their_schemas(release):
+    """tournament.json of every contest (a winner, an exclusion) and tournament_run.json."""
+    root = release["root"]
+    index = load_index(root)
+    rows = [*index.operators, *index.refused]
+    assert len(rows) == 2
+    for row in rows:
+        _valid(root / row.paths.provenance / TOURNAMENT_FILE, "tournament")
+    _valid(root / RUN_FILE, "tournament_run")
 
 
 def test_the_html_report_has_the_producers(release):
@@ -219,6 +249,7 @@ def test_an_entrant_whose_pair_is_refused_is_recorded_and_the_others_go_on(lab, 
     (row,) = load_index(tmp_path / "rel").refused
     rec = TournamentRecord.read(tmp_path / "rel" / row.paths.provenance / TOURNAMENT_FILE)
     assert rec.attempts[0].result is None and rec.attempts[1].result is not None
+    _valid(tmp_path / "rel" / row.paths.provenance / TOURNAMENT_FILE, "tournament")
 
 
 def test_a_dispatch_ref_takes_same_layout_opts(matmul_snapshot, matmul_libs, tmp_path):

@@ -21,6 +21,7 @@ from .optimize.ranges import RangeRecord
 from .plan import Plan
 from .policy.schema import PolicyDocument
 from .release.index import BaselineRecord, Index
+from .release.tournament import RunLog, TournamentRecord
 from .result import Result
 from .session import Attempt
 from .snapshot.model import Manifest
@@ -39,6 +40,8 @@ FORMATS: dict[str, tuple[str, type]] = {
     "baseline": ("baseline.json", BaselineRecord),
     "plan": ("opt.plan.json", Plan),
     "range_candidates": ("range_candidates.json", RangeRecord),
+    "tournament": ("tournament.json", TournamentRecord),
+    "tournament_run": ("tournament_run.json", RunLog),
     # JSON lines: the schema is that of one line.
     "attempt": ("attempts.jsonl", Attempt),
 }
