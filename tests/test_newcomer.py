@@ -556,7 +556,7 @@ def test_optimize_json_is_one_document(k, lab):
     assert doc["skipped"] == 1 and doc["published"] == 0 and doc["exit_code"] == 0
     assert doc["operators"] == [{"key": "level1/mm", "status": "skipped",
                                  "line": "already in the release", "snapshot": None,
-                                 "harness": "H"}]
+                                 "harness": "H", "producer": None}]
     assert state(lab / "REL" / "index.json") == before
 
 
