@@ -4,8 +4,8 @@ Protocol (the official ``mcp`` Python SDK; ``pip install 'kpair[mcp]'``).
 ``workspace`` holds what the tools do (operators of a work directory, their persistent
 evaluation sessions, candidates and winners) and imports no SDK; ``build`` turns a candidate
 of any form into a code object with ref's ABI; ``plans`` builds a submitted launch plan's code
-objects and checks the plan against the range, and describes a range; ``server`` registers the tools on an SDK
-server (stdio or streamable HTTP) and turns kpair's errors into MCP tool errors.
+objects and checks the plan against the range, and describes a range; ``server`` registers the
+tools on an SDK server (stdio or streamable HTTP) and turns kpair's errors into MCP tool errors.
 """
 
 INSTALL_HINT = "pip install 'kpair[mcp]'"
