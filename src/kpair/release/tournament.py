@@ -205,11 +205,10 @@ def _name(path: Path) -> str:
     return path.name or str(path)
 
 
-def judge(contest: Contest, entrant: Entrant, harness_dir: Path, options: RunOptions,
-          *, allow_slower: bool = False) -> Judged:
-    """Pair ``entrant`` with the contest's ref into ``harness_dir`` and run it in its own
-    worker. A pair that is refused (a region that cannot be bound, a layout that does not
-    match, ...) is the entrant's ``refused`` verdict, never the tournament's end."""
+def pair_entrant(contest: Contest, entrant: Entrant, harness_dir: Path) -> Judged:
+    """Pair ``entrant`` with the contest's ref into ``harness_dir`` (nothing runs). A pair
+    that is refused (a region that cannot be bound, a layout that does not match, ...) is
+    the entrant's ``refused`` row (``harness`` None), never the tournament's end."""
     t0 = time.monotonic()
     pair = {"opt-capture": {"opt_capture": entrant.candidate}, "plan": {"plan": entrant.candidate},
             "opt": {"opt": entrant.candidate, "opt_kernel": entrant.opt_kernel}}[entrant.kind]
@@ -223,13 +222,17 @@ def judge(contest: Contest, entrant: Entrant, harness_dir: Path, options: RunOpt
         reason = (f"pair refused: {what}".splitlines() or [""])[0][:2000]
         return Judged(entrant, EntrantRow(status="refused", reason=reason, **base),
                       pair_s=round(time.monotonic() - t0, 3))
-    pair_s = round(time.monotonic() - t0, 3)
-    t1 = time.monotonic()
-    try:
-        result = run_isolated(harness_dir, options)
-    except Exception as e:  # noqa: BLE001 - the entrant's error, not the tournament's
-        result = error_result(harness_dir, e, stage="run")
-    run_s = round(time.monotonic() - t1, 3)
+    return Judged(entrant, EntrantRow(status="error", **base), harness_dir,
+                  pair_s=round(time.monotonic() - t0, 3))
+
+
+def judged_of(paired: Judged, result: Result, run_s: float | None, *,
+              allow_slower: bool = False) -> Judged:
+    """A paired entrant with its run's ``result``: its row (a pass with its speedup, its
+    reported interval and whether that lies above 1.0; else the status and reason)."""
+    entrant = paired.entrant
+    base = {"producer": entrant.producer, "candidate": _name(entrant.candidate),
+            "note": entrant.note}
     speed = harness_speed(result)
     if result.status == "pass" and speed is not None:
         why = not_faster(speed)
@@ -239,7 +242,28 @@ def judge(contest: Contest, entrant: Entrant, harness_dir: Path, options: RunOpt
     else:
         row = EntrantRow(status=result.status, reason=(result.reason or "")[:2000] or None,
                          **base)
-    return Judged(entrant, row, harness_dir, result, pair_s, run_s)
+    return Judged(entrant, row, paired.harness, result, paired.pair_s, run_s)
+
+
+def run_entrant(paired: Judged, options: RunOptions, *, allow_slower: bool = False) -> Judged:
+    """Run a paired entrant's harness in its own worker (``judged_of`` its result); a
+    refused one is returned as it is."""
+    if paired.harness is None:
+        return paired
+    t1 = time.monotonic()
+    try:
+        result = run_isolated(paired.harness, options)
+    except Exception as e:  # noqa: BLE001 - the entrant's error, not the tournament's
+        result = error_result(paired.harness, e, stage="run")
+    return judged_of(paired, result, round(time.monotonic() - t1, 3), allow_slower=allow_slower)
+
+
+def judge(contest: Contest, entrant: Entrant, harness_dir: Path, options: RunOptions,
+          *, allow_slower: bool = False) -> Judged:
+    """Pair ``entrant`` with the contest's ref into ``harness_dir`` and run it in its own
+    worker (``pair_entrant`` then ``run_entrant``)."""
+    return run_entrant(pair_entrant(contest, entrant, harness_dir), options,
+                       allow_slower=allow_slower)
 
 
 def choose(rows: Sequence[EntrantRow], *, allow_slower: bool = False) -> int | None:
@@ -291,6 +315,16 @@ def play(contest: Contest, work: Path, options: RunOptions | None = None, *,
             what = (f"{r.speedup:.3f}x [{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]"
                     if r.speedup is not None and r.ci95 else r.reason or "")
             log(f"{contest.key}: {entrant.producer}: {r.status} {what}".rstrip())
+    return decide(contest, judged, allow_slower=allow_slower)
+
+
+def decide(contest: Contest, judged: list[Judged], *, allow_slower: bool = False) -> Outcome:
+    """The contest's outcome from its judged entrants (in entrant order): the winner
+    (``choose``), or why there is none (``exclusion_of``); a contest excluded before judging
+    keeps its reason. Nothing is written to a release here."""
+    if contest.excluded is not None:
+        reason, detail = contest.excluded
+        return Outcome(contest, [], None, reason, detail, notes=list(contest.notes))
     rows = [j.row for j in judged]
     winner = choose(rows, allow_slower=allow_slower)
     if winner is not None:
@@ -518,6 +552,7 @@ def read_record(root: str | os.PathLike, row: Row) -> TournamentRecord | None:
 
 
 __all__ = ["ATTEMPTS", "Attempt", "Call", "Contest", "Entrant", "Judged", "Outcome", "RUN_FILE",
-           "RunLog", "TOURNAMENT_FILE", "TournamentRecord", "choose", "decided",
-           "describe_outcome", "exclusion_of", "inductor_best", "judge", "play", "read_record",
-           "record_call", "run_contests", "settle"]
+           "RunLog", "TOURNAMENT_FILE", "TournamentRecord", "choose", "decide", "decided",
+           "describe_outcome", "exclusion_of", "inductor_best", "judge", "judged_of",
+           "pair_entrant", "play", "read_record", "record_call", "run_contests",
+           "run_entrant", "settle"]
