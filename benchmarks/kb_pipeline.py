@@ -228,12 +228,15 @@ class Scheduler:
             else:
                 with self.gate.shared():
                     entry["gate_s"] = round(self.clock() - t0, 3)
-                    rec = stage.run(job, timeout)
+                    try:
+                        rec = stage.run(job, timeout)
+                    finally:   # its end while it holds the gate: a timed stage may start next
+                        entry["end"] = self.clock()
         except Abort as e:
             rec = {"cut": True, "abort": str(e)[:2000]}
         except Exception as e:  # noqa: BLE001 - one problem's failure must not end the call
             rec = {"stop": "driver error", "error": f"{type(e).__name__}: {e}"[:2000]}
-        entry["end"] = self.clock()
+        entry.setdefault("end", self.clock())
         rec = dict(rec or {})
         rec.setdefault("wall_s", round(entry["end"] - t0, 3))
         with self._lock:

@@ -59,14 +59,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kb_pipeline  # noqa: E402  (the scheduler: untimed stages pooled, timed ones alone)
 import kernelbench as kb  # noqa: E402  (problems, scaling, the problem's module and inputs)
 import kernelbench_ranges as kr  # noqa: E402  (scale choice, output policy, kpair commands)
 
@@ -77,9 +81,15 @@ from kpair.release.index import INDUCTOR_PRODUCERS  # noqa: E402
 from kpair.release.tournament import (  # noqa: E402
     Contest,
     Entrant,
+    decide,
     decided,
+    describe_outcome,
+    judged_of,
+    pair_entrant,
     record_call,
     run_contests,
+    run_entrant,
+    settle,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +127,7 @@ def child(plan_path: Path) -> int:
 
     import kpair
 
+    kb_pipeline.hold_gate_from_env()   # scheduled (``scheduled``): no CUDA call before this
     plan = json.loads(plan_path.read_text())
 
     def one(p: dict, mark: dict) -> None:
@@ -188,6 +199,7 @@ class Captured:
     cut: bool = False
     timed_out: bool = False
     notes: list[str] = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)
 
 
 #: (problems, work folder, seconds it may take) -> {problem key: Captured}
@@ -230,7 +242,9 @@ def capture_batch(args) -> CaptureFn:
         cap = kr.kpair_cmd("capture", *ranges, "-o", str(work / "cap"), "-q", "--",
                            sys.executable, str(Path(__file__).resolve()), "child", str(plan),
                            timeout=min(timeout, args.capture_timeout),
-                           env={"TORCHINDUCTOR_CACHE_DIR": str(Path(args.inductor_cache))})
+                           env={"TORCHINDUCTOR_CACHE_DIR": str(Path(args.inductor_cache)),
+                                **({kb_pipeline.GATE_ENV: str(args.gate)}
+                                   if getattr(args, "gate", None) else {})})
         marks = {m["key"]: m for m in json.loads((work / "marks.json").read_text())} \
             if (work / "marks.json").is_file() else {}
         died = False
@@ -255,7 +269,10 @@ def capture_batch(args) -> CaptureFn:
                     else Captured(failed=why)
                 continue
             c = Captured(ref=_snap(work / "cap" / range_name(e["level"], e["number"],
-                                                              "eager")), notes=scale)
+                                                              "eager")), notes=scale,
+                         seconds={"eager_s": mark.get("eager_s"), "compile_s": {
+                             k: v.get("compile_s") for k, v in mark.get("producers", {}).items()
+                             if v.get("ok")}})
             for producer, got in mark.get("producers", {}).items():
                 snap = _snap(work / "cap" / range_name(e["level"], e["number"], producer))
                 if got.get("ok") and snap is not None:
@@ -338,31 +355,50 @@ def contest_for(p, cap: Captured, work: Path, *, atol: float, rtol: float,
     if cap.failed or cap.ref is None:
         return Contest(p.level, p.name, None,
                        excluded=("capture-failed", cap.failed or "no eager range"), notes=notes)
-    got, detail = verdict(cap.ref)
-    if got == "nondeterministic":
-        return Contest(p.level, p.name, None, notes=notes, excluded=(
-            "nondeterministic-ref", f"the eager range replays nondeterministically: {detail}"))
-    if got != "byte-exact":
-        return Contest(p.level, p.name, None, notes=notes, excluded=(
-            "capture-failed", f"the eager range's replay: {got}" + (f": {detail}"
-                                                                    if detail else "")))
-    policy = work / "policy.json"
-    policy.write_text(json.dumps(kr.output_policy(
-        cap.ref, atol, rtol, f"KernelBench's tolerance: atol={atol}, rtol={rtol} on the "
-        "forward's output")))
-    entrants = [Entrant(k, cap.candidates[k]) for k in INDUCTOR_PRODUCERS
-                if k in cap.candidates]
+    excluded = ref_exclusion(*verdict(cap.ref))
+    if excluded is not None:
+        return Contest(p.level, p.name, None, notes=notes, excluded=excluded)
+    policy = write_policy(work / "policy.json", cap.ref, atol, rtol)
+    entrants = inductor_entrants(cap.candidates)
     if search is None:
-        notes.append("kpair-search: not entered (no kpair.optimize.optimize_range in this "
-                     "kpair, or --no-search)")
+        notes.append(NO_SEARCH)
     else:
         found, why = search(p, cap.ref, dict(cap.candidates), work, seconds())
         if found is not None:
             entrants.append(found)
         if why:
             notes.append(why)
-    notes.append("plan, retune: not made by this driver")
+    notes.append(NOT_MADE)
     return Contest(p.level, p.name, cap.ref, entrants, policy=policy, notes=notes)
+
+
+NO_SEARCH = "kpair-search: not entered (no kpair.optimize.optimize_range in this kpair, or " \
+    "--no-search)"
+NOT_MADE = "plan, retune: not made by this driver"
+
+
+def ref_exclusion(got: str, detail: str | None) -> tuple[str, str] | None:
+    """Why the eager range's replay verdict excludes the problem (nondeterministic-ref; any
+    other verdict but byte-exact: capture-failed); None when it replays byte-exact."""
+    if got == "nondeterministic":
+        return "nondeterministic-ref", f"the eager range replays nondeterministically: {detail}"
+    if got != "byte-exact":
+        return "capture-failed", f"the eager range's replay: {got}" + (f": {detail}"
+                                                                       if detail else "")
+    return None
+
+
+def write_policy(path: Path, ref: Path, atol: float, rtol: float) -> Path:
+    """The judging policy (``kernelbench_ranges.output_policy``) written to ``path``."""
+    path.write_text(json.dumps(kr.output_policy(
+        ref, atol, rtol, f"KernelBench's tolerance: atol={atol}, rtol={rtol} on the "
+        "forward's output")))
+    return path
+
+
+def inductor_entrants(candidates: dict) -> list[Entrant]:
+    """Inductor's captures as entrants, in ``INDUCTOR_PRODUCERS`` order."""
+    return [Entrant(k, Path(candidates[k])) for k in INDUCTOR_PRODUCERS if k in candidates]
 
 
 # --------------------------------------------------------------------------- the call
@@ -445,6 +481,326 @@ def orchestrate(problems: Sequence, out: Path, work: Path, capture: CaptureFn, *
     return {"decided": settled, "skipped": skipped, "left": cut}
 
 
+# --------------------------------------------------------------------------- the scheduled call
+#
+# Per problem (a ``kb_pipeline.Job``, its folder ``WORK/l<level>p<n>``): capture (one ``kpair
+# capture`` of the child over this problem: the eager range and each producer's; the program
+# takes the GPU gate itself after its imports), replay (the eager range's verdict, the
+# policy), pair (each Inductor entrant, ``tournament.pair_entrant``), then the timed stages
+# with the GPU to themselves: search (kpair's search, its plan paired as an entrant) and run
+# (each paired entrant's ``kpair run``, ``tournament.run_entrant``; each result kept as it
+# comes, so a cut stage runs only the missing ones next call). Once a problem's stages are
+# in (or one stopped it) the scheduler's ``finish`` decides it (``tournament.decide``) and
+# settles it into the release (``tournament.settle``): the same code ``play`` and
+# ``run_contests`` use.
+
+#: (name, expected seconds before any is measured, timed, per entrant): the first call's
+#: guesses, kernelbench_ranges' (capture 60, replay 12, pair 10, a timed run 10), the pair
+#: and the run per entrant; kpair's search a guess of its own.
+STAGES = (("capture", 60.0, False, False), ("replay", 12.0, False, False),
+          ("pair", 10.0, False, True), ("search", 30.0, True, False),
+          ("run", 10.0, True, True))
+#: ``REL/<this>``: one line per problem decided by ``scheduled``, where its seconds went.
+BREAKDOWN = "tournament_breakdown.jsonl"
+#: ``REL/<this>``: the last scheduled call's stage log (seconds from its start).
+SCHEDULE = "tournament_schedule.json"
+
+
+def _entrant_doc(j) -> dict:
+    e = j.entrant
+    return {"producer": e.producer, "candidate": str(e.candidate), "kind": e.kind,
+            "opt_kernel": e.opt_kernel, "note": e.note,
+            "provenance": str(e.provenance) if e.provenance else None,
+            "harness": str(j.harness) if j.harness else None, "pair_s": j.pair_s,
+            "row": j.row.to_json()}
+
+
+def _judged_of_doc(doc: dict):
+    from kpair.formats import convert
+    from kpair.release.index import EntrantRow
+    from kpair.release.tournament import Judged
+
+    e = Entrant(doc["producer"], Path(doc["candidate"]), kind=doc["kind"],
+                opt_kernel=doc["opt_kernel"], note=doc["note"],
+                provenance=Path(doc["provenance"]) if doc["provenance"] else None)
+    return Judged(e, convert(doc["row"], EntrantRow),
+                  Path(doc["harness"]) if doc["harness"] else None, pair_s=doc["pair_s"])
+
+
+class Pipeline:
+    """The release's stages over ``kb_pipeline`` (see above) and the decision of each
+    problem. ``capture``, ``verdict``, ``search``: as ``orchestrate`` takes them;
+    ``capture_holds_gate``: the capture step's program takes the gate itself (the GPU
+    child), else the scheduler holds it shared around the step (a stand-in)."""
+
+    def __init__(self, out: Path, work: Path, capture: CaptureFn, *, options: RunOptions,
+                 verdict: Callable[[Path], tuple[str, str | None]] | None = None,
+                 search: SearchFn | None = None, atol: float = 1e-2, rtol: float = 1e-2,
+                 replay_runs: int = 2, allow_slower: bool = False, retries: int = 2,
+                 producers: Sequence[str] = INDUCTOR_PRODUCERS,
+                 capture_holds_gate: bool = True, stage_s: dict | None = None,
+                 log: Log = print):
+        self.out, self.work, self.capture, self.options = out, work, capture, options
+        self.verdict, self.search, self.atol, self.rtol = verdict, search, atol, rtol
+        self.replay_runs, self.allow_slower, self.retries = replay_runs, allow_slower, retries
+        self.producers, self.capture_holds_gate = list(producers), capture_holds_gate
+        self.stage_s, self.log = dict(stage_s or {}), log
+        self.settled: list[str] = []
+        self._lock = threading.Lock()
+        self.timeouts_path = out / TIMEOUTS
+
+    # ------------------------------------------------------------------ jobs
+    def job(self, p) -> kb_pipeline.Job:
+        return kb_pipeline.Job(p.key, self.work / slug(p.level, p.number), {
+            "level": p.level, "number": p.number, "name": p.name, "path": str(p.path)}).load()
+
+    @staticmethod
+    def problem(job) -> kb.Problem:
+        d = job.data
+        return kb.Problem(d["level"], d["number"], d["name"], Path(d["path"]))
+
+    def contest(self, job, entrants=()) -> Contest:
+        p, cap = self.problem(job), job.state["capture"]
+        return Contest(p.level, p.name, Path(cap["ref"]), list(entrants),
+                       policy=job.folder / "policy.json")
+
+    def stages(self) -> list[kb_pipeline.Stage]:
+        entrants = len(self.producers) + (self.search is not None)
+        table = {"capture": self.stage_capture, "replay": self.stage_replay,
+                 "pair": self.stage_pair, "search": self.stage_search, "run": self.stage_run}
+        out = []
+        for name, est, timed, per in STAGES:
+            est = float(self.stage_s.get(name, est)) * (entrants if per else 1)
+            if name == "search" and self.search is None:
+                est = 0.0
+            out.append(kb_pipeline.Stage(name, table[name], est, timed,
+                                         gate_inside=name == "capture"
+                                         and self.capture_holds_gate))
+        return out
+
+    # ------------------------------------------------------------------ stages
+    def stage_capture(self, job, timeout: float) -> dict:
+        p = self.problem(job)
+        folder = job.folder / "capture"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        t0 = time.monotonic()
+        cap = self.capture([p], folder, timeout).get(p.key) or Captured(cut=True)
+        rec = {"capture_s": round(time.monotonic() - t0, 3), "notes": list(cap.notes),
+               "seconds": cap.seconds}
+        if cap.timed_out:
+            with self._lock:
+                timeouts = json.loads(self.timeouts_path.read_text()) \
+                    if self.timeouts_path.is_file() else {}
+                timeouts[p.key] = timeouts.get(p.key, 0) + 1
+                self.timeouts_path.write_text(json.dumps(timeouts, indent=1, sort_keys=True))
+            if timeouts[p.key] >= self.retries:
+                cap = Captured(did_not_fit=f"its capture did not finish in the time of a "
+                               f"call, {timeouts[p.key]} times")
+        if cap.cut and not cap.did_not_fit:
+            self.log(f"kernelbench_release: {p.key}: left for the next call")
+            return {"cut": True}
+        if cap.did_not_fit:
+            return {**rec, "stop": "did-not-fit", "detail": cap.did_not_fit}
+        if cap.failed or cap.ref is None:
+            return {**rec, "stop": "capture-failed", "detail": cap.failed or "no eager range"}
+        return {**rec, "ref": str(cap.ref),
+                "candidates": {k: str(v) for k, v in cap.candidates.items()}}
+
+    def stage_replay(self, job, timeout: float) -> dict:
+        ref = Path(job.state["capture"]["ref"])
+        t0 = time.monotonic()
+        got, detail = (self.verdict or (lambda snap: replay_verdict(
+            snap, self.replay_runs, max(1.0, min(300.0, timeout)))))(ref)
+        rec = {"verdict": got, "replay_s": round(time.monotonic() - t0, 3)}
+        excluded = ref_exclusion(got, detail)
+        if excluded is not None:
+            return {**rec, "stop": excluded[0], "detail": excluded[1]}
+        write_policy(job.folder / "policy.json", ref, self.atol, self.rtol)
+        return rec
+
+    def stage_pair(self, job, timeout: float) -> dict:
+        entrants = inductor_entrants(job.state["capture"]["candidates"])
+        contest = self.contest(job, entrants)
+        docs = [_entrant_doc(pair_entrant(contest, e, job.folder / "h" / f"{i}-{e.producer}"))
+                for i, e in enumerate(entrants)]
+        return {"entrants": docs, "pair_s": round(sum(d["pair_s"] for d in docs), 3)}
+
+    def stage_search(self, job, timeout: float) -> dict:
+        if self.search is None:
+            return {"note": NO_SEARCH}
+        cap, t0 = job.state["capture"], time.monotonic()
+        folder = job.folder / "search"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        found, why = self.search(self.problem(job), Path(cap["ref"]),
+                                 {k: Path(v) for k, v in cap["candidates"].items()}, folder,
+                                 timeout)
+        rec = {"note": why, "search_s": round(time.monotonic() - t0, 3)}
+        if found is not None:
+            n = len(job.state["pair"]["entrants"])
+            rec["entrant"] = _entrant_doc(pair_entrant(
+                self.contest(job), found, job.folder / "h" / f"{n}-{found.producer}"))
+        return rec
+
+    def entrant_docs(self, job) -> list[dict]:
+        found = job.state.get("search", {}).get("entrant")
+        return [*job.state["pair"]["entrants"], *([found] if found else [])]
+
+    def stage_run(self, job, timeout: float) -> dict:
+        """Each paired entrant's run, one after the other (the gate exclusive); each
+        result is kept (``<job>/results/<i>.json``) as it comes."""
+        import dataclasses
+
+        from kpair.result import Result
+
+        end = time.monotonic() + timeout
+        results = job.folder / "results"
+        results.mkdir(exist_ok=True)
+        runs = []
+        for i, doc in enumerate(self.entrant_docs(job)):
+            path = results / f"{i}.json"
+            if doc["harness"] is None:
+                continue
+            if not path.is_file():
+                left = end - time.monotonic()
+                if left < 1.0:
+                    return {"cut": True}   # the results so far stay for the next call
+                cap = self.options.timeout_s
+                opts = dataclasses.replace(self.options, timeout_s=min(cap or left, left))
+                j = run_entrant(_judged_of_doc(doc), opts, allow_slower=self.allow_slower)
+                if (cap is None or left < cap) and j.row.status == "error" and \
+                        j.run_s >= left - 1.0:
+                    return {"cut": True}   # the call's time, not the entrant, ended it
+                j.result.write(path)
+                (results / f"{i}.s").write_text(json.dumps(j.run_s))
+            result = Result.read(path)
+            runs.append({"producer": doc["producer"], "status": result.status,
+                         "run_s": json.loads((results / f"{i}.s").read_text())})
+        return {"runs": runs, "run_s": round(sum(r["run_s"] for r in runs), 3)}
+
+    # ------------------------------------------------------------------ the decision
+    def outcome(self, job):
+        """The problem's outcome (``tournament.decide``) from its stage records."""
+        from kpair.release.index import EXCLUSION_REASONS
+        from kpair.result import Result
+
+        p, st = self.problem(job), job.state
+        notes = list(st.get("capture", {}).get("notes", []))
+        stopped = job.stopped
+        if stopped:
+            rec = next(r for r in st.values() if isinstance(r, dict) and r.get("stop"))
+            reason, detail = (stopped, rec.get("detail") or "") \
+                if stopped in EXCLUSION_REASONS else \
+                ("capture-failed", f"{stopped}: {rec.get('error') or rec.get('detail')}")
+            return decide(Contest(p.level, p.name, None, excluded=(reason, detail),
+                                  notes=notes), [], allow_slower=self.allow_slower)
+        note = st["search"].get("note")
+        notes += [*([note] if note else []), NOT_MADE]
+        judged = []
+        for i, doc in enumerate(self.entrant_docs(job)):
+            j = _judged_of_doc(doc)
+            if j.harness is not None:
+                results = job.folder / "results"
+                j = judged_of(j, Result.read(results / f"{i}.json"),
+                              json.loads((results / f"{i}.s").read_text()),
+                              allow_slower=self.allow_slower)
+            judged.append(j)
+        contest = Contest(p.level, p.name, Path(st["capture"]["ref"]),
+                          [j.entrant for j in judged], policy=job.folder / "policy.json",
+                          notes=notes)
+        return decide(contest, judged, allow_slower=self.allow_slower)
+
+    def finish(self, job) -> None:
+        """Decide the problem, settle it into the release, record its breakdown, drop its
+        folder."""
+        outcome = self.outcome(job)
+        settle(self.out, outcome, self.options)
+        self.settled.append(outcome.contest.key)
+        self.log(describe_outcome(outcome))
+        row = {"key": job.key, "published": outcome.winner is not None,
+               "producer": outcome.judged[outcome.winner].entrant.producer
+               if outcome.winner is not None else None, "exclusion": outcome.exclusion,
+               "breakdown": breakdown(job.state)}
+        with open(self.out / BREAKDOWN, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        shutil.rmtree(job.folder, ignore_errors=True)
+
+
+def breakdown(state: dict) -> dict:
+    """Where a problem's seconds went: the capture (inside it the eager forward and each
+    producer's compile), the replay, each entrant's pair and run, kpair's search."""
+    cap, sec = state.get("capture", {}), state.get("capture", {}).get("seconds") or {}
+    pairs = [*state.get("pair", {}).get("entrants", []),
+             *([state["search"]["entrant"]] if state.get("search", {}).get("entrant") else [])]
+    return {"capture_s": cap.get("capture_s"), "eager_s": sec.get("eager_s"),
+            "compile_s": sec.get("compile_s") or {},
+            "replay_s": state.get("replay", {}).get("replay_s"),
+            "pair_s": {d["producer"]: d["pair_s"] for d in pairs},
+            "search_s": state.get("search", {}).get("search_s"),
+            "run_s": {r["producer"]: r["run_s"] for r in state.get("run", {}).get("runs", [])}}
+
+
+def scheduled(problems: Sequence, out: Path, work: Path, capture: CaptureFn, *,
+              options: RunOptions, deadline: float, jobs: int = 2,
+              timed_batch: int | None = None, log: Log = print, **kw) -> dict:
+    """One call through ``kb_pipeline``: the problems the release at ``out`` has not decided,
+    ``jobs`` untimed stages at a time, every timed one alone, until ``deadline``
+    (``time.monotonic()``); ``kw``: ``Pipeline``'s. A half-done problem (its stage records
+    in ``work``) resumes at its first missing stage. Returns the call's counts, as
+    ``orchestrate``; ``REL/tournament_schedule.json`` holds the stage log."""
+    from kpair.report import write_report
+
+    t0, started = time.monotonic(), utc_now()
+    out.mkdir(parents=True, exist_ok=True)
+    done = decided(out)
+    todo = [p for p in problems if (p.level, p.name) not in done]
+    skipped = len(problems) - len(todo)
+    pipe = Pipeline(out, work, capture, options=options, log=log, **kw)
+    for p in problems:   # a decided problem's folder left by a call cut after settling
+        if (p.level, p.name) in done:
+            shutil.rmtree(work / slug(p.level, p.number), ignore_errors=True)
+    found = [pipe.job(p) for p in todo]
+    log(f"kernelbench_release: {len(todo)} of {len(problems)} problems to decide "
+        f"({skipped} already in {out}, {sum(j.started for j in found)} half done), "
+        f"{jobs} jobs")
+    sched = kb_pipeline.Scheduler(pipe.stages(), jobs=jobs, deadline=deadline,
+                                  gate=kb_pipeline.Gate(work / "gate"), finish=pipe.finish,
+                                  timed_batch=timed_batch,
+                                  say=lambda s: log(f"kernelbench_release: {s}"))
+    sched.run(found)
+    kr.write_schedule(out / SCHEDULE, sched, t0, jobs)
+    record_call(out, started, time.monotonic() - t0, pipe.settled, skipped)
+    if (out / "index.json").is_file():
+        with contextlib.suppress(BackendUnavailable):
+            write_report(out)
+        log(headline(out))
+    left = len(todo) - len(pipe.settled)
+    log(f"kernelbench_release: {len(pipe.settled)} decided this call, {left} left for the next")
+    if sched.aborted:
+        log(f"kernelbench_release: stopped: {sched.aborted}")
+    return {"decided": pipe.settled, "skipped": skipped, "left": left,
+            "aborted": sched.aborted, "log": sched.log}
+
+
+def plan(count: int, *, jobs: int, entrants: int = 4, timed_batch: int | None = None,
+         deadline: float = float("inf"), stage_s: dict | None = None) -> dict:
+    """What ``kb_pipeline.simulate`` expects of a scheduled call over ``count`` problems with
+    ``entrants`` entrants each (the pair and the run per entrant; search counted only with a
+    kpair-search entrant among them, i.e. ``entrants`` above the Inductor producers), from
+    the stages' seconds (``STAGES``' guesses, or ``stage_s``)."""
+    est = {name: float((stage_s or {}).get(name, s)) for name, s, _, _ in STAGES}
+    if entrants <= len(INDUCTOR_PRODUCERS):
+        est["search"] = 0.0
+    per = {name: entrants if each else 1 for name, _, _, each in STAGES}
+    pool = sum(est[n] * per[n] for n, _, timed, _ in STAGES if not timed)
+    timed = sum(est[n] * per[n] for n, _, t, _ in STAGES if t)
+    doc = kb_pipeline.simulate(count, jobs=jobs, pool_s=pool, timed_s=timed,
+                               timed_batch=timed_batch, deadline=deadline)
+    return {**doc, "jobs": jobs, "entrants": entrants, "stage_s": est,
+            "calls_of_540_s": math.ceil(doc["expected_s"] / 540) if doc["expected_s"] else 0}
+
+
 #: The seed release's Harness geomean (26 KernelBench Level 1/2 operators): the bar.
 SEED_GEOMEAN = 1.3637
 
@@ -472,15 +828,52 @@ def headline(out: Path) -> str:
             f"wall {s['wall_s']} s")
 
 
+def pick_jobs(args, problems: Sequence) -> int:
+    """``--jobs``, else half the CPUs bounded by ``--gpu-mem-gib`` at a CUDA context and three
+    times the largest problem's bytes (sizes probe; with ``--scale`` at most its budget)."""
+    if args.jobs:
+        return args.jobs
+    sizes = kb.load_sizes(Path(args.sizes)) if Path(args.sizes).is_file() else {}
+    most = max(((sizes.get(p.key) or {}).get("state_bytes") or 0 for p in problems), default=0)
+    most = min(most, args.budget_mib << 20) if args.scale else min(most, int(args.max_gib
+                                                                              * 2**30))
+    return kb_pipeline.default_jobs(os.cpu_count(), gpu_bytes=int(args.gpu_mem_gib * 2**30),
+                                    per_job_bytes=3 * most)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kernelbench.py release",
                                  description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="verb")
     c = sub.add_parser("child", help="(internal) the captured program")
     c.add_argument("plan")
+    q = sub.add_parser("plan", help="the scheduled call's expected seconds (a model)")
+    q.add_argument("--count", type=int, default=200, help="problems")
+    q.add_argument("--jobs", type=int, default=8)
+    q.add_argument("--entrants", type=int, default=4,
+                   help="entrants a problem (Inductor's three and kpair's search: 4)")
+    q.add_argument("--timed-batch", type=int, default=0)
+    q.add_argument("--deadline", type=float, default=float("inf"))
+    q.add_argument("--stage-s", default="", metavar="JSON",
+                   help="seconds of some stages (pair and run: one entrant's), e.g. "
+                   "'{\"capture\": 120, \"run\": 7}'")
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "child":
         return child(Path(ap.parse_args(argv).plan))
+    if argv and argv[0] == "plan":
+        a = ap.parse_args(argv)
+        try:
+            given = json.loads(a.stage_s) if a.stage_s else {}
+            if not isinstance(given, dict) or not all(
+                    isinstance(v, (int, float)) for v in given.values()):
+                raise ValueError("not a JSON object of numbers")
+        except ValueError as e:
+            raise SystemExit(f"kernelbench.py release plan: --stage-s takes a JSON object of "
+                             f"{', '.join(n for n, *_ in STAGES)} seconds: {e}") from None
+        print(json.dumps(plan(a.count, jobs=a.jobs, entrants=a.entrants,
+                              timed_batch=a.timed_batch or None, deadline=a.deadline,
+                              stage_s=given)))
+        return 0
     r = argparse.ArgumentParser(prog="kernelbench.py release",
                                 description=__doc__.split("\n\n")[0])
     r.add_argument("--kernelbench", required=True, help="a copy of KernelBench")
@@ -490,7 +883,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--levels", default="1,2")
     r.add_argument("--start", type=int, default=1, help="first problem number of each level")
     r.add_argument("--count", type=int, default=None, help="problems per level")
-    r.add_argument("--batch", type=int, default=4, help="problems per capture process")
+    r.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="untimed stages (capture, replay, pair) at a time (default: half the "
+                   "CPUs, bounded by --gpu-mem-gib)")
+    r.add_argument("--gpu-mem-gib", type=float, default=80.0,
+                   help="GPU memory the untimed jobs share (default 80: an H100)")
+    r.add_argument("--timed-batch", type=int, default=0, metavar="N",
+                   help="timed stages queued before the GPU is taken for them (default: --jobs)")
+    r.add_argument("--sequential", action="store_true",
+                   help="batch by batch, one after the other (no scheduler; --batch)")
+    r.add_argument("--batch", type=int, default=4,
+                   help="with --sequential: problems per capture process")
     r.add_argument("--capture-timeout", type=float, default=420,
                    help="seconds a batch's capture may take")
     r.add_argument("--retries", type=int, default=2,
@@ -529,10 +932,19 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     search = None if args.no_search else kpair_search(args, log)
+    options = RunOptions(time_cap_s=args.time_cap, timeout_s=max(180.0, args.time_cap * 60))
+    if not args.sequential:
+        args.gate = Path(args.work) / "gate"
+        got = scheduled(problems, Path(args.out), Path(args.work), capture_batch(args),
+                        options=options, deadline=deadline, jobs=pick_jobs(args, problems),
+                        timed_batch=args.timed_batch or None, search=search, atol=args.atol,
+                        rtol=args.rtol, replay_runs=args.runs, retries=args.retries,
+                        producers=args.producers, log=log)
+        if got["aborted"]:
+            raise SystemExit(f"kernelbench.py release: {got['aborted']}")
+        return 0 if got["left"] == 0 else 3
     got = orchestrate(problems, Path(args.out), Path(args.work), capture_batch(args),
-                      options=RunOptions(time_cap_s=args.time_cap,
-                                         timeout_s=max(180.0, args.time_cap * 60)),
-                      deadline=deadline, batch=args.batch, margin=args.margin,
+                      options=options, deadline=deadline, batch=args.batch, margin=args.margin,
                       verdict=None, search=search, atol=args.atol, rtol=args.rtol,
                       replay_runs=args.runs, retries=args.retries, log=log)
     return 0 if got["left"] == 0 else 3

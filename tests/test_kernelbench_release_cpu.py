@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -226,3 +227,162 @@ def test_the_child_captures_eager_then_each_producer_and_the_step_reads_its_mark
     assert got["level1/3_Oom"].did_not_fit and got["level1/3_Oom"].failed is None
     assert "died" in got["level1/4_Never"].failed   # the first problem without a mark
 
+
+
+# --------------------------------------------------------------------------- the scheduled call:
+# the same stand-in capture through kb_pipeline (untimed stages pooled under the gate, every
+# timed stage alone); its release against the sequential path's.
+
+kp = krel.kb_pipeline
+
+
+class Spans(StandIn):
+    """The stand-in, noting when each capture ran (it holds the GPU then) and how many ran at
+    once; the recording itself one at a time (the host recorder's arrays are per problem,
+    the lock only keeps the test plain)."""
+
+    def __init__(self, lib: Path):
+        super().__init__(lib)
+        self.spans: list[tuple[str, float, float]] = []
+        self.lock, self.record_lock = threading.Lock(), threading.Lock()
+        self.inflight = self.most = 0
+
+    def __call__(self, batch, work: Path, timeout: float) -> dict:
+        with self.lock:
+            self.inflight += 1
+            self.most = max(self.most, self.inflight)
+        t0 = time.monotonic()
+        try:
+            time.sleep(0.2)
+            with self.record_lock:
+                return super().__call__(batch, work, timeout)
+        finally:
+            with self.lock:
+                self.inflight -= 1
+                self.spans.append((batch[0].key, t0, time.monotonic()))
+
+
+def _scheduled(rel: Path, work: Path, capture, lines: list, **kw) -> dict:
+    return krel.scheduled(PROBLEMS, rel, work, capture, options=OPTIONS,
+                          deadline=time.monotonic() + 3600, jobs=2, verdict=_verdict,
+                          search=_search, allow_slower=True, capture_holds_gate=False,
+                          log=lines.append, **kw)
+
+
+def _decisions(rel: Path) -> dict:
+    index = load_index(rel)
+    return {r.key: (r.producer, r.exclusion, [(e.producer, e.status, e.winner)
+                                             for e in r.entrants])
+            for r in [*index.operators, *index.refused]}
+
+
+def test_scheduled_release_overlaps_no_timed_run_with_a_capture_and_matches_sequential(
+        lib, tmp_path):
+    seq = tmp_path / "seq"
+    for _ in range(2):   # the sequential path: two calls (5_Cut and 7_Slow need a second)
+        krel.orchestrate(PROBLEMS, seq, tmp_path / "wseq", StandIn(lib) if _ == 0 else
+                         _SecondCall(lib), options=OPTIONS, deadline=time.monotonic() + 3600,
+                         batch=2, margin=5, verdict=_verdict, search=_search,
+                         allow_slower=True, log=lambda s: None)
+    rel, work, lines = tmp_path / "rel", tmp_path / "work", []
+    capture = Spans(lib)
+    first = _scheduled(rel, work, capture, lines)
+    assert sorted(first["decided"]) == ["level1/3_Big", "level1/6_Nondet",
+                                        "level2/76_Gemm_Add_ReLU", "level2/77_Wrong"]
+    assert first["left"] == 2 and first["aborted"] is None
+    assert json.loads((rel / krel.TIMEOUTS).read_text()) == {"level1/7_Slow": 1}
+    log = first["log"]
+    timed = [e for e in log if e["timed"]]
+    assert {e["stage"] for e in timed} == {"search", "run"}
+    assert kp.overlaps(log) == []   # no timed stage beside a capture, replay or pair
+    # and by the stand-in's own clock: no capture while an entrant's run held the GPU
+    assert not [(k, e["job"]) for k, s, t in capture.spans for e in timed
+                if s < e["end"] and e["start"] < t]
+    assert not any(a["start"] < b["end"] and b["start"] < a["end"]
+                   for a in timed for b in timed if a is not b)   # one at a time
+    assert capture.most >= 2   # the pool captured side by side
+    assert [[k] for k in sorted(k for k, *_ in capture.spans)] == sorted(capture.asked)
+    second = _scheduled(rel, work, capture, lines)
+    assert sorted(second["decided"]) == ["level1/5_Cut", "level1/7_Slow"]
+    assert second["skipped"] == 4 and second["left"] == 0
+    assert sorted(capture.asked[-2:]) == [["level1/5_Cut"], ["level1/7_Slow"]]
+    assert len(capture.asked) == 8
+    # the release is the one the sequential path published, operator by operator
+    assert _decisions(rel) == _decisions(seq)
+    assert _decisions(rel)[(2, "76_Gemm_Add_ReLU")][0] == "kpair-search"
+    rec = json.loads((rel / "level2" / "76_Gemm_Add_ReLU" / "provenance" / "tournament.json")
+                     .read_text())
+    srec = json.loads((seq / "level2" / "76_Gemm_Add_ReLU" / "provenance" / "tournament.json")
+                      .read_text())
+    assert rec["notes"] == srec["notes"] and rec["policy"] and srec["policy"]
+    rows = {r["key"]: r for r in map(json.loads, (rel / krel.BREAKDOWN).read_text()
+                                     .splitlines())}
+    assert len(rows) == 6
+    b = rows["level2/76_Gemm_Add_ReLU"]["breakdown"]
+    assert sorted(b["pair_s"]) == sorted(b["run_s"]) == [
+        "inductor-default", "kpair-search", "max-autotune"]
+    assert b["capture_s"] >= 0.2 and b["replay_s"] >= 0 and b["search_s"] >= 0
+    assert all(v > 0 for v in b["run_s"].values())
+    assert rows["level1/3_Big"]["exclusion"] == "did-not-fit" and \
+        rows["level1/3_Big"]["breakdown"]["run_s"] == {}
+    schedule = json.loads((rel / krel.SCHEDULE).read_text())
+    assert schedule["jobs"] == 2 and schedule["left"] == []
+    assert [len(c.decided) for c in RunLog.load(rel).calls] == [4, 2]
+    assert not [p for p in work.iterdir() if p.name != "gate"]   # decided: folders gone
+    third = _scheduled(rel, work, capture, lines)
+    assert third["decided"] == [] and third["skipped"] == 6 and len(capture.asked) == 8
+
+
+class _SecondCall(StandIn):
+    """The stand-in as a second call sees it: 5_Cut was asked once already."""
+
+    def __init__(self, lib: Path):
+        super().__init__(lib)
+        self.asked = [["level1/5_Cut"]]
+
+
+def test_a_half_done_problem_resumes_at_its_missing_stage(lib, tmp_path, monkeypatch):
+    rel, work, lines = tmp_path / "rel", tmp_path / "work", []
+    problems = PROBLEMS[:1]
+    real_run = krel.Pipeline.stage_run
+    ran: list[str] = []
+
+    def cut_after_one(self, job, timeout):   # the first call's time ends at the run stage
+        ran.append(job.key)
+        return real_run(self, job, 1e-3 if len(ran) == 1 else timeout)
+
+    monkeypatch.setattr(krel.Pipeline, "stage_run", cut_after_one)
+    capture = StandIn(lib)
+    got = krel.scheduled(problems, rel, work, capture, options=OPTIONS,
+                         deadline=time.monotonic() + 3600, jobs=2, verdict=_verdict,
+                         search=_search, allow_slower=True, capture_holds_gate=False,
+                         log=lines.append)
+    assert got["decided"] == [] and got["left"] == 1 and load_index(rel) is None
+    state = json.loads((work / "l2p76" / "state.json").read_text())
+    assert set(state) == {"capture", "replay", "pair", "search"}
+    paired = list((work / "l2p76" / "h").iterdir())
+    assert len(paired) == 3
+    pair_calls: list = []
+    monkeypatch.setattr(krel, "pair_entrant", lambda *a: pair_calls.append(a))
+    again = krel.scheduled(problems, rel, work, capture, options=OPTIONS,
+                           deadline=time.monotonic() + 3600, jobs=2, verdict=_verdict,
+                           search=_search, allow_slower=True, capture_holds_gate=False,
+                           log=lines.append)
+    assert again["decided"] == ["level2/76_Gemm_Add_ReLU"] and again["left"] == 0
+    assert capture.calls == 1 and pair_calls == []   # neither captured nor paired again
+    assert [e["stage"] for e in again["log"]] == ["run"]
+    assert load_index(rel).operators[0].producer == "kpair-search"
+
+
+def test_release_plan_estimates_the_scheduled_call(capsys):
+    assert krel.main(["plan", "--count", "200", "--jobs", "8"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # 4 entrants at kernelbench_ranges' guesses: 4 timed runs of 10 s and a 30 s search each
+    assert doc["decided"] == 200 and doc["timed_s"] == 200 * (4 * 10 + 30)
+    assert doc["expected_s"] >= doc["timed_s"] and doc["entrants"] == 4
+    assert krel.main(["plan", "--count", "10", "--jobs", "2", "--entrants", "3",
+                      "--deadline", "300"]) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["stage_s"]["search"] == 0.0 and cut["decided"] < 10 and cut["expected_s"] <= 300
+    with pytest.raises(SystemExit, match="JSON object of capture, replay, pair, search, run"):
+        krel.main(["plan", "--stage-s", "[1]"])
