@@ -5,18 +5,36 @@ same way by the release tournament (``kpair.release.tournament``), the best corr
 published.
 
     python benchmarks/kernelbench.py release --kernelbench PATH -o REL [--levels 1,2]
-        [--start N] [--count N] [--deadline 540] [--work DIR] [--batch 4] [--scale]
+        [--start N] [--count N] [--deadline 540] [--work DIR] [--jobs N] [--timed-batch N]
+        [--gpu-mem-gib 80] [--sequential [--batch 4]] [--scale]
         [--budget-mib 64] [--max-gib 60] [--producers inductor-default,max-autotune,...]
         [--no-search] [--time-cap 1.0] [--runs 2] [--atol 1e-2] [--rtol 1e-2]
+    python benchmarks/kernelbench.py release plan [--count 200] [--jobs 8] [--entrants 4]
+        [--timed-batch N] [--deadline S] [--stage-s JSON]
 
 (also ``python benchmarks/kernelbench_release.py ...`` with the same arguments).
 
+Scheduled (the default; ``scheduled``, ``Pipeline``): each problem goes through
+``kb_pipeline``'s stages: capture (one ``kpair capture`` of ``child`` over the problem, the
+program holding the GPU gate shared from its first CUDA call), replay (the eager range's
+verdict, the policy), pair (each Inductor entrant, ``tournament.pair_entrant``), all three
+``--jobs`` at a time; then, each holding the gate exclusive, kpair's search (its plan paired
+as an entrant) and the run of every paired entrant (``tournament.run_entrant``, one at a
+time). The problem is decided (``tournament.decide``) and settled into the release as soon
+as its runs are in. Stage records live in ``WORK/l<level>p<n>/state.json`` (each entrant's
+result in ``results/`` as it comes), so a call cut by ``--deadline`` resumes a half-done
+problem at its first missing stage; ``REL/tournament_breakdown.jsonl`` holds each decided
+problem's seconds (capture, eager and each producer's compile, replay, pair and run per
+entrant, search) and ``REL/tournament_schedule.json`` the last call's stage log. ``plan``:
+the call ``kb_pipeline.simulate`` expects (a model; pair and run seconds per entrant).
+
 ``PATH`` is a copy of the public KernelBench repository (never committed; nothing of it
-reaches REL). Problems go in order (level, then number) in batches: one ``kpair capture
---range ...`` runs this file's ``child`` over a batch in one process (torch and CUDA start
-once a batch). Per problem the child makes the model and inputs on the GPU (seeded; the
-problem file's own sizes, or with ``--scale`` ``kernelbench_ranges.choose_scale``'s power of
-two under ``--budget-mib``), runs the eager forward uncaptured, then once inside the range
+reaches REL). With ``--sequential`` problems go in order (level, then number) in batches:
+one ``kpair capture --range ...`` runs this file's ``child`` over a batch in one process
+(torch and CUDA start once a batch), judged batch after batch. Per problem the child makes
+the model and inputs on the GPU (seeded; the problem file's own sizes, or with ``--scale``
+``kernelbench_ranges.choose_scale``'s power of two under ``--budget-mib``), runs the eager
+forward uncaptured, then once inside the range
 ``l<level>p<n>.eager`` with its output declared; then per producer, after
 ``torch._dynamo.reset()``, ``torch.compile`` (``mode="max-autotune-no-cudagraphs"`` for
 max-autotune: its choices, launched one by one as the eager range is,
@@ -48,10 +66,11 @@ search and run is bounded by what is left. Each call is appended to ``REL/tourna
 (the producers side by side) are rewritten at the end of every call. Progress goes to stdout,
 one line per stage.
 
-``orchestrate`` is the call with its capture step passed in: the CPU test
-(``tests/test_kernelbench_release_cpu.py``) gives it a stand-in that records host ranges (no
-torch, no GPU) and checks the tournament's release and the resume. The GPU path (``child``,
-``capture_batch``, ``kpair_search``) has NOT been run yet.
+``orchestrate`` (``--sequential``) and ``scheduled`` are the call with its capture step
+passed in: the CPU test (``tests/test_kernelbench_release_cpu.py``) gives both a stand-in that
+records host ranges (no torch, no GPU) and checks the tournament's release, the resume, that
+no timed stage overlaps a capture and that both publish the same index. The GPU path
+(``child``, ``capture_batch``, ``kpair_search``) has NOT been run yet.
 """
 
 from __future__ import annotations
@@ -247,6 +266,11 @@ def capture_batch(args) -> CaptureFn:
                                    if getattr(args, "gate", None) else {})})
         marks = {m["key"]: m for m in json.loads((work / "marks.json").read_text())} \
             if (work / "marks.json").is_file() else {}
+        if not marks and not (work / "cap" / "capture.json").is_file() \
+                and cap["exit_code"] != 124:   # no problem's fault: the machine's
+            said = (cap["stderr"].strip().splitlines() or ["no message"])[-1]
+            raise kb_pipeline.Abort(f"kpair capture did not start (exit {cap['exit_code']}): "
+                                    f"{said}")
         died = False
         for e in entries:
             mark = marks.get(e["key"])
@@ -943,11 +967,18 @@ def main(argv: list[str] | None = None) -> int:
         if got["aborted"]:
             raise SystemExit(f"kernelbench.py release: {got['aborted']}")
         return 0 if got["left"] == 0 else 3
-    got = orchestrate(problems, Path(args.out), Path(args.work), capture_batch(args),
-                      options=options, deadline=deadline, batch=args.batch, margin=args.margin,
-                      verdict=None, search=search, atol=args.atol, rtol=args.rtol,
-                      replay_runs=args.runs, retries=args.retries, log=log)
+    try:
+        got = _sequential(args, problems, options, deadline, search, log)
+    except kb_pipeline.Abort as e:
+        raise SystemExit(f"kernelbench.py release: {e}") from None
     return 0 if got["left"] == 0 else 3
+
+
+def _sequential(args, problems, options, deadline, search, log) -> dict:
+    return orchestrate(problems, Path(args.out), Path(args.work), capture_batch(args),
+                       options=options, deadline=deadline, batch=args.batch,
+                       margin=args.margin, verdict=None, search=search, atol=args.atol,
+                       rtol=args.rtol, replay_runs=args.runs, retries=args.retries, log=log)
 
 
 if __name__ == "__main__":

@@ -386,3 +386,29 @@ def test_release_plan_estimates_the_scheduled_call(capsys):
     assert cut["stage_s"]["search"] == 0.0 and cut["decided"] < 10 and cut["expected_s"] <= 300
     with pytest.raises(SystemExit, match="JSON object of capture, replay, pair, search, run"):
         krel.main(["plan", "--stage-s", "[1]"])
+
+
+def test_a_capture_that_cannot_start_stops_the_scheduled_call_and_excludes_nothing(
+        tmp_path, monkeypatch):
+    from kb_problems import write_fake
+
+    calls: list = []
+
+    def no_gpu(*argv, timeout, env=None):
+        calls.append((argv[0], dict(env or {})))
+        return {"exit_code": 4, "stdout": "", "s": 0.5, "stderr": (
+            "kpair capture: the program ended with status 4 and left no capture.json: "
+            "capture did not start")}
+
+    monkeypatch.setattr(krel.kr, "kpair_cmd", no_gpu)
+    root = write_fake(tmp_path / "kb", 1, {"1_Good": None, "2_Other": None})
+    rel, work = tmp_path / "rel", tmp_path / "work"
+    with pytest.raises(SystemExit, match="capture did not start"):
+        krel.main(["--kernelbench", str(root), "-o", str(rel), "--work", str(work),
+                   "--levels", "1", "--jobs", "1", "--no-search",
+                   "--sizes", str(tmp_path / "none.json")])
+    assert [c for c, _ in calls] == ["capture"]   # nothing started after the first
+    assert calls[0][1][kp.GATE_ENV] == str(work / "gate")   # the child takes the gate
+    assert load_index(rel) is None   # no problem blamed
+    schedule = json.loads((rel / krel.SCHEDULE).read_text())
+    assert len(schedule["left"]) == 2 and "capture did not start" in schedule["aborted"]

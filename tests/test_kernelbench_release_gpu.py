@@ -3,9 +3,10 @@ tests/test_kernelbench_release_cpu.py): two KernelBench-style problem files
 (tests/kb_problems.py, no KernelBench copy needed), captured by the driver's own ``child``
 under ``kpair capture``: the eager range and Inductor's three ranges per problem, each judged
 by the tournament; every problem is decided (published, or excluded for a reason other than a
-failed capture), the producers stand side by side in report.json, and a second call skips both.
-Skips cleanly without PyTorch with CUDA, cuda-bindings or CUPTI. NOT run yet (no GPU where it
-was written).
+failed capture), the producers stand side by side in report.json, and a second call skips both;
+the same through the scheduler (``scheduled``: captures pooled, timed runs alone). Skips
+cleanly without PyTorch with CUDA, cuda-bindings or CUPTI. NOT run yet (no GPU where it was
+written).
 """
 
 from __future__ import annotations
@@ -59,3 +60,36 @@ def test_the_driver_decides_every_problem_and_resumes(torch_gpu, tmp_path):  # n
                              options=RunOptions(time_cap_s=2.0), deadline=time.monotonic() + 60,
                              margin=5, log=lines.append)
     assert again == {"decided": [], "skipped": 2, "left": 0}
+
+
+def test_the_scheduled_driver_decides_every_problem_with_runs_alone(torch_gpu,  # noqa: F811
+                                                                     tmp_path):
+    write_level2(tmp_path / "kb")
+    problems = kb.discover(tmp_path / "kb", [2])
+    work = tmp_path / "work"
+    args = types.SimpleNamespace(sizes=str(tmp_path / "none.json"), capture_timeout=400,
+                                 producers=list(krel.COMPILE), scale=False, budget_mib=64,
+                                 max_gib=60, inductor_cache=str(tmp_path / "inductor"),
+                                 gate=work / "gate")
+    rel, lines = tmp_path / "rel", []
+    got = krel.scheduled(problems, rel, work, krel.capture_batch(args),
+                         options=RunOptions(time_cap_s=2.0, timeout_s=300),
+                         deadline=time.monotonic() + 540, jobs=2, log=lines.append)
+    print("\n".join(lines))   # the evidence: every entrant's verdict, the headline
+    assert got["aborted"] is None and got["left"] == 0 and len(got["decided"]) == 2, lines
+    # the captures hold the gate inside their program; replay and pair never beside a run
+    assert krel.kb_pipeline.overlaps([e for e in got["log"] if e["stage"] != "capture"]) == []
+    index = load_index(rel)
+    for row in [*index.operators, *index.refused]:
+        assert row.exclusion not in ("capture-failed", "nondeterministic-ref"), row.reason
+        assert [e.producer for e in row.entrants] == [
+            "inductor-default", "max-autotune", "coordinate-descent"]
+    rows = [json.loads(x) for x in (rel / krel.BREAKDOWN).read_text().splitlines()]
+    for r in rows:
+        print(r["key"], r["breakdown"])
+        assert sorted(r["breakdown"]["compile_s"]) == sorted(krel.COMPILE)
+        assert len(r["breakdown"]["run_s"]) == 3
+    again = krel.scheduled(problems, rel, work, krel.capture_batch(args),
+                           options=RunOptions(time_cap_s=2.0), deadline=time.monotonic() + 60,
+                           jobs=2, log=lines.append)
+    assert again["decided"] == [] and again["skipped"] == 2
