@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from test_opt_capture_gpu import PROGRAM, kpair, torch_gpu  # noqa: F401 (a fixture)
+from test_opt_capture_gpu import torch_gpu  # noqa: F401 (a fixture)
+from torch_capture import forwards, kpair
 
 pytestmark = pytest.mark.gpu
 
@@ -25,7 +26,7 @@ def test_the_compiled_forward_gets_a_proposed_policy_and_passes(torch_gpu, tmp_p
 
     out = tmp_path / "cap"
     proc = kpair("capture", "-o", str(out), "--range", "eager", "--range", "compiled", "--",
-                 sys.executable, "-c", PROGRAM.format(body=body, cols=cols))
+                 sys.executable, "-c", forwards(body, 512, 512, cols))
     assert proc.returncode == 0, proc.stderr
     ranges = {r["name"]: r for r in json.loads((out / "capture.json").read_text())["ranges"]}
     eager, compiled = (out / ranges[n]["snapshot"] for n in ("eager", "compiled"))
