@@ -738,8 +738,12 @@ class Pipeline:
     def finish(self, job) -> None:
         """Decide the problem, settle it into the release, record its breakdown, drop its
         folder."""
-        outcome = self.outcome(job)
-        settle(self.out, outcome, self.options)
+        try:
+            outcome = self.outcome(job)
+            settle(self.out, outcome, self.options)
+        except Exception as e:  # noqa: BLE001 - the other problems go on; this one is left
+            self.log(f"kernelbench_release: {job.key}: not settled: {type(e).__name__}: {e}")
+            return
         self.settled.append(outcome.contest.key)
         self.log(describe_outcome(outcome))
         row = {"key": job.key, "published": outcome.winner is not None,
