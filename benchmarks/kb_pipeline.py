@@ -21,7 +21,8 @@ the timed ones (``kpair run`` and its re-run) one at a time with the GPU to them
   by the next call.
 
 Every stage, its start, end and kind, goes into ``Scheduler.log`` (what the CPU tests check:
-no timed stage overlaps an untimed one).
+no timed stage overlaps an untimed one); a stage that holds the gate shared starts and ends
+in the log while it holds it (``gate_s``: its wait).
 """
 
 from __future__ import annotations
@@ -226,8 +227,9 @@ class Scheduler:
             if stage.timed or stage.gate_inside:
                 rec = stage.run(job, timeout)
             else:
-                with self.gate.shared():
-                    entry["gate_s"] = round(self.clock() - t0, 3)
+                with self.gate.shared():   # its start once it holds the gate
+                    entry["start"] = self.clock()
+                    entry["gate_s"] = round(entry["start"] - t0, 3)
                     try:
                         rec = stage.run(job, timeout)
                     finally:   # its end while it holds the gate: a timed stage may start next
