@@ -81,6 +81,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -959,6 +960,14 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    previous = signal.signal(signal.SIGTERM, kb._terminated)   # kill the captures too
+    try:
+        return _call(args, problems, deadline, log)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _call(args, problems, deadline: float, log: Log) -> int:
     search = None if args.no_search else kpair_search(args, log)
     options = RunOptions(time_cap_s=args.time_cap, timeout_s=max(180.0, args.time_cap * 60))
     if not args.sequential:
