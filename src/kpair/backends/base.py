@@ -34,6 +34,7 @@ import numpy as np
 
 from ..measure import TimingModel
 from ..snapshot import Launch, Param
+from ..snapshot.digest import digest64
 
 if TYPE_CHECKING:
     from ..policy.mutation import Patch
@@ -63,25 +64,6 @@ class Held:
 
     def __init__(self, size: int, data: bytes | None = None):
         self.size, self.data = size, data
-
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def digest64(data: bytes, key: int = 0) -> int:
-    """A keyed 64-bit digest: the sum mod 2**64 of splitmix64's finalizer over every 8-byte
-    little-endian word ``w[i]`` xor ``key + i * golden`` (the data zero-padded to 16 bytes).
-    Order-free, so a GPU computes it with one atomic per warp. Not cryptographic: it tells a
-    held copy that something overwrote it, under a key the writer does not know."""
-    raw = np.frombuffer(bytes(data) + bytes(-len(data) % 16), np.uint64)
-    with np.errstate(over="ignore"):
-        x = raw ^ (np.uint64(key % 2**64) + np.arange(raw.size, dtype=np.uint64) * _GOLDEN)
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-        return int(x.sum(dtype=np.uint64))
 
 
 _PHILOX_M = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))

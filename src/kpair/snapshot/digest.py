@@ -1,14 +1,15 @@
-"""``digest64`` of host bytes, a piece at a time: what a snapshot records beside a sha256 so
-that a device can check a region where its memory is.
+"""``digest64``, the keyed 64-bit digest a device computes where its memory is
+(``Device.digest``; the cuda backend's ``kp_diff``), and what a snapshot records beside a
+sha256 (key 0) so that a device can check a region without reading it back.
 
-The digest is ``kpair.backends.base.digest64`` (key 0 here): the sum mod 2**64 of
-splitmix64's finalizer over every 8-byte little-endian word ``w[i]`` xor ``key + i *
-golden``, the bytes zero-padded to a multiple of 16. Order-free, so a GPU computes it in one
-pass over the region (the cuda backend's ``kp_diff``, ``Device.digest``), and so can this
-module, over pieces of ``CHUNK`` bytes, each word keeping its index: a region of several GiB
-costs a few pieces of host memory, never a second copy of it. Not cryptographic: it stands for
-the bytes against a replay that diverged (a chain, a kernel), not against someone choosing
-bytes to match it; the sha256 beside it is the snapshot's identity of the bytes.
+The sum mod 2**64 of splitmix64's finalizer over every 8-byte little-endian word ``w[i]`` xor
+``key + i * golden``, the bytes zero-padded to a multiple of 16. Order-free, so a GPU computes
+it in one pass over the region, and so does this module on the host, over pieces of ``CHUNK``
+bytes on several threads, each word keeping its index: a region of several GiB costs a few
+pieces of host memory, never a second copy of it. Not cryptographic: it tells a held copy that
+something overwrote it, under a key the writer does not know, and stands for the bytes against
+a replay that diverged (a chain, a kernel), not against someone choosing bytes to match it; the
+sha256 beside it is the snapshot's identity of the bytes.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def _words(raw: np.ndarray, first: int, key: int) -> int:
 
 
 def digest64(data: bytes | bytearray | memoryview, key: int = 0, *, chunk: int = CHUNK) -> int:
-    """``kpair.backends.base.digest64(data, key)``, computed ``chunk`` bytes at a time, the
-    pieces on several threads (``kpair._util.threaded_map``)."""
+    """The digest of ``data`` under ``key``, computed ``chunk`` bytes at a time, the pieces on
+    several threads (``kpair._util.threaded_map``)."""
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     if chunk <= 0 or chunk % 16:
         raise ValueError(f"chunk must be a positive multiple of 16, not {chunk}")
