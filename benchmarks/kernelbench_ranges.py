@@ -554,8 +554,9 @@ def write_summary(results_path: Path, path: Path) -> dict:
     return summary
 
 
-def add_schedule_arguments(r: argparse.ArgumentParser, *, time_cap: float) -> None:
-    """The scheduler's options, shared with kernelbench_plans.py."""
+def add_job_arguments(r: argparse.ArgumentParser) -> None:
+    """How many untimed stages run at once and how timed runs queue: every scheduled driver's
+    (kernelbench_plans.py, kernelbench_release.py)."""
     r.add_argument("--jobs", type=int, default=0, metavar="N",
                    help="untimed stages (capture, replay, pair) at a time (default: half the "
                         "CPUs, bounded by --gpu-mem-gib)")
@@ -563,6 +564,11 @@ def add_schedule_arguments(r: argparse.ArgumentParser, *, time_cap: float) -> No
                    help="GPU memory the untimed jobs share (default 80: an H100)")
     r.add_argument("--timed-batch", type=int, default=0, metavar="N",
                    help="timed runs queued before the GPU is taken for them (default: --jobs)")
+
+
+def add_schedule_arguments(r: argparse.ArgumentParser, *, time_cap: float) -> None:
+    """The scheduler's options, shared with kernelbench_plans.py."""
+    add_job_arguments(r)
     r.add_argument("--time-cap", type=float, default=time_cap, metavar="S",
                    help=f"kpair run --time-cap of each timed run (default {time_cap:g})")
     r.add_argument("--inductor-cache", default="",

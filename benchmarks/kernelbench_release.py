@@ -912,13 +912,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--levels", default="1,2")
     r.add_argument("--start", type=int, default=1, help="first problem number of each level")
     r.add_argument("--count", type=int, default=None, help="problems per level")
-    r.add_argument("--jobs", type=int, default=0, metavar="N",
-                   help="untimed stages (capture, replay, pair) at a time (default: half the "
-                   "CPUs, bounded by --gpu-mem-gib)")
-    r.add_argument("--gpu-mem-gib", type=float, default=80.0,
-                   help="GPU memory the untimed jobs share (default 80: an H100)")
-    r.add_argument("--timed-batch", type=int, default=0, metavar="N",
-                   help="timed stages queued before the GPU is taken for them (default: --jobs)")
+    kr.add_job_arguments(r)
     r.add_argument("--sequential", action="store_true",
                    help="batch by batch, one after the other (no scheduler; --batch)")
     r.add_argument("--batch", type=int, default=4,
