@@ -29,6 +29,14 @@ from .base import MAX_RUNS, Command, integer, number
 from .run import check_harness_dir
 
 
+def _harness_and_out(p: argparse.ArgumentParser) -> None:
+    """The harness and where the policy goes: every action's."""
+    p.add_argument("harness", type=Path, help="pair harness directory")
+    p.add_argument("-o", "--out", type=Path, help="policy file (default: print it); an "
+                   "existing file is not replaced without --force")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+
+
 class PolicyCmd(Command):
     """Validation-policy tools. ``suggest``: a tolerance policy from the observed spread of
     repeated ref runs (for a nondeterministic baseline), to pair again with."""
@@ -41,10 +49,7 @@ class PolicyCmd(Command):
         sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
         s = sub.add_parser("suggest", help="write a tolerance policy from the spread of "
                            "repeated ref runs", description=__doc__)
-        s.add_argument("harness", type=Path, help="pair harness directory")
-        s.add_argument("-o", "--out", type=Path, help="policy file (default: print it); an "
-                       "existing file is not replaced without --force")
-        s.add_argument("--force", action="store_true", help="replace an existing --out file")
+        _harness_and_out(s)
         s.add_argument("--json", action="store_true",
                        help="print one JSON document: the policy and the notes")
         s.add_argument("--runs", type=integer(2, MAX_RUNS), default=8, metavar="N",
@@ -55,10 +60,7 @@ class PolicyCmd(Command):
         pr = sub.add_parser("propose", help="write the tightest tolerance policy under which "
                             "the harness's opt passes against ref on captured and mutated "
                             "inputs", description=__doc__)
-        pr.add_argument("harness", type=Path, help="pair harness directory")
-        pr.add_argument("-o", "--out", type=Path, help="policy file (default: print it); an "
-                        "existing file is not replaced without --force")
-        pr.add_argument("--force", action="store_true", help="replace an existing --out file")
+        _harness_and_out(pr)
         pr.add_argument("--json", action="store_true",
                         help="print one JSON document: the policy, the notes, the measured "
                         "errors per region")
