@@ -201,10 +201,15 @@ class Audit:
         return self.ref_posts
 
     def _modified(self) -> dict[str, bool]:
-        """Whether some ref run changes each region (of ``baseline``'s runs; computed once)."""
+        """Whether ref writes each region: some ref run changes it (of ``baseline``'s runs),
+        or capture saw the program write it (role ``out`` or ``inout``: a range's output
+        whose block already held what a warm-up left there comes out of ref unchanged, yet
+        it is an output, never an input opt must leave alone). Computed once."""
         if self._changed is None:
             pre = self.replay.pre
-            self._changed = {n: any(p[n] != pre[n] for p in self.ref_posts) for n in pre}
+            written = {r.name for r in self.replay.regions if r.role in ("out", "inout")}
+            self._changed = {n: n in written or any(p[n] != pre[n] for p in self.ref_posts)
+                             for n in pre}
         return self._changed
 
     def _bytes_changed(self) -> dict[str, int]:
