@@ -467,3 +467,30 @@ def test_three_launch_plan_runs_in_order(lab, tmp_path):
     r = run_json(bad.root, opts)
     assert r["status"] == "fail"
     assert any(g["region"] == "out" and not g["passed"] for g in r["correctness"]["regions"])
+
+
+def test_an_output_that_already_held_its_answer_is_judged_as_an_output(lab, tmp_path):
+    """A second pass over the same tensors (a warm-up ran first) leaves ref's output bytes as
+    they were, and a region known only as bytes gets no float poison of its own: capture's
+    role ``out`` alone makes it ref's output. The honest fused plan passes (it was taken for
+    an input and failed ``input_integrity`` once mutated inputs changed what it writes); one
+    that leaves the output stale fails."""
+    a, b, bias = lab["inputs"]
+    raw = np.zeros(N * N * 4, np.uint8)   # no dtype the judge could poison it by
+    for snap in (tmp_path / "warm-up", tmp_path / "warm"):   # the second finds the answer
+        with Recorder(snap, names={"a": a, "b": b, "bias": bias, "out": raw},
+                      outputs=[raw]) as r:
+            r.call(lab["lib"], "kp_matmul", [a, b, raw, np.int32(N)])
+            r.call(lab["lib"], "kp_bias", [raw, bias, np.int32(N)])
+            r.call(lab["lib"], "kp_relu", [raw, np.int32(N)])
+    m = Snapshot.open(snap).manifest
+    region = next(x for x in m.regions if x.name == "out")
+    assert region.role == "out" and region.dtype not in ("float32", None)
+    assert region.pre.sha256 == region.post.sha256   # ref leaves its bytes as they were
+    for kernel, status in (("kp_fused", "pass"), ("kp_fused_skip", "fail")):
+        h = create_harness(snap, tmp_path / f"H-{kernel}",
+                           plan=_write_plan(lab, f"warm-{kernel}", _plan(kernel)))
+        r = run_json(h.root, RunOptions(time_cap_s=1.0, max_blocks=32, timeout_s=300))
+        assert r["status"] == status, (kernel, r.get("correctness"), r.get("error"))
+        if status == "pass":
+            assert "out" not in r["trust"]["input_integrity"]["finding"]["inputs"]
