@@ -433,3 +433,41 @@ def test_launch_attributes_travel_with_a_plan(tmp_path):
          "value": "020000000100000001000000"}]
     (tmp_path / "opt.plan.json").write_text(json.dumps(doc))
     assert Plan.read(tmp_path / "opt.plan.json") == plan
+
+
+def _record_with_workspace(small, tmp_path, ws: np.ndarray) -> Snapshot:
+    x, n = small["x"], 16
+    x["out2"][...] = 0
+    names = {"a": x["a"], "b": x["b"], "bias": x["bias"], "out2": x["out2"], "row": x["row"],
+             "ws": ws}
+    with Recorder(tmp_path / "c", names=names, outputs=[x["out2"]], scratch=[x["row"]]) as r:
+        r.call(small["lib"], "kp_fused_ws", [np.int32(n), x["bias"], x["a"], x["b"],
+                                             x["out2"], x["row"], ws])
+    return r.snapshot
+
+
+def test_a_zeroed_workspace_ref_never_saw_is_scratch_set_by_a_memset(small, tmp_path):
+    """SNAP2 reads a workspace that holds zeros before and after (cuBLAS's split-K
+    semaphores): bound to plan scratch that a memset, the first launch, zeroes; the plan
+    passes, so the candidate had its zeros (poison alone would leave every row undone)."""
+    cand = _record_with_workspace(small, tmp_path, np.zeros(64, np.int32))
+    bound = bind_capture(small["ref"], cand)
+    ws = next(b for b in bound.bindings if b.region == "ws")
+    assert ws.to == "scratch" and "every byte 0x00" in ws.why
+    first = bound.plan.launches[0]
+    assert first.kind == "memset" and first.value == 0 and first.count == 256 \
+        and first.dst.name == ws.name
+    path = bound.write(tmp_path / "p")
+    proc = _kpair("pair", str(small["ref"].root), "--plan", str(path), "-o",
+                  str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr
+    r = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
+
+
+def test_a_workspace_ref_never_saw_holding_data_is_refused(small, tmp_path):
+    # The zeros the kernel needs, and one word of data the workspace would carry in.
+    ws = np.concatenate([np.zeros(64, np.int32), np.array([7], np.int32)])
+    cand = _record_with_workspace(small, tmp_path, ws)
+    with pytest.raises(BindError, match=r"ws: no counterpart \(SNAP2 reads"):
+        bind_capture(small["ref"], cand)

@@ -25,6 +25,10 @@ runs on SNAP's regions. Each region of SNAP2 is bound, in this order:
    SNAP2's other written regions, once its outputs are declared, are written-then-dead:
    plan scratch of their size, poisoned before every execution.
 3. SNAP2's scratch regions become plan scratch of their size.
+4. A region SNAP2 only reads that no region of SNAP holds, found holding one byte value
+   throughout (a library's zeroed workspace), becomes plan scratch of its size that a
+   memset, the plan's first launch, sets to that value: it carries nothing of the
+   program's.
 
 What is left is refused (``BindError``, exit 4) naming the region and why: different bytes
 (same memory, other pre-state), different size (overlapping memory or outputs of other
@@ -185,6 +189,7 @@ def bind_capture(ref, cand) -> BoundCapture:
         return pre_cache[key]
 
     bindings: dict[str, Binding] = {}
+    fills: dict[str, int] = {}   # SNAP2 regions bound to scratch that a memset sets first
     bound_ref: set[str] = set()
     refusals: list[str] = []
     left_written = []
@@ -240,9 +245,21 @@ def bind_capture(ref, cand) -> BoundCapture:
         if over is not None:
             refusals.append(f"{r2.name}: different size (SNAP2 reads {_show((lo2, n2))}, "
                             f"SNAP's {over.name!r} is {_show(s1[over.name])})")
-        else:
-            refusals.append(f"{r2.name}: no counterpart (SNAP2 reads {_show((lo2, n2))}; "
-                            "no region of SNAP holds that memory)")
+            continue
+        value = _one_byte(pre(cand, j))
+        if value is not None:
+            # A library's zeroed workspace (cuBLAS keeps its split-K semaphores at zero
+            # between calls): SNAP2 finds it holding one byte value and leaves it so. It
+            # carries nothing of the program's; the plan gets a scratch buffer of its own,
+            # set to that value by a memset before its first launch (and timed with it).
+            bindings[r2.name] = Binding(
+                r2.name, "scratch", r2.name, 0, "readwrite",
+                f"held by no region of SNAP, every byte {value:#04x} when SNAP2 read it: "
+                "plan scratch set so by a memset first")
+            fills[r2.name] = value
+            continue
+        refusals.append(f"{r2.name}: no counterpart (SNAP2 reads {_show((lo2, n2))}; "
+                        "no region of SNAP holds that memory)")
     outs1 = [r for r in m1.regions if _written(r) and r.name not in bound_ref]
     declared2 = [r for r in left_written if r.role == "out"]
     declared1 = [r for r in outs1 if r.role == "out"]
@@ -311,6 +328,9 @@ def bind_capture(ref, cand) -> BoundCapture:
                                     "scratch of SNAP2")
         scratch.append(Scratch(names[sc.name], sc.size))
     launches, code = _launches(cand, m2, bindings)
+    launches[:0] = [PlanLaunch(kind="memset", dst=ScratchArg(names[r], 0), value=v,
+                               element_size=1, count=m2.region(r).size)
+                    for r, v in fills.items()]
     plan = Plan(launches=tuple(launches), scratch=tuple(scratch),
                 note=f"captured candidate of {len(launches)} operation(s), bound by kpair.bind")
     return BoundCapture(plan, code, tuple(bindings.values()))
@@ -362,6 +382,13 @@ def _bind_spans(m1, m2, left_written, outs1, bindings: dict[str, Binding],
         if r2.name not in placed:
             bindings[r2.name] = Binding(r2.name, "scratch", r2.name, 0, "readwrite",
                                         "written, not a declared output")
+
+
+def _one_byte(data: bytes | None) -> int | None:
+    """The byte value every byte of ``data`` holds; None for mixed, unknown or empty data."""
+    if not data or data.count(data[:1]) != len(data):
+        return None
+    return data[0]
 
 
 def _launches(cand, m2, bindings: dict[str, Binding]) -> tuple[list[PlanLaunch], dict]:
