@@ -486,8 +486,9 @@ def schedule(args, prog: str, jobs: list, nbytes: list[int], stages: list, *, ou
 
 def run(args) -> int:
     out, work, sizes = open_call(args)
+    only = {int(n) for n in args.only.split(",") if n.strip()} if args.only else None
     problems = [p for p in kb.discover(Path(args.kernelbench), [args.level])
-                if p.number >= args.start][:args.count]
+                if p.number >= args.start and (only is None or p.number in only)][:args.count]
     done = done_keys(out / "results.jsonl")
     budget = args.budget_mib << 20
     jobs, nbytes = [], []
@@ -623,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--level", type=int, default=2)
     r.add_argument("--start", type=int, default=1)
     r.add_argument("--count", type=int, default=30)
+    r.add_argument("--only", default="", help="comma-separated problem numbers (of --level)")
     r.add_argument("--budget-mib", type=int, default=64)
     r.add_argument("--deadline", type=float, default=540)
     r.add_argument("--capture-timeout", type=float, default=300)
