@@ -826,3 +826,66 @@ def test_a_library_kernels_struct_parameter_names_every_pointer_in_it(tmp_path):
     assert {(r.name, r.address, r.role) for r in m.regions} == {
         ("op0.arg0.w8", X, "in"), ("op0.arg0.w24", W, "in"), ("op0.arg0.w40", Y, "out")}
     assert [(o.offset, o.size) for o in m.output_spans] == [(0x20, 0x40)]
+
+
+# ---------------------------------------------------------------- dead bytes of a region
+
+
+def test_memory_reused_inside_the_range_leaves_dead_bytes_zeroed(tmp_path):
+    """An intermediate freed inside the range whose memory an output then reuses in part: the
+    two extents merge into one region, and the bytes the allocator holds free at the end
+    (the intermediate's, outside the declared output) are dead: listed, zeroed in the
+    stored post-state, never judged. The output's own bytes are kept."""
+    w = World(tmp_path)
+    s, d = w.session, w.driver
+    table = [Block(X, SIZE, SEG, 0x1000, "torch-block", "active_allocated"),
+             Block(0x7F0000000800, 0x400, SEG, 0x1000, "torch-block", "inactive")]
+    s.blocks = lambda: BlockTable(list(table))
+    s.range_begin("fwd", THREAD, "mark")
+    table[1:] = [Block(T, SIZE, SEG, 0x1000, "torch-block", "active_allocated"),   # tmp
+                 Block(T + SIZE, 0x300, SEG, 0x1000, "torch-block", "inactive")]
+    w.launch("k1", [X, T])
+    d.poke(T, b"\x11" * SIZE)
+    out = T + 0x80   # tmp freed; the output handed out over its second half and beyond
+    table[1:] = [Block(T, 0x80, SEG, 0x1000, "torch-block", "inactive"),
+                 Block(out, SIZE, SEG, 0x1000, "torch-block", "active_allocated"),
+                 Block(out + SIZE, 0x280, SEG, 0x1000, "torch-block", "inactive")]
+    w.launch("k2", [X, out])
+    d.poke(out, b"\x22" * SIZE)
+    s.range_end("fwd", THREAD, [(out, SIZE)])
+    s.close(0)
+    snap = Snapshot.open(w.out / "fwd")
+    m = snap.manifest
+    region = next(r for r in m.regions if r.address == T)
+    assert (region.size, region.role) == (SIZE + 0x80, "out")
+    assert [(dd.region, dd.offset, dd.size) for dd in m.dead_spans] == [(region.name, 0, 0x80)]
+    assert [(o.offset, o.size) for o in m.output_spans] == [(0x80, SIZE)]
+    post = dict(zip([r.name for r in m.regions], [b for _, b in snap.regions_data()],
+                    strict=True))[region.name]
+    assert post == bytes(0x80) + b"\x22" * SIZE   # dead bytes zeroed, the output kept
+    again = Manifest.from_json(m.to_json())
+    assert again.dead_spans == m.dead_spans
+    doc = json.loads(json.dumps(m.to_json()))
+    doc["dead"] = [{"region": region.name, "offset": 0x70, "size": 0x20}]   # into the output
+    with pytest.raises(Exception, match="dead and a declared output"):
+        Manifest.from_json(doc)
+
+
+class TimedMemory(Memory):
+    def timed_launch(self, kernel, launch, kernarg, params):
+        self.launch(kernel, launch, kernarg, params)
+        return 1e-6
+
+
+def test_a_program_zeroes_its_dead_spans_after_every_execution():
+    inner = TimedMemory(64)
+    kernel = SimpleNamespace(name="k")
+    program = Program("p", [MemsetStep(0, 64, 0x5A, 1), Step(kernel, None, b"", ())], [],
+                      dead=[(8, 8), (40, 3)])
+    dev = ProgramDevice(inner)
+    want = b"\x5a" * 8 + bytes(8) + b"\x5a" * 24 + bytes(3) + b"\x5a" * 21
+    dev.launch(program, None, b"", ())
+    assert bytes(inner.buf) == want
+    inner.buf[:] = b"\x01" * 64
+    dev.timed_launch(program, None, b"", ())
+    assert bytes(inner.buf) == want

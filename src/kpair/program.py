@@ -17,6 +17,8 @@ kernel:
   by the wall clock from the step before it finished to its own end (the device
   synchronized on both sides). Every step counts: a candidate doing its work in a copy is
   not timed as free, and ref's range and opt's plan are timed alike;
+- after either, outside the timing, the Program's ``dead`` spans zeroed: bytes of a range's
+  written regions that nothing reads after it (``Manifest.dead``), ref's and opt's alike;
 - ``refused_calls``, ``code_digest``, ``unload``: over every step's kernel.
 
 The pre-state is restored once before the sequence (``Replay`` does it), never between steps.
@@ -87,10 +89,12 @@ class Program(Kernel):
     execution."""
 
     def __init__(self, name: str, steps: Sequence[Step | MemsetStep | CopyStep],
-                 scratch: Sequence[tuple[int, int]]):
+                 scratch: Sequence[tuple[int, int]], dead: Sequence[tuple[int, int]] = ()):
         if not steps:
             raise ValueError("a program has at least one step")
         self.name, self.steps, self.scratch = name, tuple(steps), tuple(scratch)
+        #: (address, size) spans zeroed after every execution, outside any timing.
+        self.dead = tuple(dead)
 
     @property
     def kernels(self) -> list[Kernel]:
@@ -129,6 +133,10 @@ class ProgramDevice:
         clock = self._inner.window_clock()
         return clock if self._wall_window else clock + self._data_s
 
+    def _clear_dead(self, program: Program) -> None:
+        for address, size in program.dead:
+            self._inner.fill(address, size, 0)
+
     def _data(self, step: MemsetStep | CopyStep) -> None:
         """A memset (``fill`` with the element repeated) or a device-to-device copy (the
         device's ``copy`` where it has one, else a read and a write)."""
@@ -160,6 +168,7 @@ class ProgramDevice:
                 self._inner.launch(s.kernel, s.launch, s.kernarg, s.params)
             else:
                 self._data(s)
+        self._clear_dead(kernel)
         return None
 
     def timed_launch(self, kernel: Kernel, launch: Launch, kernarg: bytes,
@@ -169,10 +178,12 @@ class ProgramDevice:
         self._poison(kernel)
         sequence = getattr(self._inner, "timed_sequence", None)
         if sequence is not None and len(kernel.steps) > 1:   # one event pair, one stream
-            return sequence([
+            t = sequence([
                 ("kernel", s.kernel, s.launch, s.kernarg, s.params) if isinstance(s, Step)
                 else ("memset", s.address, s.size, s.word) if isinstance(s, MemsetStep)
                 else ("copy", s.dst, s.src, s.size) for s in kernel.steps])
+            self._clear_dead(kernel)
+            return t
         total = 0.0
         for i, s in enumerate(kernel.steps):
             if i:
@@ -181,6 +192,7 @@ class ProgramDevice:
                 total += self._inner.timed_launch(s.kernel, s.launch, s.kernarg, s.params)
             else:
                 total += self._timed_data(s, synced=bool(i))
+        self._clear_dead(kernel)
         return total
 
     def _timed_data(self, step: MemsetStep | CopyStep, *, synced: bool) -> float:

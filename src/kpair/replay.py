@@ -306,7 +306,8 @@ class Replay:
             steps.append(Step(kernel, op.launch, self.op_kernargs[i], op.kernarg.params))
         name = " ; ".join(dict.fromkeys(op.label for op in m.operations))
         return Program(name, steps, [(a, n) for nm, a, n in self.scratch
-                                     if nm in {s.name for s in m.scratch_regions}])
+                                     if nm in {s.name for s in m.scratch_regions}],
+                       self.dead_spans())
 
     def load_plan(self, plan, images: Sequence[tuple[bytes, str]],
                   layouts: Sequence[Sequence[Param]]) -> Program:
@@ -338,7 +339,13 @@ class Replay:
                               plan_kernarg(launch, layout, addresses), tuple(layout)))
         name = " ; ".join(dict.fromkeys(launch.label for launch in plan.launches))
         return Program(name, steps, [(a, min(n, declared[nm])) for nm, a, n in self.scratch
-                                     if nm in declared])
+                                     if nm in declared], self.dead_spans())
+
+    def dead_spans(self) -> list[tuple[int, int]]:
+        """Where the range's dead bytes (``Manifest.dead``) are placed: (address, size) each,
+        zeroed after every execution of ref's range and of a plan alike."""
+        return [(self.address_of(d.region) + d.offset, d.size)
+                for d in self.snapshot.manifest.dead_spans]
 
     def foreign_scratch(self, kernel: Kernel) -> list[tuple[str, int, int, int]]:
         """The placed scratch ``kernel`` does not own, as (buffer name, address, bytes,

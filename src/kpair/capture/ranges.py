@@ -55,6 +55,7 @@ from .. import __version__
 from .._util import human_bytes, utc_now
 from ..snapshot import (
     CodeObject,
+    DeadSpan,
     Kernarg,
     Launch,
     Manifest,
@@ -223,6 +224,34 @@ def fresh(begin: BlockTable, end: BlockTable, lo: int, hi: int) -> bool:
     if any(not b.state or b.state.startswith("active") for b in before):
         return False
     return bool(before) or bool(_overlapping(end, lo, hi))
+
+
+def dead_bytes(table: BlockTable, lo: int, hi: int,
+               keep: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The bytes of [lo, hi) in blocks the allocator holds free at the range's end (memory
+    it handed out again inside the range: an intermediate freed before the end), outside
+    ``keep`` (the declared outputs' absolute spans): (offset from ``lo``, size) each, merged.
+    Memory the allocator does not know is never dead."""
+    spans = []
+    for b in _overlapping(table, lo, hi):
+        if not b.state or b.state.startswith("active"):
+            continue
+        a, z = max(b.start, lo), min(b.end, hi)
+        cuts = sorted((max(k0, a), min(k0 + kn, z)) for k0, kn in keep
+                      if k0 < z and a < k0 + kn)
+        for c0, c1 in cuts:
+            if a < c0:
+                spans.append((a, c0))
+            a = max(a, c1)
+        if a < z:
+            spans.append((a, z))
+    merged: list[list[int]] = []
+    for a, z in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], z)
+        else:
+            merged.append([a, z])
+    return [(a - lo, z - a) for a, z in merged]
 
 
 def written_first(rec: _Recording, lo: int, hi: int) -> bool:
@@ -495,6 +524,7 @@ class RangeSession(CaptureSession):
         kept, scratch, roles = [], [], Counter()
         declared_hit = [False] * len(rec.outputs)
         undeclared = []
+        dead: list[DeadSpan] = []
         spans_out: list[tuple[str, int, int]] = []
         written_by: dict[str, list[str]] = {}
         for (lo, hi, rname), post in zip(spans, posts, strict=True):
@@ -525,6 +555,19 @@ class RangeSession(CaptureSession):
                     start = max(a, lo)
                     spans_out.append((rname, start - lo, min(a + n, hi) - start))
                 role = "out" if hits else "inout"
+                if rec.outputs:
+                    # Issue 47's rule again, byte by byte: what the allocator holds free at
+                    # the end is dead (the block of an intermediate freed inside the range,
+                    # merged into a region with an output that reused part of it). Zeroed
+                    # in the post-state as every replay zeroes it.
+                    keep = [(a, n) for i in hits for a, n in [rec.outputs[i]]]
+                    gone = dead_bytes(table, lo, hi, keep)
+                    if gone:
+                        post = bytearray(post)
+                        for off, n in gone:
+                            post[off:off + n] = bytes(n)
+                        post = bytes(post)
+                        dead += [DeadSpan(rname, off, n) for off, n in gone]
                 if role == "inout" and rec.outputs:
                     # Issue 47's rule: with declared outputs only they are live-out. A
                     # region written before it is read (handed out inside the range, or a
@@ -589,7 +632,9 @@ class RangeSession(CaptureSession):
                             environment=env, provenance=provenance, ops=tuple(ops),
                             scratch=tuple(scratch),
                             **({"outputs": tuple(OutputSpan(*o) for o in spans_out)}
-                               if spans_out else {}))
+                               if spans_out else {}),
+                            **({"dead": tuple(d for d in dead if d.region in
+                                              {n for n, *_ in kept})} if dead else {}))
         writer.finish(manifest)
         region_bytes = sum(r.size for r in regions)
         rec.record.update({

@@ -11,6 +11,7 @@ from .model import (
     SCHEMA_VERSIONS,
     BlobRef,
     CodeObject,
+    DeadSpan,
     Kernarg,
     Launch,
     LaunchAttribute,
@@ -31,7 +32,8 @@ from .store import ChainOp, Snapshot, SnapshotWriter, sha256, write_json_atomic
 __all__ = [
     "CODE_FORMATS", "DTYPE_HINTS", "PARAM_KINDS", "SCALAR_FORMATS", "SCHEMA_VERSION",
     "SCHEMA_VERSIONS",
-    "BlobRef", "ChainOp", "CodeObject", "Kernarg", "Launch", "LaunchAttribute", "LaunchOverride",
+    "BlobRef", "ChainOp", "CodeObject", "DeadSpan", "Kernarg", "Launch", "LaunchAttribute",
+    "LaunchOverride",
     "Manifest", "OmittedRegion", "Op", "OutputSpan", "Param", "Regen", "Region", "ScratchRegion",
     "Snapshot", "StateDigest", "SnapshotWriter", "describe_left_out", "detect_format", "left_out",
     "require_complete", "sha256", "write_json_atomic",

@@ -397,6 +397,19 @@ class OutputSpan(Record):
     size: Positive
 
 
+class DeadSpan(Record):
+    """Bytes of a written region that a range which declares its outputs leaves in no live
+    allocation: memory the allocator handed out again inside the range (an intermediate
+    freed before the end, whose block later held part of an output) and no declared output
+    holds. Nothing reads them after the range; a replay zeroes them after every execution,
+    ref's and a candidate's alike, so neither is held to what the other left there (the
+    stored post-state holds zeros there too)."""
+
+    region: RegionName
+    offset: Count
+    size: Positive
+
+
 class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     """``snapshot.json``: everything about one dispatch except the bytes (those are blobs)."""
 
@@ -420,11 +433,15 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
     #: A range's declared outputs as spans of its ``out`` regions (written only for one
     #: that declares any).
     outputs: tuple[OutputSpan, ...] | msgspec.UnsetType = msgspec.UNSET
+    #: Bytes of written regions dead at a range's end (written only for a range that has
+    #: any): zeroed after every execution.
+    dead: tuple[DeadSpan, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         _coerce(self, "regions", tuple)
         self._check_chains()
         self._check_outputs()
+        self._check_dead()
         if self.ops is not msgspec.UNSET:
             _coerce(self, "ops", tuple)
             if not self.ops:
@@ -483,6 +500,36 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
             if o.offset + o.size > r.size:
                 raise Invalid(f"{o.size} bytes at offset {o.offset} reach past the end of "
                               f"region {o.region!r} ({r.size} bytes)", f"outputs[{i}].size")
+
+    def _check_dead(self) -> None:
+        """Each dead span lies inside one written region (role ``out`` or ``inout``) and
+        overlaps no declared output."""
+        if self.dead is msgspec.UNSET:
+            return
+        _coerce(self, "dead", tuple)
+        regions = {r.name: r for r in self.regions}
+        for i, d in enumerate(self.dead):
+            r = regions.get(d.region)
+            if r is None:
+                raise Invalid(f"names {d.region!r}, which is no region of this snapshot",
+                              f"dead[{i}].region")
+            if r.role not in ("out", "inout"):
+                raise Invalid(f"region {d.region!r} has dead bytes but its role is "
+                              f"{r.role!r}: only a written region has any",
+                              f"dead[{i}].region")
+            if d.offset + d.size > r.size:
+                raise Invalid(f"{d.size} bytes at offset {d.offset} reach past the end of "
+                              f"region {d.region!r} ({r.size} bytes)", f"dead[{i}].size")
+            for o in self.output_spans:
+                if o.region == d.region and o.offset < d.offset + d.size \
+                        and d.offset < o.offset + o.size:
+                    raise Invalid(f"bytes [{d.offset}, +{d.size}) of region {d.region!r} "
+                                  "are dead and a declared output", f"dead[{i}]")
+
+    @property
+    def dead_spans(self) -> tuple[DeadSpan, ...]:
+        """Dead bytes of written regions (none: an empty tuple)."""
+        return () if self.dead is msgspec.UNSET else self.dead
 
     @property
     def output_spans(self) -> tuple[OutputSpan, ...]:
