@@ -494,3 +494,29 @@ def test_an_output_that_already_held_its_answer_is_judged_as_an_output(lab, tmp_
         assert r["status"] == status, (kernel, r.get("correctness"), r.get("error"))
         if status == "pass":
             assert "out" not in r["trust"]["input_integrity"]["finding"]["inputs"]
+
+
+def test_a_workspace_ref_writes_only_on_mutated_inputs_is_not_an_input(lab, tmp_path):
+    """A library workspace (cuBLAS's split-K partials) that a second pass over the same
+    arrays leaves as it was: capture calls it live-in, yet ref writes it as soon as its
+    inputs change. The candidate that writes it exactly as ref does passes (it failed
+    ``input_integrity`` on the mutated inputs before); the workspace is judged against ref's
+    answer there, as an output, and never kept as an input."""
+    a, b, bias = lab["inputs"]
+    out = np.zeros((N, N), np.float32)
+    ws = np.zeros(N * 4, np.uint8)   # bytes to the judge, as a GPU capture knows a workspace
+    for snap in (tmp_path / "warm-up", tmp_path / "ws"):   # the second finds ws as it leaves it
+        with Recorder(snap, names={"a": a, "b": b, "bias": bias, "out": out, "ws": ws},
+                      outputs=[out]) as r:
+            r.call(lab["lib"], "kp_matmul_ws", [a, b, out, ws, np.int32(N)])
+            r.call(lab["lib"], "kp_bias", [out, bias, np.int32(N)])
+            r.call(lab["lib"], "kp_relu", [out, np.int32(N)])
+    roles = {x.name: x.role for x in Snapshot.open(snap).manifest.regions}
+    assert roles["ws"] == "in"
+    for kernel, status in (("kp_fused_wsp", "pass"), ("kp_fused_wsx", "fail")):
+        plan = _plan(kernel)
+        plan["launches"][0]["args"].append({"bind": "region", "name": "ws"})   # as a read
+        h = create_harness(snap, tmp_path / f"H-{kernel}", plan=_write_plan(lab, kernel, plan))
+        r = run_json(h.root, RunOptions(time_cap_s=1.0, max_blocks=32, timeout_s=300))
+        assert r["status"] == status, (kernel, r.get("correctness"), r.get("error"))
+        assert "ws" not in r["trust"]["input_integrity"]["finding"]["inputs"]

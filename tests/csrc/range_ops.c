@@ -57,6 +57,35 @@ void kp_fused_ws(int32_t n, const float *bias, const float *a, const float *b, f
     }
 }
 
+/* A library-style workspace written on every call: the row sums of a (the same bytes for
+   the same a, so a second call over the same arrays leaves it as it was), then the work. */
+static void row_sums(const float *a, float *ws, int32_t n) {
+    for (int i = 0; i < n; i++) {
+        float s = 0.0f;
+        for (int k = 0; k < n; k++) s += a[i * n + k];
+        ws[i] = s;
+    }
+}
+
+void kp_matmul_ws(const float *a, const float *b, float *c, float *ws, int32_t n) {
+    row_sums(a, ws, n);
+    kp_matmul(a, b, c, n);
+}
+
+void kp_fused_wsp(int32_t n, const float *bias, const float *a, const float *b, float *out,
+                  float *row, float *ws) {
+    row_sums(a, ws, n);
+    kp_fused(n, bias, a, b, out, row);
+}
+
+/* The same, leaving its own bytes in the workspace: not what ref leaves there. */
+void kp_fused_wsx(int32_t n, const float *bias, const float *a, const float *b, float *out,
+                  float *row, float *ws) {
+    row_sums(a, ws, n);
+    ws[0] += 1.0f;
+    kp_fused(n, bias, a, b, out, row);
+}
+
 /* Cheat: skips the work (the output is left as it was). */
 void kp_fused_skip(int32_t n, const float *bias, const float *a, const float *b, float *out,
                    float *row) {

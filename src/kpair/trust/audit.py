@@ -86,6 +86,8 @@ class Audit:
         # kept exactly ("mutations_exact": the policy's note, the regions left unvaried).
         self.mutation_notes: dict = {}
         self._mutated: list[tuple] = []   # (label, state, ref's output, changed?, what)
+        #: (len(_mutated) when computed, the regions ref writes on some mutated input)
+        self._written_mutated: tuple[int, set[str]] = (0, set())
         self._ref_run: tuple = ()      # (ref's latest load, its launch)
         self.not_tested: dict[str, str] = {}
         self.control = "no region to poison"
@@ -791,9 +793,22 @@ class Audit:
     # ------------------------------------------------- inputs of timed launches
 
     def _inputs(self) -> list[str]:
-        """Regions ref leaves unchanged and that are not poisoned: opt must too."""
-        modified = self._modified()
-        return [n for n in self.replay.pre if not modified[n] and n not in self.armor.plan]
+        """Regions ref leaves unchanged, on the captured input and on every mutated one, and
+        that are not poisoned: opt must too. A region ref writes only once its inputs change
+        (a library's split-K workspace, holding from the capture the partial sums the
+        captured input gives) is ref's to write: judged against ref's answer, not kept."""
+        modified, written = self._modified(), self._written_on_mutation()
+        return [n for n in self.replay.pre if not modified[n] and n not in self.armor.plan
+                and n not in written]
+
+    def _written_on_mutation(self) -> set[str]:
+        """Regions ref writes on some mutated input (computed again as runs are added)."""
+        if self._written_mutated[0] != len(self._mutated):
+            pre = self.replay.pre
+            written = {n for _, state, expected, _, _ in self._mutated for n, got in
+                       expected.items() if n in pre and got != state.get(n, pre[n])}
+            self._written_mutated = (len(self._mutated), written)
+        return self._written_mutated[1]
 
     def _drop_block_inputs(self) -> None:
         if self._block_inputs is not None:
@@ -965,12 +980,14 @@ class Audit:
                              "after": self.replay.device.code_digest(ref)}
 
     def _outputs(self) -> list[str]:
-        """Regions some ref run changes, or that are poisoned."""
+        """Regions some ref run changes (on the captured input or a mutated one), or that are
+        poisoned."""
         if self._output_names is None:
             modified = self._modified()
             self._output_names = [n for n in self.replay.pre
                                   if modified[n] or n in self.armor.plan]
-        return self._output_names
+        more = self._written_on_mutation() - set(self._output_names)
+        return self._output_names + [n for n in self.replay.pre if n in more]
 
     def must_move(self) -> int:
         """Bytes any correct kernel must write: those ref changes, and the poisoned ones."""
