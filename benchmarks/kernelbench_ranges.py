@@ -439,13 +439,32 @@ def append(path: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+#: The largest file ``keep_diagnosis`` copies.
+DIAG_MAX = 512 << 10
+
+
+def keep_diagnosis(folder: Path, dest: Path) -> None:
+    """A problem that did not pass: every JSON file of its folder (the snapshots' manifests
+    and capture.json, the policy, the bound plan, the harness's files, each run's result)
+    up to ``DIAG_MAX`` bytes, no blob, copied under ``dest`` with its relative path, so a
+    call's results say why without keeping the snapshots."""
+    for f in sorted(folder.rglob("*.json")):
+        if "blobs" in f.relative_to(folder).parts or f.stat().st_size > DIAG_MAX:
+            continue
+        target = dest / f.relative_to(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+
+
 def schedule(args, prog: str, jobs: list, nbytes: list[int], stages: list, *, out: Path,
              work: Path, row_of, write_summary, seconds: tuple[str, ...],
              of: int | None = None) -> int:
     """The driver's call: ``jobs`` through ``stages`` until ``--deadline``, ``pick_jobs`` of
     them at a time. Each decided problem's ``row_of`` goes into ``out/results.jsonl`` and is
     printed with the breakdown's ``seconds`` (``capture`` for ``capture_s``, ...), the summary
-    is rewritten and the problem's folder removed (unless ``--keep``); then schedule.json.
+    is rewritten, a problem that did not pass has its JSON files kept under ``out/diag``
+    (``keep_diagnosis``), and the problem's folder is removed (unless ``--keep``); then
+    schedule.json.
     0 when every job was decided, 3 when some are left for the next call; SystemExit with
     the reason where the scheduler aborted. ``of``: the problems the call looked at, printed."""
     results_path = out / "results.jsonl"
@@ -466,6 +485,8 @@ def schedule(args, prog: str, jobs: list, nbytes: list[int], stages: list, *, ou
         say(f"{job.key}: {row['outcome']} {(row.get('runs') or [{}])[0].get('speedup')} ("
             + ", ".join(f"{s} {b[f'{s}_s']} s" for s in seconds) + ")")
         write_summary(results_path, out / "summary.json")
+        if row["outcome"] != "pass":
+            keep_diagnosis(job.folder, out / "diag" / job.folder.name)
         if not args.keep:
             shutil.rmtree(job.folder, ignore_errors=True)
 

@@ -380,6 +380,11 @@ def test_a_failed_first_run_is_not_run_again(tmp_path, monkeypatch):
     (row,) = rows_of(tmp_path)
     assert row["outcome"] == "fail" and len(row["runs"]) == 1
     assert [c[0] for c in calls].count("run") == 1
+    # Its folder is gone, its JSON files (no blob) kept to say why: manifests, the result.
+    diag = tmp_path / "OUT" / "diag" / "p1"
+    assert not (tmp_path / "work" / "p1").exists()
+    kept = {f.relative_to(diag).as_posix() for f in diag.rglob("*.json")}
+    assert {"cap/p1.eager/snapshot.json", "cap/p1.compiled/snapshot.json", "r1.json"} <= kept
 
 
 def test_no_problem_starts_past_the_deadline(tmp_path, monkeypatch):
