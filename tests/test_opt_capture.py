@@ -471,3 +471,19 @@ def test_a_workspace_ref_never_saw_holding_data_is_refused(small, tmp_path):
     cand = _record_with_workspace(small, tmp_path, ws)
     with pytest.raises(BindError, match=r"ws: no counterpart \(SNAP2 reads"):
         bind_capture(small["ref"], cand)
+
+
+def test_a_plan_buffer_never_takes_the_name_of_refs_scratch(small, tmp_path):
+    """ref's scratch and the candidate's are two buffers, whatever they were called."""
+    x, lib = small["x"], small["lib"]
+    with Recorder(tmp_path / "ref", names={k: x[k] for k in ("a", "b", "bias", "out", "row")},
+                  outputs=[x["out"]], scratch=[x["row"]]) as r:
+        r.call(lib, "kp_bias", [x["row"], x["bias"], np.int32(1)])   # ref's own scratch
+        r.call(lib, "kp_matmul", [x["a"], x["b"], x["out"], np.int32(16)])
+        r.call(lib, "kp_bias", [x["out"], x["bias"], np.int32(16)])
+        r.call(lib, "kp_relu", [x["out"], np.int32(16)])
+    ref = r.snapshot
+    assert [s.name for s in ref.manifest.scratch_regions] == ["row"]
+    bound = bind_capture(ref, _record_fused(lib, x, tmp_path / "c", 16))
+    assert [s.name for s in bound.plan.scratch] == ["row.1"]
+    assert next(b for b in bound.bindings if b.region == "row").name == "row.1"

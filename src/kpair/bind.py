@@ -305,7 +305,7 @@ def bind_capture(ref, cand) -> BoundCapture:
     if unwritten:
         raise BindError(f"SNAP's live-out region(s) {', '.join(map(repr, unwritten))} "
                         "written by no region of the captured candidate")
-    taken = {r.name for r in m1.regions}
+    taken = {r.name for r in (*m1.regions, *m1.scratch_regions)}   # a plan buffer is its own
     scratch: list[Scratch] = []
     names: dict[str, str] = {}
 
