@@ -436,6 +436,7 @@ def test_launch_attributes_travel_with_a_plan(tmp_path):
 
 
 def _record_with_workspace(small, tmp_path, ws: np.ndarray) -> Snapshot:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     x, n = small["x"], 16
     x["out2"][...] = 0
     names = {"a": x["a"], "b": x["b"], "bias": x["bias"], "out2": x["out2"], "row": x["row"],
@@ -487,3 +488,32 @@ def test_a_plan_buffer_never_takes_the_name_of_refs_scratch(small, tmp_path):
     bound = bind_capture(ref, _record_fused(lib, x, tmp_path / "c", 16))
     assert [s.name for s in bound.plan.scratch] == ["row.1"]
     assert next(b for b in bound.bindings if b.region == "row").name == "row.1"
+
+
+def test_a_zeroed_workspace_where_ref_writes_its_output_is_the_candidates_scratch(
+        small, tmp_path):
+    """The allocator handed the same memory to both ranges: the candidate's zeroed workspace
+    lies where ref writes its output. Bound there, the judge's poison (ref only writes it)
+    would be what the candidate reads; it is the candidate's own scratch, zeroed by a memset,
+    and the plan passes. With other bytes there it is refused."""
+    x, lib = dict(small["x"]), small["lib"]
+    x["out"] = np.zeros((16, 16), np.float32)
+    ws = x["out"].reshape(-1)[:64].view(np.int32)   # the first 256 bytes of ref's output
+    cand = _record_with_workspace(small | {"x": x}, tmp_path, ws)   # first: out still zero
+    ref = _record_ref(lib, x, tmp_path / "ref", 16)
+    bound = bind_capture(ref, cand)
+    b = next(b for b in bound.bindings if b.region == "ws")
+    assert b.to == "scratch" and "memory SNAP's 'out' writes" in b.why
+    assert bound.plan.launches[0].kind == "memset"
+    path = bound.write(tmp_path / "p")
+    proc = _kpair("pair", str(ref.root), "--plan", str(path), "-o", str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr
+    r = run_json(tmp_path / "H", RunOptions(time_cap_s=1.0, timeout_s=300))
+    assert r["status"] == "pass", r.get("correctness") or r.get("error")
+    x["out"] = np.zeros((16, 16), np.float32)
+    ws = x["out"].reshape(-1)[:64].view(np.int32)
+    ws[63] = 7   # a word of data where ref's output lies
+    cand = _record_with_workspace(small | {"x": x}, tmp_path / "2", ws)
+    ref = _record_ref(lib, x, tmp_path / "ref2", 16)
+    with pytest.raises(BindError, match=r"ws: reads what SNAP's output 'out' held before"):
+        bind_capture(ref, cand)

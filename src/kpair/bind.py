@@ -25,10 +25,11 @@ runs on SNAP's regions. Each region of SNAP2 is bound, in this order:
    SNAP2's other written regions, once its outputs are declared, are written-then-dead:
    plan scratch of their size, poisoned before every execution.
 3. SNAP2's scratch regions become plan scratch of their size.
-4. A region SNAP2 only reads that no region of SNAP holds, found holding one byte value
-   throughout (a library's zeroed workspace), becomes plan scratch of its size that a
-   memset, the plan's first launch, sets to that value: it carries nothing of the
-   program's.
+4. A region SNAP2 only reads that no region of SNAP holds, or that lies in a region SNAP
+   writes (the allocator handed the same memory to both ranges), found holding one byte
+   value throughout (a library's zeroed workspace), becomes plan scratch of its size that
+   a memset, the plan's first launch, sets to that value: it carries nothing of the
+   program's. Other bytes SNAP2 reads where SNAP writes a declared output are refused.
 
 What is left is refused (``BindError``, exit 4) naming the region and why: different bytes
 (same memory, other pre-state), different size (overlapping memory or outputs of other
@@ -212,6 +213,26 @@ def bind_capture(ref, cand) -> BoundCapture:
             # pre-state as ref does, and the judge compares what both leave there.
             shared = writes and _written(home) and (lo1, n1) == (lo2, n2) \
                 and r2.role != "out" and home.role != "out"
+            if same and not writes and _written(home):
+                # SNAP2 reads, as it was before the range, memory SNAP writes: the two ranges
+                # met in memory the allocator handed to both (SNAP2's zeroed workspace where
+                # SNAP's output or intermediate lies). What ref overwrites is no input (the
+                # judge poisons it): one byte value throughout is the candidate's own
+                # scratch set by a memset; other bytes are an input only where SNAP updates
+                # the region in place, never under a declared output.
+                value = _one_byte(pre(cand, j))
+                if value is not None:
+                    bindings[r2.name] = Binding(
+                        r2.name, "scratch", r2.name, 0, "readwrite",
+                        f"memory SNAP's {home.name!r} writes, every byte {value:#04x} when "
+                        "SNAP2 read it: plan scratch set so by a memset first")
+                    fills[r2.name] = value
+                    continue
+                if home.role == "out":
+                    refusals.append(f"{r2.name}: reads what SNAP's output {home.name!r} held "
+                                    f"before the range ({_show((lo2, n2))}), which ref "
+                                    "overwrites: no input")
+                    continue
             if (same and (not writes or _written(home))) or shared:
                 access = "read" if not writes else (
                     "readwrite" if r2.role in ("inout", None) else "write")
