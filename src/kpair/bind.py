@@ -192,6 +192,18 @@ def bind_capture(ref, cand) -> BoundCapture:
     bindings: dict[str, Binding] = {}
     fills: dict[str, int] = {}   # SNAP2 regions bound to scratch that a memset sets first
     bound_ref: set[str] = set()
+
+    def filled(name: str, value: int | None, where: str) -> bool:
+        """SNAP2's region ``name`` found holding the byte ``value`` throughout (None: not
+        so) bound to plan scratch of its own, set to that value by a memset before the
+        plan's first launch (and timed with it): it carries nothing of the program's."""
+        if value is None:
+            return False
+        bindings[name] = Binding(name, "scratch", name, 0, "readwrite",
+                                 f"{where}, every byte {value:#04x} when SNAP2 read it: plan "
+                                 "scratch set so by a memset first")
+        fills[name] = value
+        return True
     refusals: list[str] = []
     left_written = []
     for j, r2 in enumerate(m2.regions):
@@ -220,13 +232,8 @@ def bind_capture(ref, cand) -> BoundCapture:
                 # judge poisons it): one byte value throughout is the candidate's own
                 # scratch set by a memset; other bytes are an input only where SNAP updates
                 # the region in place, never under a declared output.
-                value = _one_byte(pre(cand, j))
-                if value is not None:
-                    bindings[r2.name] = Binding(
-                        r2.name, "scratch", r2.name, 0, "readwrite",
-                        f"memory SNAP's {home.name!r} writes, every byte {value:#04x} when "
-                        "SNAP2 read it: plan scratch set so by a memset first")
-                    fills[r2.name] = value
+                if filled(r2.name, _one_byte(pre(cand, j)), f"memory SNAP's {home.name!r} "
+                          "writes"):
                     continue
                 if home.role == "out":
                     refusals.append(f"{r2.name}: reads what SNAP's output {home.name!r} held "
@@ -267,17 +274,9 @@ def bind_capture(ref, cand) -> BoundCapture:
             refusals.append(f"{r2.name}: different size (SNAP2 reads {_show((lo2, n2))}, "
                             f"SNAP's {over.name!r} is {_show(s1[over.name])})")
             continue
-        value = _one_byte(pre(cand, j))
-        if value is not None:
-            # A library's zeroed workspace (cuBLAS keeps its split-K semaphores at zero
-            # between calls): SNAP2 finds it holding one byte value and leaves it so. It
-            # carries nothing of the program's; the plan gets a scratch buffer of its own,
-            # set to that value by a memset before its first launch (and timed with it).
-            bindings[r2.name] = Binding(
-                r2.name, "scratch", r2.name, 0, "readwrite",
-                f"held by no region of SNAP, every byte {value:#04x} when SNAP2 read it: "
-                "plan scratch set so by a memset first")
-            fills[r2.name] = value
+        # A library's zeroed workspace (cuBLAS keeps its split-K semaphores at zero between
+        # calls): SNAP2 finds it holding one byte value and leaves it so.
+        if filled(r2.name, _one_byte(pre(cand, j)), "held by no region of SNAP"):
             continue
         refusals.append(f"{r2.name}: no counterpart (SNAP2 reads {_show((lo2, n2))}; "
                         "no region of SNAP holds that memory)")

@@ -483,23 +483,28 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
             if b.address < a.end:
                 raise Invalid(f"regions {a.name!r} and {b.name!r} overlap", "regions")
 
+    def _check_spans(self, field: str, roles: tuple[str, ...], what: str) -> None:
+        """Each span of ``field`` (``outputs``, ``dead``) lies inside one region whose role is
+        one of ``roles``."""
+        regions = {r.name: r for r in self.regions}
+        for i, o in enumerate(getattr(self, field)):
+            r = regions.get(o.region)
+            if r is None:
+                raise Invalid(f"names {o.region!r}, which is no region of this snapshot",
+                              f"{field}[{i}].region")
+            if r.role not in roles:
+                raise Invalid(f"region {o.region!r} {what} but its role is {r.role!r}, not "
+                              + " or ".join(map(repr, roles)), f"{field}[{i}].region")
+            if o.offset + o.size > r.size:
+                raise Invalid(f"{o.size} bytes at offset {o.offset} reach past the end of "
+                              f"region {o.region!r} ({r.size} bytes)", f"{field}[{i}].size")
+
     def _check_outputs(self) -> None:
         """Each declared output lies inside one region of role ``out``."""
         if self.outputs is msgspec.UNSET:
             return
         _coerce(self, "outputs", tuple)
-        regions = {r.name: r for r in self.regions}
-        for i, o in enumerate(self.outputs):
-            r = regions.get(o.region)
-            if r is None:
-                raise Invalid(f"names {o.region!r}, which is no region of this snapshot",
-                              f"outputs[{i}].region")
-            if r.role != "out":
-                raise Invalid(f"region {o.region!r} holds a declared output but its role "
-                              f"is {r.role!r}, not 'out'", f"outputs[{i}].region")
-            if o.offset + o.size > r.size:
-                raise Invalid(f"{o.size} bytes at offset {o.offset} reach past the end of "
-                              f"region {o.region!r} ({r.size} bytes)", f"outputs[{i}].size")
+        self._check_spans("outputs", ("out",), "holds a declared output")
 
     def _check_dead(self) -> None:
         """Each dead span lies inside one written region (role ``out`` or ``inout``) and
@@ -507,19 +512,8 @@ class Manifest(Record, kw_only=True, tag_field="schema", tag=SCHEMA):
         if self.dead is msgspec.UNSET:
             return
         _coerce(self, "dead", tuple)
-        regions = {r.name: r for r in self.regions}
+        self._check_spans("dead", ("out", "inout"), "has dead bytes")
         for i, d in enumerate(self.dead):
-            r = regions.get(d.region)
-            if r is None:
-                raise Invalid(f"names {d.region!r}, which is no region of this snapshot",
-                              f"dead[{i}].region")
-            if r.role not in ("out", "inout"):
-                raise Invalid(f"region {d.region!r} has dead bytes but its role is "
-                              f"{r.role!r}: only a written region has any",
-                              f"dead[{i}].region")
-            if d.offset + d.size > r.size:
-                raise Invalid(f"{d.size} bytes at offset {d.offset} reach past the end of "
-                              f"region {d.region!r} ({r.size} bytes)", f"dead[{i}].size")
             for o in self.output_spans:
                 if o.region == d.region and o.offset < d.offset + d.size \
                         and d.offset < o.offset + o.size:
