@@ -560,8 +560,7 @@ class RangeSession(CaptureSession):
                     # the end is dead (the block of an intermediate freed inside the range,
                     # merged into a region with an output that reused part of it). Zeroed
                     # in the post-state as every replay zeroes it.
-                    keep = [(a, n) for i in hits for a, n in [rec.outputs[i]]]
-                    gone = dead_bytes(table, lo, hi, keep)
+                    gone = dead_bytes(table, lo, hi, [rec.outputs[i] for i in hits])
                     if gone:
                         post = bytearray(post)
                         for off, n in gone:
@@ -606,6 +605,7 @@ class RangeSession(CaptureSession):
                 ops.append(Op(kind="copy", dst=op["dst"], src=op["src"], size=op["size"],
                               stream=stream or None))
         first = next(o for o in ops if o.kind == "kernel")
+        kept_names = {n for n, *_ in kept}   # a region turned scratch has no dead bytes
         env = self.environment()
         notes = [f"declared output at {a:#x} ({n} bytes) is in no region an operation of the "
                  "range named" for (a, n), hit in zip(rec.outputs, declared_hit, strict=True)
@@ -633,8 +633,8 @@ class RangeSession(CaptureSession):
                             scratch=tuple(scratch),
                             **({"outputs": tuple(OutputSpan(*o) for o in spans_out)}
                                if spans_out else {}),
-                            **({"dead": tuple(d for d in dead if d.region in
-                                              {n for n, *_ in kept})} if dead else {}))
+                            **({"dead": tuple(d for d in dead if d.region in kept_names)}
+                               if dead else {}))
         writer.finish(manifest)
         region_bytes = sum(r.size for r in regions)
         rec.record.update({
