@@ -1,8 +1,9 @@
-"""The package's layering (pyproject.toml, [tool.importlinter]) holds, and nothing imports in
-a cycle: checked with import-linter, as CI does."""
+"""The package's layering (pyproject.toml, [tool.importlinter]) holds, nothing imports in a
+cycle (checked with import-linter, as CI does), and one name means one class."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "kpair"
 
 
 def test_import_contracts_hold():
@@ -37,3 +39,13 @@ def test_no_import_cycle():
             if back:
                 cycles.append(" -> ".join((importer, *back)))
     assert not cycles, "\n".join(cycles)
+
+
+def test_no_class_name_is_defined_twice():
+    where: dict[str, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(SRC)))
+    twice = {name: files for name, files in where.items() if len(files) > 1}
+    assert not twice, twice

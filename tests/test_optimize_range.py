@@ -26,7 +26,7 @@ from kpair.harness import bind_snapshot, load_plan
 from kpair.optimize import OptimizeOptions, RangeCandidate, optimize_range
 from kpair.optimize.director import DirectorValidation
 from kpair.optimize.ranges import FILE as RANGE_FILE
-from kpair.optimize.ranges import RangeRecord
+from kpair.optimize.ranges import RangeCandidates
 from kpair.optimize.strategies.captured import (
     RETUNE,
     CapturedRange,
@@ -160,7 +160,7 @@ def test_publishes_the_fastest_correct_and_records_every_candidate(race, tmp_pat
     assert row.producer == "inductor-default"   # the index's v4 field, as a tournament's
     prov = rel / row.rel / "provenance"
     _valid(prov / RANGE_FILE)
-    record = RangeRecord.read(prov / RANGE_FILE)
+    record = RangeCandidates.read(prov / RANGE_FILE)
     by = {c.producer: c for c in record.candidates}
     assert set(by) == set(race["caps"])
     assert record.winner == "inductor-default" and by["inductor-default"].winner
@@ -192,7 +192,7 @@ def test_no_correct_candidate_refuses_the_range_with_the_reason(lab, tmp_path):
     assert row.name == "mlp" and row.refused_by == "optimizer"
     written = tmp_path / "work" / "ops" / "level2-mlp" / "provenance" / RANGE_FILE
     _valid(written)
-    record = RangeRecord.read(written)
+    record = RangeCandidates.read(written)
     assert record.winner is None and "none of 1 candidates passed" in record.reason
     assert [(c.producer, c.status) for c in record.candidates] == [
         ("other-b", "refused"), ("skips-work", "fail")]
@@ -419,7 +419,7 @@ def test_a_retuned_launch_goes_through_the_search_and_can_win(race, tmp_path, mo
     summary = optimize_range(race["ref"], [RangeCandidate("unfused", cap)], tmp_path / "rel",
                              opts, name="mlp", work=tmp_path / "work", log=lambda s: None)
     (o,) = summary.outcomes
-    record = RangeRecord.read(tmp_path / "work" / "ops" / "level2-mlp" / "provenance"
+    record = RangeCandidates.read(tmp_path / "work" / "ops" / "level2-mlp" / "provenance"
                               / RANGE_FILE)
     rows = {c.label: c for c in record.candidates}
     assert set(rows) == {"unfused", "unfused op0 num_warps=2 maxnreg=None",

@@ -31,7 +31,7 @@ def torch_gpu(cuda, gpu):
 
 def test_optimize_range_judges_the_compiled_range_and_its_retunes(torch_gpu, tmp_path):
     from kpair.optimize import OptimizeOptions, RangeCandidate, optimize_range
-    from kpair.optimize.ranges import FILE, RangeRecord
+    from kpair.optimize.ranges import FILE, RangeCandidates
     from kpair.optimize.strategies.captured import RETUNE
     from kpair.optimize.workbench import quick_options
     from kpair.options import RunOptions
@@ -58,7 +58,7 @@ def test_optimize_range_judges_the_compiled_range_and_its_retunes(torch_gpu, tmp
                              options, name="relu_mul_add", work=work)
     (o,) = summary.outcomes
     assert o.status in ("published", "refused"), o.line
-    record = RangeRecord.read(work / "ops" / "level2-relu_mul_add" / "provenance" / FILE)
+    record = RangeCandidates.read(work / "ops" / "level2-relu_mul_add" / "provenance" / FILE)
     by = {c.label: c for c in record.candidates}
     assert by["inductor-default"].status == "pass", by["inductor-default"]
     retunes = [c for c in record.candidates if c.producer == RETUNE]

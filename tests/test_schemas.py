@@ -112,20 +112,21 @@ def _tournament(path: Path) -> Path:
     """tournament.json with a published attempt, a refused one and a note (a real tournament
     writes it in tests/test_tournament.py, validated there too)."""
     from kpair.release.index import EntrantRow
-    from kpair.release.tournament import Attempt, TournamentRecord
+    from kpair.release.tournament import EntrantAttempt, TournamentRecord
 
     write(path, TournamentRecord(
         level=2, name="76_Gemm_Add_ReLU", ref="/snapshots/ref", policy=None,
         options={"time_cap_s": 3.0}, winner=1, notes=["max-autotune: not captured"],
         attempts=[
-            Attempt(entrant=EntrantRow(producer="plan", candidate="no.plan.json",
-                                       status="refused", reason="pair refused: no.plan.json"),
-                    kind="plan", path="no.plan.json", pair_s=0.01),
-            Attempt(entrant=EntrantRow(producer="inductor-default", candidate="fused",
-                                       status="pass", speedup=1.4, ci95=(1.2, 1.6),
-                                       winner=True),
-                    kind="opt-capture", path="fused", pair_s=0.5, run_s=3.2,
-                    result="attempts/1-inductor-default.result.json")]))
+            EntrantAttempt(entrant=EntrantRow(producer="plan", candidate="no.plan.json",
+                                              status="refused",
+                                              reason="pair refused: no.plan.json"),
+                           kind="plan", path="no.plan.json", pair_s=0.01),
+            EntrantAttempt(entrant=EntrantRow(producer="inductor-default", candidate="fused",
+                                              status="pass", speedup=1.4, ci95=(1.2, 1.6),
+                                              winner=True),
+                           kind="opt-capture", path="fused", pair_s=0.5, run_s=3.2,
+                           result="attempts/1-inductor-default.result.json")]))
     return path
 
 
@@ -142,9 +143,9 @@ def _tournament_run(root: Path) -> Path:
 def _range_candidates(path: Path) -> Path:
     """range_candidates.json with a candidate of every status (a real search writes it in
     tests/test_optimize_range.py, validated there too)."""
-    from kpair.optimize.ranges import RangeAttempt, RangeRecord
+    from kpair.optimize.ranges import RangeAttempt, RangeCandidates
 
-    RangeRecord(candidates=[
+    RangeCandidates(candidates=[
         RangeAttempt(producer="other-b", label="other-b", strategy="opt-capture",
                      snapshot="otherb", status="refused", reason="not bound: b"),
         RangeAttempt(producer="inductor-default", label="inductor-default",

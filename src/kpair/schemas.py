@@ -17,7 +17,7 @@ from .capture.summary import CaptureSummary
 from .formats import json_schema
 from .harness import HarnessSpec
 from .optimize.director import DirectorValidation
-from .optimize.ranges import RangeRecord
+from .optimize.ranges import RangeCandidates
 from .plan import Plan
 from .policy.schema import PolicyDocument
 from .release.index import BaselineRecord, Index
@@ -39,7 +39,7 @@ FORMATS: dict[str, tuple[str, type]] = {
     "director_validation": ("director_validation.json", DirectorValidation),
     "baseline": ("baseline.json", BaselineRecord),
     "plan": ("opt.plan.json", Plan),
-    "range_candidates": ("range_candidates.json", RangeRecord),
+    "range_candidates": ("range_candidates.json", RangeCandidates),
     "tournament": ("tournament.json", TournamentRecord),
     "tournament_run": ("tournament_run.json", RunLog),
     # JSON lines: the schema is that of one line.

@@ -43,7 +43,7 @@ class RangeAttempt(Record, kw_only=True, omit_defaults=True):
     winner: bool = False
 
 
-class RangeRecord(Record, kw_only=True):
+class RangeCandidates(Record, kw_only=True):
     """``range_candidates.json``: every candidate, the winner's producer, or why none won."""
 
     schema: Literal["kpair.range_candidates"] = SCHEMA
@@ -55,7 +55,7 @@ class RangeRecord(Record, kw_only=True):
     written: str = ""
 
     @classmethod
-    def read(cls, path: str | Path) -> RangeRecord:
+    def read(cls, path: str | Path) -> RangeCandidates:
         return read(Path(path), cls, schema=SCHEMA, version=1)
 
     def write(self, path: str | Path) -> None:
@@ -75,7 +75,7 @@ def _row(c: Candidate, **fields) -> RangeAttempt:
                         else None, **fields)
 
 
-def range_record(outcome: SearchOutcome) -> RangeRecord:
+def range_record(outcome: SearchOutcome) -> RangeCandidates:
     """The record of a finished search: each candidate at the last step that judged it."""
     last: dict[str, Candidate] = {}
     for group in (outcome.pruned, *outcome.rungs, outcome.confirmed):
@@ -101,8 +101,8 @@ def range_record(outcome: SearchOutcome) -> RangeRecord:
             else None, reason=r.reason if r is not None else None,
             winner=outcome.winner is not None and c.label == outcome.winner.label))
     w = outcome.winner
-    return RangeRecord(candidates=rows, winner=_producer(w) if w else None,
+    return RangeCandidates(candidates=rows, winner=_producer(w) if w else None,
                        winner_label=w.label if w else None, reason=outcome.reason)
 
 
-__all__ = ["FILE", "RangeAttempt", "RangeRecord", "SCHEMA", "range_record"]
+__all__ = ["FILE", "RangeAttempt", "RangeCandidates", "SCHEMA", "range_record"]

@@ -134,7 +134,7 @@ class Contest:
         return rel_dir(self.level, self.name)
 
 
-class Attempt(Record, kw_only=True, omit_defaults=True):
+class EntrantAttempt(Record, kw_only=True, omit_defaults=True):
     """One entrant as ``tournament.json`` keeps it: the row's entry, the candidate's path and
     kind, the seconds pair and run took, and its result.json inside the provenance
     (``attempts/<i>-<producer>.result.json``; absent when the pair was refused)."""
@@ -159,7 +159,7 @@ class TournamentRecord(Record, kw_only=True):
     ref: str | None
     policy: str | None
     options: dict
-    attempts: list[Attempt]
+    attempts: list[EntrantAttempt]
     winner: int | None
     exclusion: ExclusionReason | None = None
     detail: str | None = None
@@ -338,7 +338,7 @@ def _record(outcome: Outcome, options: RunOptions, attempts_dir: str) -> Tournam
     attempts = []
     for i, j in enumerate(outcome.judged):
         entry = j.row.replace(winner=i == outcome.winner)
-        attempts.append(Attempt(
+        attempts.append(EntrantAttempt(
             entrant=entry, kind=j.entrant.kind, path=str(j.entrant.candidate), pair_s=j.pair_s,
             run_s=j.run_s, result=f"{attempts_dir}/{i}-{j.entrant.producer}.result.json"
             if j.result is not None else None))
@@ -551,8 +551,8 @@ def read_record(root: str | os.PathLike, row: Row) -> TournamentRecord | None:
     return None
 
 
-__all__ = ["ATTEMPTS", "Attempt", "Call", "Contest", "Entrant", "Judged", "Outcome", "RUN_FILE",
-           "RunLog", "TOURNAMENT_FILE", "TournamentRecord", "choose", "decide", "decided",
+__all__ = ["ATTEMPTS", "Call", "Contest", "Entrant", "EntrantAttempt", "Judged", "Outcome",
+           "RUN_FILE", "RunLog", "TOURNAMENT_FILE", "TournamentRecord", "choose", "decide", "decided",
            "describe_outcome", "exclusion_of", "inductor_best", "judge", "judged_of",
            "pair_entrant", "play", "read_record", "record_call", "run_contests",
            "run_entrant", "settle"]
