@@ -10,7 +10,7 @@
 # `bash -c COMMAND` with OUT exported, its output in $OUT/NAME.log, killed after SECONDS; a
 # step's failure does not stop the next one. $OUT/steps.json lists each step's exit status
 # and seconds; everything else comes back packed in $OUT/back.tgz. Examples:
-#   'tests:300:python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu'
+#   'tests:300:bash benchmarks/gpu_tests.sh 75 tests/gpu/test_cuda_trust.py tests/test_plan_data_gpu.py'
 #   'trust:150:ROUNDS=3 TESTS=none bash benchmarks/gpu_issue44.sh'
 set -u
 OUT=${OUT:?set OUT to the folder that comes back}
