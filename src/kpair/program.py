@@ -182,17 +182,21 @@ class ProgramDevice:
                 ("kernel", s.kernel, s.launch, s.kernarg, s.params) if isinstance(s, Step)
                 else ("memset", s.address, s.size, s.word) if isinstance(s, MemsetStep)
                 else ("copy", s.dst, s.src, s.size) for s in kernel.steps])
-            self._clear_dead(kernel)
-            return t
+        else:
+            t = self._timed_steps(kernel)
+        self._clear_dead(kernel)
+        return t
+
+    def _timed_steps(self, program: Program) -> float:
+        """Each step timed on its own, the device synchronized between them: their sum."""
         total = 0.0
-        for i, s in enumerate(kernel.steps):
+        for i, s in enumerate(program.steps):
             if i:
                 self._inner.synchronize()
             if isinstance(s, Step):
                 total += self._inner.timed_launch(s.kernel, s.launch, s.kernarg, s.params)
             else:
                 total += self._timed_data(s, synced=bool(i))
-        self._clear_dead(kernel)
         return total
 
     def _timed_data(self, step: MemsetStep | CopyStep, *, synced: bool) -> float:

@@ -556,10 +556,11 @@ class RangeSession(CaptureSession):
                     spans_out.append((rname, start - lo, min(a + n, hi) - start))
                 role = "out" if hits else "inout"
                 if rec.outputs:
-                    # Issue 47's rule again, byte by byte: what the allocator holds free at
-                    # the end is dead (the block of an intermediate freed inside the range,
-                    # merged into a region with an output that reused part of it). Zeroed
-                    # in the post-state as every replay zeroes it.
+                    # With declared outputs only they are live-out, byte by byte too: what
+                    # the allocator holds free at the end is dead (the block of an
+                    # intermediate freed inside the range, merged into a region with an
+                    # output that reused part of it). Zeroed in the post-state as every
+                    # replay zeroes it.
                     gone = dead_bytes(table, lo, hi, [rec.outputs[i] for i in hits])
                     if gone:
                         post = bytearray(post)
